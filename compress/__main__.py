@@ -1,0 +1,3 @@
+from compress.cli import main
+
+main()

@@ -1,0 +1,152 @@
+"""The compressed-tensors on-disk format: tensor names, packing, and config keys.
+
+Kept apart from the algorithms and kernels so that what transformers and vLLM read is
+decided in one place. Per quantized linear `X`:
+
+  pack-quantized (bits <= 4):  X.weight_packed int32 [out, ceil(in*b/32)]   (packing.py)
+                               X.weight_scale  [out, in/group]               storage dtype
+                               X.weight_zero_point int32 [ceil(out*b/32), in/group]  (asymmetric)
+                               X.weight_shape  int64 [2]
+  int-quantized (bits 5..8):   X.weight int8 [out, in], X.weight_scale, X.weight_zero_point int8
+
+Per-channel quantization is one group spanning the row (`strategy: channel`, scale [out, 1]).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from compress.quantizers.packing import pack, unpack
+from compress.quantizers.scheme import QuantizedWeight, dequantize
+
+PACKED = "pack-quantized"
+INT = "int-quantized"
+MIXED = "mixed-precision"
+
+
+def storage_format(bits: int) -> str:
+    return PACKED if bits <= 4 else INT
+
+
+@dataclass(frozen=True)
+class LayerFormat:
+    """What config.json must say about one quantized linear."""
+
+    bits: int
+    zero_point: bool
+    strategy: str  # "group" or "channel"
+    group_size: int | None
+    format: str
+
+    @classmethod
+    def of(cls, qw: QuantizedWeight) -> LayerFormat:
+        channel = qw.group_size == qw.shape[1]
+        return cls(
+            bits=qw.scheme.bits,
+            zero_point=qw.scheme.zero_point,
+            strategy="channel" if channel else "group",
+            group_size=None if channel else qw.group_size,
+            format=storage_format(qw.scheme.bits),
+        )
+
+    def weight_args(self) -> dict:
+        args = {
+            "num_bits": self.bits,
+            "type": "int",
+            "symmetric": not self.zero_point,
+            "strategy": self.strategy,
+            "dynamic": False,
+            "observer": "minmax",
+        }
+        if self.group_size is not None:
+            args["group_size"] = self.group_size
+        return args
+
+
+def encode(prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
+    """Tensors stored for one quantized linear named `prefix`."""
+    fmt = storage_format(qw.scheme.bits)
+    out = {f"{prefix}.weight_scale": qw.scale.contiguous()}
+    if fmt == PACKED:
+        out[f"{prefix}.weight_packed"] = pack(qw.q, qw.scheme.bits, dim=1)
+        out[f"{prefix}.weight_shape"] = torch.tensor(list(qw.shape), dtype=torch.int64)
+        if qw.zero_point is not None:
+            out[f"{prefix}.weight_zero_point"] = pack(qw.zero_point, qw.scheme.bits, dim=0)
+    else:
+        out[f"{prefix}.weight"] = qw.q.contiguous()
+        if qw.zero_point is not None:
+            out[f"{prefix}.weight_zero_point"] = qw.zero_point.contiguous()
+    return out
+
+
+def decode(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str) -> torch.Tensor:
+    """The dequantized fp32 weight of `prefix` from its stored tensors."""
+    bits = args["num_bits"]
+    scale = tensors[f"{prefix}.weight_scale"]
+    zp = tensors.get(f"{prefix}.weight_zero_point")
+    if fmt == PACKED:
+        shape = tuple(int(s) for s in tensors[f"{prefix}.weight_shape"].tolist())
+        q = unpack(tensors[f"{prefix}.weight_packed"], bits, shape, dim=1)
+        if zp is not None:
+            zp = unpack(zp, bits, (shape[0], scale.shape[1]), dim=0)
+    else:
+        q = tensors[f"{prefix}.weight"]
+    group = args.get("group_size") or q.shape[1]
+    return dequantize(q, scale, zp, group)
+
+
+def _compact_targets(names: list[str], block_names: dict[str, list[str]]) -> list[str]:
+    """Exact module names, with a regex in place of every block linear kind fully covered."""
+    chosen = set(names)
+    targets: list[str] = []
+    for suffix, members in block_names.items():
+        if members and set(members) <= chosen:
+            targets.append("re:.*" + re.escape("." + suffix) + "$")
+            chosen -= set(members)
+    return targets + sorted(chosen)
+
+
+def quantization_config(
+    layers: dict[str, QuantizedWeight], block_names: dict[str, list[str]], ignore: list[str]
+) -> dict:
+    """config.json's `quantization_config`: one config group per distinct layer format.
+
+    `block_names` maps each block-linear kind (e.g. "self_attn.q_proj") to every module of
+    that kind, so a scheme shared by all of them is written as one regex target.
+    """
+    by_format: dict[LayerFormat, list[str]] = {}
+    for name, qw in layers.items():
+        by_format.setdefault(LayerFormat.of(qw), []).append(name)
+    formats = {lf.format for lf in by_format}
+    groups = {}
+    for i, (lf, names) in enumerate(
+        sorted(by_format.items(), key=lambda kv: (kv[0].bits, kv[0].group_size or 0))
+    ):
+        groups[f"group_{i}"] = {
+            "targets": _compact_targets(names, block_names),
+            "weights": lf.weight_args(),
+            "input_activations": None,
+            "output_activations": None,
+            "format": lf.format,
+        }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": formats.pop() if len(formats) == 1 else MIXED,
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": ignore,
+        "kv_cache_scheme": None,
+    }
+
+
+def target_matches(name: str, targets: list[str]) -> bool:
+    for t in targets:
+        if t.startswith("re:"):
+            if re.match(t[3:], name):
+                return True
+        elif t == name:
+            return True
+    return False

@@ -1,0 +1,50 @@
+"""Read an artifact (or any checkpoint) back as dense weights, with llmpress's own decoder."""
+
+from __future__ import annotations
+
+import torch
+
+from compress.artifact.ct_format import decode, target_matches
+from compress.errors import LlmpressError
+from compress.model.loading import Checkpoint, read_tensors
+
+_QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+
+
+def quantized_layers(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[dict, str]]:
+    """Each quantized linear's (weight args, storage format), as config.json describes it."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return {}
+    if qc.get("quant_method") != "compressed-tensors":
+        raise LlmpressError(
+            f"quantization method {qc.get('quant_method')!r} is not supported: llmpress reads "
+            "compressed-tensors checkpoints and dense ones"
+        )
+    prefixes = sorted(k[: -len(".weight_scale")] for k in tensors if k.endswith(".weight_scale"))
+    layers = {}
+    for prefix in prefixes:
+        for group in qc["config_groups"].values():
+            if target_matches(prefix, group["targets"]):
+                layers[prefix] = (group["weights"], group.get("format") or qc["format"])
+                break
+        else:
+            raise LlmpressError(
+                f"{prefix} has quantized tensors but no config group targets it: config.json "
+                "does not match the weights; re-export the artifact"
+            )
+    return layers
+
+
+def dense_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    tensors = read_tensors(ckpt)
+    layers = quantized_layers(ckpt.config, tensors)
+    out = {}
+    for name, tensor in tensors.items():
+        prefix, _, leaf = name.rpartition(".")
+        if prefix in layers and (leaf in _QUANT_SUFFIXES or leaf == "weight"):
+            continue
+        out[name] = tensor
+    for prefix, (args, fmt) in layers.items():
+        out[f"{prefix}.weight"] = decode(prefix, tensors, args, fmt)
+    return out

@@ -1,0 +1,84 @@
+"""Text from a file (.txt, .jsonl, .parquet) or a dataset named on the Hugging Face Hub.
+
+`self` (text the model writes itself) is handled in generated.py because it needs the
+model; everything here needs only the source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from compress.errors import LlmpressError
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw")
+SELF = "self"
+
+
+def read_texts(source: str, text_field: str = "text") -> list[str]:
+    """Documents from `source`: a file path, or `NAME[:CONFIG][:SPLIT]` of a hub dataset."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _read_file(path, text_field)
+    if path.exists():
+        raise LlmpressError(f"{source} is a folder: pass a .txt, .jsonl or .parquet file")
+    if source.startswith((".", "/", "~")) or path.suffix in (*TEXT_SUFFIXES, ".jsonl", ".parquet"):
+        raise LlmpressError(f"no such text file: {source}")
+    return _read_dataset(source, text_field)
+
+
+def _read_file(path: Path, field: str) -> list[str]:
+    suffix = path.suffix.lower()
+    if suffix in TEXT_SUFFIXES:
+        texts = [path.read_text(encoding="utf-8", errors="replace")]
+    elif suffix in (".jsonl", ".json"):
+        texts = []
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LlmpressError(f"{path}:{n} is not a JSON line ({e.msg})") from e
+            if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                raise LlmpressError(
+                    f"{path}:{n} has no text field {field!r}: set it with --text-field"
+                )
+            texts.append(row[field])
+    elif suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        if field not in table.column_names:
+            raise LlmpressError(
+                f"{path} has no column {field!r} (columns: {', '.join(table.column_names)}); "
+                "set it with --text-field"
+            )
+        texts = [t for t in table.column(field).to_pylist() if isinstance(t, str)]
+    else:
+        raise LlmpressError(f"{path}: unknown text format {suffix!r}; use .txt, .jsonl or .parquet")
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise LlmpressError(f"{path} holds no text")
+    return texts
+
+
+def _read_dataset(spec: str, field: str) -> list[str]:
+    name, _, rest = spec.partition(":")
+    config, _, split = rest.partition(":")
+    from compress.model.loading import _hub_reachable
+
+    if not _hub_reachable():
+        raise LlmpressError(
+            f"dataset {name!r} cannot be fetched offline: pass a .txt, .jsonl or .parquet file, "
+            "or use `self` (text the model generates)"
+        )
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config or None, split=split or "train")
+    except Exception as e:
+        raise LlmpressError(f"cannot load dataset {spec!r}: {e}") from e
+    if field not in ds.column_names:
+        raise LlmpressError(f"dataset {spec!r} has no column {field!r}; set it with --text-field")
+    return [t for t in ds[field] if isinstance(t, str) and t.strip()]

@@ -1,0 +1,147 @@
+"""The `llmpress` command: parses, calls the library, prints; all of it callable from Python."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from compress import __version__
+from compress.errors import LlmpressError
+
+
+def _command_line() -> str:
+    return "llmpress " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="llmpress")
+def cli() -> None:
+    """Make a language model smaller and faster, and prove what that cost in quality."""
+
+
+@cli.command()
+@click.argument("model")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="Folder to write the artifact to (must not exist unless --overwrite).",
+)
+@click.option(
+    "--recipe",
+    "recipe_file",
+    type=click.Path(path_type=Path),
+    help="Recipe YAML: an ordered list of stages.",
+)
+@click.option("--quant", "quant", help="Shorthand stage, e.g. rtn:w4g64, rtn:w8 (per-channel).")
+@click.option("--calib", help="Calibration text: .txt/.jsonl/.parquet, a dataset name, or `self`.")
+@click.option("--calib-samples", type=int, help="Number of calibration samples (default 128).")
+@click.option("--calib-len", type=int, help="Tokens per calibration sample (default 512).")
+@click.option("--text-field", help="Text field of .jsonl/.parquet/dataset rows (default: text).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    help="Storage dtype of unquantized tensors and scales (default: the source's).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+def compress(
+    model, output, recipe_file, quant, calib, calib_samples, calib_len, text_field, dtype, overwrite
+):
+    """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
+    from compress.pipeline import compress as run
+    from compress.recipe import load_recipe, parse_quant, parse_recipe
+
+    if bool(recipe_file) == bool(quant):
+        raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
+    data = load_recipe(recipe_file) if recipe_file else {"stages": [parse_quant(quant)]}
+    if not isinstance(data, dict):
+        raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
+    overrides = {
+        "source": calib,
+        "samples": calib_samples,
+        "length": calib_len,
+        "text_field": text_field,
+    }
+    calib_cfg = dict(data.get("calib") or {})
+    calib_cfg.update({k: v for k, v in overrides.items() if v is not None})
+    data = {**data, "calib": calib_cfg}
+    if dtype:
+        data["dtype"] = dtype
+    recipe = parse_recipe(data)
+    run(model, recipe, output, overwrite=overwrite, command=_command_line(), log=click.echo)
+
+
+@cli.command("eval")
+@click.argument("artifact")
+@click.option("--base", help="The original model (default: the source named in the manifest).")
+@click.option(
+    "--data",
+    default="self",
+    show_default=True,
+    help="Evaluation text: .txt/.jsonl/.parquet, a dataset name, or `self`.",
+)
+@click.option("--ctx", default=512, show_default=True, help="Tokens per window.")
+@click.option(
+    "--windows", default=64, show_default=True, help="Evaluate the first N windows (0: all)."
+)
+@click.option("--text-field", default="text", show_default=True)
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
+@click.option("--gate", help="Fail (exit 1) unless every test holds, e.g. 'kl<=0.05,top1>=0.9'.")
+@click.option("--no-record", is_flag=True, help="Do not write the drift into the manifest.")
+def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_record):
+    """Measure ARTIFACT's quality drift against the original."""
+    from compress.eval.drift import format_table
+    from compress.eval.gates import check_gates, parse_gates
+    from compress.eval.run import evaluate
+
+    gates = parse_gates(gate) if gate else []  # a bad gate fails before an hour of eval
+    drift = evaluate(
+        artifact, base, data, ctx, windows or None, text_field, record=not no_record, log=click.echo
+    )
+    click.echo(format_table({artifact: drift}))
+    verdicts = check_gates(gates, drift.metrics())
+    for g, value, ok in verdicts:
+        click.echo(f"gate {g}: {'pass' if ok else 'FAIL'} ({g.metric} = {value:.5g})")
+    if json_out:
+        result = {
+            "artifact": artifact,
+            **drift.to_dict(),
+            "gates": [{"gate": str(g), "value": v, "pass": ok} for g, v, ok in verdicts],
+        }
+        json_out.write_text(json.dumps(result, indent=2) + "\n")
+    failed = [str(g) for g, _, ok in verdicts if not ok]
+    if failed:
+        click.echo(f"quality gate failed: {', '.join(failed)}", err=True)
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("artifact")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+def inspect(artifact, as_json):
+    """Describe ARTIFACT: source, recipe, layers, sizes and recorded drift."""
+    from compress.inspect import describe
+
+    click.echo(describe(artifact, as_json=as_json))
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=False)
+    except LlmpressError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        click.echo("interrupted: nothing was written", err=True)
+        sys.exit(130)

@@ -1,0 +1,109 @@
+"""Drift of compressed models against the original, window by window.
+
+Every window's logits from the original are computed once and compared with each
+candidate, so measuring several variants costs one extra forward each, not two.
+Per window of L tokens, the L-1 next-token predictions are scored:
+  perplexity  exp(mean NLL of the true next token)
+  KL          mean over tokens of KL(original ‖ candidate), full vocabulary, nats
+  top-1       share of tokens where both models' argmax agree
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Drift:
+    ppl: float
+    base_ppl: float
+    kl: float
+    top1: float
+    tokens: int
+    windows: int
+    ctx: int
+    data: str = ""
+
+    @property
+    def ppl_ratio(self) -> float:
+        return self.ppl / self.base_ppl
+
+    def metrics(self) -> dict[str, float]:
+        """The numbers gates can test."""
+        return {
+            "ppl": self.ppl,
+            "base_ppl": self.base_ppl,
+            "ppl_ratio": self.ppl_ratio,
+            "kl": self.kl,
+            "top1": self.top1,
+        }
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ppl_ratio": self.ppl_ratio}
+
+
+@torch.no_grad()
+def _logprobs(model, window: torch.Tensor) -> torch.Tensor:
+    logits = model(input_ids=window.unsqueeze(0)).logits[0, :-1]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@torch.no_grad()
+def measure_drift(
+    base, candidates: dict, windows: torch.Tensor, data: str = "", progress: bool = True
+) -> dict[str, Drift]:
+    """Drift of each candidate model (by name) against `base` over `windows` [n, ctx]."""
+    n, ctx = windows.shape
+    sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0} for name in candidates}
+    base_nll = 0.0
+    tokens = 0
+    for window in tqdm(windows, desc="eval windows", unit="win", disable=not progress):
+        targets = window[1:]
+        ref = _logprobs(base, window)
+        ref_p = ref.exp()
+        ref_top = ref.argmax(-1)
+        base_nll -= ref.gather(-1, targets[:, None]).sum().item()
+        tokens += targets.numel()
+        for name, model in candidates.items():
+            lp = _logprobs(model, window)
+            s = sums[name]
+            s["nll"] -= lp.gather(-1, targets[:, None]).sum().item()
+            s["kl"] += (ref_p * (ref - lp)).sum().item()
+            s["agree"] += (lp.argmax(-1) == ref_top).sum().item()
+    base_ppl = float(torch.tensor(base_nll / tokens).exp())
+    return {
+        name: Drift(
+            ppl=float(torch.tensor(s["nll"] / tokens).exp()),
+            base_ppl=base_ppl,
+            kl=s["kl"] / tokens,
+            top1=s["agree"] / tokens,
+            tokens=tokens,
+            windows=n,
+            ctx=ctx,
+            data=data,
+        )
+        for name, s in sums.items()
+    }
+
+
+def format_table(results: dict[str, Drift], extra: dict[str, dict] | None = None) -> str:
+    """A Markdown table, one row per candidate (extra columns per row optional)."""
+    extra = extra or {}
+    extra_cols = sorted({k for row in extra.values() for k in row})
+    head = ["model", "ppl", "base ppl", "ppl ratio", "KL", "top-1", *extra_cols]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, d in results.items():
+        cells = [
+            name,
+            f"{d.ppl:.3f}",
+            f"{d.base_ppl:.3f}",
+            f"{d.ppl_ratio:.4f}",
+            f"{d.kl:.5f}",
+            f"{d.top1:.4f}",
+            *[str(extra.get(name, {}).get(c, "")) for c in extra_cols],
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)

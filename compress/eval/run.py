@@ -1,0 +1,60 @@
+"""`eval`: drift of an artifact against its original on a text source, recorded in its manifest."""
+
+from __future__ import annotations
+
+import torch
+
+from compress.artifact.manifest import read_manifest, write_manifest
+from compress.calib_data.generated import generate_samples
+from compress.calib_data.samples import eval_windows, token_stream
+from compress.calib_data.sources import SELF, read_texts
+from compress.errors import LlmpressError
+from compress.eval.drift import Drift, measure_drift
+from compress.model.loading import load_model, load_tokenizer, resolve
+
+EVAL_SEED = 20240601  # differs from the calibration default so `self` never reuses its text
+
+
+def windows_for(
+    data: str,
+    base,
+    tokenizer,
+    ctx: int,
+    limit: int | None,
+    text_field: str,
+    cache_key: str | None = None,
+) -> torch.Tensor:
+    if data == SELF:
+        return generate_samples(base, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key=cache_key)
+    return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
+
+
+def evaluate(
+    artifact: str,
+    base: str | None = None,
+    data: str = SELF,
+    ctx: int = 512,
+    windows: int | None = 64,
+    text_field: str = "text",
+    record: bool = True,
+    log=print,
+) -> Drift:
+    cand_ckpt = resolve(artifact)
+    manifest = read_manifest(cand_ckpt.path)
+    if base is None:
+        if not manifest:
+            raise LlmpressError(
+                f"{artifact} has no manifest naming its original: pass --base MODEL"
+            )
+        base = manifest["source"]["source"]
+    base_ckpt = resolve(base)
+    log(f"eval {artifact} against {base} on {data} (ctx {ctx}, windows {windows or 'all'})")
+    base_model = load_model(base_ckpt)
+    tokenizer = load_tokenizer(base_ckpt)
+    wins = windows_for(data, base_model, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
+    drift = measure_drift(base_model, {"artifact": load_model(cand_ckpt)}, wins, data=data)
+    result = drift["artifact"]
+    if record and manifest is not None:
+        manifest["drift"] = {**result.to_dict(), "base": base}
+        write_manifest(cand_ckpt.path, manifest)
+    return result

@@ -1,0 +1,54 @@
+"""`inspect`: what an artifact holds, from its files alone."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from compress.artifact.manifest import read_manifest
+from compress.model.loading import resolve
+
+
+def describe(artifact: str, as_json: bool = False) -> str:
+    ckpt = resolve(artifact)  # checks config, architecture and every safetensors header
+    manifest = read_manifest(ckpt.path)
+    if as_json:
+        return json.dumps(manifest, indent=2)
+    qc = ckpt.config.get("quantization_config")
+    lines = [
+        f"{ckpt.path}: {ckpt.config['model_type']}, {ckpt.num_layers} layers, "
+        f"hidden {ckpt.config['hidden_size']}"
+    ]
+    if qc:
+        lines.append(f"format: {qc['quant_method']} / {qc['format']}")
+        for name, group in qc["config_groups"].items():
+            w = group["weights"]
+            scheme = f"int{w['num_bits']} {w['strategy']}"
+            if w.get("group_size"):
+                scheme += f" {w['group_size']}"
+            scheme += " symmetric" if w["symmetric"] else " zero-point"
+            lines.append(f"  {name}: {scheme} -> {', '.join(group['targets'])}")
+    else:
+        lines.append("format: dense (not quantized)")
+    sizes = Counter()
+    for f in ckpt.files:
+        sizes["weights"] += f.stat().st_size
+    lines.append(f"weights on disk: {sizes['weights'] / 1e6:.1f} MB")
+    if manifest:
+        src = manifest["source"]
+        w = manifest["weights"]
+        lines.append(f"source: {src['source']} (sha256 {src['sha256'][:16]}…)")
+        lines.append(f"recipe: {manifest.get('label')}  made by: {manifest.get('command')}")
+        lines.append(
+            f"parameters: {w['parameters']:,}; bits per quantized weight: "
+            f"{w['bits_per_quantized_weight']}"
+        )
+        d = manifest.get("drift")
+        if d:
+            lines.append(
+                f"drift on {d['data']} ({d['windows']}×{d['ctx']}): ppl {d['ppl']:.3f} "
+                f"(original {d['base_ppl']:.3f}), KL {d['kl']:.5f}, top-1 {d['top1']:.4f}"
+            )
+        else:
+            lines.append("drift: not measured (run `llmpress eval`)")
+    return "\n".join(lines)

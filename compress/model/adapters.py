@@ -1,0 +1,123 @@
+"""Architecture adapters, written as data.
+
+An adapter says where the parts of a decoder block are and how they depend on one
+another, so that every method (AWQ scale folding, outlier search, pruning surgery)
+works from these tables instead of from per-model classes. Adding a family means
+adding one entry to ADAPTERS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from compress.errors import LlmpressError
+
+
+@dataclass(frozen=True)
+class InputGroup:
+    """Linears that read the same input, and the op that produces it.
+
+    `producer` is the module (relative to the block) whose output is that input: a norm
+    for q/k/v and gate/up, a linear for o (after v) and down (after up). Scaling the
+    input channels of the linears by s and the producer's output channels by 1/s leaves
+    the model unchanged, which is what AWQ and SmoothQuant-style methods rely on.
+    """
+
+    producer: str
+    linears: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CutGroup:
+    """Slices that must be removed together for the model to stay consistent.
+
+    Removing unit i of this axis removes output rows `i` of every module in `rows`
+    (weight and bias) and input columns `i` of every module in `cols`.
+    """
+
+    axis: str
+    rows: tuple[str, ...]
+    cols: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """Where the parts of a llama-family model are, by module name."""
+
+    families: tuple[str, ...]
+    blocks: str = "model.layers"
+    embed: str = "model.embed_tokens"
+    final_norm: str = "model.norm"
+    lm_head: str = "lm_head"
+    attn_norm: str = "input_layernorm"
+    mlp_norm: str = "post_attention_layernorm"
+    q: str = "self_attn.q_proj"
+    k: str = "self_attn.k_proj"
+    v: str = "self_attn.v_proj"
+    o: str = "self_attn.o_proj"
+    gate: str = "mlp.gate_proj"
+    up: str = "mlp.up_proj"
+    down: str = "mlp.down_proj"
+    # Modules whose buffers are computed from the config, not stored in a checkpoint.
+    derived_modules: tuple[str, ...] = ("model.rotary_emb",)
+
+    @property
+    def block_linears(self) -> tuple[str, ...]:
+        """Every linear in a block, in execution order."""
+        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
+
+    @property
+    def input_groups(self) -> tuple[InputGroup, ...]:
+        return (
+            InputGroup(self.attn_norm, (self.q, self.k, self.v)),
+            InputGroup(self.v, (self.o,)),
+            InputGroup(self.mlp_norm, (self.gate, self.up)),
+            InputGroup(self.up, (self.down,)),
+        )
+
+    @property
+    def cut_groups(self) -> tuple[CutGroup, ...]:
+        """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
+        return (
+            CutGroup("heads", rows=(self.q,), cols=(self.o,)),
+            CutGroup("kv_heads", rows=(self.k, self.v), cols=()),
+            CutGroup("mlp", rows=(self.gate, self.up), cols=(self.down,)),
+            CutGroup(
+                "hidden",
+                rows=(self.o, self.down, self.attn_norm, self.mlp_norm),
+                cols=(self.q, self.k, self.v, self.gate, self.up),
+            ),
+        )
+
+    def block_prefix(self, index: int) -> str:
+        return f"{self.blocks}.{index}"
+
+    def linear_names(self, num_layers: int) -> list[str]:
+        """Fully qualified names of every block linear, block by block."""
+        return [
+            f"{self.block_prefix(i)}.{name}"
+            for i in range(num_layers)
+            for name in self.block_linears
+        ]
+
+
+LLAMA = Adapter(families=("llama",))
+
+ADAPTERS: dict[str, Adapter] = {
+    "llama": LLAMA,
+    "mistral": replace(LLAMA, families=("mistral",)),
+    "qwen2": replace(LLAMA, families=("qwen2",)),  # q/k/v carry biases; cuts slice them too
+}
+
+
+def adapter_for(config: dict) -> Adapter:
+    """The adapter for a config.json, or a one-line refusal naming what is supported."""
+    model_type = config.get("model_type")
+    adapter = ADAPTERS.get(model_type or "")
+    if adapter is None:
+        supported = ", ".join(sorted(ADAPTERS))
+        raise LlmpressError(
+            f"unsupported architecture {model_type!r}: llmpress supports the llama family "
+            f"({supported}); convert the model to one of these or open an issue for it"
+        )
+    return adapter

@@ -1,0 +1,218 @@
+"""Resolve what the user named (folder, GGUF file, hub id, `default`) into a checked checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from urllib.parse import urlparse
+
+import torch
+
+from compress.errors import LlmpressError
+from compress.model.adapters import Adapter, adapter_for
+from compress.model.default import convert_gguf, default_gguf, file_sha256
+from compress.model.safetensors_check import check_safetensors
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+
+
+@dataclass
+class Checkpoint:
+    """A local folder with config.json and safetensors weights, checked and understood."""
+
+    source: str
+    path: Path
+    config: dict
+    adapter: Adapter
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config["num_hidden_layers"])
+
+    @property
+    def is_quantized(self) -> bool:
+        return "quantization_config" in self.config
+
+    @cached_property
+    def sha256(self) -> str:
+        """Hash of the weights as the user supplied them (the GGUF file for converted ones)."""
+        origin = self.path / "llmpress_source.json"
+        if origin.is_file():
+            return json.loads(origin.read_text())["sha256"]
+        if len(self.files) == 1:
+            return file_sha256(self.files[0])
+        h = hashlib.sha256()
+        for f in self.files:
+            h.update(f"{f.name}:{file_sha256(f)}\n".encode())
+        return h.hexdigest()
+
+    def tensor_index(self) -> dict[str, Path]:
+        """Which file holds each tensor."""
+        index: dict[str, Path] = {}
+        for f in self.files:
+            for name in check_safetensors(f):
+                if name != "__metadata__":
+                    index[name] = f
+        return index
+
+
+def resolve(source: str) -> Checkpoint:
+    """Find and check the checkpoint `source` names, refusing bad input before any heavy work."""
+    if source == "default":
+        return _open_folder(convert_gguf(default_gguf()), source)
+    path = Path(source).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _open_folder(convert_gguf(path), source)
+    if path.is_dir():
+        return _open_folder(path, source)
+    if path.exists():
+        raise LlmpressError(
+            f"{source} is neither a model folder nor a .gguf file: pass a Hugging Face folder "
+            "(config.json + safetensors), a .gguf file, a hub id or `default`"
+        )
+    if _HUB_ID.match(source) and not source.startswith((".", "/")):
+        return _open_folder(_download(source), source)
+    raise LlmpressError(f"no such model folder or file: {source}")
+
+
+def _open_folder(path: Path, source: str) -> Checkpoint:
+    config_path = path / "config.json"
+    if not config_path.is_file():
+        raise LlmpressError(f"{path} has no config.json: pass a Hugging Face model folder")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise LlmpressError(f"{config_path} is not valid JSON ({e}); re-download it") from e
+    adapter = adapter_for(config)
+    files = _weight_files(path)
+    for f in files:
+        check_safetensors(f)
+    return Checkpoint(source=source, path=path, config=config, adapter=adapter, files=files)
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({path / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise LlmpressError(
+                f"{path} is missing shard(s) {', '.join(missing)} listed in its index; "
+                "download the whole checkpoint"
+            )
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        bins = list(path.glob("*.bin")) + list(path.glob("*.pt"))
+        hint = (
+            " (it has PyTorch .bin weights: re-save them with safe_serialization)" if bins else ""
+        )
+        raise LlmpressError(f"{path} has no .safetensors weights{hint}")
+    return files
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname
+    try:
+        socket.create_connection((host, 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
+    except Exception:  # not in the local hub cache: fall through to a download
+        pass
+    if not _hub_reachable():
+        raise LlmpressError(
+            f"{repo_id!r} is not a local path and the Hugging Face Hub cannot be reached "
+            "(offline): pass a local model folder instead, e.g. `llmpress compress ./my-model`"
+        )
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except Exception as e:
+        raise LlmpressError(f"cannot download {repo_id!r} from the Hugging Face Hub: {e}") from e
+
+
+def read_tensors(ckpt: Checkpoint, names: list[str] | None = None) -> dict[str, torch.Tensor]:
+    """Read tensors (all, or `names`) from the checkpoint, refusing non-finite weights."""
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    wanted = set(names) if names is not None else None
+    for f in ckpt.files:
+        with safe_open(str(f), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if wanted is not None and name not in wanted:
+                    continue
+                tensor = handle.get_tensor(name)
+                if tensor.is_floating_point():
+                    bad = (~torch.isfinite(tensor)).sum().item()
+                    if bad:
+                        raise LlmpressError(
+                            f"weight {name} in {f.name} has {bad} NaN/Inf value(s) of "
+                            f"{tensor.numel()}: the checkpoint is damaged; re-export it"
+                        )
+                out[name] = tensor
+    return out
+
+
+def load_tokenizer(ckpt: Checkpoint):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(ckpt.path))
+    except Exception as e:
+        raise LlmpressError(
+            f"no usable tokenizer in {ckpt.path} ({type(e).__name__}): copy the tokenizer files "
+            "(tokenizer.json, tokenizer_config.json) of the original model into that folder"
+        ) from e
+
+
+def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adapter):
+    """A transformers model from a config and a dense state dict, without random init."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = {k: v for k, v in config.items() if k != "quantization_config"}
+    hf_config = AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model.to_empty(device="cpu")
+    missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
+    tied = {adapter.lm_head + ".weight"} if hf_config.tie_word_embeddings else set()
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise LlmpressError(
+            f"checkpoint does not match its config.json: missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]}; re-export the checkpoint"
+        )
+    if hf_config.tie_word_embeddings:
+        model.tie_weights()
+    for name in adapter.derived_modules:  # buffers computed from the config, e.g. rotary
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent)
+        setattr(owner, child, type(getattr(owner, child))(config=hf_config))
+    return model.eval()
+
+
+def load_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32):
+    """The checkpoint as a dense transformers model (quantized artifacts are dequantized)."""
+    from compress.artifact.reader import dense_state_dict
+
+    model = build_model(ckpt.config, dense_state_dict(ckpt), ckpt.adapter)
+    return model.to(dtype)

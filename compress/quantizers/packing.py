@@ -1,0 +1,62 @@
+"""Dense bit packing of b-bit integers into int32 words: the compressed-tensors layout.
+
+Along the packed dimension, element i of a row occupies bits [i*b, (i+1)*b) of that
+row's bit stream; bit k of the stream is bit k % 32 of word k // 32. Values are stored
+unsigned, offset by 2^(b-1). For b = 4 this is eight nibbles per word, element 0 in the
+lowest nibble; for b = 3 an element may straddle two words. A row of n elements takes
+ceil(n*b/32) words. Weights pack along the input dimension (dim 1), zero points along
+the output dimension (dim 0).
+
+    b=4, one word:  bits 31..28 27..24 ... 7..4 3..0
+                    elem  7      6     ...  1    0
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_WORD = 32
+
+
+def pack(values: torch.Tensor, bits: int, dim: int = 1) -> torch.Tensor:
+    """Pack a 2-D int8 tensor of signed b-bit values into int32 words along `dim`."""
+    v = values.to(torch.int64) + (1 << (bits - 1))
+    if dim == 0:
+        v = v.T
+    rows, cols = v.shape
+    chunks = math.ceil(cols / _WORD)
+    v = torch.nn.functional.pad(v, (0, chunks * _WORD - cols)).reshape(rows, chunks, _WORD)
+    words = torch.zeros(rows, chunks, bits, dtype=torch.int64)
+    for e in range(_WORD):  # 32 vectorized steps, one per element position in a chunk
+        word, offset = divmod(e * bits, _WORD)
+        words[:, :, word] |= v[:, :, e] << offset
+        spill = offset + bits - _WORD
+        if spill > 0:
+            words[:, :, word + 1] |= v[:, :, e] >> (bits - spill)
+    words = (words & 0xFFFFFFFF).reshape(rows, chunks * bits)[:, : math.ceil(cols * bits / _WORD)]
+    packed = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
+    return packed.T.contiguous() if dim == 0 else packed.contiguous()
+
+
+def unpack(packed: torch.Tensor, bits: int, shape: tuple[int, int], dim: int = 1) -> torch.Tensor:
+    """Inverse of `pack`: int32 words back to int8 values of the given 2-D shape."""
+    w = packed.to(torch.int64) & 0xFFFFFFFF
+    if dim == 0:
+        w = w.T
+        shape = (shape[1], shape[0])
+    rows, cols = shape
+    chunks = math.ceil(cols / _WORD)
+    w = torch.nn.functional.pad(w, (0, chunks * bits - w.shape[1])).reshape(rows, chunks, bits)
+    mask = (1 << bits) - 1
+    out = torch.empty(rows, chunks, _WORD, dtype=torch.int64)
+    for e in range(_WORD):
+        word, offset = divmod(e * bits, _WORD)
+        value = w[:, :, word] >> offset
+        spill = offset + bits - _WORD
+        if spill > 0:
+            value = value | (w[:, :, word + 1] << (bits - spill))
+        out[:, :, e] = value & mask
+    values = (out.reshape(rows, chunks * _WORD)[:, :cols] - (1 << (bits - 1))).to(torch.int8)
+    return values.T.contiguous() if dim == 0 else values

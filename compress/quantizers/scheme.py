@@ -1,0 +1,156 @@
+"""Integer weight quantization schemes: bits, groups, zero points, and the group-size rule.
+
+Integers are signed, q in [-2^(b-1), 2^(b-1) - 1], and dequantize as
+(q - zero_point) * scale, the convention compressed-tensors stores, so the artifact
+needs no conversion. Scales and zero points are computed in fp32 whatever the weight
+dtype (bf16/fp16 ranges never overflow), then rounded to the storage dtype *before*
+the integers are computed, so the stored scale is exactly the one the integers fit.
+
+Group-size rule: a layer whose input dimension is not a multiple of the requested
+group size g uses the largest divisor of that dimension that is at most g and a
+multiple of 32 (then of 8); if none exists the whole row is one group (per-channel).
+SmolLM2's 576-wide layers with g=128 get g=96. Every group thus stays whole, which is
+what compressed-tensors, transformers and vLLM require, and a multiple of 32 keeps each
+group on whole int32 words of the packed layout for every bit width.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import LlmpressError
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How one weight is quantized. group_size None means one scale per output channel."""
+
+    bits: int = 4
+    group_size: int | None = 64
+    zero_point: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.bits, int) or not 2 <= self.bits <= 8:
+            raise LlmpressError(f"bits must be an integer from 2 to 8, got {self.bits!r}")
+        if self.group_size is not None and (
+            not isinstance(self.group_size, int) or self.group_size < 1
+        ):
+            raise LlmpressError(
+                f"group_size must be a positive integer or null (per-channel), "
+                f"got {self.group_size!r}"
+            )
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    def group_for(self, in_features: int) -> int:
+        """The group size actually used for a layer with `in_features` inputs (see module doc)."""
+        return effective_group_size(in_features, self.group_size)
+
+    def label(self) -> str:
+        g = f"g{self.group_size}" if self.group_size else "ch"
+        return f"w{self.bits}{g}{'zp' if self.zero_point else 'sym'}"
+
+
+def effective_group_size(in_features: int, requested: int | None) -> int:
+    if requested is None or requested >= in_features:
+        return in_features
+    if in_features % requested == 0:
+        return requested
+    for multiple in (32, 8):
+        for g in range(requested - requested % multiple, 0, -multiple):
+            if in_features % g == 0:
+                return g
+    return in_features
+
+
+@dataclass
+class QuantizedWeight:
+    """A weight as integers plus the parameters that map them back to real values.
+
+    q: int8 [out, in]; scale (and zero_point, int8, when asymmetric): [out, in // group].
+    """
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None
+    scheme: QuantScheme
+    group_size: int
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize(self.q, self.scale, self.zero_point, self.group_size).to(dtype)
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
+def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    rows, cols = x.shape
+    return x.reshape(rows, cols // group_size, group_size)
+
+
+def compute_qparams(
+    w: torch.Tensor,
+    scheme: QuantScheme,
+    group_size: int,
+    storage_dtype: torch.dtype,
+    clip: torch.Tensor | float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Min-max scale (and zero point) per group; `clip` shrinks the range (AWQ's search)."""
+    g = _grouped(w.float(), group_size)
+    if scheme.zero_point:
+        lo = g.amin(dim=-1).clamp(max=0) * clip
+        hi = g.amax(dim=-1).clamp(min=0) * clip
+        scale = (hi - lo) / (scheme.qmax - scheme.qmin)
+    else:
+        scale = g.abs().amax(dim=-1) * clip / scheme.qmax
+    tiny = torch.finfo(storage_dtype).tiny
+    scale = scale.clamp(min=tiny).to(storage_dtype).float().clamp(min=tiny)
+    if not scheme.zero_point:
+        return scale.to(storage_dtype), None
+    zp = torch.round(scheme.qmin - lo / scale).clamp(scheme.qmin, scheme.qmax)
+    return scale.to(storage_dtype), zp.to(torch.int8)
+
+
+def quantize_with(
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero_point: torch.Tensor | None,
+    scheme: QuantScheme,
+    group_size: int,
+) -> torch.Tensor:
+    """Integers for `w` under given parameters: round(w / scale) + zp, clamped."""
+    g = _grouped(w.float(), group_size)
+    q = torch.round(g / scale.float().unsqueeze(-1))
+    if zero_point is not None:
+        q = q + zero_point.float().unsqueeze(-1)
+    return q.clamp(scheme.qmin, scheme.qmax).to(torch.int8).reshape(w.shape)
+
+
+def dequantize(
+    q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, group_size: int
+) -> torch.Tensor:
+    g = _grouped(q.float(), group_size)
+    if zero_point is not None:
+        g = g - zero_point.float().unsqueeze(-1)
+    return (g * scale.float().unsqueeze(-1)).reshape(q.shape)
+
+
+def quantize_weight(
+    w: torch.Tensor, scheme: QuantScheme, storage_dtype: torch.dtype = torch.float32
+) -> QuantizedWeight:
+    """Round-to-nearest quantization of one [out, in] weight."""
+    if w.ndim != 2:
+        raise LlmpressError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
+    group = scheme.group_for(w.shape[1])
+    scale, zp = compute_qparams(w, scheme, group, storage_dtype)
+    q = quantize_with(w, scale, zp, scheme, group)
+    return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)

@@ -1,0 +1,189 @@
+"""Recipes: an ordered list of stages plus calibration settings, validated before any work.
+
+YAML form:
+
+    stages:
+      - rtn: {bits: 4, group_size: 64, zero_point: true}
+    calib: {source: self, samples: 128, length: 512, seed: 0}
+    ignore: ["*.down_proj"]      # globs or re:REGEX on module names
+    dtype: auto                  # storage dtype of unquantized tensors and scales
+
+Flag form: `--quant rtn:w4g64` (see `parse_quant`). Every key is checked against the
+stage's config dataclass, so a typo fails in a second with a suggestion instead of
+after an hour of calibration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import compress.quantizers.rtn  # noqa: F401 - registers the stage
+from compress.errors import LlmpressError
+from compress.stage import STAGES, Stage
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class CalibConfig:
+    """Where calibration text comes from and how it is cut into token samples."""
+
+    source: str = "self"
+    samples: int = 128
+    length: int = 512
+    seed: int = 0
+    text_field: str = "text"
+
+    def __post_init__(self) -> None:
+        if self.samples < 1 or self.length < 2:
+            raise LlmpressError("calib: samples must be >= 1 and length >= 2")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    stages: tuple[tuple[str, Any], ...]
+    calib: CalibConfig = field(default_factory=CalibConfig)
+    ignore: tuple[str, ...] = ()
+    dtype: str = "auto"
+
+    def build(self) -> list[Stage]:
+        return [STAGES[name].factory(config) for name, config in self.stages]
+
+    @property
+    def needs_calibration(self) -> bool:
+        return any(STAGES[name].factory.needs_calibration for name, _ in self.stages)
+
+    def to_dict(self) -> dict:
+        return {
+            "stages": [{name: dataclasses.asdict(cfg)} for name, cfg in self.stages],
+            "calib": dataclasses.asdict(self.calib),
+            "ignore": list(self.ignore),
+            "dtype": self.dtype,
+        }
+
+    def label(self) -> str:
+        parts = []
+        for name, cfg in self.stages:
+            scheme = getattr(cfg, "scheme", None)
+            parts.append(f"{name}:{scheme.label()}" if scheme else name)
+        return "+".join(parts)
+
+
+def _suggest(word: str, options: typing.Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _type_ok(value: Any, annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(annotation))
+    if annotation is type(None):
+        return value is None
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (tuple, list):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, annotation) if isinstance(annotation, type) else True
+
+
+def build_config(config_type: type, params: Any, where: str):
+    """Instantiate a config dataclass from user data, rejecting unknown keys and bad types."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise LlmpressError(f"{where}: expected a mapping of settings, got {params!r}")
+    hints = typing.get_type_hints(config_type)
+    names = [f.name for f in dataclasses.fields(config_type)]
+    for key, value in params.items():
+        if key not in names:
+            raise LlmpressError(
+                f"{where}: unknown key {key!r}{_suggest(str(key), names)}; "
+                f"valid keys: {', '.join(names)}"
+            )
+        if not _type_ok(value, hints[key]):
+            raise LlmpressError(f"{where}.{key}: {value!r} is not a valid {hints[key]}")
+    try:
+        return config_type(**params)
+    except LlmpressError as e:
+        raise LlmpressError(f"{where}: {e}") from e
+
+
+def parse_recipe(data: Any) -> Recipe:
+    if not isinstance(data, dict):
+        raise LlmpressError("recipe: expected a mapping with a `stages` list")
+    allowed = ("stages", "calib", "ignore", "dtype")
+    for key in data:
+        if key not in allowed:
+            raise LlmpressError(
+                f"recipe: unknown key {key!r}{_suggest(str(key), allowed)}; "
+                f"valid keys: {', '.join(allowed)}"
+            )
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        raise LlmpressError("recipe: `stages` must be a non-empty list, e.g. [{rtn: {bits: 4}}]")
+    stages = []
+    for i, entry in enumerate(raw_stages):
+        if isinstance(entry, str):
+            entry = {entry: {}}
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise LlmpressError(f"recipe: stage {i} must be one `name: {{settings}}` mapping")
+        ((name, params),) = entry.items()
+        if name not in STAGES:
+            raise LlmpressError(
+                f"recipe: unknown stage {name!r}{_suggest(str(name), STAGES)}; "
+                f"available: {', '.join(sorted(STAGES))}"
+            )
+        stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
+    calib = build_config(CalibConfig, data.get("calib"), "calib")
+    ignore = data.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
+        raise LlmpressError("recipe: `ignore` must be a list of module-name patterns")
+    dtype = data.get("dtype", "auto")
+    if dtype not in DTYPES:
+        raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return Recipe(stages=tuple(stages), calib=calib, ignore=tuple(ignore), dtype=dtype)
+
+
+def load_recipe(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise LlmpressError(f"cannot read recipe {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        line = getattr(getattr(e, "problem_mark", None), "line", None)
+        where = f" at line {line + 1}" if line is not None else ""
+        raise LlmpressError(f"recipe {path} is not valid YAML{where}") from e
+    return data
+
+
+_QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
+
+
+def parse_quant(spec: str) -> dict:
+    """`rtn:w4g64` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}.
+
+    Without `g<N>` the scheme is per-channel. Zero point defaults to on for 4 bits and
+    fewer and off (symmetric) above; `zp` or `sym` at the end overrides it.
+    """
+    m = _QUANT.match(spec.strip())
+    if not m:
+        raise LlmpressError(
+            f"--quant {spec!r} not understood: use METHOD:w<BITS>[g<GROUP>][zp|sym], "
+            "e.g. rtn:w4g64 or rtn:w8"
+        )
+    bits = int(m["bits"])
+    zero_point = m["zp"] == "zp" if m["zp"] else bits <= 4
+    group = int(m["group"]) if m["group"] else None
+    return {m["method"]: {"bits": bits, "group_size": group, "zero_point": zero_point}}
