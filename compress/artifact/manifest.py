@@ -139,14 +139,8 @@ def model_card(m: dict) -> str:
             f"{drift['top1']:.4f} |",
             "",
         ]
+    lines += ["## Loading", "", "```python", *_loading_snippet(m["recipe"]), "```", ""]
     lines += [
-        "## Loading",
-        "",
-        "```python",
-        "from transformers import AutoModelForCausalLM  # needs `pip install compressed-tensors`",
-        'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
-        "```",
-        "",
         "## Recipe",
         "",
         "```json",
@@ -155,3 +149,23 @@ def model_card(m: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _loading_snippet(recipe: dict) -> list[str]:
+    """Asymmetric packed weights load only dequantized in transformers 5 (see docs/format.md)."""
+    asym_packed = any(
+        cfg.get("zero_point") and cfg.get("bits", 8) <= 4
+        for stage in recipe["stages"]
+        for cfg in stage.values()
+    )
+    if not asym_packed:
+        return [
+            "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
+            'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
+        ]
+    return [
+        "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
+        "model = AutoModelForCausalLM.from_pretrained(",
+        '    "path/to/this/folder", quantization_config=CompressedTensorsConfig(dequantize=True)',
+        ")",
+    ]

@@ -21,6 +21,8 @@ class InputGroup:
     for q/k/v and gate/up, a linear for o (after v) and down (after up). Scaling the
     input channels of the linears by s and the producer's output channels by 1/s leaves
     the model unchanged, which is what AWQ and SmoothQuant-style methods rely on.
+    With grouped-query attention v's outputs are shared by several query heads, so v → o
+    holds only when the widths match; methods check `producer` width before folding.
     """
 
     producer: str

@@ -55,7 +55,8 @@ class QuantScheme:
         return effective_group_size(in_features, self.group_size)
 
     def label(self) -> str:
-        g = f"g{self.group_size}" if self.group_size else "ch"
+        """The `--quant` spelling of this scheme, e.g. w4g64zp or w8sym (per-channel)."""
+        g = f"g{self.group_size}" if self.group_size else ""
         return f"w{self.bits}{g}{'zp' if self.zero_point else 'sym'}"
 
 

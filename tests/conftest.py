@@ -1,0 +1,78 @@
+"""Shared fixtures: the real default model, the wikitext data beside the checkout, and
+artifacts compressed once per session."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT = ROOT.parent / "shared" / "data" / "wikitext-2-raw"
+
+
+@pytest.fixture(scope="session")
+def wikitext() -> Path:
+    """The shared WikiText-2 folder; its absence is a failure, never a skip."""
+    if not (WIKITEXT / "test.txt").is_file() or not (WIKITEXT / "valid.txt").is_file():
+        pytest.fail(f"../shared/data/wikitext-2-raw is missing (looked in {WIKITEXT})")
+    return WIKITEXT
+
+
+@pytest.fixture(scope="session")
+def default_ckpt():
+    return resolve("default")
+
+
+@pytest.fixture(scope="session")
+def base_model(default_ckpt):
+    return load_model(default_ckpt)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(default_ckpt):
+    return load_tokenizer(default_ckpt)
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory) -> dict[str, Path]:
+    """The default model compressed with three schemes that exercise every storage path."""
+    root = tmp_path_factory.mktemp("artifacts")
+    out = {}
+    for spec in ("rtn:w4g64", "rtn:w4g128sym", "rtn:w8"):
+        path = root / spec.replace(":", "-")
+        compress("default", parse_recipe({"stages": [parse_quant(spec)]}), path, log=lambda _: None)
+        out[spec] = path
+    return out
+
+
+def write_tiny_llama(folder: Path, **overrides) -> Path:
+    """A small random llama checkpoint (config.json + model.safetensors) for bad-input tests."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "tie_word_embeddings": False,
+    }
+    config = LlamaConfig(**{**settings, **overrides})
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()},
+        str(folder / "model.safetensors"),
+    )
+    (folder / "config.json").write_text(json.dumps(config.to_dict()))
+    return folder

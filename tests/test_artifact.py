@@ -1,0 +1,117 @@
+"""Artifacts on the real default model, loaded back both by llmpress and by plain transformers."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from compressed_tensors.quantization import QuantizationConfig
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+from compress.artifact import writer
+from compress.errors import LlmpressError
+from compress.model.loading import load_model, resolve
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer, wikitext):
+    text = (wikitext / "test.txt").read_text()[:4000]
+    return tokenizer(text, return_tensors="pt").input_ids[:, :128]
+
+
+# Both sides compute (q - zero_point) * scale in fp32 from the same stored integers, so the
+# weights are bit-identical and the only allowed difference is float summation order.
+@pytest.mark.parametrize(
+    ("spec", "load_kwargs"),
+    [
+        ("rtn:w4g128sym", {}),  # pack-quantized, two groups (96 for 576-wide inputs, 128)
+        ("rtn:w8", {}),  # int-quantized per-channel
+        # asymmetric pack-quantized: transformers 5 with compressed-tensors 0.20 can only
+        # load it dequantized (upstream bug, llm-compressor issue #1618)
+        ("rtn:w4g64", {"quantization_config": CompressedTensorsConfig(dequantize=True)}),
+    ],
+)
+def test_transformers_loads_artifact_with_our_logits(artifacts, spec, load_kwargs, ids):
+    path = artifacts[spec]
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **load_kwargs)
+    ours = load_model(resolve(str(path)))
+    a, b = _logits(hf, ids), _logits(ours, ids)
+    assert torch.allclose(a, b, atol=1e-4 * b.abs().max().item(), rtol=0)
+
+
+def test_artifact_is_quantized_not_a_copy(artifacts, base_model, ids):
+    """4-bit moves the logits more than 8-bit, and both move them."""
+    ref = _logits(base_model, ids)
+    d4 = (_logits(load_model(resolve(str(artifacts["rtn:w4g64"]))), ids) - ref).abs().mean()
+    d8 = (_logits(load_model(resolve(str(artifacts["rtn:w8"]))), ids) - ref).abs().mean()
+    assert 0 < d8 < d4
+
+
+def test_config_manifest_and_card(artifacts, default_ckpt):
+    path = artifacts["rtn:w4g128sym"]
+    config = json.loads((path / "config.json").read_text())
+    qc = QuantizationConfig.model_validate(config["quantization_config"])
+    groups = {g.weights.group_size: g for g in qc.config_groups.values()}
+    assert set(groups) == {96, 128} and qc.format == "pack-quantized"
+    assert groups[128].targets == ["re:.*\\.mlp\\.down_proj$"]
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["source"]["sha256"] == default_ckpt.sha256
+    assert manifest["recipe"]["stages"] == [
+        {"rtn": {"bits": 4, "group_size": 128, "zero_point": False}}
+    ]
+    adjusted = manifest["stages"][0]["group_size_adjusted"]
+    assert adjusted["model.layers.0.self_attn.q_proj"] == 96
+    assert "model.layers.0.mlp.down_proj" not in adjusted
+    assert manifest["packages"]["torch"] and manifest["packages"]["compressed-tensors"]
+    assert 4.0 < manifest["weights"]["bits_per_quantized_weight"] < 4.5
+    sizes = manifest["sizes"]
+    assert sizes["weights_bytes"] == (path / "model.safetensors").stat().st_size
+    assert sizes["weights_bytes"] < default_ckpt.files[0].stat().st_size / 2
+    card = (path / "README.md").read_text()
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in card and "rtn:w4g128sym" in card
+
+
+def test_existing_output_is_refused_and_overwrite_replaces(artifacts, tmp_path):
+    out = tmp_path / "a"
+    shutil.copytree(artifacts["rtn:w8"], out)
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64sym")]})
+    with pytest.raises(LlmpressError, match=r"already exists.*--overwrite"):
+        compress("default", recipe, out, log=lambda _: None)
+    compress("default", recipe, out, overwrite=True, log=lambda _: None)
+    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w4g64sym"
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]  # no temp folders left behind
+
+
+def test_failed_write_loses_nothing(artifacts, tmp_path, monkeypatch):
+    out = tmp_path / "a"
+    shutil.copytree(artifacts["rtn:w8"], out)
+    before = sorted(p.name for p in out.iterdir())
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64")]})
+
+    def broken_card(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("compress.pipeline.write_manifest", broken_card)
+    with pytest.raises(LlmpressError, match=r"out of disk space .*nothing was changed"):
+        compress("default", recipe, out, overwrite=True, log=lambda _: None)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w8sym"
+    assert [p.name for p in tmp_path.iterdir()] == ["a"]
+
+
+def test_not_enough_disk_is_refused_before_writing(tmp_path, monkeypatch):
+    class Usage:
+        free = 1 << 20
+
+    monkeypatch.setattr(writer.shutil, "disk_usage", lambda _: Usage)
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64")]})
+    with pytest.raises(LlmpressError, match=r"out of disk space: .* MiB free"):
+        compress("default", recipe, tmp_path / "a", log=lambda _: None)
+    assert list(tmp_path.iterdir()) == []

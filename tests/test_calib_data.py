@@ -1,0 +1,67 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
+from compress.calib_data.generated import generate_samples
+from compress.errors import LlmpressError
+
+
+def test_file_formats_agree(tmp_path, wikitext):
+    lines = [t for t in (wikitext / "valid.txt").read_text().split("\n \n") if t.strip()][:20]
+    (tmp_path / "a.jsonl").write_text(
+        "\n".join(json.dumps({"text": t, "id": i}) for i, t in enumerate(lines))
+    )
+    pq.write_table(pa.table({"body": lines}), tmp_path / "a.parquet")
+    assert read_texts(str(tmp_path / "a.jsonl")) == lines
+    assert read_texts(str(tmp_path / "a.parquet"), text_field="body") == lines
+    whole = read_texts(str(wikitext / "valid.txt"))
+    assert len(whole) == 1 and whole[0].startswith(" \n = Homarus gammarus = \n")
+
+
+def test_bad_sources(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"content": "x"}\n')
+    with pytest.raises(LlmpressError, match=r"no text field 'text'.*--text-field"):
+        read_texts(str(tmp_path / "a.jsonl"))
+    with pytest.raises(LlmpressError, match="no such text file"):
+        read_texts(str(tmp_path / "missing.txt"))
+    (tmp_path / "a.csv").write_text("x")
+    with pytest.raises(LlmpressError, match="unknown text format"):
+        read_texts(str(tmp_path / "a.csv"))
+
+
+def test_dataset_by_name_offline_fails_at_once(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LlmpressError, match="cannot be fetched offline"):
+        read_texts("Salesforce/wikitext:wikitext-2-raw-v1:validation")
+
+
+def test_samples_are_seeded_and_fixed_length(tokenizer, wikitext):
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt")))
+    a = calibration_samples(stream, 16, 128, seed=0)
+    assert a.shape == (16, 128)
+    assert torch.equal(a, calibration_samples(stream, 16, 128, seed=0))
+    assert not torch.equal(a, calibration_samples(stream, 16, 128, seed=1))
+    windows = eval_windows(stream, 512, limit=3)
+    assert windows.shape == (3, 512) and torch.equal(windows.flatten(), stream[:1536])
+    with pytest.raises(LlmpressError, match="fewer than one window"):
+        eval_windows(stream[:100], 512)
+    with pytest.raises(LlmpressError, match="lower the sample length"):
+        calibration_samples(stream[:100], 4, 512, seed=0)
+
+
+def test_self_generated_text_is_seeded_and_plausible(base_model, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path))
+    a = generate_samples(base_model, tokenizer, 3, 24, seed=7, batch_size=2)
+    b = generate_samples(base_model, tokenizer, 3, 24, seed=7, batch_size=2, cache_key="k" * 16)
+    assert a.shape == (3, 24) and torch.equal(a, b)
+    assert list(tmp_path.glob("calib/self-*.pt"))  # cached for the next run
+    # the model's own samples are far more likely under it than random tokens are
+    with torch.no_grad():
+        nll = base_model(input_ids=a, labels=a).loss
+        rand = torch.randint(0, 49152, a.shape)
+        nll_rand = base_model(input_ids=rand, labels=rand).loss
+    assert nll < nll_rand - 3

@@ -1,0 +1,32 @@
+"""Drift measurement on real WikiText-2 windows."""
+
+import math
+
+import torch
+
+from compress.calib_data import eval_windows, read_texts, token_stream
+from compress.eval.drift import measure_drift
+from compress.model.loading import load_model, resolve
+
+
+def test_drift_of_the_original_against_itself_is_zero(base_model, tokenizer, wikitext):
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "test.txt")))
+    windows = eval_windows(stream, 256, limit=2)
+    (d,) = measure_drift(base_model, {"same": base_model}, windows, progress=False).values()
+    assert d.tokens == 2 * 255 and d.windows == 2
+    assert abs(d.kl) < 1e-6 and d.top1 == 1.0 and d.ppl == d.base_ppl
+    # perplexity agrees with transformers' own cross-entropy on the same windows
+    with torch.no_grad():
+        loss = torch.stack([base_model(input_ids=w[None], labels=w[None]).loss for w in windows])
+    assert math.isclose(d.base_ppl, loss.mean().exp().item(), rel_tol=1e-4)
+    assert 10 < d.base_ppl < 60
+
+
+def test_fewer_bits_more_drift(base_model, tokenizer, wikitext, artifacts):
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "test.txt")))
+    windows = eval_windows(stream, 512, limit=2)
+    cands = {k: load_model(resolve(str(artifacts[k]))) for k in ("rtn:w8", "rtn:w4g64")}
+    r = measure_drift(base_model, cands, windows, progress=False)
+    assert 0 < r["rtn:w8"].kl < 0.05 < r["rtn:w4g64"].kl
+    assert r["rtn:w8"].top1 > r["rtn:w4g64"].top1
+    assert r["rtn:w4g64"].ppl > r["rtn:w8"].ppl

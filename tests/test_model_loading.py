@@ -1,0 +1,111 @@
+import json
+import shutil
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from compress.errors import LlmpressError
+from compress.model import adapter_for, load_model, load_tokenizer, resolve
+from tests.conftest import write_tiny_llama
+
+
+def test_default_model(default_ckpt):
+    cfg = default_ckpt.config
+    assert (cfg["model_type"], cfg["hidden_size"], cfg["num_attention_heads"]) == ("llama", 576, 9)
+    assert default_ckpt.adapter.families == ("llama",)
+    assert len(default_ckpt.sha256) == 64
+    names = default_ckpt.adapter.linear_names(default_ckpt.num_layers)
+    assert len(names) == 30 * 7 and names[0] == "model.layers.0.self_attn.q_proj"
+
+
+def test_default_model_matches_transformers_gguf_loading(base_model, tokenizer):
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = base_model(ids).logits[0, -1]
+    assert tokenizer.decode(logits.argmax()).strip() == "Paris"
+
+
+def test_local_folder_and_adapter_groups(tmp_path):
+    """Each input group's producer feeds its linears (v → o needs as many KV heads as
+    query heads; with grouped-query attention methods must check, as the adapter says)."""
+    ckpt = resolve(str(write_tiny_llama(tmp_path / "tiny", num_key_value_heads=4)))
+    model = load_model(ckpt)
+    for group in ckpt.adapter.input_groups:
+        producer = model.get_submodule(f"model.layers.0.{group.producer}")
+        width = producer.weight.shape[0]
+        for linear in group.linears:  # the producer's output is the linears' input
+            assert model.get_submodule(f"model.layers.0.{linear}").in_features == width
+
+
+@pytest.mark.parametrize("model_type", ["gpt2", "bert", None])
+def test_unknown_architecture_refused(tmp_path, model_type):
+    folder = write_tiny_llama(tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = model_type
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(LlmpressError, match=r"unsupported architecture .*llama, mistral, qwen2"):
+        resolve(str(folder))
+    with pytest.raises(LlmpressError):
+        adapter_for({"model_type": model_type})
+
+
+def test_corrupt_safetensors(tmp_path):
+    folder = write_tiny_llama(tmp_path / "m")
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}......")
+    with pytest.raises(LlmpressError, match=r"corrupt safetensors file .*model.safetensors"):
+        resolve(str(folder))
+
+
+def test_truncated_safetensors(tmp_path):
+    folder = write_tiny_llama(tmp_path / "m")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) - 1000])
+    with pytest.raises(LlmpressError, match=r"truncated safetensors file .*re-download"):
+        resolve(str(folder))
+
+
+def test_nan_weights(tmp_path):
+    folder = write_tiny_llama(tmp_path / "m")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(LlmpressError, match=r"model.layers.1.mlp.up_proj.weight .* 1 NaN/Inf"):
+        load_model(resolve(str(folder)))
+
+
+def test_missing_tokenizer(tmp_path):
+    ckpt = resolve(str(write_tiny_llama(tmp_path / "m")))
+    with pytest.raises(LlmpressError, match=r"no usable tokenizer .*tokenizer.json"):
+        load_tokenizer(ckpt)
+
+
+def test_missing_shard(tmp_path):
+    folder = write_tiny_llama(tmp_path / "m")
+    shutil.move(folder / "model.safetensors", folder / "model-00001-of-00002.safetensors")
+    index = {
+        "weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+        }
+    }
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(LlmpressError, match=r"missing shard.*00002"):
+        resolve(str(folder))
+
+
+def test_hub_id_offline_fails_at_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    t0 = time.monotonic()
+    with pytest.raises(LlmpressError, match=r"cannot be reached .*pass a local model folder"):
+        resolve("someorg/some-model")
+    assert time.monotonic() - t0 < 10
+
+
+def test_not_a_model(tmp_path):
+    with pytest.raises(LlmpressError, match="no such model folder or file"):
+        resolve(str(tmp_path / "nothing-here"))
+    with pytest.raises(LlmpressError, match=r"has no config.json"):
+        resolve(str(tmp_path))

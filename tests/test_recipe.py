@@ -1,0 +1,64 @@
+import pytest
+
+from compress.errors import LlmpressError
+from compress.recipe import load_recipe, parse_quant, parse_recipe
+
+
+def test_yaml_recipe(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "stages:\n  - rtn: {bits: 3, group_size: 32, zero_point: false}\n"
+        "calib: {source: self, samples: 8}\nignore: ['*.down_proj']\ndtype: bfloat16\n"
+    )
+    recipe = parse_recipe(load_recipe(path))
+    ((name, cfg),) = recipe.stages
+    assert name == "rtn" and (cfg.bits, cfg.group_size, cfg.zero_point) == (3, 32, False)
+    assert recipe.calib.samples == 8 and recipe.calib.length == 512
+    assert recipe.ignore == ("*.down_proj",) and recipe.dtype == "bfloat16"
+    assert recipe.to_dict()["stages"] == [
+        {"rtn": {"bits": 3, "group_size": 32, "zero_point": False}}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"stages": [{"rtn": {"bitz": 4}}]}, "unknown key 'bitz' (did you mean 'bits'?)"),
+        ({"stages": [{"rnt": {}}]}, "unknown stage 'rnt' (did you mean 'rtn'?)"),
+        ({"stage": []}, "unknown key 'stage' (did you mean 'stages'?)"),
+        ({"stages": []}, "must be a non-empty list"),
+        ({"stages": [{"rtn": {"bits": "4"}}]}, "bits: '4' is not a valid"),
+        ({"stages": [{"rtn": {"bits": 12}}]}, "bits must be an integer from 2 to 8"),
+        ({"stages": ["rtn"], "dtype": "fp8"}, "dtype 'fp8'"),
+        ({"stages": ["rtn"], "calib": {"samples": 0}}, "samples must be >= 1"),
+    ],
+)
+def test_bad_recipes_fail_with_the_fix(data, message):
+    with pytest.raises(LlmpressError) as e:
+        parse_recipe(data)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_yaml_names_the_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text("stages:\n  - rtn: {bits: 4\n")
+    with pytest.raises(LlmpressError, match="not valid YAML at line"):
+        load_recipe(path)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("rtn:w4g64", {"bits": 4, "group_size": 64, "zero_point": True}),
+        ("rtn:w8", {"bits": 8, "group_size": None, "zero_point": False}),
+        ("rtn:w4g128sym", {"bits": 4, "group_size": 128, "zero_point": False}),
+        ("rtn:w8g32zp", {"bits": 8, "group_size": 32, "zero_point": True}),
+    ],
+)
+def test_quant_shorthand(spec, expected):
+    assert parse_quant(spec) == {"rtn": expected}
+
+
+def test_bad_shorthand():
+    with pytest.raises(LlmpressError, match="rtn:w4g64"):
+        parse_quant("rtn-4bit")
