@@ -38,7 +38,9 @@ def cli() -> None:
     type=click.Path(path_type=Path),
     help="Recipe YAML: an ordered list of stages.",
 )
-@click.option("--quant", "quant", help="Shorthand stage, e.g. rtn:w4g64, rtn:w8 (per-channel).")
+@click.option(
+    "--quant", "quant", help="Shorthand stage: rtn:w4g64, awq:w4g64, rtn:w8 (per-channel)."
+)
 @click.option("--calib", help="Calibration text: .txt/.jsonl/.parquet, a dataset name, or `self`.")
 @click.option("--calib-samples", type=int, help="Number of calibration samples (default 128).")
 @click.option("--calib-len", type=int, help="Tokens per calibration sample (default 512).")
@@ -48,9 +50,30 @@ def cli() -> None:
     type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
     help="Storage dtype of unquantized tensors and scales (default: the source's).",
 )
+@click.option(
+    "--ignore",
+    multiple=True,
+    help="Leave matching linears unquantized (glob or re:REGEX; repeatable).",
+)
+@click.option(
+    "--export",
+    type=click.Choice(["compressed-tensors", "awq-gemm"]),
+    help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def compress(
-    model, output, recipe_file, quant, calib, calib_samples, calib_len, text_field, dtype, overwrite
+    model,
+    output,
+    recipe_file,
+    quant,
+    calib,
+    calib_samples,
+    calib_len,
+    text_field,
+    dtype,
+    ignore,
+    export,
+    overwrite,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
     from compress.pipeline import compress as run
@@ -72,6 +95,10 @@ def compress(
     data = {**data, "calib": calib_cfg}
     if dtype:
         data["dtype"] = dtype
+    if export:
+        data["export"] = export
+    if ignore:
+        data["ignore"] = [*(data.get("ignore") or []), *ignore]
     recipe = parse_recipe(data)
     run(model, recipe, output, overwrite=overwrite, command=_command_line(), log=click.echo)
 

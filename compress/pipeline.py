@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from compress.artifact.manifest import build_manifest, write_manifest
-from compress.artifact.writer import check_output, write_artifact
+from compress.artifact.writer import check_output, preflight_export, write_artifact
 from compress.calib_data.prepare import load_calibration
+from compress.errors import LlmpressError
+from compress.model.blocks import BlockStore, run_block
 from compress.model.default import DEFAULT_NAME
 from compress.model.loading import Checkpoint, load_model, load_tokenizer, resolve
 from compress.recipe import Recipe
-from compress.stage import Workspace
+from compress.stage import BlockContext, Workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def storage_dtype(requested: str, config: dict) -> torch.dtype:
+def storage_dtype(requested: str, config: dict, export: str = "compressed-tensors") -> torch.dtype:
     """`auto` keeps the checkpoint's own dtype (fp32 when it names none we store)."""
+    if export == "awq-gemm":  # AutoAWQ's kernels read float16 scales
+        return torch.float16
     if requested != "auto":
         return _DTYPES[requested]
     return _DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.float32)
@@ -36,6 +43,21 @@ def source_info(ckpt: Checkpoint) -> dict:
     }
 
 
+class _Clock:
+    """Adds the wall time of each `with clock(name):` section to timing[name]."""
+
+    def __init__(self, timing: dict[str, float]):
+        self.timing = timing
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timing[name] += time.perf_counter() - start
+
+
 def compress(
     model: str,
     recipe: Recipe,
@@ -50,28 +72,49 @@ def compress(
     stages = recipe.build()
     started = time.perf_counter()
     ckpt = resolve(model)
-    log(f"loading {model} ({ckpt.config['model_type']}, {ckpt.num_layers} layers)")
+    if ckpt.is_quantized:
+        raise LlmpressError(
+            f"{model} is already quantized: compress the original checkpoint it was made from"
+        )
     ws = Workspace(
-        model=load_model(ckpt),
-        adapter=ckpt.adapter,
-        config=ckpt.config,
-        tokenizer=load_tokenizer(ckpt),
-        storage_dtype=storage_dtype(recipe.dtype, ckpt.config),
+        store=BlockStore(ckpt),
+        tokenizer=None,
+        storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
         ignore=recipe.ignore,
     )
-    samples = None
-    if recipe.needs_calibration:
-        log(
-            f"calibration: {recipe.calib.samples} × {recipe.calib.length} tokens "
-            f"from {recipe.calib.source}"
-        )
-        samples = load_calibration(recipe.calib, ws.model, ws.tokenizer, cache_key=ckpt.sha256)
-    records = []
     for stage in stages:
-        log(f"stage {stage.name}")
-        stage.calibrate(ws, samples)
-        stage.transform(ws)
-        records.append(stage.export(ws))
+        stage.preflight(ws)
+    schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
+    preflight_export(recipe.export, ws, schemes)
+    ws.tokenizer = load_tokenizer(ckpt)
+    log(
+        f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
+        f"{recipe.label()}"
+    )
+    timing: dict[str, float] = defaultdict(float)
+    clock = _Clock(timing)
+    hidden = rope = None
+    if recipe.needs_calibration:
+        c = recipe.calib
+        log(f"calibration: {c.samples} × {c.length} tokens from {c.source}")
+        with clock("calibration data"):
+            samples = load_calibration(c, ws.tokenizer, lambda: load_model(ckpt), ckpt.sha256)
+            hidden = ws.store.embed(samples)
+            rope = ws.store.position_embeddings(samples.shape[1])
+    for i in tqdm(range(ckpt.num_layers), desc="blocks", unit="block"):
+        with clock("read blocks"):
+            block = ws.store.block(i)
+        ctx = BlockContext(ws, i, block, hidden, rope)
+        for stage in stages:
+            with clock(f"{stage.name} calibrate"):
+                stage.calibrate(ctx)
+            with clock(f"{stage.name} transform"):
+                stage.transform(ctx)
+        if hidden is not None:  # the next block calibrates on this one's compressed output
+            with clock("propagate"):
+                hidden = run_block(block, hidden, rope)
+        ws.store.release(i)
+    records = [stage.export(ws) for stage in stages]
 
     def finish(folder: Path) -> None:
         manifest = build_manifest(
@@ -84,8 +127,9 @@ def compress(
             command=command,
         )
         manifest["label"] = recipe.label()
+        manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
         write_manifest(folder, manifest)
 
-    write_artifact(ws, output, ckpt.path, finish, overwrite=overwrite)
+    write_artifact(ws, output, ckpt.path, finish, overwrite=overwrite, export=recipe.export)
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output

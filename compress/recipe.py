@@ -7,6 +7,7 @@ YAML form:
     calib: {source: self, samples: 128, length: 512, seed: 0}
     ignore: ["*.down_proj"]      # globs or re:REGEX on module names
     dtype: auto                  # storage dtype of unquantized tensors and scales
+    export: compressed-tensors   # or awq-gemm (AutoAWQ's layout, 4-bit with zero point)
 
 Flag form: `--quant rtn:w4g64` (see `parse_quant`). Every key is checked against the
 stage's config dataclass, so a typo fails in a second with a suggestion instead of
@@ -26,11 +27,12 @@ from typing import Any
 
 import yaml
 
-import compress.quantizers.rtn  # noqa: F401 - registers the stage
 from compress.errors import LlmpressError
+from compress.quantizers import awq, rtn  # noqa: F401 - importing registers the stages
 from compress.stage import STAGES, Stage
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+EXPORTS = ("compressed-tensors", "awq-gemm")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Recipe:
     calib: CalibConfig = field(default_factory=CalibConfig)
     ignore: tuple[str, ...] = ()
     dtype: str = "auto"
+    export: str = "compressed-tensors"
 
     def build(self) -> list[Stage]:
         return [STAGES[name].factory(config) for name, config in self.stages]
@@ -68,6 +71,7 @@ class Recipe:
             "calib": dataclasses.asdict(self.calib),
             "ignore": list(self.ignore),
             "dtype": self.dtype,
+            "export": self.export,
         }
 
     def label(self) -> str:
@@ -123,7 +127,7 @@ def build_config(config_type: type, params: Any, where: str):
 def parse_recipe(data: Any) -> Recipe:
     if not isinstance(data, dict):
         raise LlmpressError("recipe: expected a mapping with a `stages` list")
-    allowed = ("stages", "calib", "ignore", "dtype")
+    allowed = ("stages", "calib", "ignore", "dtype", "export")
     for key in data:
         if key not in allowed:
             raise LlmpressError(
@@ -153,7 +157,16 @@ def parse_recipe(data: Any) -> Recipe:
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return Recipe(stages=tuple(stages), calib=calib, ignore=tuple(ignore), dtype=dtype)
+    export = data.get("export", "compressed-tensors")
+    if export not in EXPORTS:
+        raise LlmpressError(f"recipe: export {export!r} is not one of {', '.join(EXPORTS)}")
+    if export == "awq-gemm" and dtype not in ("auto", "float16"):
+        raise LlmpressError(
+            "recipe: the awq-gemm export stores float16; drop `dtype` or set float16"
+        )
+    return Recipe(
+        stages=tuple(stages), calib=calib, ignore=tuple(ignore), dtype=dtype, export=export
+    )
 
 
 def load_recipe(path: Path) -> dict:

@@ -1,8 +1,11 @@
 """The one interface every compression method plugs into: calibrate → transform → export.
 
-A stage is constructed from its config dataclass (validated when the recipe is read),
-may look at calibration samples, changes the workspace, and returns a record of what
-it did for the manifest. The pipeline knows nothing about any particular method.
+The pipeline walks the model one decoder block at a time (compress/model/blocks.py).
+For each block every stage first `calibrate`s (looks at the block and the calibration
+activations entering it) and then `transform`s it (changes weights, records quantized
+ones); the block's output, computed with the transformed weights, feeds the next block.
+`export` returns a record of what the stage did for the manifest. The pipeline knows
+nothing about any particular method.
 """
 
 from __future__ import annotations
@@ -14,34 +17,47 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from compress.model.adapters import Adapter
+from compress.model.blocks import BlockStore
 from compress.quantizers.scheme import QuantizedWeight
 
 
 @dataclass
 class Workspace:
-    """The model being compressed and what stages have decided about it so far.
+    """What stages have decided about the model so far (never the whole dense model).
 
-    `model` always computes what the artifact will compute: a stage that quantizes a
-    weight records the integers in `quantized` and writes their dequantized values into
-    the model, so later stages calibrate on the already-compressed model.
+    `quantized` holds the integers of every quantized linear; `updated` holds dense
+    tensors a stage changed (e.g. norm weights that absorbed AWQ scales), in storage dtype.
+    Everything else is copied from the source checkpoint at export.
     """
 
-    model: torch.nn.Module
-    adapter: Adapter
-    config: dict
+    store: BlockStore
     tokenizer: Any
     storage_dtype: torch.dtype = torch.float32
     ignore: tuple[str, ...] = ()
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    updated: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def adapter(self):
+        return self.store.adapter
+
+    @property
+    def config(self) -> dict:
+        return self.store.ckpt.config
 
     @property
     def num_layers(self) -> int:
-        return int(self.config["num_hidden_layers"])
+        return self.store.num_layers
 
-    def target_linears(self) -> list[str]:
-        """Block linears that stages may compress, minus the recipe's `ignore` patterns."""
-        return [n for n in self.adapter.linear_names(self.num_layers) if not self.ignored(n)]
+    def target_linears(self, index: int | None = None) -> list[str]:
+        """Block linears (of one block, or all) stages may compress, minus `ignore` patterns."""
+        blocks = range(self.num_layers) if index is None else [index]
+        return [
+            f"{self.adapter.block_prefix(i)}.{rel}"
+            for i in blocks
+            for rel in self.adapter.block_linears
+            if not self.ignored(f"{self.adapter.block_prefix(i)}.{rel}")
+        ]
 
     def ignored(self, name: str) -> bool:
         for pattern in self.ignore:
@@ -52,27 +68,59 @@ class Workspace:
                 return True
         return False
 
-    def linear(self, name: str) -> torch.nn.Linear:
-        return self.model.get_submodule(name)
+    def weight_shape(self, name: str) -> tuple[int, ...]:
+        return self.store.ckpt.tensors[f"{name}.weight"][1]
 
-    def set_quantized(self, name: str, qw: QuantizedWeight) -> None:
-        module = self.linear(name)
+
+@dataclass
+class BlockContext:
+    """One materialized block, the activations entering it, and how to record changes."""
+
+    ws: Workspace
+    index: int
+    module: torch.nn.Module
+    inputs: torch.Tensor | None = None  # [samples, length, hidden], None if nothing calibrates
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def prefix(self) -> str:
+        return self.ws.adapter.block_prefix(self.index)
+
+    def targets(self) -> list[str]:
+        """Names relative to the block of the linears stages may compress here."""
+        return [n[len(self.prefix) + 1 :] for n in self.ws.target_linears(self.index)]
+
+    def sub(self, rel: str) -> torch.nn.Module:
+        return self.module.get_submodule(rel)
+
+    def set_quantized(self, rel: str, qw: QuantizedWeight) -> None:
+        """Record a quantized linear; the block computes with its dequantized values from now on."""
+        module = self.sub(rel)
         if tuple(qw.shape) != tuple(module.weight.shape):
-            raise ValueError(f"{name}: quantized shape {tuple(qw.shape)} != weight shape")
-        self.quantized[name] = qw
+            raise ValueError(f"{rel}: quantized shape {tuple(qw.shape)} != weight shape")
+        self.ws.quantized[f"{self.prefix}.{rel}"] = qw
         with torch.no_grad():
             module.weight.copy_(qw.dequantize(module.weight.dtype))
 
+    def mark_changed(self, rel: str) -> None:
+        """Keep the current parameters of sub-module `rel` for export (they differ from source)."""
+        for pname, param in self.sub(rel).named_parameters():
+            key = f"{self.prefix}.{rel}.{pname}"
+            self.ws.updated[key] = param.detach().to(self.ws.storage_dtype).clone()
+
 
 class Stage(Protocol):
-    """One step of a recipe. `needs_calibration` tells the pipeline to prepare samples."""
+    """One step of a recipe. `needs_calibration` tells the pipeline to carry activations."""
 
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
 
-    def calibrate(self, ws: Workspace, samples: torch.Tensor | None) -> None: ...
+    def preflight(self, ws: Workspace) -> None:
+        """Refuse, before any work, what this stage cannot do (naming the layer and the fix)."""
 
-    def transform(self, ws: Workspace) -> None: ...
+    def calibrate(self, ctx: BlockContext) -> None: ...
+
+    def transform(self, ctx: BlockContext) -> None: ...
 
     def export(self, ws: Workspace) -> dict: ...
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
-from compress.calib_data.generated import generate_samples
+from compress.calib_data.generated import generate_samples, self_generated
 from compress.errors import LlmpressError
 
 
@@ -55,10 +55,12 @@ def test_samples_are_seeded_and_fixed_length(tokenizer, wikitext):
 
 def test_self_generated_text_is_seeded_and_plausible(base_model, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path))
-    a = generate_samples(base_model, tokenizer, 3, 24, seed=7, batch_size=2)
-    b = generate_samples(base_model, tokenizer, 3, 24, seed=7, batch_size=2, cache_key="k" * 16)
+    a = generate_samples(base_model, tokenizer, 3, 24, seed=7)
+    b = self_generated(lambda: base_model, tokenizer, 3, 24, seed=7, cache_key="k" * 16)
     assert a.shape == (3, 24) and torch.equal(a, b)
     assert list(tmp_path.glob("calib/self-*.pt"))  # cached for the next run
+    c = self_generated(lambda: None, tokenizer, 3, 24, seed=7, cache_key="k" * 16)
+    assert torch.equal(a, c)  # served from the cache without loading the model
     # the model's own samples are far more likely under it than random tokens are
     with torch.no_grad():
         nll = base_model(input_ids=a, labels=a).loss

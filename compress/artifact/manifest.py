@@ -28,11 +28,12 @@ def package_versions() -> dict[str, str | None]:
 
 def weight_stats(ws: Workspace) -> dict:
     """Parameter counts and the stored bits per weight of the quantized linears."""
-    params = sum(
-        p.numel()
-        for n, p in ws.model.named_parameters()
-        if not (ws.config.get("tie_word_embeddings") and n == f"{ws.adapter.lm_head}.weight")
-    )
+    params = 0
+    for shape in (info[1] for info in ws.store.ckpt.tensors.values()):
+        count = 1
+        for dim in shape:
+            count *= dim
+        params += count
     qparams = sum(qw.q.numel() for qw in ws.quantized.values())
     qbits = 0
     for qw in ws.quantized.values():

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import torch
 
+from compress.artifact.awq_format import decode_awq
 from compress.artifact.ct_format import decode, target_matches
 from compress.errors import LlmpressError
 from compress.model.loading import Checkpoint, read_tensors
 
-_QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+_QUANT_SUFFIXES = (
+    *("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
+    *("qweight", "qzeros", "scales"),
+)
+AWQ_GEMM = "awq-gemm"
 
 
 def quantized_layers(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[dict, str]]:
@@ -16,6 +21,11 @@ def quantized_layers(config: dict, tensors: dict[str, torch.Tensor]) -> dict[str
     qc = config.get("quantization_config")
     if not qc:
         return {}
+    if qc.get("quant_method") == "awq":
+        if qc.get("version", "gemm").lower() != "gemm" or qc.get("bits") != 4:
+            raise LlmpressError("llmpress reads AWQ checkpoints in the 4-bit GEMM layout only")
+        prefixes = sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
+        return {p: ({"group_size": qc["group_size"]}, AWQ_GEMM) for p in prefixes}
     if qc.get("quant_method") != "compressed-tensors":
         raise LlmpressError(
             f"quantization method {qc.get('quant_method')!r} is not supported: llmpress reads "
@@ -46,5 +56,8 @@ def dense_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
             continue
         out[name] = tensor
     for prefix, (args, fmt) in layers.items():
-        out[f"{prefix}.weight"] = decode(prefix, tensors, args, fmt)
+        if fmt == AWQ_GEMM:
+            out[f"{prefix}.weight"] = decode_awq(prefix, tensors, args["group_size"])
+        else:
+            out[f"{prefix}.weight"] = decode(prefix, tensors, args, fmt)
     return out

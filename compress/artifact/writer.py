@@ -14,8 +14,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from compress.artifact.awq_format import awq_config, encode_awq
 from compress.artifact.ct_format import encode, quantization_config
 from compress.errors import LlmpressError
+from compress.model.loading import read_tensors
 from compress.stage import Workspace
 
 SHARD_BYTES = 4 << 30
@@ -30,30 +32,58 @@ def check_output(out: Path, overwrite: bool) -> None:
         raise LlmpressError(f"output folder's parent {out.parent} does not exist: create it first")
 
 
-def artifact_tensors(ws: Workspace) -> dict[str, torch.Tensor]:
-    """Every tensor to store: quantized linears encoded, everything else in the storage dtype."""
-    tied = ws.config.get("tie_word_embeddings", False)
+def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
+    """Refuse, before calibration, a recipe whose result the chosen layout cannot hold."""
+    if export != "awq-gemm":
+        return
+    groups = set()
+    for scheme in schemes:
+        if scheme.bits != 4 or not scheme.zero_point:
+            raise LlmpressError(
+                f"the awq-gemm export holds only 4-bit weights with a zero point, not "
+                f"{scheme.label()}; use the default compressed-tensors export"
+            )
+        groups |= {scheme.group_for(ws.weight_shape(n)[1]) for n in ws.target_linears()}
+    if len(groups) > 1:
+        raise LlmpressError(
+            f"layers would use group sizes {sorted(groups)} (widths the requested group does "
+            "not divide) but the awq-gemm layout has one group size: pick one that divides "
+            "every layer (e.g. 64 or 32) or use the compressed-tensors export"
+        )
+
+
+def artifact_tensors(ws: Workspace, export: str = "compressed-tensors") -> dict[str, torch.Tensor]:
+    """Every tensor to store: quantized linears encoded, tensors a stage changed as changed,
+    the rest copied from the source in the storage dtype."""
+    ckpt = ws.store.ckpt
     tensors: dict[str, torch.Tensor] = {}
-    for name, tensor in ws.model.state_dict().items():
+    copy = []
+    for name in ckpt.tensors:
         prefix, _, leaf = name.rpartition(".")
         if prefix in ws.quantized and leaf == "weight":
-            tensors.update(encode(prefix, ws.quantized[prefix]))
-        elif tied and name == f"{ws.adapter.lm_head}.weight":
-            continue
+            encoder = encode_awq if export == "awq-gemm" else encode
+            tensors.update(encoder(prefix, ws.quantized[prefix]))
+        elif name in ws.updated:
+            tensors[name] = ws.updated[name].contiguous()
         else:
-            tensors[name] = tensor.detach().to(ws.storage_dtype).contiguous()
+            copy.append(name)
+    for name, t in read_tensors(ckpt, copy).items():
+        tensors[name] = (t.to(ws.storage_dtype) if t.is_floating_point() else t).contiguous()
     return tensors
 
 
-def artifact_config(ws: Workspace) -> dict:
-    config = {k: v for k, v in ws.config.items() if k != "quantization_config"}
+def artifact_config(ws: Workspace, export: str = "compressed-tensors") -> dict:
+    config = dict(ws.config)
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
-    if ws.quantized:
+    unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in ws.quantized]
+    if ws.quantized and export == "awq-gemm":
+        (group,) = {qw.group_size for qw in ws.quantized.values()}
+        config["quantization_config"] = awq_config(group, [ws.adapter.lm_head, *unquantized])
+    elif ws.quantized:
         block_names: dict[str, list[str]] = {}
         for i in range(ws.num_layers):
             for kind in ws.adapter.block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
-        unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in ws.quantized]
         config["quantization_config"] = quantization_config(
             ws.quantized, block_names, [ws.adapter.lm_head, *unquantized]
         )
@@ -94,12 +124,13 @@ def write_artifact(
     source_folder: Path,
     finish: Callable[[Path], None],
     overwrite: bool = False,
+    export: str = "compressed-tensors",
 ) -> Path:
     """Write weights, config and tokenizer into a temp folder, call `finish(tmp)` to add the
     manifest and card, then move it to `out`."""
     out = Path(out)
     check_output(out, overwrite)
-    tensors = artifact_tensors(ws)
+    tensors = artifact_tensors(ws, export)
     needed = sum(t.numel() * t.element_size() for t in tensors.values()) + (16 << 20)
     free = shutil.disk_usage(out.parent).free
     if free < needed:
@@ -110,7 +141,9 @@ def write_artifact(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         _write_weights(tmp, tensors)
-        (tmp / "config.json").write_text(json.dumps(artifact_config(ws), indent=2, sort_keys=True))
+        (tmp / "config.json").write_text(
+            json.dumps(artifact_config(ws, export), indent=2, sort_keys=True)
+        )
         if ws.tokenizer is not None:
             ws.tokenizer.save_pretrained(str(tmp))
         for name in _COPIED:

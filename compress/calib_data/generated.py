@@ -7,28 +7,37 @@ hash and settings, since generating 128 × 512 tokens takes minutes on a CPU.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from tqdm.auto import tqdm
 
 from compress.model.default import cache_dir
 
 
-@torch.no_grad()
-def generate_samples(
-    model,
-    tokenizer,
-    n: int,
-    length: int,
-    seed: int,
-    batch_size: int = 16,
-    cache_key: str | None = None,
+def self_generated(
+    load_model: Callable, tokenizer, n: int, length: int, seed: int, cache_key: str | None
 ) -> torch.Tensor:
-    """[n, length] token ids sampled from `model`, seeded; cached when `cache_key` is given."""
+    """Cached `generate_samples`; the model is loaded only when the cache misses."""
     path = None
     if cache_key:
         path = cache_dir() / "calib" / f"self-{cache_key[:16]}-{n}x{length}-s{seed}.pt"
         if path.is_file():
             return torch.load(path)
+    out = generate_samples(load_model(), tokenizer, n, length, seed)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(out, tmp)
+        tmp.replace(path)
+    return out
+
+
+@torch.no_grad()
+def generate_samples(
+    model, tokenizer, n: int, length: int, seed: int, batch_size: int = 16
+) -> torch.Tensor:
+    """[n, length] token ids sampled from `model` (temperature 1), seeded."""
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     gen = torch.Generator().manual_seed(seed)
     out = torch.empty(n, length, dtype=torch.long)
@@ -46,9 +55,4 @@ def generate_samples(
             out[lo : lo + rows, t] = ids[:, 0]
             bar.update(rows)
     bar.close()
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(out, tmp)
-        tmp.replace(path)
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from compress.artifact.manifest import read_manifest, write_manifest
-from compress.calib_data.generated import generate_samples
+from compress.calib_data.generated import self_generated
 from compress.calib_data.samples import eval_windows, token_stream
 from compress.calib_data.sources import SELF, read_texts
 from compress.errors import LlmpressError
@@ -25,7 +25,7 @@ def windows_for(
     cache_key: str | None = None,
 ) -> torch.Tensor:
     if data == SELF:
-        return generate_samples(base, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key=cache_key)
+        return self_generated(lambda: base, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key)
     return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
 
 

@@ -51,6 +51,8 @@ class Adapter:
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
     lm_head: str = "lm_head"
+    attn: str = "self_attn"
+    mlp: str = "mlp"
     attn_norm: str = "input_layernorm"
     mlp_norm: str = "post_attention_layernorm"
     q: str = "self_attn.q_proj"

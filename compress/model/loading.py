@@ -54,14 +54,15 @@ class Checkpoint:
             h.update(f"{f.name}:{file_sha256(f)}\n".encode())
         return h.hexdigest()
 
-    def tensor_index(self) -> dict[str, Path]:
-        """Which file holds each tensor."""
-        index: dict[str, Path] = {}
+    @cached_property
+    def tensors(self) -> dict[str, tuple[Path, tuple[int, ...], str]]:
+        """Each tensor's file, shape and dtype, from the safetensors headers alone."""
+        info: dict[str, tuple[Path, tuple[int, ...], str]] = {}
         for f in self.files:
-            for name in check_safetensors(f):
+            for name, entry in check_safetensors(f).items():
                 if name != "__metadata__":
-                    index[name] = f
-        return index
+                    info[name] = (f, tuple(entry["shape"]), entry["dtype"])
+        return info
 
 
 def resolve(source: str) -> Checkpoint:

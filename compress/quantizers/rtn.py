@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-from tqdm.auto import tqdm
-
+from compress.quantizers.preflight import check_layers
 from compress.quantizers.scheme import QuantScheme, quantize_weight
-from compress.stage import Workspace, register_stage
+from compress.stage import BlockContext, Workspace, register_stage
 
 
 @dataclass(frozen=True)
@@ -25,6 +23,11 @@ class RTNConfig:
         self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
 
 
+def adjusted_groups(groups: dict[str, int], scheme: QuantScheme) -> dict[str, int]:
+    """Layers whose input width the requested group size does not divide (see scheme.py)."""
+    return {n: g for n, g in groups.items() if scheme.group_size and g != scheme.group_size}
+
+
 @register_stage("rtn", RTNConfig)
 class RTN:
     needs_calibration = False
@@ -33,25 +36,25 @@ class RTN:
         self.config = config
         self.groups: dict[str, int] = {}
 
-    def calibrate(self, ws: Workspace, samples: torch.Tensor | None) -> None:
+    def preflight(self, ws: Workspace) -> None:
+        check_layers(ws, self.config.scheme)
+
+    def calibrate(self, ctx: BlockContext) -> None:
         """RTN looks only at the weights."""
 
-    def transform(self, ws: Workspace) -> None:
-        scheme = self.config.scheme
-        for name in tqdm(ws.target_linears(), desc="rtn", unit="linear", leave=False):
-            qw = quantize_weight(ws.linear(name).weight.detach(), scheme, ws.storage_dtype)
-            ws.set_quantized(name, qw)
-            self.groups[name] = qw.group_size
+    def transform(self, ctx: BlockContext) -> None:
+        for rel in ctx.targets():
+            qw = quantize_weight(
+                ctx.sub(rel).weight.detach(), self.config.scheme, ctx.ws.storage_dtype
+            )
+            ctx.set_quantized(rel, qw)
+            self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
 
     def export(self, ws: Workspace) -> dict:
         scheme = self.config.scheme
-        requested = scheme.group_size
         return {
             "stage": "rtn",
             "scheme": scheme.label(),
             "layers": len(self.groups),
-            # layers whose input width the requested group does not divide (see scheme.py)
-            "group_size_adjusted": {
-                n: g for n, g in self.groups.items() if requested and g != requested
-            },
+            "group_size_adjusted": adjusted_groups(self.groups, scheme),
         }

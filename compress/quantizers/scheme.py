@@ -8,10 +8,11 @@ the integers are computed, so the stored scale is exactly the one the integers f
 
 Group-size rule: a layer whose input dimension is not a multiple of the requested
 group size g uses the largest divisor of that dimension that is at most g and a
-multiple of 32 (then of 8); if none exists the whole row is one group (per-channel).
-SmolLM2's 576-wide layers with g=128 get g=96. Every group thus stays whole, which is
-what compressed-tensors, transformers and vLLM require, and a multiple of 32 keeps each
-group on whole int32 words of the packed layout for every bit width.
+multiple of 32 (else of 8). SmolLM2's 576-wide layers with g=128 get g=96. Every group
+thus stays whole, which is what compressed-tensors, transformers and vLLM require, and
+a multiple of 32 keeps each group on whole int32 words of the packed layout for every
+bit width. A layer with no such divisor (an odd width) cannot take a grouped scheme:
+stages refuse it before any work, naming it (see quantizers/preflight.py).
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ class QuantScheme:
     def qmax(self) -> int:
         return (1 << (self.bits - 1)) - 1
 
-    def group_for(self, in_features: int) -> int:
-        """The group size actually used for a layer with `in_features` inputs (see module doc)."""
+    def group_for(self, in_features: int) -> int | None:
+        """The group size used for a layer with `in_features` inputs; None if none fits."""
         return effective_group_size(in_features, self.group_size)
 
     def label(self) -> str:
@@ -60,7 +61,7 @@ class QuantScheme:
         return f"w{self.bits}{g}{'zp' if self.zero_point else 'sym'}"
 
 
-def effective_group_size(in_features: int, requested: int | None) -> int:
+def effective_group_size(in_features: int, requested: int | None) -> int | None:
     if requested is None or requested >= in_features:
         return in_features
     if in_features % requested == 0:
@@ -69,7 +70,7 @@ def effective_group_size(in_features: int, requested: int | None) -> int:
         for g in range(requested - requested % multiple, 0, -multiple):
             if in_features % g == 0:
                 return g
-    return in_features
+    return None
 
 
 @dataclass
@@ -152,6 +153,10 @@ def quantize_weight(
     if w.ndim != 2:
         raise LlmpressError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     group = scheme.group_for(w.shape[1])
+    if group is None:
+        raise LlmpressError(
+            f"no group size <= {scheme.group_size} divides width {w.shape[1]} (see scheme.py)"
+        )
     scale, zp = compute_qparams(w, scheme, group, storage_dtype)
     q = quantize_with(w, scale, zp, scheme, group)
     return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)

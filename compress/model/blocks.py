@@ -1,0 +1,74 @@
+"""One decoder block at a time, read from safetensors as needed.
+
+Calibrating stages never hold the whole model: the skeleton lives on the meta device,
+a block is materialized (in fp32, whatever the checkpoint dtype, so searches never
+overflow) when its turn comes and dropped after, and calibration activations are
+carried from block to block. Peak memory is one block plus the activations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compress.model.loading import Checkpoint, read_tensors
+
+# Samples pushed through a block at once: bounds the MLP intermediates to a few hundred MB.
+CHUNK = 8
+
+
+class BlockStore:
+    def __init__(self, ckpt: Checkpoint):
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        self.ckpt = ckpt
+        self.adapter = ckpt.adapter
+        config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
+        self.hf_config = AutoConfig.for_model(**config)
+        self.hf_config._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            self.skeleton = AutoModelForCausalLM.from_config(self.hf_config)
+        self._rotary = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.ckpt.num_layers
+
+    def read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        return read_tensors(self.ckpt, names)
+
+    def block(self, i: int) -> torch.nn.Module:
+        """Block i with its weights loaded, in fp32."""
+        prefix = self.adapter.block_prefix(i) + "."
+        names = [n for n in self.ckpt.tensors if n.startswith(prefix)]
+        tensors = {n[len(prefix) :]: t.float() for n, t in self.read(names).items()}
+        module = self.skeleton.get_submodule(self.adapter.block_prefix(i))
+        module.to_empty(device="cpu")
+        module.load_state_dict(tensors, strict=True, assign=True)
+        return module.eval()
+
+    def release(self, i: int) -> None:
+        self.skeleton.get_submodule(self.adapter.block_prefix(i)).to("meta")
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Hidden states entering block 0 for token ids [n, L]."""
+        name = f"{self.adapter.embed}.weight"
+        weight = self.read([name])[name].float()
+        return torch.nn.functional.embedding(ids, weight)
+
+    def position_embeddings(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rotary is None:
+            parent, _, child = self.adapter.derived_modules[0].rpartition(".")
+            meta = getattr(self.skeleton.get_submodule(parent), child)
+            self._rotary = type(meta)(config=self.hf_config)
+        positions = torch.arange(length)[None]
+        dummy = torch.zeros(1, length, 1)
+        return self._rotary(dummy, positions)
+
+
+@torch.no_grad()
+def run_block(block: torch.nn.Module, hidden: torch.Tensor, rope) -> torch.Tensor:
+    """The block's output for every sample (causal attention), computed in chunks."""
+    out = torch.empty_like(hidden)
+    for lo in range(0, hidden.shape[0], CHUNK):
+        out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+    return out

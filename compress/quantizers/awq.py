@@ -1,0 +1,301 @@
+"""AWQ: activation-aware weight quantization (Lin et al., 2023), calibrated block by block.
+
+For every set of linears that read one input (adapter.input_groups), search per-input-
+channel scales s = mean|x|^α / mean|ŵ|^(1-α) (α on a grid over [0, 1); ŵ the weights
+normalized per group) that minimize the error of the group's parent output (the
+attention for q/k/v, the MLP for gate/up, the linear itself for o and down) with the
+weights quantized as W·s and the input as x/s. The chosen s is folded into the producer
+(a norm's weight, or the rows of the linear before), so the unquantized model is
+unchanged. Then, per linear and per weight group, search a clipping ratio that
+minimizes the output error, and quantize. All searches run in fp32 on a few calibration
+samples; the activation statistics use all of them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import LlmpressError
+from compress.model.adapters import InputGroup
+from compress.model.blocks import CHUNK
+from compress.quantizers.preflight import check_layers
+from compress.quantizers.rtn import adjusted_groups
+from compress.quantizers.scheme import (
+    QuantizedWeight,
+    QuantScheme,
+    compute_qparams,
+    quantize_weight,
+    quantize_with,
+)
+from compress.stage import BlockContext, Workspace, register_stage
+
+
+@dataclass(frozen=True)
+class AWQConfig:
+    bits: int = 4
+    group_size: int | None = 64
+    zero_point: bool = True
+    grid: int = 20  # α values 0, 1/grid, ..., (grid-1)/grid
+    duo_scaling: bool = True  # divide by the weight magnitude too (AutoAWQ's later form)
+    clip: bool = True
+    clip_grid: int = 20
+    max_shrink: float = 0.5  # smallest clipping ratio tried is 1 - max_shrink
+    search_samples: int = 8  # calibration samples the searches evaluate on
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return QuantScheme(self.bits, self.group_size, self.zero_point)
+
+    def __post_init__(self) -> None:
+        self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
+        if self.grid < 1 or self.clip_grid < 1 or not 0 <= self.max_shrink < 1:
+            raise LlmpressError("awq: grid and clip_grid must be >= 1, max_shrink in [0, 1)")
+        if self.search_samples < 1:
+            raise LlmpressError("awq: search_samples must be >= 1")
+
+
+def _fake_quant(w: torch.Tensor, scheme: QuantScheme, dtype: torch.dtype) -> torch.Tensor:
+    return quantize_weight(w, scheme, dtype).dequantize()
+
+
+class _SharedChannels:
+    """Maps a producer's output channels onto its consumers' inputs when they differ.
+
+    Under grouped-query attention v has n_kv heads and o reads n_heads = n_kv × rep
+    heads, each KV head repeated for `rep` consecutive query heads. A scale on o's input
+    can be folded into v only if it is equal across those repeats: search it in v's
+    channel space and expand it for o.
+    """
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int):
+        self.rep, self.kv_heads, self.head_dim = heads // kv_heads, kv_heads, head_dim
+
+    def reduce(self, v: torch.Tensor) -> torch.Tensor:  # consumer space -> producer space
+        return v.reshape(self.kv_heads, self.rep, self.head_dim).mean(1).reshape(-1)
+
+    def expand(self, v: torch.Tensor) -> torch.Tensor:  # producer space -> consumer space
+        return v.reshape(self.kv_heads, 1, self.head_dim).expand(-1, self.rep, -1).reshape(-1)
+
+
+def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None:
+    """How the producer's channels map onto the group's inputs (one to one, or v → o under
+    grouped-query attention); None when the shapes do not allow folding a scale at all."""
+    width = ctx.sub(group.linears[0]).in_features
+    produced = ctx.sub(group.producer).weight.shape[0]
+    if produced == width:
+        return _SharedChannels(1, 1, width)
+    cfg, adapter = ctx.ws.config, ctx.ws.adapter
+    heads, kv = cfg.get("num_attention_heads", 0), cfg.get("num_key_value_heads", 0)
+    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads else 0)
+    is_v_to_o = (group.producer, group.linears) == (adapter.v, (adapter.o,))
+    if (
+        is_v_to_o
+        and kv
+        and heads % kv == 0
+        and (produced, width) == (kv * head_dim, heads * head_dim)
+    ):
+        return _SharedChannels(heads, kv, head_dim)
+    return None
+
+
+@register_stage("awq", AWQConfig)
+class AWQ:
+    needs_calibration = True
+
+    def __init__(self, config: AWQConfig):
+        self.config = config
+        self.groups: dict[str, int] = {}
+        self.alphas: dict[str, float] = {}
+        self.skipped: list[str] = []
+        self.seconds = {"scale search": 0.0, "clip search and quantize": 0.0}
+        self._stats: dict[str, torch.Tensor] = {}
+        self._inputs: dict[str, torch.Tensor] = {}
+
+    def preflight(self, ws: Workspace) -> None:
+        check_layers(ws, self.config.scheme)
+
+    # -- calibrate: activation statistics over all samples, inputs of a few kept for search
+
+    @torch.no_grad()
+    def calibrate(self, ctx: BlockContext) -> None:
+        groups = ctx.ws.adapter.input_groups
+        sums = {g.linears[0]: None for g in groups}
+        keep = self.config.search_samples
+        kept: dict[str, list[torch.Tensor]] = {k: [] for k in sums}
+        seen = {"samples": 0}
+
+        def hook(rel):
+            def fn(_module, args):
+                x = args[0]
+                flat = x.abs().reshape(-1, x.shape[-1]).sum(0)
+                sums[rel] = flat if sums[rel] is None else sums[rel] + flat
+                room = keep - sum(t.shape[0] for t in kept[rel])
+                if room > 0:
+                    kept[rel].append(x[:room].clone())
+
+            return fn
+
+        handles = [ctx.sub(rel).register_forward_pre_hook(hook(rel)) for rel in sums]
+        try:
+            for lo in range(0, ctx.inputs.shape[0], CHUNK):
+                chunk = ctx.inputs[lo : lo + CHUNK]
+                ctx.module(chunk, position_embeddings=ctx.rope)
+                seen["samples"] += chunk.shape[0]
+        finally:
+            for h in handles:
+                h.remove()
+        tokens = ctx.inputs.shape[0] * ctx.inputs.shape[1]
+        self._stats = {rel: s / tokens for rel, s in sums.items()}
+        self._inputs = {rel: torch.cat(v) for rel, v in kept.items()}
+
+    # -- transform: scale search and folding, then clipping search and quantization
+
+    @torch.no_grad()
+    def transform(self, ctx: BlockContext) -> None:
+        targets = set(ctx.targets())
+        start = time.perf_counter()
+        for group in ctx.ws.adapter.input_groups:
+            if not targets.intersection(group.linears):
+                continue
+            channels = _channel_map(ctx, group)
+            if channels is None:
+                self.skipped.append(f"{ctx.prefix}.{group.producer}->{group.linears[0]}")
+                continue
+            self._scale_group(ctx, group, targets, channels)
+        middle = time.perf_counter()
+        for rel in ctx.targets():
+            self._quantize(ctx, rel)
+        self.seconds["scale search"] += middle - start
+        self.seconds["clip search and quantize"] += time.perf_counter() - middle
+        self._stats, self._inputs = {}, {}
+
+    def _parent(self, ctx: BlockContext, group: InputGroup):
+        """The module whose output measures a group's error, as a function of the group input."""
+        adapter = ctx.ws.adapter
+        if group.producer == adapter.attn_norm:
+            attn = ctx.sub(adapter.attn)
+            return lambda x: attn(hidden_states=x, position_embeddings=ctx.rope)[0]
+        if group.producer == adapter.mlp_norm:
+            return ctx.sub(adapter.mlp)
+        return ctx.sub(group.linears[0])
+
+    @torch.no_grad()
+    def _scale_group(
+        self,
+        ctx: BlockContext,
+        group: InputGroup,
+        targets: set[str],
+        channels: _SharedChannels,
+    ) -> None:
+        cfg, scheme, dtype = self.config, self.config.scheme, ctx.ws.storage_dtype
+        key = group.linears[0]
+        x = self._inputs[key]
+        x_mean = self._stats[key].clamp(min=1e-6)
+        reduce, expand = channels.reduce, channels.expand
+        linears = {rel: ctx.sub(rel) for rel in group.linears}
+        originals = {rel: m.weight.detach().clone() for rel, m in linears.items()}
+        parent = self._parent(ctx, group)
+        target = self._run(parent, x)
+        w_mean = None
+        if cfg.duo_scaling:
+            stacked = torch.cat(list(originals.values()))
+            g = scheme.group_for(stacked.shape[1])
+            norm = stacked.abs().reshape(stacked.shape[0], -1, g)
+            norm = norm / norm.amax(dim=-1, keepdim=True).clamp(min=1e-8)
+            w_mean = reduce(norm.reshape(stacked.shape).mean(0))
+        x_mean = reduce(x_mean)
+        best = (float("inf"), None, 0.0)
+        for i in range(cfg.grid):
+            alpha = i / cfg.grid
+            s_produced = x_mean.pow(alpha)
+            if w_mean is not None:
+                s_produced = s_produced / (w_mean.pow(1 - alpha) + 1e-4)
+            s_produced = s_produced.clamp(min=1e-4)
+            s_produced = s_produced / (s_produced.max() * s_produced.min()).sqrt()
+            s = expand(s_produced)
+            for rel, m in linears.items():
+                w = originals[rel] * s
+                q = _fake_quant(w, scheme, dtype) if rel in targets else w
+                m.weight.copy_(q / s)
+            loss = (self._run(parent, x) - target).pow(2).mean().item()
+            if loss < best[0]:
+                best = (loss, s_produced, alpha)
+        _, s_produced, alpha = best
+        s = expand(s_produced)
+        for rel, m in linears.items():
+            m.weight.copy_(originals[rel] * s)
+            if rel not in targets:
+                ctx.mark_changed(rel)
+        producer = ctx.sub(group.producer)
+        if isinstance(producer, torch.nn.Linear):
+            producer.weight.div_(s_produced[:, None])
+            if producer.bias is not None:
+                producer.bias.div_(s_produced)
+        else:
+            producer.weight.div_(s_produced)
+        ctx.mark_changed(group.producer)
+        self._inputs[key] = x / s  # what the scaled linears now read
+        self.alphas[f"{ctx.prefix}.{key}"] = alpha
+
+    @staticmethod
+    def _run(fn, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([fn(x[lo : lo + CHUNK]) for lo in range(0, x.shape[0], CHUNK)])
+
+    def _quantize(self, ctx: BlockContext, rel: str) -> None:
+        cfg, scheme, dtype = self.config, self.config.scheme, ctx.ws.storage_dtype
+        w = ctx.sub(rel).weight.detach()
+        group = scheme.group_for(w.shape[1])
+        clip: torch.Tensor | float = 1.0
+        adapter = ctx.ws.adapter
+        # q/k errors act through the attention scores; AWQ found clipping them hurts
+        if cfg.clip and rel not in (adapter.q, adapter.k):
+            key = next(g.linears[0] for g in adapter.input_groups if rel in g.linears)
+            clip = self._search_clip(w, self._inputs[key], group)
+        scale, zp = compute_qparams(w, scheme, group, dtype, clip=clip)
+        q = quantize_with(w, scale, zp, scheme, group)
+        ctx.set_quantized(rel, QuantizedWeight(q, scale, zp, scheme, group))
+        self.groups[f"{ctx.prefix}.{rel}"] = group
+
+    def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
+        """Per (output row, weight group) clipping ratio minimizing that group's output error.
+
+        The error of one group's contribution, mean over tokens of (x_g · δ)², equals
+        δ H_g δᵀ with H_g = x_gᵀ x_g / n, so each ratio costs out × g² per group instead
+        of out × g × tokens, and every search token counts.
+        """
+        cfg, scheme = self.config, self.config.scheme
+        x = x.reshape(-1, x.shape[-1])
+        rows, cols = w.shape
+        xg = x.reshape(x.shape[0], cols // group, group).transpose(0, 1)  # [G, n, g]
+        gram = xg.transpose(1, 2) @ xg / x.shape[0]  # [G, g, g]
+        wg = w.reshape(rows, cols // group, group)
+        steps = max(1, int(cfg.max_shrink * cfg.clip_grid))
+        best_err = torch.full((rows, cols // group), float("inf"))
+        best = torch.ones(rows, cols // group)
+        for i in range(steps):
+            ratio = 1 - i / cfg.clip_grid
+            scale, zp = compute_qparams(w, scheme, group, torch.float32, clip=ratio)
+            q = quantize_with(w, scale, zp, scheme, group).float().reshape(wg.shape)
+            if zp is not None:
+                q = q - zp.float()[..., None]
+            delta = (q * scale.float()[..., None] - wg).transpose(0, 1)  # [G, out, g]
+            err = ((delta @ gram) * delta).sum(-1).T  # [out, G]
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better, torch.full_like(best, ratio), best)
+        return best
+
+    def export(self, ws: Workspace) -> dict:
+        scheme = self.config.scheme
+        return {
+            "stage": "awq",
+            "scheme": scheme.label(),
+            "layers": len(self.groups),
+            "group_size_adjusted": adjusted_groups(self.groups, scheme),
+            "alpha": {k: round(v, 3) for k, v in self.alphas.items()},
+            "not_scaled": self.skipped,
+            "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
+        }

@@ -1,0 +1,172 @@
+"""AWQ on the real default model: folding is exact, searches help, and it beats RTN."""
+
+import json
+
+import pytest
+import torch
+
+from compress.artifact.awq_format import ORDER, pack_awq, unpack_awq
+from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
+from compress.errors import LlmpressError
+from compress.eval.drift import measure_drift
+from compress.model.blocks import BlockStore, run_block
+from compress.model.loading import load_model, resolve
+from compress.pipeline import compress
+from compress.quantizers.awq import AWQ, AWQConfig, _channel_map
+from compress.quantizers.scheme import QuantScheme, compute_qparams, quantize_with
+from compress.recipe import parse_recipe
+from compress.stage import BlockContext, Workspace
+from tests.conftest import write_tiny_llama
+
+FAST = {"grid": 10, "search_samples": 4}  # a coarser search keeps the suite quick
+
+
+@pytest.fixture(scope="module")
+def calib_ids(tokenizer, wikitext):
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt")))
+    return calibration_samples(stream, 8, 256, seed=0)
+
+
+def _context(default_ckpt, tokenizer, ids, index):
+    store = BlockStore(default_ckpt)
+    hidden = store.embed(ids)
+    rope = store.position_embeddings(ids.shape[1])
+    for i in range(index):
+        hidden = run_block(store.block(i), hidden, rope)
+        store.release(i)
+    ws = Workspace(store, tokenizer)
+    return BlockContext(ws, index, store.block(index), hidden, rope)
+
+
+def test_scale_folding_leaves_the_model_unchanged(default_ckpt, tokenizer, calib_ids):
+    ctx = _context(default_ckpt, tokenizer, calib_ids[:4], index=3)
+    before = run_block(ctx.module, ctx.inputs, ctx.rope)
+    awq = AWQ(AWQConfig(**FAST))
+    awq.calibrate(ctx)
+    for group in ctx.ws.adapter.input_groups:  # search and fold scales, quantize nothing
+        awq._scale_group(ctx, group, set(), _channel_map(ctx, group))
+    after = run_block(ctx.module, ctx.inputs, ctx.rope)
+    assert torch.allclose(after, before, atol=1e-4 * before.abs().max().item(), rtol=0)
+    # o's scale folds into v although v has 3 heads and o reads 9 (grouped-query attention)
+    assert set(awq.alphas) == {
+        f"model.layers.3.{n}"
+        for n in ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj")
+    }
+    assert "model.layers.3.input_layernorm.weight" in ctx.ws.updated
+
+
+def test_clip_search_lowers_the_output_error():
+    torch.manual_seed(0)
+    w = torch.randn(64, 256) * 0.02
+    w[::7, ::13] *= 12  # heavy-tailed groups, where clipping pays
+    x = torch.randn(512, 256)
+    scheme = QuantScheme(3, 64, True)
+    awq = AWQ(AWQConfig(bits=3))
+    clip = awq._search_clip(w, x, 64)
+    assert clip.shape == (64, 4) and (clip <= 1).all() and (clip >= 0.5).all() and (clip < 1).any()
+
+    def out_err(c):
+        scale, zp = compute_qparams(w, scheme, 64, torch.float32, clip=c)
+        q = quantize_with(w, scale, zp, scheme, 64).float().reshape(64, 4, 64)
+        deq = ((q - zp.float()[..., None]) * scale[..., None]).reshape(64, 256)
+        return (x @ (deq - w).T).pow(2).mean().item()
+
+    assert out_err(clip) < out_err(1.0)
+
+
+def test_awq_beats_rtn_on_wikitext(tmp_path, wikitext, base_model, tokenizer, artifacts):
+    recipe = parse_recipe(
+        {
+            "stages": [{"awq": {"bits": 4, "group_size": 64, "zero_point": True, **FAST}}],
+            "calib": {"source": str(wikitext / "valid.txt"), "samples": 8, "length": 256},
+        }
+    )
+    out = compress("default", recipe, tmp_path / "awq", log=lambda _: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stages"][0]["layers"] == 210 and manifest["stages"][0]["alpha"]
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "test.txt")))
+    windows = eval_windows(stream, 512, limit=2)
+    cands = {
+        "awq": load_model(resolve(str(out))),
+        "rtn": load_model(resolve(str(artifacts["rtn:w4g64"]))),
+    }
+    r = measure_drift(base_model, cands, windows, progress=False)
+    assert r["awq"].kl < 0.8 * r["rtn"].kl
+    assert r["awq"].top1 > r["rtn"].top1
+
+
+def test_layers_that_cannot_take_the_scheme_are_named_first(tmp_path):
+    folder = write_tiny_llama(tmp_path / "m", intermediate_size=100)
+    recipe = parse_recipe({"stages": [{"awq": {"bits": 4, "group_size": 64}}]})
+    with pytest.raises(
+        LlmpressError,
+        match=r"model\.layers\.\*\.mlp\.down_proj: input width 100 "
+        r".*--ignore 'model\.layers\.\*\.mlp\.down_proj'",
+    ):
+        compress(str(folder), recipe, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
+
+
+def test_bf16_checkpoint(tmp_path, tokenizer):
+    folder = write_tiny_llama(tmp_path / "m", vocab_size=49152, dtype="bfloat16")
+    from safetensors.torch import load_file, save_file
+
+    tensors = {
+        k: (v * 40).to(torch.bfloat16)  # large values: bf16 range, no fp16 overflow risk
+        for k, v in load_file(str(folder / "model.safetensors")).items()
+    }
+    save_file(tensors, str(folder / "model.safetensors"))
+    tokenizer.save_pretrained(str(folder))
+    text = tmp_path / "calib.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    recipe = parse_recipe(
+        {
+            "stages": [{"awq": {"bits": 4, "group_size": 32, **FAST}}],
+            "calib": {"source": str(text), "samples": 4, "length": 64},
+        }
+    )
+    out = compress(str(folder), recipe, tmp_path / "out", log=lambda _: None)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    model = load_model(resolve(str(out)))
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_awq_gemm_packing_order():
+    values = torch.arange(8).repeat(3, 2)  # [3, 16], columns 0..7 twice
+    words = pack_awq(values)
+    assert words.shape == (3, 2)
+    expected = sum(col << (4 * nibble) for nibble, col in enumerate(ORDER))
+    assert words[0, 0].item() == expected  # nibble i holds column ORDER[i]
+    rand = torch.randint(0, 16, (5, 64))
+    assert torch.equal(unpack_awq(pack_awq(rand)), rand)
+
+
+def test_awq_gemm_export_round_trip(tmp_path, wikitext):
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 2, "length": 64}
+    stage = {"rtn": {"bits": 4, "group_size": 64, "zero_point": True}}
+    ct = compress(
+        "default",
+        parse_recipe({"stages": [stage], "dtype": "float16"}),
+        tmp_path / "ct",
+        log=lambda _: None,
+    )
+    awq = compress(
+        "default",
+        parse_recipe({"stages": [stage], "export": "awq-gemm", "calib": calib}),
+        tmp_path / "awq",
+        log=lambda _: None,
+    )
+    config = json.loads((awq / "config.json").read_text())["quantization_config"]
+    assert (config["quant_method"], config["version"], config["group_size"]) == ("awq", "gemm", 64)
+    a = load_model(resolve(str(awq))).model.layers[4].mlp.down_proj.weight
+    b = load_model(resolve(str(ct))).model.layers[4].mlp.down_proj.weight
+    assert torch.equal(a, b)
+    with pytest.raises(LlmpressError, match="one group size"):
+        compress(
+            "default",
+            parse_recipe(
+                {"stages": [{"rtn": {"bits": 4, "group_size": 128}}], "export": "awq-gemm"}
+            ),
+            tmp_path / "x",
+        )
