@@ -7,6 +7,9 @@ calibration holds one block and the calibration activations, so the peak should 
 grow with depth; only the quantized integers (1/8 of the fp32 linears) accumulate.
 
     python benchmarks/awq_memory.py [--samples 16] [--length 256]
+
+The search is made coarse (5 α values, 4 search samples) to keep the 120-block run short:
+memory does not depend on it.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         recipe = Path(tmp) / "recipe.yaml"
         recipe.write_text(
-            "stages:\n  - awq: {bits: 4, group_size: 64, zero_point: true, grid: 10}\n"
+            "stages:\n  - awq: {bits: 4, group_size: 64, zero_point: true, grid: 5,"
+            " search_samples: 4}\n"
             f"calib: {{source: {DATA}, samples: {args.samples}, length: {args.length}}}\n"
         )
         for layers in (30, 60, 120):

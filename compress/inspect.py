@@ -19,7 +19,12 @@ def describe(artifact: str, as_json: bool = False) -> str:
         f"{ckpt.path}: {ckpt.config['model_type']}, {ckpt.num_layers} layers, "
         f"hidden {ckpt.config['hidden_size']}"
     ]
-    if qc:
+    if qc and qc.get("quant_method") == "awq":
+        lines.append(
+            f"format: awq / {qc.get('version')}: int{qc['bits']} group {qc['group_size']} "
+            f"zero-point; not converted: {', '.join(qc.get('modules_to_not_convert') or [])}"
+        )
+    elif qc:
         lines.append(f"format: {qc['quant_method']} / {qc['format']}")
         for name, group in qc["config_groups"].items():
             w = group["weights"]
@@ -43,6 +48,9 @@ def describe(artifact: str, as_json: bool = False) -> str:
             f"parameters: {w['parameters']:,}; bits per quantized weight: "
             f"{w['bits_per_quantized_weight']}"
         )
+        for record in manifest.get("stages", []):
+            if "outliers" in record:
+                lines.append(_outlier_summary(record))
         d = manifest.get("drift")
         if d:
             lines.append(
@@ -52,3 +60,13 @@ def describe(artifact: str, as_json: bool = False) -> str:
         else:
             lines.append("drift: not measured (run `llmpress eval`)")
     return "\n".join(lines)
+
+
+def _outlier_summary(record: dict) -> str:
+    """Outlier input channels kept in 16-bit, in total and for the layers with the most."""
+    per_layer = sorted(record["outliers"].items(), key=lambda kv: -len(kv[1]))
+    top = ", ".join(f"{name} {len(idx)}" for name, idx in per_layer[:5])
+    return (
+        f"int8 outliers: {record['outlier_columns']} input columns kept in 16-bit "
+        f"({100 * record['outlier_share']:.2f}%); most in: {top}"
+    )

@@ -7,7 +7,9 @@ YAML form:
     calib: {source: self, samples: 128, length: 512, seed: 0}
     ignore: ["*.down_proj"]      # globs or re:REGEX on module names
     dtype: auto                  # storage dtype of unquantized tensors and scales
-    export: compressed-tensors   # or awq-gemm (AutoAWQ's layout, 4-bit with zero point)
+    export: auto                 # compressed-tensors (+ int8 outlier columns, if kept);
+                                 # compressed-tensors: exactly, nothing extra;
+                                 # awq-gemm: AutoAWQ's layout (4-bit, zero point)
 
 Flag form: `--quant rtn:w4g64` (see `parse_quant`). Every key is checked against the
 stage's config dataclass, so a typo fails in a second with a suggestion instead of
@@ -28,11 +30,11 @@ from typing import Any
 import yaml
 
 from compress.errors import LlmpressError
-from compress.quantizers import awq, rtn  # noqa: F401 - importing registers the stages
+from compress.quantizers import awq, int8_outlier, rtn  # noqa: F401 - registers the stages
 from compress.stage import STAGES, Stage
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-EXPORTS = ("compressed-tensors", "awq-gemm")
+EXPORTS = ("auto", "compressed-tensors", "awq-gemm")
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class Recipe:
     calib: CalibConfig = field(default_factory=CalibConfig)
     ignore: tuple[str, ...] = ()
     dtype: str = "auto"
-    export: str = "compressed-tensors"
+    export: str = "auto"
 
     def build(self) -> list[Stage]:
         return [STAGES[name].factory(config) for name, config in self.stages]
@@ -157,7 +159,7 @@ def parse_recipe(data: Any) -> Recipe:
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    export = data.get("export", "compressed-tensors")
+    export = data.get("export", "auto")
     if export not in EXPORTS:
         raise LlmpressError(f"recipe: export {export!r} is not one of {', '.join(EXPORTS)}")
     if export == "awq-gemm" and dtype not in ("auto", "float16"):
@@ -181,20 +183,24 @@ def load_recipe(path: Path) -> dict:
     return data
 
 
+_INT8 = re.compile(r"^int8(?::g(?P<group>\d+))?$")
 _QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
 
 
 def parse_quant(spec: str) -> dict:
-    """`rtn:w4g64` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}.
+    """`rtn:w4g64` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}; `int8[:g128]`.
 
     Without `g<N>` the scheme is per-channel. Zero point defaults to on for 4 bits and
     fewer and off (symmetric) above; `zp` or `sym` at the end overrides it.
     """
+    int8 = _INT8.match(spec.strip())
+    if int8:
+        return {"int8": {"group_size": int(int8["group"])} if int8["group"] else {}}
     m = _QUANT.match(spec.strip())
     if not m:
         raise LlmpressError(
             f"--quant {spec!r} not understood: use METHOD:w<BITS>[g<GROUP>][zp|sym], "
-            "e.g. rtn:w4g64 or rtn:w8"
+            "e.g. awq:w4g64, rtn:w8, or int8 (LLM.int8()-style outliers)"
         )
     bits = int(m["bits"])
     zero_point = m["zp"] == "zp" if m["zp"] else bits <= 4

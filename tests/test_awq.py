@@ -9,6 +9,7 @@ from compress.artifact.awq_format import ORDER, pack_awq, unpack_awq
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
 from compress.errors import LlmpressError
 from compress.eval.drift import measure_drift
+from compress.inspect import describe
 from compress.model.blocks import BlockStore, run_block
 from compress.model.loading import load_model, resolve
 from compress.pipeline import compress
@@ -162,6 +163,7 @@ def test_awq_gemm_export_round_trip(tmp_path, wikitext):
     a = load_model(resolve(str(awq))).model.layers[4].mlp.down_proj.weight
     b = load_model(resolve(str(ct))).model.layers[4].mlp.down_proj.weight
     assert torch.equal(a, b)
+    assert "format: awq / gemm: int4 group 64" in describe(str(awq))
     with pytest.raises(LlmpressError, match="one group size"):
         compress(
             "default",

@@ -60,5 +60,5 @@ def test_quant_shorthand(spec, expected):
 
 
 def test_bad_shorthand():
-    with pytest.raises(LlmpressError, match="rtn:w4g64"):
+    with pytest.raises(LlmpressError, match="awq:w4g64, rtn:w8"):
         parse_quant("rtn-4bit")

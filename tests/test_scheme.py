@@ -13,8 +13,8 @@ from compress.quantizers.scheme import QuantScheme, effective_group_size, quanti
         (1536, 128, 128),
         (576, None, 576),
         (576, 1024, 576),
-        (100, 64, 100),
-        (577, 128, 577),
+        (100, 64, None),
+        (577, 128, None),
         (200, 64, 40),
     ],
 )

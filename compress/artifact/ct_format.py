@@ -10,6 +10,11 @@ decided in one place. Per quantized linear `X`:
   int-quantized (bits 5..8):   X.weight int8 [out, in], X.weight_scale, X.weight_zero_point int8
 
 Per-channel quantization is one group spanning the row (`strategy: channel`, scale [out, 1]).
+
+LLM.int8()-style outliers add X.weight_outlier_index int32 [k] and X.weight_outlier
+16-bit [out, k]: input columns llmpress runs in 16-bit instead of their int8 values. Other
+readers see an ordinary int8 weight (and, at most, warn about the two extra tensors);
+`--export compressed-tensors` leaves them out.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class LayerFormat:
     strategy: str  # "group" or "channel"
     group_size: int | None
     format: str
+    activations: str | None = None
 
     @classmethod
     def of(cls, qw: QuantizedWeight) -> LayerFormat:
@@ -50,6 +56,7 @@ class LayerFormat:
             strategy="channel" if channel else "group",
             group_size=None if channel else qw.group_size,
             format=storage_format(qw.scheme.bits),
+            activations=qw.activations,
         )
 
     def weight_args(self) -> dict:
@@ -65,9 +72,21 @@ class LayerFormat:
             args["group_size"] = self.group_size
         return args
 
+    def input_args(self) -> dict | None:
+        if self.activations != "int8-token":
+            return None
+        return {
+            "num_bits": 8,
+            "type": "int",
+            "symmetric": True,
+            "strategy": "token",
+            "dynamic": True,
+        }
 
-def encode(prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
-    """Tensors stored for one quantized linear named `prefix`."""
+
+def encode(prefix: str, qw: QuantizedWeight, outliers: bool = True) -> dict[str, torch.Tensor]:
+    """Tensors stored for one quantized linear named `prefix` (`outliers`: with its 16-bit
+    columns, if any)."""
     fmt = storage_format(qw.scheme.bits)
     out = {f"{prefix}.weight_scale": qw.scale.contiguous()}
     if fmt == PACKED:
@@ -79,6 +98,9 @@ def encode(prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
         out[f"{prefix}.weight"] = qw.q.contiguous()
         if qw.zero_point is not None:
             out[f"{prefix}.weight_zero_point"] = qw.zero_point.contiguous()
+    if outliers and qw.outlier_index is not None:
+        out[f"{prefix}.weight_outlier_index"] = qw.outlier_index.to(torch.int32).contiguous()
+        out[f"{prefix}.weight_outlier"] = qw.outlier_weight.contiguous()
     return out
 
 
@@ -128,7 +150,7 @@ def quantization_config(
         groups[f"group_{i}"] = {
             "targets": _compact_targets(names, block_names),
             "weights": lf.weight_args(),
-            "input_activations": None,
+            "input_activations": lf.input_args(),
             "output_activations": None,
             "format": lf.format,
         }

@@ -12,6 +12,7 @@ from compress.model.loading import Checkpoint, read_tensors
 _QUANT_SUFFIXES = (
     *("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"),
     *("qweight", "qzeros", "scales"),
+    *("weight_outlier_index", "weight_outlier"),
 )
 AWQ_GEMM = "awq-gemm"
 
@@ -60,4 +61,32 @@ def dense_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
             out[f"{prefix}.weight"] = decode_awq(prefix, tensors, args["group_size"])
         else:
             out[f"{prefix}.weight"] = decode(prefix, tensors, args, fmt)
+        index = tensors.get(f"{prefix}.weight_outlier_index")
+        if index is not None:  # LLM.int8()-style: 16-bit columns replace their int8 values
+            out[f"{prefix}.weight"][:, index.long()] = tensors[f"{prefix}.weight_outlier"].float()
     return out
+
+
+def token_int8_layers(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
+    """Linears whose inputs are quantized per token at run time (W8A8), each with its
+    outlier columns (empty where none were kept)."""
+    qc = ckpt.config.get("quantization_config") or {}
+    groups = [
+        g
+        for g in qc.get("config_groups", {}).values()
+        if (g.get("input_activations") or {}).get("strategy") == "token"
+    ]
+    if not groups:
+        return {}
+    names = [n for n in ckpt.tensors if n.endswith(".weight_outlier_index")]
+    outliers = {
+        n.removesuffix(".weight_outlier_index"): t for n, t in read_tensors(ckpt, names).items()
+    }
+    scaled = sorted(
+        n.removesuffix(".weight_scale") for n in ckpt.tensors if n.endswith(".weight_scale")
+    )
+    return {
+        p: outliers.get(p, torch.empty(0, dtype=torch.int32))
+        for p in scaled
+        if any(target_matches(p, g["targets"]) for g in groups)
+    }

@@ -52,7 +52,7 @@ def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
         )
 
 
-def artifact_tensors(ws: Workspace, export: str = "compressed-tensors") -> dict[str, torch.Tensor]:
+def artifact_tensors(ws: Workspace, export: str) -> dict[str, torch.Tensor]:
     """Every tensor to store: quantized linears encoded, tensors a stage changed as changed,
     the rest copied from the source in the storage dtype."""
     ckpt = ws.store.ckpt
@@ -61,8 +61,11 @@ def artifact_tensors(ws: Workspace, export: str = "compressed-tensors") -> dict[
     for name in ckpt.tensors:
         prefix, _, leaf = name.rpartition(".")
         if prefix in ws.quantized and leaf == "weight":
-            encoder = encode_awq if export == "awq-gemm" else encode
-            tensors.update(encoder(prefix, ws.quantized[prefix]))
+            qw = ws.quantized[prefix]
+            if export == "awq-gemm":
+                tensors.update(encode_awq(prefix, qw))
+            else:  # `compressed-tensors` exactly; `auto` adds int8 outlier columns if any
+                tensors.update(encode(prefix, qw, outliers=export == "auto"))
         elif name in ws.updated:
             tensors[name] = ws.updated[name].contiguous()
         else:
@@ -72,7 +75,7 @@ def artifact_tensors(ws: Workspace, export: str = "compressed-tensors") -> dict[
     return tensors
 
 
-def artifact_config(ws: Workspace, export: str = "compressed-tensors") -> dict:
+def artifact_config(ws: Workspace, export: str) -> dict:
     config = dict(ws.config)
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
     unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in ws.quantized]
@@ -124,7 +127,7 @@ def write_artifact(
     source_folder: Path,
     finish: Callable[[Path], None],
     overwrite: bool = False,
-    export: str = "compressed-tensors",
+    export: str = "auto",
 ) -> Path:
     """Write weights, config and tokenizer into a temp folder, call `finish(tmp)` to add the
     manifest and card, then move it to `out`."""

@@ -72,3 +72,20 @@ def run_block(block: torch.nn.Module, hidden: torch.Tensor, rope) -> torch.Tenso
     for lo in range(0, hidden.shape[0], CHUNK):
         out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK], position_embeddings=rope)
     return out
+
+
+@torch.no_grad()
+def observe_inputs(block: torch.nn.Module, hidden: torch.Tensor, rope, names, observe) -> None:
+    """Run the block over every sample, calling observe(name, x) with each input x of the
+    named sub-modules (chunk by chunk): how calibrating stages collect statistics."""
+
+    def hook(name):
+        return lambda _module, args: observe(name, args[0])
+
+    handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
+    try:
+        for lo in range(0, hidden.shape[0], CHUNK):
+            block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+    finally:
+        for h in handles:
+            h.remove()

@@ -20,7 +20,7 @@ import torch
 
 from compress.errors import LlmpressError
 from compress.model.adapters import InputGroup
-from compress.model.blocks import CHUNK
+from compress.model.blocks import CHUNK, observe_inputs
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import adjusted_groups
 from compress.quantizers.scheme import (
@@ -119,34 +119,20 @@ class AWQ:
 
     # -- calibrate: activation statistics over all samples, inputs of a few kept for search
 
-    @torch.no_grad()
     def calibrate(self, ctx: BlockContext) -> None:
-        groups = ctx.ws.adapter.input_groups
-        sums = {g.linears[0]: None for g in groups}
+        sums: dict[str, torch.Tensor] = {}
+        kept: dict[str, list[torch.Tensor]] = {}
         keep = self.config.search_samples
-        kept: dict[str, list[torch.Tensor]] = {k: [] for k in sums}
-        seen = {"samples": 0}
 
-        def hook(rel):
-            def fn(_module, args):
-                x = args[0]
-                flat = x.abs().reshape(-1, x.shape[-1]).sum(0)
-                sums[rel] = flat if sums[rel] is None else sums[rel] + flat
-                room = keep - sum(t.shape[0] for t in kept[rel])
-                if room > 0:
-                    kept[rel].append(x[:room].clone())
+        def observe(rel: str, x: torch.Tensor) -> None:
+            flat = x.abs().reshape(-1, x.shape[-1]).sum(0)
+            sums[rel] = flat if rel not in sums else sums[rel] + flat
+            room = keep - sum(t.shape[0] for t in kept.setdefault(rel, []))
+            if room > 0:
+                kept[rel].append(x[:room].clone())
 
-            return fn
-
-        handles = [ctx.sub(rel).register_forward_pre_hook(hook(rel)) for rel in sums]
-        try:
-            for lo in range(0, ctx.inputs.shape[0], CHUNK):
-                chunk = ctx.inputs[lo : lo + CHUNK]
-                ctx.module(chunk, position_embeddings=ctx.rope)
-                seen["samples"] += chunk.shape[0]
-        finally:
-            for h in handles:
-                h.remove()
+        first = [g.linears[0] for g in ctx.ws.adapter.input_groups]
+        observe_inputs(ctx.module, ctx.inputs, ctx.rope, first, observe)
         tokens = ctx.inputs.shape[0] * ctx.inputs.shape[1]
         self._stats = {rel: s / tokens for rel, s in sums.items()}
         self._inputs = {rel: torch.cat(v) for rel, v in kept.items()}

@@ -78,6 +78,10 @@ class QuantizedWeight:
     """A weight as integers plus the parameters that map them back to real values.
 
     q: int8 [out, in]; scale (and zero_point, int8, when asymmetric): [out, in // group].
+    Optionally some input columns are also kept in 16-bit (LLM.int8()-style outliers):
+    `outlier_weight` [out, k] holds columns `outlier_index` [k] exactly and replaces their
+    integers, which stay a plain int8 view for readers that know nothing of outliers.
+    `activations` names run-time input quantization ("int8-token": dynamic, per token).
     """
 
     q: torch.Tensor
@@ -85,9 +89,15 @@ class QuantizedWeight:
     zero_point: torch.Tensor | None
     scheme: QuantScheme
     group_size: int
+    outlier_index: torch.Tensor | None = None
+    outlier_weight: torch.Tensor | None = None
+    activations: str | None = None
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize(self.q, self.scale, self.zero_point, self.group_size).to(dtype)
+        w = dequantize(self.q, self.scale, self.zero_point, self.group_size)
+        if self.outlier_index is not None:
+            w[:, self.outlier_index.long()] = self.outlier_weight.float()
+        return w.to(dtype)
 
     @property
     def shape(self) -> torch.Size:

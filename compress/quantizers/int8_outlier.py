@@ -1,0 +1,162 @@
+"""LLM.int8()-style int8 weights with outlier input channels kept in 16-bit.
+
+Dettmers et al. (2022) found that a few input features carry activations far larger
+than the rest, and that int8 matmuls break on them. bitsandbytes finds them at run
+time, per batch; here they are found once, in calibration: for every linear, the largest
+|activation| per input channel over all calibration tokens. Channels above `threshold`
+(6.0, the paper's), or the `top_k` / `fraction` largest per layer, are outliers: their
+weight columns are kept in 16-bit beside a plain int8 weight (symmetric, per output row
+or per group). The layer computes x[:, regular] · dequant(W_int8)ᵀ + x[:, outliers] · W_16ᵀ;
+with `activations: int8` the regular part of x is also quantized per token at run time
+(W8A8, the paper's mixed-precision decomposition). The int8 weight is an ordinary
+compressed-tensors int8 weight, so a reader that ignores the outlier columns still runs
+plain int8 correctly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from compress.errors import LlmpressError
+from compress.model.blocks import observe_inputs
+from compress.quantizers.preflight import check_layers
+from compress.quantizers.scheme import QuantScheme, quantize_weight
+from compress.stage import BlockContext, Workspace, register_stage
+
+DEFAULT_THRESHOLD = 6.0
+ACTIVATIONS = ("none", "int8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8OutlierConfig:
+    threshold: float | None = None  # default 6.0 when neither top_k nor fraction is set
+    top_k: int | None = None
+    fraction: float | None = None
+    group_size: int | None = None  # None: one scale per output row
+    activations: str = "none"  # "int8": dynamic per-token int8 activations (W8A8)
+
+    def __post_init__(self) -> None:
+        chosen = [k for k in ("threshold", "top_k", "fraction") if getattr(self, k) is not None]
+        if len(chosen) > 1:
+            raise LlmpressError(f"int8: set one of threshold, top_k, fraction, not {chosen}")
+        if self.fraction is not None and not 0 <= self.fraction < 1:
+            raise LlmpressError("int8: fraction must be in [0, 1)")
+        if self.activations not in ACTIVATIONS:
+            raise LlmpressError(f"int8: activations must be one of {', '.join(ACTIVATIONS)}")
+        self.scheme  # noqa: B018 - validates the group size
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return QuantScheme(8, self.group_size, False)
+
+    def select(self, amax: torch.Tensor) -> torch.Tensor:
+        """Indices (sorted) of the outlier channels given per-channel max |activation|."""
+        if self.top_k is not None or self.fraction is not None:
+            k = self.top_k if self.top_k is not None else int(self.fraction * amax.numel())
+            k = min(k, amax.numel())
+            idx = amax.topk(k).indices if k else torch.empty(0, dtype=torch.long)
+        else:
+            threshold = DEFAULT_THRESHOLD if self.threshold is None else self.threshold
+            idx = torch.nonzero(amax > threshold).flatten()
+        return idx.sort().values.to(torch.int32)
+
+
+def outlier_dtype(storage: torch.dtype) -> torch.dtype:
+    """16-bit for the kept columns: bf16 for bf16 models, fp16 otherwise (more mantissa)."""
+    return torch.bfloat16 if storage == torch.bfloat16 else torch.float16
+
+
+def quantize_per_token(x: torch.Tensor) -> torch.Tensor:
+    """Dynamic symmetric int8 per token, as compressed-tensors defines it (scale absmax/127.5)."""
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.5
+    return torch.round(x / scale).clamp(-128, 127) * scale
+
+
+class DecomposedLinear(torch.nn.Module):
+    """x[:, regular] quantized per token to int8 · Ŵ_regularᵀ + x[:, outliers] · W_16ᵀ."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, outliers: torch.Tensor):
+        super().__init__()
+        idx = outliers.long()
+        regular = weight.detach().clone()
+        regular[:, idx] = 0
+        self.register_buffer("regular", regular)
+        self.register_buffer("outlier_columns", weight.detach()[:, idx].clone())
+        self.register_buffer("index", idx)
+        self.bias = bias
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xr = x.clone()
+        xr[..., self.index] = 0
+        y = F.linear(quantize_per_token(xr), self.regular, self.bias)
+        if self.index.numel():
+            y = y + F.linear(x[..., self.index], self.outlier_columns)
+        return y
+
+
+def decompose(model: torch.nn.Module, outliers: dict[str, torch.Tensor]) -> None:
+    """Swap each named linear for its W8A8 decomposition (weights already dequantized)."""
+    for name, idx in outliers.items():
+        parent, _, child = name.rpartition(".")
+        owner = model.get_submodule(parent) if parent else model
+        linear = getattr(owner, child)
+        setattr(owner, child, DecomposedLinear(linear.weight, linear.bias, idx))
+
+
+@register_stage("int8", Int8OutlierConfig)
+class Int8Outlier:
+    needs_calibration = True
+
+    def __init__(self, config: Int8OutlierConfig):
+        self.config = config
+        self.outliers: dict[str, list[int]] = {}
+        self.columns = 0
+        self._amax: dict[str, torch.Tensor] = {}
+
+    def preflight(self, ws: Workspace) -> None:
+        check_layers(ws, self.config.scheme)
+
+    def calibrate(self, ctx: BlockContext) -> None:
+        amax: dict[str, torch.Tensor] = {}
+
+        def observe(rel: str, x: torch.Tensor) -> None:
+            m = x.abs().reshape(-1, x.shape[-1]).amax(0)
+            amax[rel] = m if rel not in amax else torch.maximum(amax[rel], m)
+
+        observe_inputs(ctx.module, ctx.inputs, ctx.rope, ctx.targets(), observe)
+        self._amax = amax
+
+    @torch.no_grad()
+    def transform(self, ctx: BlockContext) -> None:
+        kept = outlier_dtype(ctx.ws.storage_dtype)
+        decomposed = {}
+        for rel in ctx.targets():
+            w = ctx.sub(rel).weight.detach()
+            idx = self.config.select(self._amax[rel])
+            qw = quantize_weight(w, self.config.scheme, ctx.ws.storage_dtype)
+            qw.outlier_index = idx
+            qw.outlier_weight = w[:, idx.long()].to(kept)
+            if self.config.activations == "int8":
+                qw.activations = "int8-token"
+            ctx.set_quantized(rel, qw)
+            name = f"{ctx.prefix}.{rel}"
+            self.outliers[name] = idx.tolist()
+            self.columns += w.shape[1]
+            decomposed[rel] = idx
+        if self.config.activations == "int8":  # later blocks calibrate on the W8A8 outputs
+            decompose(ctx.module, decomposed)
+        self._amax = {}
+
+    def export(self, ws: Workspace) -> dict:
+        kept = sum(len(v) for v in self.outliers.values())
+        return {
+            "stage": "int8",
+            "config": dataclasses.asdict(self.config),
+            "outlier_columns": kept,
+            "outlier_share": round(kept / self.columns, 6) if self.columns else 0.0,
+            "outliers": self.outliers,
+        }
