@@ -6,7 +6,7 @@ its own `llmpress compress` process, and reports each process's peak RSS. Sequen
 calibration holds one block and the calibration activations, so the peak should not
 grow with depth; only the quantized integers (1/8 of the fp32 linears) accumulate.
 
-    python benchmarks/awq_memory.py [--samples 16] [--length 256]
+    python benchmarks/awq_memory.py [--samples 16] [--length 256] [--blocks 30 60 120]
 
 The search is made coarse (5 α values, 4 search samples) to keep the 120-block run short:
 memory does not depend on it.
@@ -81,6 +81,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--blocks", type=int, nargs="+", default=[30, 60, 120])
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
     default = resolve("default").path
@@ -92,7 +93,7 @@ def main() -> None:
             " search_samples: 4}\n"
             f"calib: {{source: {DATA}, samples: {args.samples}, length: {args.length}}}\n"
         )
-        for layers in (30, 60, 120):
+        for layers in args.blocks:
             model = (
                 default if layers == 30 else synthetic(default, layers, Path(tmp) / f"m{layers}")
             )

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress.artifact.manifest import build_manifest, write_manifest
-from compress.artifact.writer import check_output, preflight_export, write_artifact
+from compress.artifact.writer import ArtifactWriter, check_output, preflight_export
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
@@ -87,10 +87,22 @@ def compress(
     schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
     preflight_export(recipe.export, ws, schemes)
     ws.tokenizer = load_tokenizer(ckpt)
+    writer = ArtifactWriter(ws, output, recipe.export, overwrite)
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}"
     )
+    try:
+        _run_stages(ws, ckpt, recipe, stages, writer, log, started, command)
+    except BaseException:
+        writer.abort()
+        raise
+    log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
+    return output
+
+
+def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None:
+    """Walk the blocks: calibrate and transform each, write it, feed its output onward."""
     timing: dict[str, float] = defaultdict(float)
     clock = _Clock(timing)
     hidden = rope = None
@@ -114,6 +126,8 @@ def compress(
             with clock("propagate"):
                 hidden = run_block(block, hidden, rope)
         ws.store.release(i)
+        with clock("write"):
+            writer.add_block(i)
     records = [stage.export(ws) for stage in stages]
 
     def finish(folder: Path) -> None:
@@ -130,6 +144,4 @@ def compress(
         manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
         write_manifest(folder, manifest)
 
-    write_artifact(ws, output, ckpt.path, finish, overwrite=overwrite, export=recipe.export)
-    log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
-    return output
+    writer.finish(ckpt.path, finish)

@@ -115,3 +115,28 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, monkeypatch):
     with pytest.raises(LlmpressError, match=r"out of disk space: .* MiB free"):
         compress("default", recipe, tmp_path / "a", log=lambda _: None)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_streaming_merge_and_shards(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from compress.artifact.stream_safetensors import merge
+
+    parts = []
+    expected = {}
+    for i in range(3):
+        tensors = {f"b{i}.w": torch.randn(10 + i, 7), f"b{i}.q": torch.randint(-8, 8, (5,)).int()}
+        save_file(tensors, str(tmp_path / f"p{i}.safetensors"))
+        parts.append(tmp_path / f"p{i}.safetensors")
+        expected.update(tensors)
+    (tmp_path / "one").mkdir()
+    (single,) = merge(parts, tmp_path / "one", shard_bytes=1 << 30)
+    merged = load_file(str(single))
+    assert merged.keys() == expected.keys()
+    assert all(torch.equal(merged[k], v) for k, v in expected.items())
+    (tmp_path / "many").mkdir()
+    shards = merge(parts, tmp_path / "many", shard_bytes=400)
+    index = json.loads((tmp_path / "many" / "model.safetensors.index.json").read_text())
+    assert len(shards) > 1 and set(index["weight_map"]) == set(expected)
+    for name, fname in index["weight_map"].items():
+        assert torch.equal(load_file(str(tmp_path / "many" / fname))[name], expected[name])

@@ -19,13 +19,13 @@ from compress.recipe import parse_recipe
 from compress.stage import BlockContext, Workspace
 from tests.conftest import write_tiny_llama
 
-FAST = {"grid": 10, "search_samples": 4}  # a coarser search keeps the suite quick
+FAST = {"grid": 8, "search_samples": 2}  # a coarser search keeps the suite quick
 
 
 @pytest.fixture(scope="module")
 def calib_ids(tokenizer, wikitext):
     stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt")))
-    return calibration_samples(stream, 8, 256, seed=0)
+    return calibration_samples(stream, 4, 256, seed=0)
 
 
 def _context(default_ckpt, tokenizer, ids, index):
@@ -79,7 +79,7 @@ def test_awq_beats_rtn_on_wikitext(tmp_path, wikitext, base_model, tokenizer, ar
     recipe = parse_recipe(
         {
             "stages": [{"awq": {"bits": 4, "group_size": 64, "zero_point": True, **FAST}}],
-            "calib": {"source": str(wikitext / "valid.txt"), "samples": 8, "length": 256},
+            "calib": {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 256},
         }
     )
     out = compress("default", recipe, tmp_path / "awq", log=lambda _: None)

@@ -9,6 +9,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -16,8 +17,10 @@ from safetensors.torch import save_file
 
 from compress.artifact.awq_format import awq_config, encode_awq
 from compress.artifact.ct_format import encode, quantization_config
+from compress.artifact.stream_safetensors import merge
 from compress.errors import LlmpressError
 from compress.model.loading import read_tensors
+from compress.quantizers.scheme import QuantizedWeight
 from compress.stage import Workspace
 
 SHARD_BYTES = 4 << 30
@@ -52,27 +55,19 @@ def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
         )
 
 
-def artifact_tensors(ws: Workspace, export: str) -> dict[str, torch.Tensor]:
-    """Every tensor to store: quantized linears encoded, tensors a stage changed as changed,
-    the rest copied from the source in the storage dtype."""
-    ckpt = ws.store.ckpt
-    tensors: dict[str, torch.Tensor] = {}
-    copy = []
-    for name in ckpt.tensors:
-        prefix, _, leaf = name.rpartition(".")
-        if prefix in ws.quantized and leaf == "weight":
-            qw = ws.quantized[prefix]
-            if export == "awq-gemm":
-                tensors.update(encode_awq(prefix, qw))
-            else:  # `compressed-tensors` exactly; `auto` adds int8 outlier columns if any
-                tensors.update(encode(prefix, qw, outliers=export == "auto"))
-        elif name in ws.updated:
-            tensors[name] = ws.updated[name].contiguous()
-        else:
-            copy.append(name)
-    for name, t in read_tensors(ckpt, copy).items():
-        tensors[name] = (t.to(ws.storage_dtype) if t.is_floating_point() else t).contiguous()
-    return tensors
+def _encode(qw: QuantizedWeight, prefix: str, export: str) -> dict[str, torch.Tensor]:
+    if export == "awq-gemm":
+        return encode_awq(prefix, qw)
+    # `compressed-tensors`: exactly that; `auto`: plus int8 outlier columns, if any
+    return encode(prefix, qw, outliers=export == "auto")
+
+
+def _to_meta(qw: QuantizedWeight) -> None:
+    """Drop a written layer's data, keeping shapes and dtypes for the config and manifest."""
+    for field in ("q", "scale", "zero_point", "outlier_index", "outlier_weight"):
+        t = getattr(qw, field)
+        if t is not None:
+            setattr(qw, field, t.to("meta"))
 
 
 def artifact_config(ws: Workspace, export: str) -> dict:
@@ -93,80 +88,102 @@ def artifact_config(ws: Workspace, export: str) -> dict:
     return config
 
 
-def _shards(tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > SHARD_BYTES:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
-    return shards
+class ArtifactWriter:
+    """Writes an artifact while the model is being compressed, block by block.
 
+    Each finished block's tensors are written at once to a part file in a temporary
+    folder beside the target, and the block's data dropped, so memory does not grow with
+    depth; `finish` merges the parts into model.safetensors (streaming, sharded above
+    SHARD_BYTES), adds config, tokenizer, manifest and card, and renames the folder into
+    place. Any failure removes the temporary folder and leaves an existing artifact as it
+    was.
+    """
 
-def _write_weights(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
-    shards = _shards(tensors)
-    if len(shards) == 1:
-        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        return
-    weight_map = {}
-    for i, shard in enumerate(shards, 1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(shard, fname))
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def write_artifact(
-    ws: Workspace,
-    out: Path,
-    source_folder: Path,
-    finish: Callable[[Path], None],
-    overwrite: bool = False,
-    export: str = "auto",
-) -> Path:
-    """Write weights, config and tokenizer into a temp folder, call `finish(tmp)` to add the
-    manifest and card, then move it to `out`."""
-    out = Path(out)
-    check_output(out, overwrite)
-    tensors = artifact_tensors(ws, export)
-    needed = sum(t.numel() * t.element_size() for t in tensors.values()) + (16 << 20)
-    free = shutil.disk_usage(out.parent).free
-    if free < needed:
-        raise LlmpressError(
-            f"out of disk space: {out.parent} has {free >> 20} MiB free, the artifact needs about "
-            f"{needed >> 20} MiB; free space or write elsewhere with -o"
-        )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        _write_weights(tmp, tensors)
-        (tmp / "config.json").write_text(
-            json.dumps(artifact_config(ws, export), indent=2, sort_keys=True)
-        )
-        if ws.tokenizer is not None:
-            ws.tokenizer.save_pretrained(str(tmp))
-        for name in _COPIED:
-            if (source_folder / name).is_file() and not (tmp / name).exists():
-                shutil.copy2(source_folder / name, tmp / name)
-        finish(tmp)
-        publish_permissions(tmp)
-        _replace(tmp, out)
-    except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if e.errno == errno.ENOSPC:
+    def __init__(self, ws: Workspace, out: Path, export: str, overwrite: bool = False):
+        self.ws, self.out, self.export = ws, Path(out), export
+        check_output(self.out, overwrite)
+        needed = sum(f.stat().st_size for f in ws.store.ckpt.files) + (64 << 20)
+        free = shutil.disk_usage(self.out.parent).free
+        if free < needed:
             raise LlmpressError(
-                f"out of disk space while writing {out}: nothing was changed; free space or "
-                "write elsewhere with -o"
-            ) from e
-        raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+                f"out of disk space: {self.out.parent} has {free >> 20} MiB free, writing the "
+                f"artifact may need up to {needed >> 20} MiB; free space or write elsewhere with -o"
+            )
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+        self.parts_dir = self.tmp / ".parts"
+        self.parts_dir.mkdir()
+        self.parts: list[Path] = []
+        self.written: set[str] = set()
+
+    def _save(self, tensors: dict[str, torch.Tensor], name: str) -> None:
+        if not tensors:
+            return
+        path = self.parts_dir / f"{len(self.parts):05d}-{name}.safetensors"
+        with self._disk_errors():
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        self.parts.append(path)
+
+    def _tensors(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The stored form of source tensors `names`: encoded, updated or copied."""
+        ws = self.ws
+        out: dict[str, torch.Tensor] = {}
+        copy = []
+        for name in names:
+            prefix, _, leaf = name.rpartition(".")
+            if prefix in ws.quantized and leaf == "weight":
+                out.update(_encode(ws.quantized[prefix], prefix, self.export))
+                _to_meta(ws.quantized[prefix])
+                ws.updated.pop(name, None)  # a producer AWQ rescaled, then quantized
+            elif name in ws.updated:
+                out[name] = ws.updated.pop(name)
+            else:
+                copy.append(name)
+        for name, t in read_tensors(ws.store.ckpt, copy).items():
+            out[name] = t.to(ws.storage_dtype) if t.is_floating_point() else t
+        self.written.update(names)
+        return out
+
+    def add_block(self, index: int) -> None:
+        prefix = self.ws.adapter.block_prefix(index) + "."
+        names = [n for n in self.ws.store.ckpt.tensors if n.startswith(prefix)]
+        self._save(self._tensors(names), f"block{index}")
+
+    def finish(self, source_folder: Path, finish: Callable[[Path], None]) -> Path:
+        """Write what is left and move the artifact into place; `finish(folder)` adds the
+        manifest and card."""
+        ws = self.ws
+        rest = [n for n in ws.store.ckpt.tensors if n not in self.written]
+        self._save(self._tensors(rest), "rest")
+        with self._disk_errors():
+            merge(self.parts, self.tmp, SHARD_BYTES)
+            shutil.rmtree(self.parts_dir)
+            config = artifact_config(ws, self.export)
+            (self.tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+            if ws.tokenizer is not None:
+                ws.tokenizer.save_pretrained(str(self.tmp))
+            for name in _COPIED:
+                if (source_folder / name).is_file() and not (self.tmp / name).exists():
+                    shutil.copy2(source_folder / name, self.tmp / name)
+            finish(self.tmp)
+            publish_permissions(self.tmp)
+            _replace(self.tmp, self.out)
+        return self.out
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    @contextmanager
+    def _disk_errors(self):
+        try:
+            yield
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                self.abort()
+                raise LlmpressError(
+                    f"out of disk space while writing {self.out}: nothing was changed; free "
+                    "space or write elsewhere with -o"
+                ) from e
+            raise
 
 
 def publish_permissions(folder: Path) -> None:
