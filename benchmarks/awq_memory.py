@@ -127,9 +127,9 @@ def main() -> None:
     ]
     print("\n".join(table))
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "awq_memory.json").write_text(
-        json.dumps({"rows": rows, **vars(args)}, indent=2, default=str) + "\n"
-    )
+    settings = {"samples": args.samples, "length": args.length, "blocks": args.blocks}
+    record = {"rows": rows, **settings}  # no paths: results are committed
+    (args.out / "awq_memory.json").write_text(json.dumps(record, indent=2) + "\n")
     (args.out / "awq_memory.md").write_text("\n".join(table) + "\n")
 
 
