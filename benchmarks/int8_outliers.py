@@ -37,6 +37,7 @@ DEFAULT_ROWS = {
     "int8 outliers t=3": {"int8": {"threshold": 3.0}},
     "int8 outliers top 1%": {"int8": {"fraction": 0.01}},
     "int8 g64 outliers t=6": {"int8": {"threshold": 6.0, "group_size": 64}},
+    "int8 g64 outliers top 1%": {"int8": {"fraction": 0.01, "group_size": 64}},
     "int8 outliers t=6 W8A8": {"int8": {"threshold": 6.0, "activations": "int8"}},
 }
 AMPLIFIED_ROWS = {

@@ -60,6 +60,7 @@ def cli() -> None:
     type=click.Choice(["compressed-tensors", "awq-gemm"]),
     help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
 )
+@click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def compress(
     model,
@@ -73,6 +74,7 @@ def compress(
     dtype,
     ignore,
     export,
+    lm_head,
     overwrite,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
@@ -97,6 +99,8 @@ def compress(
         data["dtype"] = dtype
     if export:
         data["export"] = export
+    if lm_head:
+        data["lm_head"] = lm_head
     if ignore:
         data["ignore"] = [*(data.get("ignore") or []), *ignore]
     recipe = parse_recipe(data)
@@ -120,7 +124,17 @@ def compress(
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
 @click.option("--gate", help="Fail (exit 1) unless every test holds, e.g. 'kl<=0.05,top1>=0.9'.")
 @click.option("--no-record", is_flag=True, help="Do not write the drift into the manifest.")
-def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_record):
+@click.option(
+    "--engine",
+    type=click.Choice(["runtime", "transformers"]),
+    default="runtime",
+    show_default=True,
+    help="Run the artifact through llmpress's runtime, or load it with transformers.",
+)
+@click.option(
+    "--kv", help="KV-cache scheme for the runtime: int8, int4, none (default: artifact's)."
+)
+def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_record, engine, kv):
     """Measure ARTIFACT's quality drift against the original."""
     from compress.eval.drift import format_table
     from compress.eval.gates import check_gates, parse_gates
@@ -128,7 +142,16 @@ def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_
 
     gates = parse_gates(gate) if gate else []  # a bad gate fails before an hour of eval
     drift = evaluate(
-        artifact, base, data, ctx, windows or None, text_field, record=not no_record, log=click.echo
+        artifact,
+        base,
+        data,
+        ctx,
+        windows or None,
+        text_field,
+        record=not no_record,
+        log=click.echo,
+        engine=engine,
+        kv=kv,
     )
     click.echo(format_table({artifact: drift}))
     verdicts = check_gates(gates, drift.metrics())
@@ -145,6 +168,46 @@ def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_
     if failed:
         click.echo(f"quality gate failed: {', '.join(failed)}", err=True)
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("artifact")
+@click.option(
+    "--batch", "batches", default="1,8,32", show_default=True, help="Batch sizes, comma-separated."
+)
+@click.option("--prompt-len", default=32, show_default=True, help="Prompt tokens per sequence.")
+@click.option("--output-len", default=128, show_default=True, help="Generated tokens per sequence.")
+@click.option("--kv", help="KV-cache scheme: int8, int4, none (default: the artifact's).")
+@click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
+def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
+    """Decode speed of ARTIFACT in llmpress's runtime: TTFT, time per token, tokens/s, MBU."""
+    import torch
+
+    from compress.kernels.cpu import set_threads
+    from compress.model.loading import resolve
+    from compress.runtime.bench import format_bench, run_bench
+    from compress.runtime.kv_cache import KVScheme, parse_kv
+    from compress.runtime.weights import load_weights
+
+    try:
+        sizes = [int(b) for b in batches.split(",")]
+    except ValueError:
+        raise LlmpressError(f"--batch {batches!r}: give sizes like 1,8,32") from None
+    if threads:
+        torch.set_num_threads(threads)
+    set_threads(torch.get_num_threads())
+    ckpt = resolve(artifact)
+    weights = load_weights(ckpt)
+    qc = ckpt.config.get("quantization_config") or {}
+    scheme = parse_kv(kv) if kv else KVScheme.from_config(qc.get("kv_cache_scheme"))
+    for note in weights.dense_fallbacks:
+        click.echo(f"note: runs dense: {note}")
+    record = run_bench(weights, sizes, prompt_len, output_len, scheme, log=click.echo)
+    record["artifact"] = artifact
+    click.echo(format_bench(record))
+    if json_out:
+        json_out.write_text(json.dumps(record, indent=2) + "\n")
 
 
 @cli.command()

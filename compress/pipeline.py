@@ -16,7 +16,8 @@ from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
 from compress.model.default import DEFAULT_NAME
-from compress.model.loading import Checkpoint, load_model, load_tokenizer, resolve
+from compress.model.loading import Checkpoint, load_model, load_tokenizer, read_tensors, resolve
+from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe
 from compress.stage import BlockContext, Workspace
 
@@ -84,6 +85,12 @@ def compress(
     )
     for stage in stages:
         stage.preflight(ws)
+    head_scheme = recipe.lm_head_scheme()
+    if head_scheme is not None and head_scheme.group_for(ckpt.config["hidden_size"]) is None:
+        raise LlmpressError(
+            f"lm_head: no group size fits width {ckpt.config['hidden_size']} with "
+            f"{head_scheme.label()}: choose another group size or drop lm_head"
+        )
     schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
     preflight_export(recipe.export, ws, schemes)
     ws.tokenizer = load_tokenizer(ckpt)
@@ -99,6 +106,18 @@ def compress(
         raise
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def quantize_lm_head(ws: Workspace, scheme) -> dict:
+    """Round-to-nearest the output projection (the embedding, when tied): read in full every
+    token, it is a fifth of a small model's bytes. A tied embedding stays in full precision
+    for the input lookup, so the artifact stores the two untied."""
+    head, embed = ws.adapter.lm_head, ws.adapter.embed
+    names = ws.store.ckpt.tensors
+    source = f"{head}.weight" if f"{head}.weight" in names else f"{embed}.weight"
+    weight = read_tensors(ws.store.ckpt, [source])[source].float()
+    ws.quantized[head] = quantize_weight(weight, scheme, ws.storage_dtype)
+    return {"stage": "lm_head", "scheme": scheme.label(), "source": source}
 
 
 def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None:
@@ -129,6 +148,9 @@ def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None
         with clock("write"):
             writer.add_block(i)
     records = [stage.export(ws) for stage in stages]
+    if recipe.lm_head:
+        with clock("lm_head"):
+            records.append(quantize_lm_head(ws, recipe.lm_head_scheme()))
 
     def finish(folder: Path) -> None:
         manifest = build_manifest(

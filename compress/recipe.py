@@ -6,6 +6,8 @@ YAML form:
       - rtn: {bits: 4, group_size: 64, zero_point: true}
     calib: {source: self, samples: 128, length: 512, seed: 0}
     ignore: ["*.down_proj"]      # globs or re:REGEX on module names
+    lm_head: w8                  # also quantize the output projection (RTN; w8, w4g64...);
+                                 # a tied embedding is then stored untied, in full
     dtype: auto                  # storage dtype of unquantized tensors and scales
     export: auto                 # compressed-tensors (+ int8 outlier columns, if kept);
                                  # compressed-tensors: exactly, nothing extra;
@@ -59,6 +61,15 @@ class Recipe:
     ignore: tuple[str, ...] = ()
     dtype: str = "auto"
     export: str = "auto"
+    lm_head: str | None = None  # e.g. "w8" or "w4g64": RTN-quantize the output projection
+
+    def lm_head_scheme(self):
+        """The lm_head's QuantScheme, or None to keep it as stored."""
+        if self.lm_head is None:
+            return None
+        from compress.quantizers.rtn import RTNConfig
+
+        return RTNConfig(**parse_quant(f"rtn:{self.lm_head}")["rtn"]).scheme
 
     def build(self) -> list[Stage]:
         return [STAGES[name].factory(config) for name, config in self.stages]
@@ -74,6 +85,7 @@ class Recipe:
             "ignore": list(self.ignore),
             "dtype": self.dtype,
             "export": self.export,
+            "lm_head": self.lm_head,
         }
 
     def label(self) -> str:
@@ -129,7 +141,7 @@ def build_config(config_type: type, params: Any, where: str):
 def parse_recipe(data: Any) -> Recipe:
     if not isinstance(data, dict):
         raise LlmpressError("recipe: expected a mapping with a `stages` list")
-    allowed = ("stages", "calib", "ignore", "dtype", "export")
+    allowed = ("stages", "calib", "ignore", "dtype", "export", "lm_head")
     for key in data:
         if key not in allowed:
             raise LlmpressError(
@@ -166,9 +178,22 @@ def parse_recipe(data: Any) -> Recipe:
         raise LlmpressError(
             "recipe: the awq-gemm export stores float16; drop `dtype` or set float16"
         )
-    return Recipe(
-        stages=tuple(stages), calib=calib, ignore=tuple(ignore), dtype=dtype, export=export
+    lm_head = data.get("lm_head")
+    if export == "awq-gemm" and lm_head is not None:
+        raise LlmpressError("recipe: the awq-gemm export cannot hold a quantized lm_head")
+    recipe = Recipe(
+        stages=tuple(stages),
+        calib=calib,
+        ignore=tuple(ignore),
+        dtype=dtype,
+        export=export,
+        lm_head=None if lm_head is None else str(lm_head),
     )
+    try:
+        recipe.lm_head_scheme()
+    except LlmpressError as e:
+        raise LlmpressError(f"recipe: lm_head {lm_head!r}: {e} (use e.g. w8 or w4g64)") from e
+    return recipe
 
 
 def load_recipe(path: Path) -> dict:

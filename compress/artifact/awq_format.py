@@ -57,11 +57,16 @@ def encode_awq(prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
     }
 
 
-def decode_awq(prefix: str, tensors: dict[str, torch.Tensor], group_size: int) -> torch.Tensor:
+def awq_codes(prefix: str, tensors: dict[str, torch.Tensor], group_size: int):
+    """(q, scale, zero point, group) of one GEMM-layout linear, signed as llmpress keeps them."""
     q = unpack_awq(tensors[f"{prefix}.qweight"]).T - 8  # [out, in]
     zeros = unpack_awq(tensors[f"{prefix}.qzeros"]).T - 8  # [out, in/g]
     scales = tensors[f"{prefix}.scales"].T.float()
-    return dequantize(q, scales, zeros, group_size)
+    return q.to(torch.int8), scales, zeros.to(torch.int8), group_size
+
+
+def decode_awq(prefix: str, tensors: dict[str, torch.Tensor], group_size: int) -> torch.Tensor:
+    return dequantize(*awq_codes(prefix, tensors, group_size))
 
 
 def awq_config(group_size: int, not_converted: list[str]) -> dict:

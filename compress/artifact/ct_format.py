@@ -104,8 +104,9 @@ def encode(prefix: str, qw: QuantizedWeight, outliers: bool = True) -> dict[str,
     return out
 
 
-def decode(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str) -> torch.Tensor:
-    """The dequantized fp32 weight of `prefix` from its stored tensors."""
+def decode_codes(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str):
+    """The integer codes of `prefix` as stored: (q int8 [out, in], scale, zero point or
+    None, group size), for readers that keep weights quantized (the runtime)."""
     bits = args["num_bits"]
     scale = tensors[f"{prefix}.weight_scale"]
     zp = tensors.get(f"{prefix}.weight_zero_point")
@@ -116,7 +117,12 @@ def decode(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str) 
             zp = unpack(zp, bits, (shape[0], scale.shape[1]), dim=0)
     else:
         q = tensors[f"{prefix}.weight"]
-    group = args.get("group_size") or q.shape[1]
+    return q, scale, zp, args.get("group_size") or q.shape[1]
+
+
+def decode(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str) -> torch.Tensor:
+    """The dequantized fp32 weight of `prefix` from its stored tensors."""
+    q, scale, zp, group = decode_codes(prefix, tensors, args, fmt)
     return dequantize(q, scale, zp, group)
 
 

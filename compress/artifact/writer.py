@@ -82,9 +82,11 @@ def artifact_config(ws: Workspace, export: str) -> dict:
         for i in range(ws.num_layers):
             for kind in ws.adapter.block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
-        config["quantization_config"] = quantization_config(
-            ws.quantized, block_names, [ws.adapter.lm_head, *unquantized]
-        )
+        head = ws.adapter.lm_head
+        ignore = unquantized if head in ws.quantized else [head, *unquantized]
+        config["quantization_config"] = quantization_config(ws.quantized, block_names, ignore)
+    if ws.adapter.lm_head in ws.quantized:
+        config["tie_word_embeddings"] = False
     return config
 
 
@@ -153,6 +155,9 @@ class ArtifactWriter:
         manifest and card."""
         ws = self.ws
         rest = [n for n in ws.store.ckpt.tensors if n not in self.written]
+        head = ws.adapter.lm_head
+        if head in ws.quantized and f"{head}.weight" not in rest:  # was tied: add it
+            rest.append(f"{head}.weight")
         self._save(self._tensors(rest), "rest")
         with self._disk_errors():
             merge(self.parts, self.tmp, SHARD_BYTES)

@@ -29,6 +29,22 @@ def windows_for(
     return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
 
 
+def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
+    if engine == "transformers":
+        if kv not in (None, "none"):
+            raise LlmpressError("--kv needs the runtime engine: drop --engine transformers")
+        return load_model(ckpt)
+    if engine != "runtime":
+        raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
+    from compress.runtime.kv_cache import KVScheme, parse_kv
+    from compress.runtime.lm import RuntimeLM
+    from compress.runtime.weights import load_weights
+
+    qc = ckpt.config.get("quantization_config") or {}
+    scheme = parse_kv(kv) if kv else KVScheme.from_config(qc.get("kv_cache_scheme"))
+    return RuntimeLM(load_weights(ckpt), max_len=ctx, kv=scheme)
+
+
 def evaluate(
     artifact: str,
     base: str | None = None,
@@ -38,7 +54,13 @@ def evaluate(
     text_field: str = "text",
     record: bool = True,
     log=print,
+    engine: str = "runtime",
+    kv: str | None = None,
 ) -> Drift:
+    """Drift of `artifact` against its original. `engine`: "runtime" runs the artifact
+    through llmpress's own decode runtime (the kernels that serve it); "transformers" loads
+    it as a transformers model. `kv`: KV-cache scheme for the runtime ("int8", "int4",
+    "none"; default: the artifact's own `kv_cache_scheme`)."""
     cand_ckpt = resolve(artifact)
     manifest = read_manifest(cand_ckpt.path)
     if base is None:
@@ -52,9 +74,12 @@ def evaluate(
     base_model = load_model(base_ckpt)
     tokenizer = load_tokenizer(base_ckpt)
     wins = windows_for(data, base_model, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
-    drift = measure_drift(base_model, {"artifact": load_model(cand_ckpt)}, wins, data=data)
+    candidate = _candidate(cand_ckpt, engine, kv, ctx)
+    drift = measure_drift(base_model, {"artifact": candidate}, wins, data=data)
     result = drift["artifact"]
     if record and manifest is not None:
-        manifest["drift"] = {**result.to_dict(), "base": base}
+        manifest["drift"] = {**result.to_dict(), "base": base, "engine": engine}
+        if kv:
+            manifest["drift"]["kv_cache"] = kv
         write_manifest(cand_ckpt.path, manifest)
     return result

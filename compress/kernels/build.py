@@ -1,0 +1,90 @@
+"""Build the C kernels once per machine and load them with ctypes.
+
+Compiled on first use with the system C compiler for this very processor (-march=native:
+AVX2, and VNNI where present), cached under ~/.cache/llmpress/kernels keyed by the source,
+the flags and the CPU, and written to a temporary name then renamed so that concurrent
+first uses cannot load a half-written library. No torch headers: it builds in a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cache
+from pathlib import Path
+
+from compress.errors import LlmpressError
+
+SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"
+FLAG_SETS = (
+    ["-O3", "-march=native", "-fopenmp"],
+    ["-O3", "-march=native"],
+    ["-O3"],
+)
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LLMPRESS_CACHE") or Path.home() / ".cache" / "llmpress"
+    return Path(root) / "kernels"
+
+
+def _cpu_id() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        return next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        out = Path(tmp) / target.name
+        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            return run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+        os.replace(out, target)
+    return None
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The compiled kernel library (built now if this machine has none yet)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise LlmpressError(
+            "no C compiler found for llmpress's CPU kernels: install gcc (apt install gcc) "
+            "or set CC"
+        )
+    source = SOURCE.read_bytes()
+    errors = []
+    for flags in FLAG_SETS:
+        key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_id().encode()).hexdigest()
+        target = cache_dir() / f"qgemm-{key[:16]}.so"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not target.exists():
+            error = _compile(compiler, flags, target)
+            if error:
+                errors.append(f"{' '.join(flags)}: {error}")
+                continue
+        lib = ctypes.CDLL(str(target))
+        _declare(lib)
+        return lib
+    raise LlmpressError("could not build llmpress's CPU kernels: " + "; ".join(errors))
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.llmp_quantize_rows.argtypes = [p, i, i, p, p, p]
+    for name in ("llmp_gemm_q4", "llmp_gemm_q8"):
+        getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
+    for name in ("llmp_dequant_q4", "llmp_dequant_q8"):
+        getattr(lib, name).argtypes = [p, p, p, i, i, i, p]
+    lib.llmp_set_threads.argtypes = [i]
+    for name in ("llmp_quantize_rows", "llmp_gemm_q4", "llmp_gemm_q8", "llmp_set_threads"):
+        getattr(lib, name).restype = None

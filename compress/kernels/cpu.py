@@ -1,0 +1,102 @@
+"""Packed int4 / int8 linears on CPU, over the C kernels in cpu/qgemm.c.
+
+A layer's input is quantized once per block of 32 (int8 + one scale + the block's exact
+sum) and shared by every linear that reads it (q/k/v, gate/up). Batches above
+`EXACT_ABOVE` rows (prefill, evaluation windows) take the exact path instead: the weight is
+dequantized to fp32 in one pass and multiplied by the fp32 activations, so evaluation
+through the runtime measures the weights alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from compress.kernels.build import library
+
+EXACT_ABOVE = 64  # rows; above this the fp32 GEMM is compute-bound and cheaper than int dots
+
+
+def _ptr(t: torch.Tensor) -> int:
+    return t.data_ptr()
+
+
+def set_threads(n: int) -> None:
+    library().llmp_set_threads(n)
+
+
+@dataclass
+class QuantizedInput:
+    """x [M, K] as int8 blocks of 32: x8 [M, Kp], dx [M, Kp/32], bsum [M, Kp/32]."""
+
+    x: torch.Tensor
+    x8: torch.Tensor
+    dx: torch.Tensor
+    bsum: torch.Tensor
+
+
+def quantize_input(x: torch.Tensor, multiple: int = 32) -> QuantizedInput:
+    x = x.float().contiguous()
+    m, k = x.shape
+    kp = math.ceil(k / multiple) * multiple
+    xp = x if kp == k else torch.nn.functional.pad(x, (0, kp - k))
+    x8 = torch.empty(m, kp, dtype=torch.int8)
+    dx = torch.empty(m, kp // 32)
+    bsum = torch.empty(m, kp // 32)
+    library().llmp_quantize_rows(_ptr(xp), m, kp, _ptr(x8), _ptr(dx), _ptr(bsum))
+    return QuantizedInput(x, x8, dx, bsum)
+
+
+class PackedLinear:
+    """A b-bit (4 or 8) weight kept packed: w = q * scale - zs per (row, group)."""
+
+    def __init__(self, q, scale, zero_point, group_size: int, bits: int):
+        n, k = q.shape
+        self.bits, self.out_features, self.in_features = bits, n, k
+        kp = math.ceil(k / 32) * 32
+        g = kp if group_size >= k else group_size  # per channel: one group over the padding
+        if g % 32 or kp % g:
+            raise ValueError(f"group {group_size} on width {k} does not fit the CPU kernel")
+        self.group, self.kp = g, kp
+        scale = scale.float().reshape(n, -1)
+        if scale.shape[1] != kp // g:
+            scale = torch.nn.functional.pad(scale, (0, kp // g - scale.shape[1]))
+        offset = 8 if bits == 4 else 0  # int4 codes are stored unsigned (q + 8)
+        zp = torch.zeros_like(scale) if zero_point is None else zero_point.float().reshape(n, -1)
+        if zp.shape != scale.shape:
+            zp = torch.nn.functional.pad(zp, (0, scale.shape[1] - zp.shape[1]))
+        self.scale = scale.contiguous()
+        self.zs = ((zp + offset) * scale).contiguous()
+        codes = torch.nn.functional.pad(q.to(torch.int16), (0, kp - k))
+        if bits == 4:
+            u = (codes + 8).to(torch.uint8).reshape(n, kp // 32, 2, 16)
+            self.packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
+        else:
+            self.packed = codes.to(torch.int8).contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes one multiply reads: codes, scales and zero offsets as held in memory."""
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.zs))
+
+    def __call__(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
+        rows = x.x.shape[0] if isinstance(x, QuantizedInput) else x.shape[0]
+        if rows > EXACT_ABOVE:
+            xf = x.x if isinstance(x, QuantizedInput) else x
+            return xf.float() @ self.dense().T
+        if not isinstance(x, QuantizedInput) or x.x8.shape[1] != self.kp:
+            x = quantize_input(x.x if isinstance(x, QuantizedInput) else x)
+        y = torch.empty(rows, self.out_features)
+        fn = library().llmp_gemm_q4 if self.bits == 4 else library().llmp_gemm_q8
+        args = (_ptr(x.x8), _ptr(x.dx), _ptr(x.bsum), rows, self.kp, self.group)
+        fn(*args, _ptr(self.packed), _ptr(self.scale), _ptr(self.zs), self.out_features, _ptr(y))
+        return y
+
+    def dense(self) -> torch.Tensor:
+        out = torch.empty(self.out_features, self.kp)
+        fn = library().llmp_dequant_q4 if self.bits == 4 else library().llmp_dequant_q8
+        n, kp, g = self.out_features, self.kp, self.group
+        fn(_ptr(self.packed), _ptr(self.scale), _ptr(self.zs), n, kp, g, _ptr(out))
+        return out[:, : self.in_features]

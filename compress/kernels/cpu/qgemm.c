@@ -1,0 +1,214 @@
+/* Packed int4 / int8 matrix multiply for the CPU decode path.
+ *
+ * Why: torch's packed CPU kernels reach 2-6 GB/s on AVX2 machines, far below memory
+ * bandwidth. Here activations are quantized per block of 32 to int8 (one scale each), and
+ * each block's dot product with the weights is done in integer SIMD (u8 x s8 -> s32), then
+ * scaled in float. Weights stay packed; nothing is dequantized whole per step.
+ *
+ * Layouts (K is padded to a multiple of 32 by the caller, padding holds zero activations):
+ *   int4 weight  uint8 [N, K/2]: per block of 32 inputs, 16 bytes; byte j holds input j in
+ *                its low nibble and input 16+j in its high nibble; values unsigned 0..15.
+ *   int8 weight  int8  [N, K]   signed.
+ *   scale, zs    float [N, K/G]: w = q * scale - zs  (zs = zero_point * scale).
+ *   activations  x8 int8 [M, K], dx float [M, K/32], bsum float [M, K/32] (each block's sum
+ *                of its quantized values, for the zero-point term: the product is then
+ *                exactly sum(w * x_quantized), so the offset in q * scale adds no error).
+ * G is a multiple of 32.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX2__)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Sum of u8 x s8 products of 32 lanes, as 8 int32 lanes. */
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+#endif
+
+int llmp_has_avx2(void) {
+#if defined(__AVX2__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, float *bsum) {
+    int nb = K / 32;
+    #pragma omp parallel for schedule(static) if (M > 4)
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * K;
+        int8_t *qr = x8 + (int64_t)m * K;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = xr + b * 32;
+            float amax = 0.f;
+            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
+            float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+            int sum = 0;
+            for (int k = 0; k < 32; k++) {
+                int v = (int)lrintf(xb[k] * inv);
+                qr[b * 32 + k] = (int8_t)v;
+                sum += v;
+            }
+            dx[(int64_t)m * nb + b] = d;
+            bsum[(int64_t)m * nb + b] = d * (float)sum;
+        }
+    }
+}
+
+/* R weight rows at a time share each activation block load; R and BITS are constants
+ * after inlining, so the accumulators stay in registers. */
+#define INLINE static inline __attribute__((always_inline))
+
+#if defined(__AVX2__)
+INLINE __m256i block_codes(const uint8_t *p, int bits) {
+    if (bits == 8) return _mm256_loadu_si256((const __m256i *)p);
+    __m128i q = _mm_loadu_si128((const __m128i *)p);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+INLINE __m256i block_dot(const uint8_t *p, __m256i a, int bits) {
+    __m256i q = block_codes(p, bits);
+    if (bits == 4) return dot_u8s8(q, a);
+    /* int8: |w| as u8 (|-128| = 128 fits), the sign moved onto the activation */
+    return dot_u8s8(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q));
+}
+#endif
+
+INLINE void rows_dot(int R, int bits, const uint8_t *w, int64_t rb, const float *sc,
+                     const float *zs, int ng, int bpg, const int8_t *xr, const float *dr,
+                     const float *bs, float *out) {
+    const int bb = bits * 4; /* bytes per block of 32 */
+#if defined(__AVX2__)
+    __m256 acc[4];
+    float zt[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    for (int g = 0, b = 0; g < ng; g++) {
+        __m256 gacc[4];
+        float bz = 0.f;
+        for (int r = 0; r < R; r++) gacc[r] = _mm256_setzero_ps();
+        for (int j = 0; j < bpg; j++, b++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(xr + b * 32));
+            __m256 d = _mm256_set1_ps(dr[b]);
+            bz += bs[b];
+            for (int r = 0; r < R; r++) {
+                __m256 p = _mm256_cvtepi32_ps(block_dot(w + r * rb + (int64_t)b * bb, a, bits));
+                gacc[r] = _mm256_fmadd_ps(p, d, gacc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm256_fmadd_ps(gacc[r], _mm256_set1_ps(sc[r * ng + g]), acc[r]);
+            zt[r] += zs[r * ng + g] * bz;
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]) - zt[r];
+#else
+    for (int r = 0; r < R; r++) {
+        float total = 0.f;
+        for (int g = 0, b = 0; g < ng; g++) {
+            float ga = 0.f, bz = 0.f;
+            for (int j = 0; j < bpg; j++, b++) {
+                const uint8_t *p = w + r * rb + (int64_t)b * bb;
+                const int8_t *x = xr + b * 32;
+                int s = 0;
+                if (bits == 4)
+                    for (int i = 0; i < 16; i++) s += (p[i] & 0x0F) * x[i] + (p[i] >> 4) * x[16 + i];
+                else
+                    for (int i = 0; i < 32; i++) s += (int8_t)p[i] * x[i];
+                ga += s * dr[b];
+                bz += bs[b];
+            }
+            total += ga * sc[r * ng + g] - zs[r * ng + g] * bz;
+        }
+        out[r] = total;
+    }
+#endif
+}
+
+INLINE void chunk_dot(int bits, const uint8_t *w, int64_t rb, const float *sc, const float *zs,
+                      int ng, int bpg, int rows, const int8_t *xr, const float *dr,
+                      const float *bs, float *out) {
+    int r = 0;
+    for (; r + 4 <= rows; r += 4)
+        rows_dot(4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xr, dr, bs, out + r);
+    for (; r < rows; r++)
+        rows_dot(1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xr, dr, bs, out + r);
+}
+
+/* Rows are split into chunks of CHUNK per thread task; each chunk runs all M inputs. */
+#define CHUNK 16
+#define DEFINE_GEMM(BITS)                                                                     \
+void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int M, int K,   \
+                       int G, const uint8_t *w, const float *scale, const float *zs, int N,  \
+                       float *y) {                                                            \
+    int nb = K / 32, ng = K / G, bpg = G / 32;                                                \
+    int64_t rb = (int64_t)K * BITS / 8;                                                       \
+    int chunks = (N + CHUNK - 1) / CHUNK;                                                     \
+    _Pragma("omp parallel for schedule(static)")                                              \
+    for (int c = 0; c < chunks; c++) {                                                        \
+        int n0 = c * CHUNK, rows = N - n0 < CHUNK ? N - n0 : CHUNK;                           \
+        float tmp[CHUNK];                                                                     \
+        for (int m = 0; m < M; m++) {                                                         \
+            chunk_dot(BITS, w + n0 * rb, rb, scale + (int64_t)n0 * ng, zs + (int64_t)n0 * ng, \
+                      ng, bpg, rows, x8 + (int64_t)m * K, dx + (int64_t)m * nb,               \
+                      bsum + (int64_t)m * nb, tmp);                                           \
+            memcpy(y + (int64_t)m * N + n0, tmp, rows * sizeof(float));                       \
+        }                                                                                     \
+    }                                                                                         \
+}
+
+DEFINE_GEMM(4)
+DEFINE_GEMM(8)
+
+/* The dense fp32 weight, for the exact (large-batch) path. */
+void llmp_dequant_q4(const uint8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
+    int ng = K / G;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const uint8_t *wr = w + (int64_t)n * (K / 2);
+        float *o = out + (int64_t)n * K;
+        for (int b = 0; b < K / 32; b++)
+            for (int j = 0; j < 16; j++) {
+                uint8_t byte = wr[b * 16 + j];
+                int k0 = b * 32 + j, k1 = k0 + 16;
+                int64_t g0 = (int64_t)n * ng + k0 / G, g1 = (int64_t)n * ng + k1 / G;
+                o[k0] = (byte & 0x0F) * scale[g0] - zs[g0];
+                o[k1] = (byte >> 4) * scale[g1] - zs[g1];
+            }
+    }
+}
+
+void llmp_dequant_q8(const int8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
+    int ng = K / G;
+    #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            out[(int64_t)n * K + k] = w[(int64_t)n * K + k] * scale[(int64_t)n * ng + k / G] - zs[(int64_t)n * ng + k / G];
+}
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+void llmp_set_threads(int n) {
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+    (void)n;
+}

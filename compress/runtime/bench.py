@@ -1,0 +1,153 @@
+"""`llmpress bench`: TTFT, time per output token, tokens/s and MBU of the runtime.
+
+MBU (model bandwidth utilization) = bytes one decode step must read × steps per second ÷
+the memory read bandwidth measured on this machine in the same run. Bytes per step: every
+weight as stored (codes, scales, zero points; the lm_head once) plus the KV cache each
+sequence reads at its mean context during the run. MFU for prefill: 2 × parameters ×
+prompt tokens per second ÷ the fp32 matmul rate measured in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from compress.runtime.engine import Engine, Request
+from compress.runtime.kv_cache import FP32, KVScheme
+from compress.runtime.sampling import SamplingParams
+from compress.runtime.weights import ModelWeights
+
+
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Memory read bandwidth in bytes/s: the median time to sum a tensor of `gib` GiB."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    x.sum()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return x.numel() * 4 / statistics.median(times)
+
+
+def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+@dataclass
+class BenchResult:
+    batch: int
+    prompt_len: int
+    output_len: int
+    ttft_s: float  # first token of the whole batch, all prompts prefilled
+    tpot_s: float  # time per decode step (one token for each sequence)
+    tokens_per_s: float  # decode tokens/s, all sequences together
+    bytes_per_step: float
+    mbu: float
+    prefill_tokens_per_s: float
+    mfu: float
+
+
+def bench_one(
+    weights: ModelWeights,
+    batch: int,
+    prompt_len: int,
+    output_len: int,
+    bandwidth: float,
+    flops: float,
+    kv: KVScheme = FP32,
+    seed: int = 0,
+) -> BenchResult:
+    engine = Engine(weights, max_batch=batch, max_len=prompt_len + output_len + 1, kv=kv)
+    gen = torch.Generator().manual_seed(seed)
+    vocab = weights.shape.vocab
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    warm = [Request(torch.randint(vocab, (prompt_len,), generator=gen).tolist(), params)]
+    for r in warm:
+        r.params = SamplingParams(max_tokens=4, ignore_eos=True)
+        engine.submit(r)
+    while not engine.idle:
+        engine.step()
+    reqs = [
+        engine.submit(Request(torch.randint(vocab, (prompt_len,), generator=gen).tolist(), params))
+        for _ in range(batch)
+    ]
+    t0 = time.perf_counter()
+    engine.step()  # admits and prefills every prompt, one token each
+    t1 = time.perf_counter()
+    steps = 0
+    while not engine.idle:
+        engine.step()
+        steps += 1
+    t2 = time.perf_counter()
+    assert all(len(r.output) == output_len for r in reqs)
+    step_s = (t2 - t1) / max(steps, 1)
+    mean_ctx = prompt_len + output_len / 2
+    kv_bytes = engine.cache.bytes_per_token() * mean_ctx * batch
+    bytes_per_step = weights.step_bytes + kv_bytes
+    prefill_tps = batch * prompt_len / (t1 - t0)
+    params_count = sum(lin.out_features * lin.in_features for lin in weights.linears())
+    return BenchResult(
+        batch=batch,
+        prompt_len=prompt_len,
+        output_len=output_len,
+        ttft_s=t1 - t0,
+        tpot_s=step_s,
+        tokens_per_s=batch / step_s,
+        bytes_per_step=bytes_per_step,
+        mbu=bytes_per_step / step_s / bandwidth,
+        prefill_tokens_per_s=prefill_tps,
+        mfu=2 * params_count * prefill_tps / flops,
+    )
+
+
+def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print) -> dict:
+    bandwidth = measure_bandwidth()
+    flops = measure_matmul_flops()
+    log(f"measured: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s")
+    results = []
+    for b in batches:
+        r = bench_one(weights, b, prompt_len, output_len, bandwidth, flops, kv)
+        log(
+            f"batch {b}: {r.tokens_per_s:.1f} tok/s, {r.tpot_s * 1e3:.2f} ms/step, "
+            f"TTFT {r.ttft_s * 1e3:.0f} ms, MBU {100 * r.mbu:.0f}%"
+        )
+        results.append(asdict(r))
+    return {
+        "bandwidth_bytes_per_s": bandwidth,
+        "matmul_flops": flops,
+        "threads": torch.get_num_threads(),
+        "weights_bytes_per_step": weights.step_bytes,
+        "kv_cache": kv.config(),
+        "kv_bytes_per_token": _kv_bytes(weights, kv),
+        "results": results,
+    }
+
+
+def _kv_bytes(weights: ModelWeights, kv: KVScheme) -> float:
+    from compress.runtime.kv_cache import KVCache
+
+    s = weights.shape
+    return KVCache(s.layers, 1, s.kv_heads, kv.group, s.head_dim, kv).bytes_per_token()
+
+
+def format_bench(record: dict, title: str = "") -> str:
+    head = "| batch | tokens/s | ms/token (step) | TTFT ms | MB/step | MBU | prefill tok/s | MFU |"
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
+    for r in record["results"]:
+        lines.append(
+            f"| {r['batch']} | {r['tokens_per_s']:.1f} | {r['tpot_s'] * 1e3:.2f} | "
+            f"{r['ttft_s'] * 1e3:.0f} | {r['bytes_per_step'] / 1e6:.1f} | {100 * r['mbu']:.0f}% | "
+            f"{r['prefill_tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% |"
+        )
+    return (f"{title}\n\n" if title else "") + "\n".join(lines)

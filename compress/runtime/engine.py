@@ -1,0 +1,131 @@
+"""Continuous batching over the runtime model.
+
+Requests wait in a queue; every `step()` first admits waiting requests into free cache
+slots (prefilling each), then decodes one token for every running request together. A
+request that finishes frees its slot at once, and the next step fills it: short requests
+never wait for the longest one in their batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.model import Model
+from compress.runtime.sampling import SamplingParams, sample
+from compress.runtime.weights import ModelWeights
+
+_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    id: int = field(default_factory=lambda: next(_ids))
+    output: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop", "length", "cancelled"
+    slot: int | None = None
+    submitted: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    generator: torch.Generator | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    def __init__(
+        self,
+        weights: ModelWeights,
+        max_batch: int = 8,
+        max_len: int = 2048,
+        kv: KVScheme = FP32,
+        eos_token_ids: tuple[int, ...] = (),
+    ):
+        s = weights.shape
+        self.max_len = max_len
+        self.model = Model(weights, max_len + 1)
+        self.cache = KVCache(s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv)
+        self.free = list(range(max_batch))[::-1]
+        self.waiting: deque[Request] = deque()
+        self.running: dict[int, Request] = {}  # slot -> request
+        self.eos = tuple(eos_token_ids)
+
+    def submit(self, request: Request) -> Request:
+        if not request.prompt:
+            raise ValueError("empty prompt")
+        if len(request.prompt) + request.params.max_tokens > self.max_len:
+            raise ValueError(
+                f"prompt ({len(request.prompt)} tokens) + max_tokens "
+                f"({request.params.max_tokens}) exceeds the context of {self.max_len} tokens"
+            )
+        if request.params.seed is not None:
+            request.generator = torch.Generator().manual_seed(request.params.seed)
+        self.waiting.append(request)
+        return request
+
+    def cancel(self, request: Request) -> None:
+        """Stop a request now (a client went away); its slot is free for the next step."""
+        if request.done:
+            return
+        if request in self.waiting:
+            self.waiting.remove(request)
+        self._finish(request, "cancelled")
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.running
+
+    def step(self) -> list[Request]:
+        """Admit, then decode once. Returns the requests that received a token."""
+        touched = []
+        while self.waiting and self.free:
+            req = self.waiting.popleft()
+            req.slot = self.free.pop()
+            self.running[req.slot] = req
+            logits = self.model.prefill(torch.tensor(req.prompt), self.cache, req.slot)
+            self._emit(req, logits[-1])
+            touched.append(req)
+        decoding = [r for r in self.running.values() if r not in touched]
+        if decoding:
+            slots = torch.tensor([r.slot for r in decoding])
+            last = torch.tensor([r.output[-1] for r in decoding])
+            logits = self.model.decode(last, self.cache, slots)
+            for req, row in zip(decoding, logits, strict=True):
+                self._emit(req, row)
+            touched += decoding
+        return touched
+
+    def _emit(self, req: Request, logits: torch.Tensor) -> None:
+        token = sample(logits, req.params, req.generator)
+        if req.first_token_at is None:
+            req.first_token_at = time.perf_counter()
+        req.output.append(token)
+        p = req.params
+        if not p.ignore_eos and (token in self.eos or token in p.stop_token_ids):
+            self._finish(req, "stop")
+        elif len(req.output) >= p.max_tokens:
+            self._finish(req, "length")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.finish_reason = reason
+        req.finished_at = time.perf_counter()
+        if req.slot is not None and self.running.get(req.slot) is req:
+            del self.running[req.slot]
+            self.cache.lengths[req.slot] = 0
+            self.free.append(req.slot)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
+        """Run prompts to completion (batched as slots allow)."""
+        reqs = [self.submit(Request(list(p), params)) for p in prompts]
+        while not self.idle:
+            self.step()
+        return reqs

@@ -1,0 +1,180 @@
+"""Preallocated KV cache, one slot per running sequence, in fp32 or KIVI-quantized form.
+
+KIVI (Liu et al., 2024): keys are quantized per channel, values per token, and the most
+recent tokens stay in full precision until a group of them is complete. Here a slot keeps
+its last `group` tokens (at most) in an fp32 residual; when the residual fills, those
+tokens are quantized as one group: keys get one scale/zero per (head, channel) over the
+group's tokens, values one scale/zero per (token, head) over the channels. int4 codes are
+packed two per byte. Scales are computed on the fly from the tokens themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import LlmpressError
+
+
+@dataclass(frozen=True)
+class KVScheme:
+    bits: int | None = None  # None: fp32; 8 or 4: KIVI
+    group: int = 32  # tokens per key-quantization group, and the fp32 residual length
+
+    def __post_init__(self):
+        if self.bits not in (None, 4, 8):
+            raise ValueError(f"KV-cache bits must be 4 or 8, got {self.bits}")
+
+    def config(self) -> dict | None:
+        """The artifact's `kv_cache_scheme` (compressed-tensors' quantization args)."""
+        if self.bits is None:
+            return None
+        return {
+            "num_bits": self.bits,
+            "type": "int",
+            "symmetric": False,
+            "strategy": "group",
+            "group_size": self.group,
+            "dynamic": True,
+            "observer": "minmax",
+            "llmpress_layout": "kivi: keys per channel over token groups, values per token",
+        }
+
+    @classmethod
+    def from_config(cls, cfg: dict | None) -> KVScheme:
+        if not cfg:
+            return cls()
+        return cls(bits=cfg["num_bits"], group=cfg.get("group_size") or 32)
+
+
+FP32 = KVScheme()  # no KV quantization
+
+
+def parse_kv(spec: str) -> KVScheme:
+    """`int8`, `int4`, `int4:g64` or `none`."""
+    name, _, group = spec.partition(":g")
+    bits = {"none": None, "fp32": None, "int8": 8, "int4": 4}.get(name)
+    if name not in ("none", "fp32", "int8", "int4") or (group and not group.isdigit()):
+        raise LlmpressError(f"unknown KV-cache scheme {spec!r}: use int8, int4, int4:g32 or none")
+    return KVScheme(bits=bits, group=int(group) if group else 32)
+
+
+def _quantize(x: torch.Tensor, dim: int, bits: int):
+    """Asymmetric min-max codes along `dim`: (codes uint8, scale, minimum)."""
+    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    scale = ((hi - lo) / (2**bits - 1)).clamp_min(1e-8)
+    codes = torch.round((x - lo) / scale).clamp(0, 2**bits - 1).to(torch.uint8)
+    return codes, scale, lo
+
+
+def _pack4(codes: torch.Tensor) -> torch.Tensor:
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def _unpack4(packed: torch.Tensor) -> torch.Tensor:
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+class KVCache:
+    """k/v for `layers` × `slots` sequences of up to `max_len` tokens."""
+
+    def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32):
+        self.scheme, self.max_len = scheme, max_len
+        self.lengths = torch.zeros(slots, dtype=torch.long)
+        dims = (layers, slots, kv_heads)
+        if scheme.bits is None:
+            self.k = torch.zeros(*dims, max_len, head_dim)
+            self.v = torch.zeros(*dims, max_len, head_dim)
+            return
+        g, per_byte = scheme.group, 8 // scheme.bits
+        ng = max_len // g + 1
+        self.kq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
+        self.vq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
+        self.k_scale = torch.zeros(*dims, ng, 1, head_dim)  # per channel, per token group
+        self.k_min = torch.zeros(*dims, ng, 1, head_dim)
+        self.v_scale = torch.zeros(*dims, ng * g, 1)  # per token
+        self.v_min = torch.zeros(*dims, ng * g, 1)
+        self.k_res = torch.zeros(*dims, g, head_dim)
+        self.v_res = torch.zeros(*dims, g, head_dim)
+
+    def bytes_per_token(self) -> float:
+        """KV bytes stored per token, all layers (codes and scales; the residual is fp32
+        for at most `group` tokens and is left out)."""
+        if self.scheme.bits is None:
+            layers, _, heads, _, hd = self.k.shape
+            return 2 * layers * heads * hd * 4
+        layers, _, heads = self.kq.shape[:3]
+        hd = self.k_res.shape[-1]
+        codes = 2 * layers * heads * hd * self.scheme.bits / 8
+        k_params = layers * heads * hd * 2 * 4 / self.scheme.group
+        v_params = layers * heads * 2 * 4
+        return codes + k_params + v_params
+
+    def write(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k/v [kv_heads, T, hd] of one slot at positions start..start+T-1."""
+        t = k.shape[1]
+        if self.scheme.bits is None:
+            self.k[layer, slot, :, start : start + t] = k
+            self.v[layer, slot, :, start : start + t] = v
+            return
+        g = self.scheme.group
+        pos = start
+        while pos < start + t:  # fill the residual, quantizing each group as it completes
+            off = pos % g
+            n = min(g - off, start + t - pos)
+            self.k_res[layer, slot, :, off : off + n] = k[:, pos - start : pos - start + n]
+            self.v_res[layer, slot, :, off : off + n] = v[:, pos - start : pos - start + n]
+            pos += n
+            if pos % g == 0:
+                self._flush(layer, slot, pos // g - 1)
+
+    def _flush(self, layer: int, slot: int, group_index: int):
+        bits, g = self.scheme.bits, self.scheme.group
+        a, b = group_index * g, (group_index + 1) * g
+        kc, ks, kmin = _quantize(self.k_res[layer, slot], dim=1, bits=bits)  # per channel
+        vc, vs, vmin = _quantize(self.v_res[layer, slot], dim=2, bits=bits)  # per token
+        if bits == 4:
+            kc, vc = _pack4(kc), _pack4(vc)
+        self.kq[layer, slot, :, a:b], self.vq[layer, slot, :, a:b] = kc, vc
+        self.k_scale[layer, slot, :, group_index] = ks
+        self.k_min[layer, slot, :, group_index] = kmin
+        self.v_scale[layer, slot, :, a:b], self.v_min[layer, slot, :, a:b] = vs, vmin
+
+    def read(self, layer: int, slots: torch.Tensor, length: int):
+        """k, v [len(slots), kv_heads, length, hd] for positions 0..length-1 (positions a
+        slot has not written are garbage; the caller masks them)."""
+        if self.scheme.bits is None:
+            return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+        g = self.scheme.group
+        ks, vs = [], []
+        for s in slots.tolist():
+            n = min(length, int(self.lengths[s]))
+            done = n // g * g  # quantized prefix; the rest sits in the fp32 residual
+            k, v = self._dequant(layer, s, done)
+            k = torch.cat((k, self.k_res[layer, s, :, : n - done]), dim=1)
+            v = torch.cat((v, self.v_res[layer, s, :, : n - done]), dim=1)
+            pad = (0, 0, 0, length - n)
+            ks.append(torch.nn.functional.pad(k, pad))
+            vs.append(torch.nn.functional.pad(v, pad))
+        return torch.stack(ks), torch.stack(vs)
+
+    def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k, v):
+        """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position."""
+        if self.scheme.bits is None:
+            self.k[layer, slots, :, positions] = k
+            self.v[layer, slots, :, positions] = v
+            return
+        for j, slot in enumerate(slots.tolist()):
+            self.write(layer, slot, int(positions[j]), k[j][:, None], v[j][:, None])
+
+    def _dequant(self, layer: int, slot: int, n: int):
+        bits, g = self.scheme.bits, self.scheme.group
+        kc, vc = self.kq[layer, slot, :, :n], self.vq[layer, slot, :, :n]
+        if bits == 4:
+            kc, vc = _unpack4(kc), _unpack4(vc)
+        heads, _, hd = kc.shape
+        kg = kc.float().reshape(heads, n // g, g, hd)
+        k = kg * self.k_scale[layer, slot, :, : n // g] + self.k_min[layer, slot, :, : n // g]
+        v = vc.float() * self.v_scale[layer, slot, :, :n] + self.v_min[layer, slot, :, :n]
+        return k.reshape(heads, n, hd), v

@@ -1,0 +1,33 @@
+"""The runtime behind the drift evaluation: logits for whole windows, like a causal LM."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.weights import ModelWeights
+
+
+class RuntimeLM:
+    """`lm(input_ids=[1, T]).logits` through the runtime. With a quantized KV cache the
+    window is fed in chunks of `chunk` tokens, so each chunk attends to the cache as stored
+    (what a served sequence sees) and not only to its own full-precision keys."""
+
+    def __init__(self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, chunk=None):
+        from compress.runtime.model import Model
+
+        s = weights.shape
+        self.model = Model(weights, max_len + 1)
+        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv)
+        self.chunk = chunk or (max_len if kv.bits is None else 128)
+
+    def __call__(self, input_ids: torch.Tensor):
+        tokens = input_ids[0]
+        self.cache.lengths[0] = 0
+        parts = [
+            self.model.prefill(tokens[i : i + self.chunk], self.cache, 0, start=i)
+            for i in range(0, tokens.shape[0], self.chunk)
+        ]
+        return SimpleNamespace(logits=torch.cat(parts)[None])

@@ -1,0 +1,121 @@
+"""The llama-family forward pass over ModelWeights: prefill one sequence, or decode one
+token for each of a batch of sequences at their own positions (gpt-fast's shape: plain
+torch around the packed linears, no framework model)."""
+
+from __future__ import annotations
+
+import torch
+
+from compress.kernels.cpu import quantize_input
+from compress.runtime.kv_cache import KVCache
+from compress.runtime.weights import Layer, ModelWeights
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+class Rope:
+    """cos/sin tables for every position, rotate-half convention (as transformers' llama)."""
+
+    def __init__(self, head_dim: int, theta: float, max_len: int):
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [T, heads, hd] at positions [T]."""
+        cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def _mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
+    x = _shared(rms_norm(h, layer.mlp_norm, eps))
+    return layer.down(torch.nn.functional.silu(layer.gate(x)) * layer.up(x))
+
+
+def _shared(x: torch.Tensor):
+    """Quantize a decode-sized input once for every packed linear that reads it."""
+    return quantize_input(x) if x.shape[0] <= 64 else x
+
+
+def _qkv(layer: Layer, h: torch.Tensor, w: ModelWeights, rope: Rope, positions: torch.Tensor):
+    s = w.shape
+    x = _shared(rms_norm(h, layer.attn_norm, s.eps))
+    t = h.shape[0]
+    q = rope(layer.q(x).view(t, s.heads, s.head_dim), positions)
+    k = rope(layer.k(x).view(t, s.kv_heads, s.head_dim), positions)
+    v = layer.v(x).view(t, s.kv_heads, s.head_dim)
+    return q, k, v
+
+
+def _decode_attention(q, keys, values, mask):
+    """One query per sequence against its cached keys; query heads grouped by KV head
+    (two small matmuls beat the fused SDPA kernel's setup cost for a single query)."""
+    b, heads, hd = q.shape
+    kv_heads = keys.shape[1]
+    qg = q.view(b, kv_heads, heads // kv_heads, hd)
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * hd**-0.5  # [B, kv, rep, L]
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, -1), values)  # [B, kv, rep, hd]
+
+
+class Model:
+    def __init__(self, weights: ModelWeights, max_len: int):
+        self.w = weights
+        self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len)
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self.w.lm_head(_shared(rms_norm(h, self.w.norm, self.w.shape.eps)))
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int = 0):
+        """Logits [T, vocab] for tokens [T] of one sequence that already has `start` tokens
+        cached; their k/v join the cache. The chunk attends to the cached prefix (as stored,
+        quantized or not) and to its own keys in full precision."""
+        s, t = self.w.shape, tokens.shape[0]
+        positions = torch.arange(start, start + t)
+        h = self.w.embed[tokens].float()
+        causal = torch.ones(t, start + t, dtype=torch.bool).tril(start)
+        slots = torch.tensor([slot])
+        for i, layer in enumerate(self.w.layers):
+            q, k, v = _qkv(layer, h, self.w, self.rope, positions)
+            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, hd]
+            if start:
+                pk, pv = cache.read(i, slots, start)
+                keys, values = torch.cat((pk[0], k), 1), torch.cat((pv[0], v), 1)
+            else:
+                keys, values = k, v
+            cache.write(i, slot, start, k, v)
+            att = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(0, 1), keys, values, attn_mask=causal, enable_gqa=True
+            )
+            h = h + layer.o(att.transpose(0, 1).reshape(t, s.heads * s.head_dim))
+            h = h + _mlp(layer, h, s.eps)
+        cache.lengths[slot] = start + t
+        return self._logits(h)
+
+    @torch.inference_mode()
+    def decode(self, tokens: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
+        """One step: logits [B, vocab] for the next token of each sequence in `slots`, whose
+        last tokens are `tokens` [B]."""
+        s, b = self.w.shape, tokens.shape[0]
+        positions = cache.lengths[slots]
+        longest = int(positions.max())
+        # cached positions a sequence has not reached are masked; its new key comes last
+        seen = torch.arange(longest + 1)[None] < positions[:, None]
+        seen[:, longest] = True
+        mask = seen[:, None, None, :]  # [B, 1, 1, longest+1]
+        h = self.w.embed[tokens].float()
+        for i, layer in enumerate(self.w.layers):
+            q, k, v = _qkv(layer, h, self.w, self.rope, positions)
+            pk, pv = cache.read(i, slots, longest)
+            keys = torch.cat((pk, k[:, :, None]), 2)  # [B, kv_heads, longest+1, hd]
+            values = torch.cat((pv, v[:, :, None]), 2)
+            cache.write_tokens(i, slots, positions, k, v)
+            att = _decode_attention(q, keys, values, mask)
+            h = h + layer.o(att.reshape(b, s.heads * s.head_dim))
+            h = h + _mlp(layer, h, s.eps)
+        cache.lengths[slots] += 1
+        return self._logits(h)

@@ -1,0 +1,41 @@
+"""Next-token choice: greedy, or temperature / top-k / top-p sampling with a per-request seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 128
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # benchmarks generate exactly max_tokens
+
+    def __post_init__(self):
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 1:
+            raise ValueError(
+                "sampling parameters out of range: temperature >= 0, 0 < top_p <= 1, "
+                "top_k >= 0, max_tokens >= 1"
+            )
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from logits [vocab]."""
+    if params.temperature == 0:
+        return int(logits.argmax())
+    logits = logits.float() / params.temperature
+    if params.top_k:
+        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if params.top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < params.top_p  # the smallest set reaching top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))

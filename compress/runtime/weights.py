@@ -1,0 +1,164 @@
+"""Load an artifact (quantized, pruned or plain) into the runtime's layout.
+
+Straight from safetensors: no transformers model is built. Quantized linears keep their
+integer codes, repacked once into the CPU kernels' layout; dense tensors stay in the
+checkpoint's dtype (fp32, or bf16 when the artifact was written so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from compress.artifact.awq_format import awq_codes
+from compress.artifact.ct_format import decode_codes
+from compress.artifact.reader import AWQ_GEMM, quantized_layers
+from compress.errors import LlmpressError
+from compress.kernels.cpu import PackedLinear
+from compress.model.adapters import adapter_for
+from compress.model.loading import Checkpoint, read_tensors
+from compress.runtime.linears import DenseLinear, QuantLinear
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+    rope_theta: float
+    eps: float
+    max_positions: int
+
+    @classmethod
+    def of(cls, config: dict) -> ModelShape:
+        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+        kind = rope.get("rope_type") or rope.get("type") or "default"
+        if kind != "default":
+            raise LlmpressError(
+                f"rope type {kind!r} is not supported by the runtime yet: evaluate this model "
+                "with --engine transformers"
+            )
+        heads = config["num_attention_heads"]
+        return cls(
+            hidden=config["hidden_size"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            layers=config["num_hidden_layers"],
+            vocab=config["vocab_size"],
+            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+            eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_positions=config.get("max_position_embeddings", 2048),
+        )
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    q: object
+    k: object
+    v: object
+    o: object
+    gate: object
+    up: object
+    down: object
+
+
+@dataclass
+class ModelWeights:
+    shape: ModelShape
+    embed: torch.Tensor
+    layers: list[Layer]
+    norm: torch.Tensor
+    lm_head: object
+    dense_fallbacks: list[str] = field(default_factory=list)
+
+    def linears(self):
+        for layer in self.layers:
+            yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+        yield self.lm_head
+
+    @property
+    def step_bytes(self) -> int:
+        """Weight bytes one decode step reads: every linear as stored, norms, and the one
+        embedding row per token (negligible) — the tied lm_head counts once, as a linear."""
+        norms = sum(t.numel() * t.element_size() for t in self._norms())
+        return sum(lin.nbytes for lin in self.linears()) + norms
+
+    def _norms(self):
+        for layer in self.layers:
+            yield from (layer.attn_norm, layer.mlp_norm)
+        yield self.norm
+
+
+def _linear(prefix, tensors, layers, fallbacks):
+    bias = tensors.get(f"{prefix}.bias")
+    bias = None if bias is None else bias.float()
+    if prefix not in layers:
+        return DenseLinear(tensors[f"{prefix}.weight"], bias)
+    args, fmt = layers[prefix]
+    if fmt == AWQ_GEMM:
+        q, scale, zp, group = awq_codes(prefix, tensors, args["group_size"])
+        bits = 4
+    else:
+        q, scale, zp, group = decode_codes(prefix, tensors, args, fmt)
+        bits = args["num_bits"]
+    index = tensors.get(f"{prefix}.weight_outlier_index")
+    if index is not None:  # those columns run in 16-bit: their int8 codes must add nothing
+        q = q.clone()
+        q[:, index.long()] = 0 if zp is None else zp.repeat_interleave(group, 1)[:, index.long()]
+    try:
+        if bits not in (4, 8):
+            raise ValueError(f"{bits}-bit")
+        packed = PackedLinear(q, scale, zp, group, bits)
+    except ValueError as e:
+        fallbacks.append(f"{prefix} ({e})")
+        from compress.quantizers.scheme import dequantize
+
+        w = dequantize(q, scale, zp, group)
+        if index is not None:
+            w[:, index.long()] = tensors[f"{prefix}.weight_outlier"].float()
+        return DenseLinear(w, bias)
+    outlier = tensors.get(f"{prefix}.weight_outlier")
+    return QuantLinear(packed, bias, index, outlier)
+
+
+def load_weights(ckpt: Checkpoint) -> ModelWeights:
+    adapter = adapter_for(ckpt.config)
+    shape = ModelShape.of(ckpt.config)
+    tensors = read_tensors(ckpt)
+    layers = quantized_layers(ckpt.config, tensors)
+    fallbacks: list[str] = []
+    blocks = []
+    for i in range(shape.layers):
+        p = adapter.block_prefix(i)
+
+        def lin(name, p=p):
+            return _linear(f"{p}.{name}", tensors, layers, fallbacks)
+
+        blocks.append(
+            Layer(
+                attn_norm=tensors[f"{p}.{adapter.attn_norm}.weight"].float(),
+                mlp_norm=tensors[f"{p}.{adapter.mlp_norm}.weight"].float(),
+                **{k: lin(getattr(adapter, k)) for k in ("q", "k", "v", "o", "gate", "up", "down")},
+            )
+        )
+    embed = tensors[f"{adapter.embed}.weight"]
+    head = adapter.lm_head
+    if f"{head}.weight" in tensors or head in layers:
+        lm_head = _linear(head, tensors, layers, fallbacks)
+    else:  # tied: the embedding matrix is the output projection
+        lm_head = DenseLinear(embed)
+    return ModelWeights(
+        shape=shape,
+        embed=embed,
+        layers=blocks,
+        norm=tensors[f"{adapter.final_norm}.weight"].float(),
+        lm_head=lm_head,
+        dense_fallbacks=fallbacks,
+    )

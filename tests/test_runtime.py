@@ -1,0 +1,140 @@
+"""The decode runtime on the real default model: agreement with transformers, batched
+decode at ragged lengths, continuous batching, sampling, and the KV-cache schemes."""
+
+import pytest
+import torch
+
+from compress.calib_data import eval_windows, read_texts, token_stream
+from compress.eval.drift import measure_drift
+from compress.model.loading import load_model, resolve
+from compress.runtime import Engine, Request, SamplingParams, load_weights
+from compress.runtime.kv_cache import KVScheme, parse_kv
+from compress.runtime.lm import RuntimeLM
+
+
+@pytest.fixture(scope="module")
+def fp32_weights(default_ckpt):
+    return load_weights(default_ckpt)
+
+
+@pytest.fixture(scope="module")
+def text_ids(tokenizer, wikitext):
+    return eval_windows(token_stream(tokenizer, read_texts(str(wikitext / "test.txt"))), 300, 1)[0]
+
+
+def test_fp32_runtime_matches_transformers(fp32_weights, base_model, text_ids):
+    with torch.no_grad():
+        ref = base_model(input_ids=text_ids[None]).logits[0]
+    got = RuntimeLM(fp32_weights, 512)(text_ids[None]).logits[0]
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-4)
+
+
+@pytest.mark.parametrize("spec", ["rtn:w4g64", "rtn:w4g128sym", "rtn:w8"])
+def test_quantized_runtime_matches_transformers(artifacts, spec, text_ids):
+    ckpt = resolve(str(artifacts[spec]))
+    weights = load_weights(ckpt)
+    assert not weights.dense_fallbacks
+    assert all(
+        lin.kind.startswith("int") for layer in weights.layers for lin in (layer.q, layer.down)
+    )
+    with torch.no_grad():
+        ref = load_model(ckpt)(input_ids=text_ids[None]).logits[0]
+    got = RuntimeLM(weights, 512)(text_ids[None]).logits[0]  # prefill: the exact path
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-4)
+
+
+def test_batched_decode_at_ragged_lengths_matches_prefill(artifacts, text_ids):
+    """Two sequences at different positions decode together; each must follow what a
+    single prefill of its whole text predicts (int8 activations: close, not bit-equal)."""
+    weights = load_weights(resolve(str(artifacts["rtn:w4g64"])))
+    full = RuntimeLM(weights, 512)(text_ids[None]).logits[0]
+    engine = Engine(weights, max_batch=3, max_len=512)
+    engine.model.prefill(text_ids[:100], engine.cache, 0)
+    engine.model.prefill(text_ids[:40], engine.cache, 2)
+    for t in range(8):
+        step = engine.model.decode(
+            torch.stack([text_ids[100 + t], text_ids[40 + t]]), engine.cache, torch.tensor([0, 2])
+        )
+        for row, pos in ((0, 100 + t), (1, 40 + t)):
+            p, q = torch.log_softmax(full[pos], -1), torch.log_softmax(step[row], -1)
+            assert (p.exp() * (p - q)).sum() < 0.02
+            assert step[row].argmax() == full[pos].argmax()
+
+
+def test_continuous_batching_refills_slots_and_matches_single_runs(fp32_weights, text_ids):
+    prompts = [text_ids[:12].tolist(), text_ids[20:30].tolist(), text_ids[40:47].tolist()]
+    lengths = [3, 12, 5]
+    alone = []
+    for p, n in zip(prompts, lengths, strict=True):
+        e = Engine(fp32_weights, max_batch=1, max_len=64)
+        alone.append(e.generate([p], SamplingParams(max_tokens=n, ignore_eos=True))[0].output)
+    engine = Engine(fp32_weights, max_batch=2, max_len=64)
+    reqs = [
+        engine.submit(Request(p, SamplingParams(max_tokens=n, ignore_eos=True)))
+        for p, n in zip(prompts, lengths, strict=True)
+    ]
+    steps = 0
+    started_third = None
+    while not engine.idle:
+        engine.step()
+        steps += 1
+        if started_third is None and reqs[2].output:
+            started_third = steps
+            assert not reqs[1].done  # joined while the long request was still running
+    assert [r.output for r in reqs] == alone
+    assert [r.finish_reason for r in reqs] == ["length"] * 3
+    assert started_third == lengths[0] + 1  # the slot the short request left, at the next step
+
+
+def test_sampling_is_seeded_and_degenerates_to_greedy(fp32_weights, text_ids):
+    engine = Engine(fp32_weights, max_batch=2, max_len=64)
+    prompt = [text_ids[:10].tolist()]
+
+    def run(**kw):
+        return engine.generate(prompt, SamplingParams(max_tokens=8, ignore_eos=True, **kw))[
+            0
+        ].output
+
+    greedy = run()
+    assert run(temperature=1.0, top_k=1, seed=1) == greedy
+    assert run(temperature=1.0, top_p=1e-6, seed=2) == greedy
+    a, b = run(temperature=1.5, seed=7), run(temperature=1.5, seed=7)
+    assert a == b
+    assert any(run(temperature=1.5, seed=s) != a for s in (8, 9, 10))
+
+
+def test_cancel_frees_the_slot_at_once(fp32_weights, text_ids):
+    engine = Engine(fp32_weights, max_batch=1, max_len=64)
+    r1 = engine.submit(Request(text_ids[:5].tolist(), SamplingParams(max_tokens=50)))
+    r2 = engine.submit(Request(text_ids[5:9].tolist(), SamplingParams(max_tokens=2)))
+    engine.step()
+    engine.cancel(r1)
+    assert r1.finish_reason == "cancelled" and engine.free == [0]
+    engine.step()
+    assert r2.output and r2.slot == 0
+
+
+def test_requests_beyond_the_context_are_refused(fp32_weights):
+    engine = Engine(fp32_weights, max_batch=1, max_len=32)
+    with pytest.raises(ValueError, match="exceeds the context of 32 tokens"):
+        engine.submit(Request(list(range(30)), SamplingParams(max_tokens=8)))
+
+
+def test_kv_cache_quantization_drift_and_size(fp32_weights, base_model, tokenizer, wikitext):
+    windows = eval_windows(token_stream(tokenizer, read_texts(str(wikitext / "test.txt"))), 512, 2)
+    models = {
+        name: RuntimeLM(fp32_weights, 512, kv=parse_kv(name)) for name in ("none", "int8", "int4")
+    }
+    drift = measure_drift(base_model, models, windows, progress=False)
+    assert drift["none"].kl < 1e-6
+    assert 0 < drift["int8"].kl < 0.01
+    assert drift["int8"].kl < drift["int4"].kl < 0.5
+    sizes = {n: m.cache.bytes_per_token() for n, m in models.items()}
+    assert sizes["none"] == 2 * 30 * 3 * 64 * 4
+    assert sizes["int8"] < sizes["none"] / 3 and sizes["int4"] < sizes["int8"] * 0.6
+
+
+def test_kv_scheme_round_trips_through_config():
+    scheme = KVScheme(bits=4, group=64)
+    assert KVScheme.from_config(scheme.config()) == scheme
+    assert KVScheme.from_config(None) == KVScheme()
