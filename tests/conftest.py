@@ -4,10 +4,14 @@ artifacts compressed once per session."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in its interpreter, on CPU tensors
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from compress.model.loading import load_model, load_tokenizer, resolve
 from compress.pipeline import compress

@@ -53,7 +53,9 @@ class Engine:
         s = weights.shape
         self.max_len = max_len
         self.model = Model(weights, max_len + 1)
-        self.cache = KVCache(s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv)
+        self.cache = KVCache(
+            s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device
+        )
         self.free = list(range(max_batch))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request

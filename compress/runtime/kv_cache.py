@@ -79,8 +79,13 @@ def _unpack4(packed: torch.Tensor) -> torch.Tensor:
 class KVCache:
     """k/v for `layers` × `slots` sequences of up to `max_len` tokens."""
 
-    def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32):
+    def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32, device="cpu"):
         self.scheme, self.max_len = scheme, max_len
+        with torch.device(device):  # every buffer on `device`
+            self._allocate(layers, slots, kv_heads, max_len, head_dim)
+
+    def _allocate(self, layers, slots, kv_heads, max_len, head_dim):
+        scheme = self.scheme
         self.lengths = torch.zeros(slots, dtype=torch.long)
         dims = (layers, slots, kv_heads)
         if scheme.bits is None:
@@ -141,15 +146,17 @@ class KVCache:
         self.k_min[layer, slot, :, group_index] = kmin
         self.v_scale[layer, slot, :, a:b], self.v_min[layer, slot, :, a:b] = vs, vmin
 
-    def read(self, layer: int, slots: torch.Tensor, length: int):
-        """k, v [len(slots), kv_heads, length, hd] for positions 0..length-1 (positions a
-        slot has not written are garbage; the caller masks them)."""
+    def read(self, layer: int, slots: torch.Tensor, length: int, valid=None):
+        """k, v [len(slots), kv_heads, length, hd] for positions 0..length-1. `valid[j]`:
+        how many tokens slot j has written (default: its recorded length); positions past
+        that are garbage or zeros, and the caller masks them."""
         if self.scheme.bits is None:
             return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
         g = self.scheme.group
+        valid = self.lengths[slots] if valid is None else valid
         ks, vs = [], []
-        for s in slots.tolist():
-            n = min(length, int(self.lengths[s]))
+        for s, count in zip(slots.tolist(), valid.tolist(), strict=True):
+            n = min(length, count)
             done = n // g * g  # quantized prefix; the rest sits in the fp32 residual
             k, v = self._dequant(layer, s, done)
             k = torch.cat((k, self.k_res[layer, s, :, : n - done]), dim=1)

@@ -55,3 +55,31 @@ class QuantLinear:
             xf = x.x if isinstance(x, QuantizedInput) else x
             y = y + xf[:, self.outlier_index] @ self.outlier_weight.T
         return y if self.bias is None else y + self.bias
+
+
+class TritonQuantLinear:
+    """GPU: the weight as the artifact stores it (compressed-tensors packing), dequantized
+    inside a Triton matmul (compress/kernels/triton_matmul.py)."""
+
+    def __init__(self, weight, scale, zero_point, group_size, bits, in_features, bias=None):
+        self.weight, self.scale, self.zero_point = weight, scale.float(), zero_point
+        self.group, self.bits, self.in_features = group_size, bits, in_features
+        self.out_features = weight.shape[0]
+        self.bias = bias
+        self.kind = f"int{bits} g{group_size} (triton)"
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.weight, self.scale] + (
+            [self.zero_point] if self.zero_point is not None else []
+        )
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def __call__(self, x) -> torch.Tensor:
+        from compress.kernels.triton_matmul import dequant_matmul
+
+        x = x.x if isinstance(x, QuantizedInput) else x
+        y = dequant_matmul(
+            x, self.weight, self.scale, self.zero_point, self.group, self.bits, self.in_features
+        )
+        return y if self.bias is None else y + self.bias

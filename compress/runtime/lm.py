@@ -20,7 +20,7 @@ class RuntimeLM:
 
         s = weights.shape
         self.model = Model(weights, max_len + 1)
-        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv)
+        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
 
     def __call__(self, input_ids: torch.Tensor):

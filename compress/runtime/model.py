@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import quantize_input
+from compress.kernels.cpu import EXACT_ABOVE, quantize_input
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights
 
@@ -18,10 +18,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 class Rope:
     """cos/sin tables for every position, rotate-half convention (as transformers' llama)."""
 
-    def __init__(self, head_dim: int, theta: float, max_len: int):
+    def __init__(self, head_dim: int, theta: float, max_len: int, device="cpu"):
         inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)
-        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+        self.cos, self.sin = angles.cos().float().to(device), angles.sin().float().to(device)
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd] at positions [T]."""
@@ -36,8 +36,8 @@ def _mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _shared(x: torch.Tensor):
-    """Quantize a decode-sized input once for every packed linear that reads it."""
-    return quantize_input(x) if x.shape[0] <= 64 else x
+    """Quantize a decode-sized input once for every packed CPU linear that reads it."""
+    return quantize_input(x) if x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu" else x
 
 
 def _qkv(layer: Layer, h: torch.Tensor, w: ModelWeights, rope: Rope, positions: torch.Tensor):
@@ -64,7 +64,8 @@ def _decode_attention(q, keys, values, mask):
 class Model:
     def __init__(self, weights: ModelWeights, max_len: int):
         self.w = weights
-        self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len)
+        self.device = weights.embed.device
+        self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len, self.device)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.w.lm_head(_shared(rms_norm(h, self.w.norm, self.w.shape.eps)))
@@ -75,10 +76,12 @@ class Model:
         cached; their k/v join the cache. The chunk attends to the cached prefix (as stored,
         quantized or not) and to its own keys in full precision."""
         s, t = self.w.shape, tokens.shape[0]
-        positions = torch.arange(start, start + t)
+        dev = self.device
+        tokens = tokens.to(dev)
+        positions = torch.arange(start, start + t, device=dev)
         h = self.w.embed[tokens].float()
-        causal = torch.ones(t, start + t, dtype=torch.bool).tril(start)
-        slots = torch.tensor([slot])
+        causal = torch.ones(t, start + t, dtype=torch.bool, device=dev).tril(start)
+        slots = torch.tensor([slot], device=dev)
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions)
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, hd]
@@ -101,21 +104,29 @@ class Model:
         """One step: logits [B, vocab] for the next token of each sequence in `slots`, whose
         last tokens are `tokens` [B]."""
         s, b = self.w.shape, tokens.shape[0]
+        tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
-        longest = int(positions.max())
-        # cached positions a sequence has not reached are masked; its new key comes last
-        seen = torch.arange(longest + 1)[None] < positions[:, None]
-        seen[:, longest] = True
-        mask = seen[:, None, None, :]  # [B, 1, 1, longest+1]
+        attend = _triton_attention if self.device.type == "cuda" else _torch_attention
         h = self.w.embed[tokens].float()
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions)
-            pk, pv = cache.read(i, slots, longest)
-            keys = torch.cat((pk, k[:, :, None]), 2)  # [B, kv_heads, longest+1, hd]
-            values = torch.cat((pv, v[:, :, None]), 2)
-            cache.write_tokens(i, slots, positions, k, v)
-            att = _decode_attention(q, keys, values, mask)
+            cache.write_tokens(i, slots, positions, k, v)  # then attend to 0..position
+            att = attend(q, cache, i, slots, positions + 1)
             h = h + layer.o(att.reshape(b, s.heads * s.head_dim))
             h = h + _mlp(layer, h, s.eps)
         cache.lengths[slots] += 1
         return self._logits(h)
+
+
+def _torch_attention(q, cache: KVCache, layer: int, slots, lengths):
+    """CPU: read (and dequantize) each sequence's cache, mask past its length."""
+    longest = int(lengths.max())
+    keys, values = cache.read(layer, slots, longest, lengths)
+    mask = (torch.arange(longest, device=q.device)[None] < lengths[:, None])[:, None, None, :]
+    return _decode_attention(q, keys, values, mask)
+
+
+def _triton_attention(q, cache: KVCache, layer: int, slots, lengths):
+    from compress.kernels.triton_attention import decode_attention
+
+    return decode_attention(q, cache, layer, slots, lengths)

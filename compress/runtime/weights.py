@@ -18,7 +18,8 @@ from compress.errors import LlmpressError
 from compress.kernels.cpu import PackedLinear
 from compress.model.adapters import adapter_for
 from compress.model.loading import Checkpoint, read_tensors
-from compress.runtime.linears import DenseLinear, QuantLinear
+from compress.quantizers.scheme import dequantize
+from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear
 
 
 @dataclass(frozen=True)
@@ -96,12 +97,42 @@ class ModelWeights:
         yield self.norm
 
 
-def _linear(prefix, tensors, layers, fallbacks):
+def _triton_linear(prefix, tensors, args, fmt, bias, device):
+    """GPU path: the stored tensors themselves, moved to the device."""
+    from compress.artifact.ct_format import PACKED
+    from compress.quantizers.packing import unpack
+
+    if f"{prefix}.weight_outlier_index" in tensors:
+        return None  # outlier columns: the dense path below keeps them exact
+    bits = args["num_bits"]
+    scale = tensors[f"{prefix}.weight_scale"]
+    zp = tensors.get(f"{prefix}.weight_zero_point")
+    if fmt == PACKED:
+        if bits != 4:
+            return None
+        weight = tensors[f"{prefix}.weight_packed"]
+        in_features = int(tensors[f"{prefix}.weight_shape"][1])
+        if zp is not None:
+            zp = unpack(zp, bits, (weight.shape[0], scale.shape[1]), dim=0)
+    else:
+        weight = tensors[f"{prefix}.weight"]
+        in_features = weight.shape[1]
+    group = args.get("group_size") or in_features
+    on = (weight, scale, zp, bias)
+    weight, scale, zp, bias = (None if t is None else t.to(device) for t in on)
+    return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias)
+
+
+def _linear(prefix, tensors, layers, fallbacks, device="cpu"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
     if prefix not in layers:
-        return DenseLinear(tensors[f"{prefix}.weight"], bias)
+        return DenseLinear(tensors[f"{prefix}.weight"].to(device), bias)
     args, fmt = layers[prefix]
+    if torch.device(device).type == "cuda" and fmt != AWQ_GEMM:
+        lin = _triton_linear(prefix, tensors, args, fmt, bias, device)
+        if lin is not None:
+            return lin
     if fmt == AWQ_GEMM:
         q, scale, zp, group = awq_codes(prefix, tensors, args["group_size"])
         bits = 4
@@ -115,20 +146,23 @@ def _linear(prefix, tensors, layers, fallbacks):
     try:
         if bits not in (4, 8):
             raise ValueError(f"{bits}-bit")
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"no {device} kernel for this layout")
         packed = PackedLinear(q, scale, zp, group, bits)
     except ValueError as e:
         fallbacks.append(f"{prefix} ({e})")
-        from compress.quantizers.scheme import dequantize
-
         w = dequantize(q, scale, zp, group)
         if index is not None:
             w[:, index.long()] = tensors[f"{prefix}.weight_outlier"].float()
-        return DenseLinear(w, bias)
+        return DenseLinear(w.to(device), None if bias is None else bias.to(device))
     outlier = tensors.get(f"{prefix}.weight_outlier")
     return QuantLinear(packed, bias, index, outlier)
 
 
-def load_weights(ckpt: Checkpoint) -> ModelWeights:
+def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
+    """`device`: "cpu" (packed C kernels) or "cuda" (Triton kernels); default: cuda when
+    available. The runtime's model, cache and engine follow the embedding's device."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     adapter = adapter_for(ckpt.config)
     shape = ModelShape.of(ckpt.config)
     tensors = read_tensors(ckpt)
@@ -139,26 +173,26 @@ def load_weights(ckpt: Checkpoint) -> ModelWeights:
         p = adapter.block_prefix(i)
 
         def lin(name, p=p):
-            return _linear(f"{p}.{name}", tensors, layers, fallbacks)
+            return _linear(f"{p}.{name}", tensors, layers, fallbacks, device)
 
         blocks.append(
             Layer(
-                attn_norm=tensors[f"{p}.{adapter.attn_norm}.weight"].float(),
-                mlp_norm=tensors[f"{p}.{adapter.mlp_norm}.weight"].float(),
+                attn_norm=tensors[f"{p}.{adapter.attn_norm}.weight"].float().to(device),
+                mlp_norm=tensors[f"{p}.{adapter.mlp_norm}.weight"].float().to(device),
                 **{k: lin(getattr(adapter, k)) for k in ("q", "k", "v", "o", "gate", "up", "down")},
             )
         )
-    embed = tensors[f"{adapter.embed}.weight"]
+    embed = tensors[f"{adapter.embed}.weight"].to(device)
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
-        lm_head = _linear(head, tensors, layers, fallbacks)
+        lm_head = _linear(head, tensors, layers, fallbacks, device)
     else:  # tied: the embedding matrix is the output projection
         lm_head = DenseLinear(embed)
     return ModelWeights(
         shape=shape,
         embed=embed,
         layers=blocks,
-        norm=tensors[f"{adapter.final_norm}.weight"].float(),
+        norm=tensors[f"{adapter.final_norm}.weight"].float().to(device),
         lm_head=lm_head,
         dense_fallbacks=fallbacks,
     )

@@ -1,0 +1,162 @@
+"""Triton decode attention over the runtime's KV cache, reading int8 / int4 keys and values
+as stored (KIVI layout, see compress/runtime/kv_cache.py) or fp32.
+
+One program per (sequence, query head). It walks the sequence's quantized groups of
+GROUP tokens — keys dequantized with their group's per-channel scale and minimum, values
+with their per-token scale and minimum — then the fp32 residual of the latest tokens,
+with an online softmax (running max and sum), so no score vector is ever materialized.
+Bytes read per step and head: L·D·bits/8 for each of k and v, plus the scales.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _load_codes(ptr, rows, cols, row_stride, mask, BITS: tl.constexpr):
+    if BITS == 4:  # two codes per byte along the head dimension, even one in the low nibble
+        byte = tl.load(ptr + rows[:, None] * row_stride + cols[None, :] // 2, mask=mask, other=0)
+        return ((byte >> ((cols[None, :] % 2) * 4)) & 0xF).to(tl.float32)
+    return tl.load(ptr + rows[:, None] * row_stride + cols[None, :], mask=mask, other=0).to(
+        tl.float32
+    )
+
+
+@triton.jit
+def _decode_attention(
+    q_ptr,
+    o_ptr,
+    slot_ptr,
+    len_ptr,
+    kq_ptr,
+    vq_ptr,
+    ks_ptr,
+    km_ptr,
+    vs_ptr,
+    vm_ptr,
+    kr_ptr,
+    vr_ptr,
+    s_slot_q,  # strides of the code tensors [slots, kv_heads, cap, D/pb]: slot, head, row
+    s_head_q,
+    s_row_q,
+    s_slot_ks,  # key scales [slots, kv_heads, groups, 1, D]
+    s_head_ks,
+    s_slot_vs,  # value scales [slots, kv_heads, cap, 1]
+    s_head_vs,
+    s_slot_r,  # residual [slots, kv_heads, rows, D]
+    s_head_r,
+    H,
+    REP,
+    sm_scale,
+    D: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    g = h // REP
+    slot = tl.load(slot_ptr + b)
+    length = tl.load(len_ptr + b)  # tokens to attend to, the current one included
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (b * H + h) * D + d).to(tl.float32)
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros((D,), dtype=tl.float32)
+    rows = tl.arange(0, GROUP)
+    done = 0
+    if BITS != 0:
+        done = (length // GROUP) * GROUP
+        kq = kq_ptr + slot * s_slot_q + g * s_head_q
+        vq = vq_ptr + slot * s_slot_q + g * s_head_q
+        for start in range(0, done, GROUP):
+            r = start + rows
+            mask = (r[:, None] < done) & (d[None, :] < D)
+            ks_base = slot * s_slot_ks + g * s_head_ks + (start // GROUP) * D
+            kscale = tl.load(ks_ptr + ks_base + d)
+            kmin = tl.load(km_ptr + ks_base + d)
+            k = _load_codes(kq, r, d, s_row_q, mask, BITS) * kscale[None, :] + kmin[None, :]
+            vs_base = slot * s_slot_vs + g * s_head_vs
+            vscale = tl.load(vs_ptr + vs_base + r, mask=r < done, other=0.0)
+            vmin = tl.load(vm_ptr + vs_base + r, mask=r < done, other=0.0)
+            v = _load_codes(vq, r, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
+            s = tl.sum(k * q[None, :], axis=1) * sm_scale
+            s = tl.where(r < done, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=0))
+            p = tl.exp(s - m_new)
+            alpha = tl.exp(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=0)
+            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+            m_i = m_new
+    kr = kr_ptr + slot * s_slot_r + g * s_head_r
+    vr = vr_ptr + slot * s_slot_r + g * s_head_r
+    for start in range(0, length - done, GROUP):  # full-precision tokens
+        r = start + rows
+        valid = r < length - done
+        mask = valid[:, None] & (d[None, :] < D)
+        k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
+        v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
+        s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=0))
+        p = tl.exp(s - m_new)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
+
+
+def decode_attention(
+    q: torch.Tensor, cache, layer: int, slots: torch.Tensor, lengths: torch.Tensor
+):
+    """o [B, H, D] for queries q [B, H, D] of sequences in cache `slots`, each attending to
+    its first `lengths[b]` cached tokens (its current token already written)."""
+    b, heads, dim = q.shape
+    q = q.contiguous().float()
+    out = torch.empty_like(q)
+    slots = slots.to(torch.int32).contiguous()
+    lengths = lengths.to(torch.int32).contiguous()
+    bits = cache.scheme.bits or 0
+    if bits:
+        kq, vq = cache.kq[layer], cache.vq[layer]
+        ks, km = cache.k_scale[layer], cache.k_min[layer]
+        vs, vm = cache.v_scale[layer], cache.v_min[layer]
+        kr, vr = cache.k_res[layer], cache.v_res[layer]
+        group = cache.scheme.group
+    else:  # fp32: the whole cache is "residual"; the code pointers are never read
+        kr, vr = cache.k[layer], cache.v[layer]
+        kq = vq = ks = km = vs = vm = kr
+        group = 32
+    kv_heads = kr.shape[1]
+    _decode_attention[(b, heads)](
+        q,
+        out,
+        slots,
+        lengths,
+        kq,
+        vq,
+        ks,
+        km,
+        vs,
+        vm,
+        kr,
+        vr,
+        kq.stride(0),
+        kq.stride(1),
+        kq.stride(2),
+        ks.stride(0),
+        ks.stride(1),
+        vs.stride(0),
+        vs.stride(1),
+        kr.stride(0),
+        kr.stride(1),
+        heads,
+        heads // kv_heads,
+        dim**-0.5,
+        D=dim,
+        BITS=bits,
+        GROUP=group,
+    )
+    return out
