@@ -34,9 +34,7 @@ def test_quantized_runtime_matches_transformers(artifacts, spec, text_ids):
     ckpt = resolve(str(artifacts[spec]))
     weights = load_weights(ckpt)
     assert not weights.dense_fallbacks
-    assert all(
-        lin.kind.startswith("int") for layer in weights.layers for lin in (layer.q, layer.down)
-    )
+    assert all(lin.kind.startswith("int") for layer in weights.layers for lin in layer.linears())
     with torch.no_grad():
         ref = load_model(ckpt)(input_ids=text_ids[None]).logits[0]
     got = RuntimeLM(weights, 512)(text_ids[None]).logits[0]  # prefill: the exact path

@@ -85,6 +85,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
     for name in ("llmp_dequant_q4", "llmp_dequant_q8"):
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p]
+    f = ctypes.c_float
+    lib.llmp_rmsnorm_quant.argtypes = [p, p, f, i, i, i, p, p, p, p]
+    lib.llmp_silu_mul_quant.argtypes = [p, i, i, i, p, p, p, p]
+    lib.llmp_rope.argtypes = [p, p, p, p, i, i, i]
+    lib.llmp_decode_attention_f32.argtypes = [p, p, p, p, p, i, p, p, i, i, i, i, p]
     lib.llmp_set_threads.argtypes = [i]
-    for name in ("llmp_quantize_rows", "llmp_gemm_q4", "llmp_gemm_q8", "llmp_set_threads"):
+    for name in (
+        "llmp_quantize_rows",
+        "llmp_gemm_q4",
+        "llmp_gemm_q8",
+        "llmp_set_threads",
+        "llmp_rmsnorm_quant",
+        "llmp_silu_mul_quant",
+    ):
         getattr(lib, name).restype = None

@@ -49,6 +49,68 @@ def quantize_input(x: torch.Tensor, multiple: int = 32) -> QuantizedInput:
     return QuantizedInput(x, x8, dx, bsum)
 
 
+def _quantized_buffers(m: int, kp: int):
+    return (
+        torch.empty(m, kp),
+        torch.empty(m, kp, dtype=torch.int8),
+        torch.empty(m, kp // 32),
+        torch.empty(m, kp // 32),
+    )
+
+
+def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> QuantizedInput:
+    """rms_norm(x) * weight, in fp32 and quantized for the packed linears, in one call."""
+    x = x.contiguous()
+    m, k = x.shape
+    kp = math.ceil(k / 32) * 32
+    out, x8, dx, bsum = _quantized_buffers(m, kp)
+    library().llmp_rmsnorm_quant(
+        _ptr(x), _ptr(weight), eps, m, k, kp, _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
+    )
+    return QuantizedInput(out[:, :k], x8, dx, bsum)
+
+
+def silu_mul_quantized(gate_up: torch.Tensor) -> QuantizedInput:
+    """silu(gate) * up from the fused [gate | up] output, quantized, in one call."""
+    gate_up = gate_up.contiguous()
+    m, two_i = gate_up.shape
+    i = two_i // 2
+    ip = math.ceil(i / 32) * 32
+    out, x8, dx, bsum = _quantized_buffers(m, ip)
+    library().llmp_silu_mul_quant(
+        _ptr(gate_up), m, i, ip, _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
+    )
+    return QuantizedInput(out[:, :i], x8, dx, bsum)
+
+
+def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotary embedding of x [T, heads, D] (contiguous fp32) in place."""
+    t, heads, d = x.shape
+    lib = library()
+    lib.llmp_rope(_ptr(x), _ptr(positions), _ptr(cos), _ptr(sin), t, heads, d)
+    return x
+
+
+def decode_attention_f32(q, k, v, k_cache, v_cache, slots, positions) -> torch.Tensor:
+    """Write k/v [B, kv_heads, D] into one layer's fp32 cache [slots, kv_heads, cap, D] at
+    `positions`, then attend q [B, heads, D] over 0..position of each sequence."""
+    b, heads, d = q.shape
+    kv_heads, cap = k_cache.shape[1], k_cache.shape[2]
+    out = torch.empty_like(q)
+    library().llmp_decode_attention_f32(
+        *(_ptr(t) for t in (q, k, v, k_cache, v_cache)),
+        cap,
+        _ptr(slots),
+        _ptr(positions),
+        b,
+        heads,
+        kv_heads,
+        d,
+        _ptr(out),
+    )
+    return out
+
+
 class PackedLinear:
     """A b-bit (4 or 8) weight kept packed: w = q * scale - zs per (row, group)."""
 
@@ -75,6 +137,25 @@ class PackedLinear:
             self.packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
         else:
             self.packed = codes.to(torch.int8).contiguous()
+
+    @classmethod
+    def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
+        """One linear whose output rows are those of `parts` in order (same input width, bits
+        and group): q/k/v, or gate/up, become one kernel call."""
+        first = parts[0]
+        if any((p.bits, p.group, p.kp) != (first.bits, first.group, first.kp) for p in parts):
+            raise ValueError("only linears of one layout can be fused")
+        fused = cls.__new__(cls)
+        fused.bits, fused.in_features, fused.group, fused.kp = (
+            first.bits,
+            first.in_features,
+            first.group,
+            first.kp,
+        )
+        fused.out_features = sum(p.out_features for p in parts)
+        for name in ("packed", "scale", "zs"):
+            setattr(fused, name, torch.cat([getattr(p, name) for p in parts]).contiguous())
+        return fused
 
     @property
     def nbytes(self) -> int:

@@ -83,3 +83,40 @@ class TritonQuantLinear:
             x, self.weight, self.scale, self.zero_point, self.group, self.bits, self.in_features
         )
         return y if self.bias is None else y + self.bias
+
+
+class ConcatLinear:
+    """Several linears reading one input, their outputs side by side (a layout that the
+    fused kernels cannot take: mixed formats, outlier columns, biases)."""
+
+    def __init__(self, parts):
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+        self.kind = " | ".join(p.kind for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def __call__(self, x) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def fuse(parts):
+    """One linear for `parts` that read the same input, as fast as their layouts allow."""
+    plain = all(
+        isinstance(p, QuantLinear) and p.outlier_index is None and p.bias is None for p in parts
+    )
+    if plain and len({(p.packed.bits, p.packed.group, p.packed.kp) for p in parts}) == 1:
+        return QuantLinear(PackedLinear.concat([p.packed for p in parts]))
+    dense = all(isinstance(p, DenseLinear) for p in parts)
+    if dense and len({p.weight.dtype for p in parts}) == 1:
+        bias = None
+        if any(p.bias is not None for p in parts):
+            zeros = [p.weight.new_zeros(p.out_features, dtype=torch.float32) for p in parts]
+            bias = torch.cat(
+                [p.bias if p.bias is not None else z for p, z in zip(parts, zeros, strict=True)]
+            )
+        return DenseLinear(torch.cat([p.weight for p in parts]), bias)
+    return ConcatLinear(parts)

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import EXACT_ABOVE, quantize_input
+from compress.kernels.cpu import (
+    EXACT_ABOVE,
+    decode_attention_f32,
+    rms_norm_quantized,
+    rope_,
+    silu_mul_quantized,
+)
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights
 
@@ -25,29 +31,37 @@ class Rope:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd] at positions [T]."""
+        if x.device.type == "cpu":
+            return rope_(x.contiguous(), positions.contiguous(), self.cos, self.sin)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float):
+    """rms_norm, quantized in the same pass for the packed CPU linears at decode sizes."""
+    if x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu":
+        return rms_norm_quantized(x, weight, eps)
+    return rms_norm(x, weight, eps)
+
+
 def _mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
-    x = _shared(rms_norm(h, layer.mlp_norm, eps))
-    return layer.down(torch.nn.functional.silu(layer.gate(x)) * layer.up(x))
-
-
-def _shared(x: torch.Tensor):
-    """Quantize a decode-sized input once for every packed CPU linear that reads it."""
-    return quantize_input(x) if x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu" else x
+    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, eps))
+    if gate_up.shape[0] <= EXACT_ABOVE and gate_up.device.type == "cpu":
+        return layer.down(silu_mul_quantized(gate_up))
+    gate, up = gate_up.chunk(2, dim=-1)
+    return layer.down(torch.nn.functional.silu(gate) * up)
 
 
 def _qkv(layer: Layer, h: torch.Tensor, w: ModelWeights, rope: Rope, positions: torch.Tensor):
     s = w.shape
-    x = _shared(rms_norm(h, layer.attn_norm, s.eps))
     t = h.shape[0]
-    q = rope(layer.q(x).view(t, s.heads, s.head_dim), positions)
-    k = rope(layer.k(x).view(t, s.kv_heads, s.head_dim), positions)
-    v = layer.v(x).view(t, s.kv_heads, s.head_dim)
-    return q, k, v
+    qkv = layer.qkv(_norm(h, layer.attn_norm, s.eps))
+    kv = s.kv_heads * s.head_dim
+    q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
+    q = rope(q.reshape(t, s.heads, s.head_dim), positions)
+    k = rope(k.reshape(t, s.kv_heads, s.head_dim), positions)
+    return q, k, v.reshape(t, s.kv_heads, s.head_dim)
 
 
 def _decode_attention(q, keys, values, mask):
@@ -68,7 +82,7 @@ class Model:
         self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len, self.device)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.w.lm_head(_shared(rms_norm(h, self.w.norm, self.w.shape.eps)))
+        return self.w.lm_head(_norm(h, self.w.norm, self.w.shape.eps))
 
     @torch.inference_mode()
     def prefill(self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int = 0):
@@ -106,12 +120,18 @@ class Model:
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
+        fused = self.device.type == "cpu" and cache.scheme.bits is None
         attend = _triton_attention if self.device.type == "cuda" else _torch_attention
         h = self.w.embed[tokens].float()
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions)
-            cache.write_tokens(i, slots, positions, k, v)  # then attend to 0..position
-            att = attend(q, cache, i, slots, positions + 1)
+            if fused:  # one C call: write k/v, attend (compress/kernels/cpu/qgemm.c)
+                att = decode_attention_f32(
+                    q, k, v.contiguous(), cache.k[i], cache.v[i], slots, positions
+                )
+            else:
+                cache.write_tokens(i, slots, positions, k, v)  # then attend to 0..position
+                att = attend(q, cache, i, slots, positions + 1)
             h = h + layer.o(att.reshape(b, s.heads * s.head_dim))
             h = h + _mlp(layer, h, s.eps)
         cache.lengths[slots] += 1

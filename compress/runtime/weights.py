@@ -19,7 +19,7 @@ from compress.kernels.cpu import PackedLinear
 from compress.model.adapters import adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.quantizers.scheme import dequantize
-from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear
+from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear, fuse
 
 
 @dataclass(frozen=True)
@@ -59,15 +59,17 @@ class ModelShape:
 
 @dataclass
 class Layer:
+    """One block; q/k/v and gate/up are fused into one linear each (one kernel call)."""
+
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
-    q: object
-    k: object
-    v: object
+    qkv: object
     o: object
-    gate: object
-    up: object
+    gate_up: object
     down: object
+
+    def linears(self):
+        return (self.qkv, self.o, self.gate_up, self.down)
 
 
 @dataclass
@@ -81,7 +83,7 @@ class ModelWeights:
 
     def linears(self):
         for layer in self.layers:
-            yield from (layer.q, layer.k, layer.v, layer.o, layer.gate, layer.up, layer.down)
+            yield from layer.linears()
         yield self.lm_head
 
     @property
@@ -179,7 +181,10 @@ def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
             Layer(
                 attn_norm=tensors[f"{p}.{adapter.attn_norm}.weight"].float().to(device),
                 mlp_norm=tensors[f"{p}.{adapter.mlp_norm}.weight"].float().to(device),
-                **{k: lin(getattr(adapter, k)) for k in ("q", "k", "v", "o", "gate", "up", "down")},
+                qkv=fuse([lin(adapter.q), lin(adapter.k), lin(adapter.v)]),
+                o=lin(adapter.o),
+                gate_up=fuse([lin(adapter.gate), lin(adapter.up)]),
+                down=lin(adapter.down),
             )
         )
     embed = tensors[f"{adapter.embed}.weight"].to(device)

@@ -212,3 +212,112 @@ void llmp_set_threads(int n) {
 #endif
     (void)n;
 }
+
+/* Fused elementwise steps of a decode layer: one call each instead of several torch ops,
+ * whose per-op overhead dominates a 135M-parameter model's decode step. */
+
+static void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs) {
+    for (int b = 0; b < K / 32; b++) {
+        const float *xb = xr + b * 32;
+        float amax = 0.f;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
+        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            int v = (int)lrintf(xb[k] * inv);
+            qr[b * 32 + k] = (int8_t)v;
+            sum += v;
+        }
+        dr[b] = d;
+        bs[b] = d * (float)sum;
+    }
+}
+
+/* out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w, written to `out` [M, Kp] (zero padded to
+ * Kp) and quantized into x8/dx/bsum. */
+void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K, int Kp,
+                        float *out, int8_t *x8, float *dx, float *bsum) {
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * K;
+        float *o = out + (int64_t)m * Kp;
+        double ss = 0.0;
+        for (int k = 0; k < K; k++) ss += (double)xr[k] * xr[k];
+        float r = 1.f / sqrtf((float)(ss / K) + eps);
+        for (int k = 0; k < K; k++) o[k] = xr[k] * r * w[k];
+        for (int k = K; k < Kp; k++) o[k] = 0.f;
+        quantize_row(o, Kp, x8 + (int64_t)m * Kp, dx + (int64_t)m * (Kp / 32), bsum + (int64_t)m * (Kp / 32));
+    }
+}
+
+/* gu [M, 2I] = [gate | up] -> out [M, Ip] = silu(gate) * up (zero padded), quantized. */
+void llmp_silu_mul_quant(const float *gu, int M, int I, int Ip, float *out, int8_t *x8,
+                         float *dx, float *bsum) {
+    for (int m = 0; m < M; m++) {
+        const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
+        float *o = out + (int64_t)m * Ip;
+        for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        for (int i = I; i < Ip; i++) o[i] = 0.f;
+        quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
+    }
+}
+
+/* Rotary embedding in place, rotate-half convention: x [T, heads, D] at positions [T];
+ * cos/sin tables [max_len, D/2]. */
+void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t,
+               int T, int heads, int D) {
+    int half = D / 2;
+    for (int t = 0; t < T; t++) {
+        const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((int64_t)t * heads + h) * D;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* One decode step of attention over an fp32 cache [slots, kv_heads, cap, D] (one layer):
+ * writes each sequence's new k/v [B, kv_heads, D] at its position, then attends its query
+ * heads q [B, heads, D] over positions 0..position. out [B, heads, D]. */
+void llmp_decode_attention_f32(const float *q, const float *knew, const float *vnew,
+                               float *kc, float *vc, int cap, const int64_t *slots,
+                               const int64_t *positions, int B, int H, int KVH, int D,
+                               float *out) {
+    int rep = H / KVH;
+    float scale = 1.f / sqrtf((float)D);
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < KVH; g++) {
+            int64_t base = (slots[b] * KVH + g) * (int64_t)cap * D;
+            memcpy(kc + base + positions[b] * D, knew + ((int64_t)b * KVH + g) * D, D * sizeof(float));
+            memcpy(vc + base + positions[b] * D, vnew + ((int64_t)b * KVH + g) * D, D * sizeof(float));
+        }
+    #pragma omp parallel for schedule(static) collapse(2) if (B * H > 1)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            int g = h / rep, L = (int)positions[b] + 1;
+            int64_t base = (slots[b] * KVH + g) * (int64_t)cap * D;
+            const float *qh = q + ((int64_t)b * H + h) * D;
+            float *o = out + ((int64_t)b * H + h) * D;
+            float m = -INFINITY, l = 0.f;
+            for (int d = 0; d < D; d++) o[d] = 0.f;
+            for (int t = 0; t < L; t++) {
+                const float *kt = kc + base + (int64_t)t * D, *vt = vc + base + (int64_t)t * D;
+                float s = 0.f;
+                for (int d = 0; d < D; d++) s += qh[d] * kt[d];
+                s *= scale;
+                if (s > m) {  /* rescale what was accumulated under the old maximum */
+                    float a = expf(m - s);
+                    l *= a;
+                    for (int d = 0; d < D; d++) o[d] *= a;
+                    m = s;
+                }
+                float p = expf(s - m);
+                l += p;
+                for (int d = 0; d < D; d++) o[d] += p * vt[d];
+            }
+            for (int d = 0; d < D; d++) o[d] /= l;
+        }
+}
