@@ -61,6 +61,7 @@ def cli() -> None:
     help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
 )
 @click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")
+@click.option("--kv", "kv_cache", help="KV-cache scheme for the runtime: int8, int4 (KIVI).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 def compress(
     model,
@@ -75,6 +76,7 @@ def compress(
     ignore,
     export,
     lm_head,
+    kv_cache,
     overwrite,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
@@ -101,6 +103,8 @@ def compress(
         data["export"] = export
     if lm_head:
         data["lm_head"] = lm_head
+    if kv_cache:
+        data["kv_cache"] = kv_cache
     if ignore:
         data["ignore"] = [*(data.get("ignore") or []), *ignore]
     recipe = parse_recipe(data)
@@ -199,8 +203,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
     set_threads(torch.get_num_threads())
     ckpt = resolve(artifact)
     weights = load_weights(ckpt)
-    qc = ckpt.config.get("quantization_config") or {}
-    scheme = parse_kv(kv) if kv else KVScheme.from_config(qc.get("kv_cache_scheme"))
+    scheme = parse_kv(kv) if kv else KVScheme.of_artifact(ckpt.config)
     for note in weights.dense_fallbacks:
         click.echo(f"note: runs dense: {note}")
     record = run_bench(weights, sizes, prompt_len, output_len, scheme, log=click.echo)

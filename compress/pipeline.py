@@ -94,7 +94,12 @@ def compress(
     schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
     preflight_export(recipe.export, ws, schemes)
     ws.tokenizer = load_tokenizer(ckpt)
-    writer = ArtifactWriter(ws, output, recipe.export, overwrite)
+    extra = {}
+    if recipe.kv_cache:
+        from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
+
+        extra[CONFIG_KEY] = parse_kv(recipe.kv_cache).config()
+    writer = ArtifactWriter(ws, output, recipe.export, overwrite, extra)
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}"

@@ -8,6 +8,7 @@ YAML form:
     ignore: ["*.down_proj"]      # globs or re:REGEX on module names
     lm_head: w8                  # also quantize the output projection (RTN; w8, w4g64...);
                                  # a tied embedding is then stored untied, in full
+    kv_cache: int8               # KV-cache scheme the runtime uses (KIVI int8 / int4)
     dtype: auto                  # storage dtype of unquantized tensors and scales
     export: auto                 # compressed-tensors (+ int8 outlier columns, if kept);
                                  # compressed-tensors: exactly, nothing extra;
@@ -62,6 +63,7 @@ class Recipe:
     dtype: str = "auto"
     export: str = "auto"
     lm_head: str | None = None  # e.g. "w8" or "w4g64": RTN-quantize the output projection
+    kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
 
     def lm_head_scheme(self):
         """The lm_head's QuantScheme, or None to keep it as stored."""
@@ -86,6 +88,7 @@ class Recipe:
             "dtype": self.dtype,
             "export": self.export,
             "lm_head": self.lm_head,
+            "kv_cache": self.kv_cache,
         }
 
     def label(self) -> str:
@@ -141,7 +144,7 @@ def build_config(config_type: type, params: Any, where: str):
 def parse_recipe(data: Any) -> Recipe:
     if not isinstance(data, dict):
         raise LlmpressError("recipe: expected a mapping with a `stages` list")
-    allowed = ("stages", "calib", "ignore", "dtype", "export", "lm_head")
+    allowed = ("stages", "calib", "ignore", "dtype", "export", "lm_head", "kv_cache")
     for key in data:
         if key not in allowed:
             raise LlmpressError(
@@ -188,7 +191,12 @@ def parse_recipe(data: Any) -> Recipe:
         dtype=dtype,
         export=export,
         lm_head=None if lm_head is None else str(lm_head),
+        kv_cache=None if data.get("kv_cache") is None else str(data["kv_cache"]),
     )
+    if recipe.kv_cache is not None:
+        from compress.runtime.kv_cache import parse_kv
+
+        parse_kv(recipe.kv_cache)
     try:
         recipe.lm_head_scheme()
     except LlmpressError as e:

@@ -70,8 +70,8 @@ def _to_meta(qw: QuantizedWeight) -> None:
             setattr(qw, field, t.to("meta"))
 
 
-def artifact_config(ws: Workspace, export: str) -> dict:
-    config = dict(ws.config)
+def artifact_config(ws: Workspace, export: str, extra: dict | None = None) -> dict:
+    config = {**ws.config, **(extra or {})}
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
     unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in ws.quantized]
     if ws.quantized and export == "awq-gemm":
@@ -101,8 +101,16 @@ class ArtifactWriter:
     was.
     """
 
-    def __init__(self, ws: Workspace, out: Path, export: str, overwrite: bool = False):
+    def __init__(
+        self,
+        ws: Workspace,
+        out: Path,
+        export: str,
+        overwrite: bool = False,
+        extra_config: dict | None = None,
+    ):
         self.ws, self.out, self.export = ws, Path(out), export
+        self.extra_config = extra_config
         check_output(self.out, overwrite)
         needed = sum(f.stat().st_size for f in ws.store.ckpt.files) + (64 << 20)
         free = shutil.disk_usage(self.out.parent).free
@@ -162,7 +170,7 @@ class ArtifactWriter:
         with self._disk_errors():
             merge(self.parts, self.tmp, SHARD_BYTES)
             shutil.rmtree(self.parts_dir)
-            config = artifact_config(ws, self.export)
+            config = artifact_config(ws, self.export, self.extra_config)
             (self.tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
             if ws.tokenizer is not None:
                 ws.tokenizer.save_pretrained(str(self.tmp))

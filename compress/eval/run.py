@@ -40,8 +40,7 @@ def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
     from compress.runtime.lm import RuntimeLM
     from compress.runtime.weights import load_weights
 
-    qc = ckpt.config.get("quantization_config") or {}
-    scheme = parse_kv(kv) if kv else KVScheme.from_config(qc.get("kv_cache_scheme"))
+    scheme = parse_kv(kv) if kv else KVScheme.of_artifact(ckpt.config)
     return RuntimeLM(load_weights(ckpt), max_len=ctx, kv=scheme)
 
 
@@ -60,7 +59,7 @@ def evaluate(
     """Drift of `artifact` against its original. `engine`: "runtime" runs the artifact
     through llmpress's own decode runtime (the kernels that serve it); "transformers" loads
     it as a transformers model. `kv`: KV-cache scheme for the runtime ("int8", "int4",
-    "none"; default: the artifact's own `kv_cache_scheme`)."""
+    "none"; default: the artifact's own, see kv_cache.py)."""
     cand_ckpt = resolve(artifact)
     manifest = read_manifest(cand_ckpt.path)
     if base is None:

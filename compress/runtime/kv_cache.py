@@ -27,7 +27,10 @@ class KVScheme:
             raise ValueError(f"KV-cache bits must be 4 or 8, got {self.bits}")
 
     def config(self) -> dict | None:
-        """The artifact's `kv_cache_scheme` (compressed-tensors' quantization args)."""
+        """config.json's `llmpress_kv_cache_scheme`, written in compressed-tensors'
+        quantization-args vocabulary. Not its `kv_cache_scheme` field: transformers reads
+        that as static per-tensor k/v scales stored in the checkpoint, which dynamic KIVI
+        scales are not, and then refuses to load the model."""
         if self.bits is None:
             return None
         return {
@@ -38,7 +41,7 @@ class KVScheme:
             "group_size": self.group,
             "dynamic": True,
             "observer": "minmax",
-            "llmpress_layout": "kivi: keys per channel over token groups, values per token",
+            "layout": "kivi",  # keys per channel over token groups, values per token
         }
 
     @classmethod
@@ -47,8 +50,13 @@ class KVScheme:
             return cls()
         return cls(bits=cfg["num_bits"], group=cfg.get("group_size") or 32)
 
+    @classmethod
+    def of_artifact(cls, config: dict) -> KVScheme:
+        return cls.from_config(config.get(CONFIG_KEY))
+
 
 FP32 = KVScheme()  # no KV quantization
+CONFIG_KEY = "llmpress_kv_cache_scheme"
 
 
 def parse_kv(spec: str) -> KVScheme:
