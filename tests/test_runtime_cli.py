@@ -1,0 +1,62 @@
+"""The runtime as users reach it: `bench`, `eval` through the runtime, and artifacts whose
+lm_head and KV cache the recipe quantized."""
+
+import json
+
+import torch
+from test_cli import llmpress
+
+from compress.eval.run import evaluate
+from compress.model.loading import load_model, resolve
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+from compress.runtime import load_weights
+from compress.runtime.kv_cache import KVScheme
+from compress.runtime.lm import RuntimeLM
+
+
+def test_bench_reports_speed_and_mbu(artifacts, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ["--batch", "1,2", "--prompt-len", "8", "--output-len", "6", "--json", str(out)]
+    r = llmpress("bench", str(artifacts["rtn:w4g64"]), *args)
+    assert r.returncode == 0, r.stderr
+    record = json.loads(out.read_text())
+    assert [row["batch"] for row in record["results"]] == [1, 2]
+    assert record["bandwidth_bytes_per_s"] > 1e9
+    for row in record["results"]:
+        assert row["tokens_per_s"] > 0 and row["ttft_s"] > 0
+        assert 0 < row["mbu"] < 2  # bytes that must move ÷ what this machine can move
+    # w4 weights as stored: under a third of the fp32 model's 538 MB
+    assert record["weights_bytes_per_step"] < 538e6 / 3 + 113e6
+    assert "MBU" in r.stdout
+
+
+def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):
+    path = str(artifacts["rtn:w4g64"])
+    data = str(wikitext / "test.txt")
+    kw = {"data": data, "ctx": 512, "windows": 2, "record": False, "log": lambda _: None}
+    runtime = evaluate(path, engine="runtime", **kw)
+    hf = evaluate(path, engine="transformers", **kw)
+    assert abs(runtime.kl - hf.kl) < 1e-4 * max(hf.kl, 1)
+    assert abs(runtime.ppl - hf.ppl) < 1e-3 * hf.ppl
+    assert abs(runtime.top1 - hf.top1) < 2 / runtime.tokens
+
+
+def test_recipe_quantizes_lm_head_and_sets_kv_cache(tmp_path, wikitext):
+    out = tmp_path / "w4-head8"
+    recipe = parse_recipe(
+        {"stages": [parse_quant("rtn:w4g64")], "lm_head": "w8", "kv_cache": "int8"}
+    )
+    compress("default", recipe, out, log=lambda _: None)
+    ckpt = resolve(str(out))
+    assert ckpt.config["tie_word_embeddings"] is False
+    assert KVScheme.of_artifact(ckpt.config) == KVScheme(bits=8)
+    weights = load_weights(ckpt)
+    assert weights.lm_head.kind.startswith("int8")
+    fp32_head = 49152 * 576 * 4
+    assert weights.lm_head.nbytes < fp32_head / 3.5
+    ids = torch.arange(100, 400)[None]
+    with torch.no_grad():
+        ref = load_model(ckpt)(input_ids=ids).logits  # transformers reads the quantized head
+    got = RuntimeLM(weights, 512)(ids).logits
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-4)
