@@ -92,64 +92,126 @@ INLINE __m256i block_dot(const uint8_t *p, __m256i a, int bits) {
 }
 #endif
 
-INLINE void rows_dot(int R, int bits, const uint8_t *w, int64_t rb, const float *sc,
-                     const float *zs, int ng, int bpg, const int8_t *xr, const float *dr,
-                     const float *bs, float *out) {
+/* out[m * os + r] for R weight rows × MT activation rows: weights are decoded once per
+ * block and used for every activation row of the tile. */
+INLINE void tile_dot(int R, int MT, int bits, const uint8_t *w, int64_t rb, const float *sc,
+                     const float *zs, int ng, int bpg, const int8_t *x8, const float *dx,
+                     const float *bs, int K, int nb, float *out, int64_t os) {
     const int bb = bits * 4; /* bytes per block of 32 */
 #if defined(__AVX2__)
-    __m256 acc[4];
-    float zt[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[4][4];
+    float zt[4][4];
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MT; m++) acc[r][m] = _mm256_setzero_ps(), zt[r][m] = 0.f;
     for (int g = 0, b = 0; g < ng; g++) {
-        __m256 gacc[4];
-        float bz = 0.f;
-        for (int r = 0; r < R; r++) gacc[r] = _mm256_setzero_ps();
-        for (int j = 0; j < bpg; j++, b++) {
-            __m256i a = _mm256_loadu_si256((const __m256i *)(xr + b * 32));
-            __m256 d = _mm256_set1_ps(dr[b]);
-            bz += bs[b];
-            for (int r = 0; r < R; r++) {
-                __m256 p = _mm256_cvtepi32_ps(block_dot(w + r * rb + (int64_t)b * bb, a, bits));
-                gacc[r] = _mm256_fmadd_ps(p, d, gacc[r]);
+        __m256 gacc[4][4];
+        float bz[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int r = 0; r < R; r++)
+            for (int m = 0; m < MT; m++) gacc[r][m] = _mm256_setzero_ps();
+        if (bits == 4 && bpg % 2 == 0) {
+            /* Two blocks per step: one 32-byte load holds blocks b and b+1; its low nibbles
+             * are inputs 0-15 of each block, its high nibbles inputs 16-31, so the
+             * activations are regrouped the same way (two lane permutes) and one convert +
+             * FMA serves both blocks (lanes 0-3: block b, lanes 4-7: block b+1). */
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            for (int j = 0; j < bpg; j += 2, b += 2) {
+                __m256i ql[4], qh[4];
+                for (int r = 0; r < R; r++) {
+                    __m256i q = _mm256_loadu_si256((const __m256i *)(w + r * rb + (int64_t)b * 16));
+                    ql[r] = _mm256_and_si256(q, low);
+                    qh[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+                }
+                for (int m = 0; m < MT; m++) {
+                    const int8_t *xm = x8 + (int64_t)m * K + b * 32;
+                    __m256i x0 = _mm256_loadu_si256((const __m256i *)xm);
+                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xm + 32));
+                    __m256i lo_x = _mm256_permute2x128_si256(x0, x1, 0x20);
+                    __m256i hi_x = _mm256_permute2x128_si256(x0, x1, 0x31);
+                    const float *dm = dx + (int64_t)m * nb + b;
+                    __m256 d = _mm256_setr_m128(_mm_set1_ps(dm[0]), _mm_set1_ps(dm[1]));
+                    bz[m] += bs[(int64_t)m * nb + b] + bs[(int64_t)m * nb + b + 1];
+                    for (int r = 0; r < R; r++) {
+                        __m256i p = _mm256_add_epi32(dot_u8s8(ql[r], lo_x), dot_u8s8(qh[r], hi_x));
+                        gacc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, gacc[r][m]);
+                    }
+                }
             }
+        } else {
+            for (int j = 0; j < bpg; j++, b++)
+                for (int m = 0; m < MT; m++) {
+                    __m256i a = _mm256_loadu_si256((const __m256i *)(x8 + (int64_t)m * K + b * 32));
+                    __m256 d = _mm256_set1_ps(dx[(int64_t)m * nb + b]);
+                    bz[m] += bs[(int64_t)m * nb + b];
+                    for (int r = 0; r < R; r++) {
+                        __m256i p = block_dot(w + r * rb + (int64_t)b * bb, a, bits);
+                        gacc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, gacc[r][m]);
+                    }
+                }
         }
         for (int r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(gacc[r], _mm256_set1_ps(sc[r * ng + g]), acc[r]);
-            zt[r] += zs[r * ng + g] * bz;
-        }
-    }
-    for (int r = 0; r < R; r++) out[r] = hsum8(acc[r]) - zt[r];
-#else
-    for (int r = 0; r < R; r++) {
-        float total = 0.f;
-        for (int g = 0, b = 0; g < ng; g++) {
-            float ga = 0.f, bz = 0.f;
-            for (int j = 0; j < bpg; j++, b++) {
-                const uint8_t *p = w + r * rb + (int64_t)b * bb;
-                const int8_t *x = xr + b * 32;
-                int s = 0;
-                if (bits == 4)
-                    for (int i = 0; i < 16; i++) s += (p[i] & 0x0F) * x[i] + (p[i] >> 4) * x[16 + i];
-                else
-                    for (int i = 0; i < 32; i++) s += (int8_t)p[i] * x[i];
-                ga += s * dr[b];
-                bz += bs[b];
+            __m256 sg = _mm256_set1_ps(sc[r * ng + g]);
+            for (int m = 0; m < MT; m++) {
+                acc[r][m] = _mm256_fmadd_ps(gacc[r][m], sg, acc[r][m]);
+                zt[r][m] += zs[r * ng + g] * bz[m];
             }
-            total += ga * sc[r * ng + g] - zs[r * ng + g] * bz;
         }
-        out[r] = total;
     }
+    for (int r = 0; r < R; r++)
+        for (int m = 0; m < MT; m++) out[m * os + r] = hsum8(acc[r][m]) - zt[r][m];
+#else
+    for (int m = 0; m < MT; m++)
+        for (int r = 0; r < R; r++) {
+            const int8_t *xr = x8 + (int64_t)m * K;
+            const float *dr = dx + (int64_t)m * nb, *br = bs + (int64_t)m * nb;
+            float total = 0.f;
+            for (int g = 0, b = 0; g < ng; g++) {
+                float ga = 0.f, bz = 0.f;
+                for (int j = 0; j < bpg; j++, b++) {
+                    const uint8_t *p = w + r * rb + (int64_t)b * bb;
+                    const int8_t *x = xr + b * 32;
+                    int s = 0;
+                    if (bits == 4)
+                        for (int i = 0; i < 16; i++) s += (p[i] & 0x0F) * x[i] + (p[i] >> 4) * x[16 + i];
+                    else
+                        for (int i = 0; i < 32; i++) s += (int8_t)p[i] * x[i];
+                    ga += s * dr[b];
+                    bz += br[b];
+                }
+                total += ga * sc[r * ng + g] - zs[r * ng + g] * bz;
+            }
+            out[m * os + r] = total;
+        }
 #endif
 }
 
+/* One chunk of weight rows against every activation row: tiles of 4 rows at batch 1, of
+ * 2 rows × 4 activation rows above (weights decoded once per 4 inputs). */
 INLINE void chunk_dot(int bits, const uint8_t *w, int64_t rb, const float *sc, const float *zs,
-                      int ng, int bpg, int rows, const int8_t *xr, const float *dr,
-                      const float *bs, float *out) {
-    int r = 0;
-    for (; r + 4 <= rows; r += 4)
-        rows_dot(4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xr, dr, bs, out + r);
-    for (; r < rows; r++)
-        rows_dot(1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xr, dr, bs, out + r);
+                      int ng, int bpg, int rows, const int8_t *x8, const float *dx,
+                      const float *bs, int M, int K, int nb, float *y, int64_t ys) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4) {
+        const int8_t *xm = x8 + (int64_t)m * K;
+        const float *dm = dx + (int64_t)m * nb, *bm = bs + (int64_t)m * nb;
+        int r = 0;
+        for (; r + 2 <= rows; r += 2)
+            tile_dot(2, 4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
+                     K, nb, y + (int64_t)m * ys + r, ys);
+        for (; r < rows; r++)
+            tile_dot(1, 4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
+                     K, nb, y + (int64_t)m * ys + r, ys);
+    }
+    for (; m < M; m++) {
+        const int8_t *xm = x8 + (int64_t)m * K;
+        const float *dm = dx + (int64_t)m * nb, *bm = bs + (int64_t)m * nb;
+        int r = 0;
+        for (; r + 4 <= rows; r += 4)
+            tile_dot(4, 1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
+                     K, nb, y + (int64_t)m * ys + r, ys);
+        for (; r < rows; r++)
+            tile_dot(1, 1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
+                     K, nb, y + (int64_t)m * ys + r, ys);
+    }
 }
 
 /* Rows are split into chunks of CHUNK per thread task; each chunk runs all M inputs. */
@@ -164,13 +226,8 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
     _Pragma("omp parallel for schedule(static)")                                              \
     for (int c = 0; c < chunks; c++) {                                                        \
         int n0 = c * CHUNK, rows = N - n0 < CHUNK ? N - n0 : CHUNK;                           \
-        float tmp[CHUNK];                                                                     \
-        for (int m = 0; m < M; m++) {                                                         \
-            chunk_dot(BITS, w + n0 * rb, rb, scale + (int64_t)n0 * ng, zs + (int64_t)n0 * ng, \
-                      ng, bpg, rows, x8 + (int64_t)m * K, dx + (int64_t)m * nb,               \
-                      bsum + (int64_t)m * nb, tmp);                                           \
-            memcpy(y + (int64_t)m * N + n0, tmp, rows * sizeof(float));                       \
-        }                                                                                     \
+        chunk_dot(BITS, w + n0 * rb, rb, scale + (int64_t)n0 * ng, zs + (int64_t)n0 * ng,     \
+                  ng, bpg, rows, x8, dx, bsum, M, K, nb, y + n0, N);                          \
     }                                                                                         \
 }
 
