@@ -215,6 +215,34 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
 
 @cli.command()
 @click.argument("artifact")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--max-batch", default=8, show_default=True, help="Sequences decoded together.")
+@click.option("--max-len", default=2048, show_default=True, help="Context per sequence.")
+@click.option("--max-queue", default=64, show_default=True, help="Waiting requests before 429.")
+@click.option("--kv", help="KV-cache scheme: int8, int4, none (default: the artifact's).")
+@click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
+@click.option("--model-name", help="Name in /v1/models (default: the artifact folder's name).")
+def serve(artifact, host, port, max_batch, max_len, max_queue, kv, threads, model_name):
+    """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
+    from compress.serve.app import run_server
+
+    run_server(
+        artifact,
+        host=host,
+        port=port,
+        max_batch=max_batch,
+        max_len=max_len,
+        max_queue=max_queue,
+        kv=kv,
+        threads=threads,
+        model_name=model_name,
+        log=click.echo,
+    )
+
+
+@cli.command()
+@click.argument("artifact")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
 def inspect(artifact, as_json):
     """Describe ARTIFACT: source, recipe, layers, sizes and recorded drift."""

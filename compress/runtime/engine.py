@@ -64,6 +64,9 @@ class Engine:
     def submit(self, request: Request) -> Request:
         if not request.prompt:
             raise ValueError("empty prompt")
+        vocab = self.model.w.shape.vocab
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in request.prompt):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(request.prompt) + request.params.max_tokens > self.max_len:
             raise ValueError(
                 f"prompt ({len(request.prompt)} tokens) + max_tokens "

@@ -1,0 +1,1 @@
+"""`llmpress serve`: an OpenAI-compatible HTTP server on the decode runtime."""

@@ -1,0 +1,199 @@
+"""OpenAI-style request validation and response shapes (completions and chat).
+
+Everything a client sends is checked here, before it reaches the engine: unknown fields,
+wrong types and out-of-range values become a 400 with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from compress.runtime.sampling import SamplingParams
+
+COMMON = {
+    "model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+    "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
+}  # fmt: skip
+COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+
+
+class BadRequest(ValueError):
+    """A client error: becomes HTTP 400 with this message."""
+
+
+@dataclass
+class Parsed:
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+    chat: bool
+    model: str
+
+
+def _number(body, key, default, lo, hi, kind=float):
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise BadRequest(f"`{key}` must be {'a number' if kind is float else 'an integer'}")
+    if not lo <= value <= hi:
+        raise BadRequest(f"`{key}` must be between {lo} and {hi}, got {value}")
+    return kind(value)
+
+
+def parse_body(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("request body must be a JSON object")
+    return body
+
+
+def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -> Parsed:
+    allowed = CHAT_FIELDS if chat else COMPLETION_FIELDS
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+    if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
+        raise BadRequest("only n = 1 is supported")
+    if body.get("echo") or body.get("suffix") or body.get("logprobs") or body.get("top_logprobs"):
+        raise BadRequest("echo, suffix and logprobs are not supported")
+    for key in ("presence_penalty", "frequency_penalty"):
+        if body.get(key) not in (None, 0, 0.0):
+            raise BadRequest(f"`{key}` is not supported (only 0)")
+    prompt_ids = _chat_ids(body, tokenizer) if chat else _prompt_ids(body, tokenizer)
+    limit = body.get("max_completion_tokens") if chat else None
+    max_tokens = _number(body, "max_tokens", None, 1, max_len, int)
+    max_tokens = _number({"m": limit}, "m", max_tokens, 1, max_len, int) if limit else max_tokens
+    if max_tokens is None:
+        max_tokens = max(1, min(256, max_len - len(prompt_ids)))
+    if len(prompt_ids) + max_tokens > max_len:
+        raise BadRequest(
+            f"prompt is {len(prompt_ids)} tokens and max_tokens {max_tokens}: together more than "
+            f"the context of {max_len} tokens"
+        )
+    stop = body.get("stop") or []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise BadRequest("`stop` must be a string or a list of non-empty strings")
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise BadRequest("`seed` must be an integer")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("`stream` must be true or false")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("`stream_options` must be an object")
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        top_k=_number(body, "top_k", 0, 0, 1 << 20, int),
+        seed=seed,
+    )
+    name = body.get("model", model)
+    if not isinstance(name, str):
+        raise BadRequest("`model` must be a string")
+    return Parsed(prompt_ids, params, stop, stream, bool(options.get("include_usage")), chat, model)
+
+
+def _prompt_ids(body: dict, tokenizer) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        if not all(0 <= t < len(tokenizer) for t in prompt):
+            raise BadRequest("`prompt` token ids must lie in the vocabulary")
+        ids = list(prompt)
+    else:
+        raise BadRequest("`prompt` must be a string, a list of one string, or token ids")
+    if not ids:
+        raise BadRequest("`prompt` is empty")
+    return ids
+
+
+def _chat_ids(body: dict, tokenizer) -> list[int]:
+    messages = body.get("messages")
+    ok = isinstance(messages, list) and messages
+    ok = ok and all(
+        isinstance(m, dict)
+        and m.get("role") in ("system", "user", "assistant")
+        and isinstance(m.get("content"), str)
+        for m in messages
+    )
+    if not ok:
+        raise BadRequest(
+            "`messages` must be a non-empty list of {role: system|user|assistant, content: str}"
+        )
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+    if not getattr(tokenizer, "chat_template", None):
+        raise BadRequest("this model has no chat template: use /v1/completions")
+    text = tokenizer.apply_chat_template(plain, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def error_body(message: str, kind: str = "invalid_request_error") -> bytes:
+    return json.dumps({"error": {"message": message, "type": kind, "code": None}}).encode()
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def response_body(p: Parsed, rid: str, text: str, finish: str, prompt_n: int, out_n: int):
+    usage = {
+        "prompt_tokens": prompt_n,
+        "completion_tokens": out_n,
+        "total_tokens": prompt_n + out_n,
+    }
+    if p.chat:
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "finish_reason": finish,
+        }
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": p.model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def chunk_body(p: Parsed, rid: str, text: str | None, finish: str | None, first: bool) -> dict:
+    if p.chat:
+        delta = {}
+        if first:
+            delta["role"] = "assistant"
+        if text:
+            delta["content"] = text
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        obj = "text_completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": p.model,
+        "choices": [choice],
+    }

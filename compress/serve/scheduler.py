@@ -1,0 +1,144 @@
+"""The one thread that drives the engine; request handlers talk to it through queues.
+
+Handlers `submit` (refused with QueueFull beyond the bound) and read tokens from their
+Stream; the loop admits new requests at the next step (continuous batching), pushes each
+new token to its stream, and applies cancellations (a client gone) before stepping, so a
+slot is free again within one step.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+
+from compress.runtime.engine import Engine, Request
+from compress.serve.metrics import Metrics
+
+DONE = object()
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+class Stream:
+    """What a handler holds: its request and the tokens arriving for it."""
+
+    def __init__(self, request: Request):
+        self.request = request
+        self.tokens: queue.Queue = queue.Queue()
+        self.stopped = False  # ended by one of the client's stop strings
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, metrics: Metrics, max_queue: int = 64):
+        self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
+        self.inbox: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.pending = 0  # submitted, not yet running
+        self.streams: dict[int, Stream] = {}
+        self.recent: deque[tuple[float, int]] = deque()  # (time, tokens) for tokens/s
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="llmpress-engine", daemon=True)
+
+    def start(self) -> Scheduler:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.inbox.put(("wake", None))
+        self.thread.join(timeout=10)
+
+    def submit(self, request: Request) -> Stream:
+        if self.error is not None or not self.thread.is_alive():
+            raise EngineStopped(f"the engine stopped: {self.error!r}")
+        with self.lock:  # free slots take requests at the next step; beyond them, the queue
+            if self.pending >= self.max_queue + len(self.engine.free):
+                with self.metrics.lock:
+                    self.metrics.counters["rejected_total"] += 1
+                raise QueueFull(f"{self.pending} requests already waiting")
+            self.pending += 1
+        stream = Stream(request)
+        self.inbox.put(("submit", stream))
+        return stream
+
+    def cancel(self, stream: Stream) -> None:
+        self.inbox.put(("cancel", stream))
+
+    def _drain(self, block: bool) -> None:
+        while True:
+            try:
+                op, stream = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            if op == "submit":
+                try:
+                    self.engine.submit(stream.request)
+                except ValueError:  # validated by the handler; never let one request stop all
+                    self._close(stream)
+                    continue
+                self.streams[stream.request.id] = stream
+            elif op == "cancel" and stream.request.id in self.streams:
+                self.engine.cancel(stream.request)
+                self._close(stream)
+
+    def _close(self, stream: Stream) -> None:
+        self.streams.pop(stream.request.id, None)
+        if stream.request.slot is None:  # cancelled before it was admitted
+            with self.lock:
+                self.pending -= 1
+        stream.tokens.put(DONE)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain(block=self.engine.idle)
+                if self.engine.idle:
+                    continue
+                before = {r.id for r in self.engine.waiting}
+                touched = self.engine.step()
+                self._publish(touched, before)
+        except BaseException as e:  # surface to handlers instead of hanging them
+            self.error = e
+            for stream in list(self.streams.values()):
+                stream.tokens.put(DONE)
+            raise
+
+    def _publish(self, touched: list[Request], was_waiting: set[int]) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        with m.lock:
+            for req in touched:
+                stream = self.streams.get(req.id)
+                if stream is None:
+                    continue
+                if req.id in was_waiting:  # admitted this step: its first token
+                    with self.lock:
+                        self.pending -= 1
+                    m.ttft.observe(req.first_token_at - req.submitted)
+                    m.counters["requests_total"] += 1
+                stream.tokens.put(req.output[-1])
+                m.counters["generated_tokens_total"] += 1
+                if req.done:
+                    if len(req.output) > 1:
+                        per = (req.finished_at - req.first_token_at) / (len(req.output) - 1)
+                        m.tpot.observe(per)
+                    self.streams.pop(req.id, None)
+                    stream.tokens.put(DONE)
+            self.recent.append((now, len(touched)))
+            while self.recent and now - self.recent[0][0] > 5:
+                self.recent.popleft()
+            span = max(now - self.recent[0][0], 1e-3) if len(self.recent) > 1 else 5.0
+            m.tokens_per_s = sum(n for _, n in self.recent) / span
+            m.gauges["requests_running"] = len(self.engine.running)
+            m.gauges["requests_queued"] = len(self.engine.waiting) + self.inbox.qsize()
+            m.gauges["kv_cache_slots_in_use"] = len(self.engine.running)

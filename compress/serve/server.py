@@ -1,0 +1,204 @@
+"""HTTP front end: OpenAI-compatible routes over the scheduler (standard library only).
+
+One thread per connection (ThreadingHTTPServer); each handler validates its request,
+submits it, and either waits for the whole completion or streams server-sent events as
+tokens arrive. A write that fails (the client went away) cancels the request at once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from compress.runtime.engine import Request
+from compress.serve.protocol import (
+    BadRequest,
+    Parsed,
+    chunk_body,
+    error_body,
+    new_id,
+    parse_body,
+    parse_request,
+    response_body,
+)
+from compress.serve.scheduler import DONE, EngineStopped, QueueFull, Scheduler
+
+MAX_BODY = 1 << 20
+
+
+class App:
+    """What every handler shares."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer, model_name: str, max_len: int):
+        self.scheduler, self.tokenizer = scheduler, tokenizer
+        self.model_name, self.max_len = model_name, max_len
+        self.eos = tokenizer.eos_token_id
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "llmpress"
+    app: App  # set on the subclass made by make_server
+
+    def log_message(self, format, *args):  # quiet by default
+        pass
+
+    # -- plumbing ---------------------------------------------------------------------
+    def _send(self, status: int, body: bytes, ctype="application/json", headers=()):
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers:
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, obj) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _error(self, status: int, message: str, kind="invalid_request_error", headers=()):
+        self._send(status, error_body(message, kind), headers=headers)
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    # -- routes -----------------------------------------------------------------------
+    def do_GET(self):
+        app = self.app
+        if self.path == "/health":
+            ok = app.scheduler.error is None and app.scheduler.thread.is_alive()
+            self._json(200 if ok else 503, {"status": "ok" if ok else "engine stopped"})
+        elif self.path == "/v1/models":
+            model = {"id": app.model_name, "object": "model", "owned_by": "llmpress"}
+            self._json(200, {"object": "list", "data": [model]})
+        elif self.path == "/metrics":
+            body = app.scheduler.metrics.render().encode()
+            self._send(200, body, "text/plain; version=0.0.4")
+        else:
+            self._error(404, f"no route {self.path}", "not_found_error")
+
+    def do_POST(self):
+        chat = self.path == "/v1/chat/completions"
+        if not chat and self.path != "/v1/completions":
+            self._error(404, f"no route {self.path}", "not_found_error")
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self._error(400, f"Content-Length must be between 0 and {MAX_BODY}")
+            return
+        app = self.app
+        try:
+            body = parse_body(self.rfile.read(length))
+            parsed = parse_request(body, app.tokenizer, chat, app.max_len, app.model_name)
+        except BadRequest as e:
+            self._error(400, str(e))
+            return
+        request = Request(parsed.prompt_ids, parsed.params)
+        try:
+            stream = app.scheduler.submit(request)
+        except EngineStopped as e:
+            self._error(503, str(e), "server_error")
+            return
+        except QueueFull as e:
+            self._error(
+                429, f"server busy: {e}; retry later", "rate_limit_error", [("Retry-After", "1")]
+            )
+            return
+        if parsed.stream:
+            self._stream(parsed, stream)
+        else:
+            self._complete(parsed, stream)
+
+    # -- generation -------------------------------------------------------------------
+    def _pieces(self, parsed: Parsed, stream):
+        """Yield text pieces as tokens arrive; stop strings end the request early."""
+        tok, app = self.app.tokenizer, self.app
+        ids: list[int] = []
+        sent = ""
+        while True:
+            token = stream.tokens.get()
+            if token is DONE:
+                break
+            if token == app.eos and not stream.request.params.ignore_eos:
+                continue
+            ids.append(token)
+            text = tok.decode(ids, skip_special_tokens=True)
+            cut = min((i for s in parsed.stop if (i := text.find(s)) >= 0), default=-1)
+            if cut >= 0:
+                app.scheduler.cancel(stream)  # frees the slot; the reason is "stop"
+                stream.stopped = True
+                if cut > len(sent):
+                    yield text[len(sent) : cut]
+                return
+            if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+                continue
+            if len(text) > len(sent):
+                yield text[len(sent) :]
+                sent = text
+        if app.scheduler.error is not None:
+            raise RuntimeError(f"engine failed: {app.scheduler.error}")
+
+    def _finish_reason(self, stream) -> str:
+        if stream.stopped:
+            return "stop"
+        return "length" if stream.request.finish_reason == "length" else "stop"
+
+    def _complete(self, parsed: Parsed, stream) -> None:
+        try:
+            text = "".join(self._pieces(parsed, stream))
+        except RuntimeError as e:
+            self._error(500, str(e), "server_error")
+            return
+        req = stream.request
+        rid = new_id(parsed.chat)
+        out = response_body(
+            parsed, rid, text, self._finish_reason(stream), len(req.prompt), len(req.output)
+        )
+        self._json(200, out)
+
+    def _stream(self, parsed: Parsed, stream) -> None:
+        rid = new_id(parsed.chat)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def event(obj) -> None:
+            self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        try:
+            first = True
+            if parsed.chat:
+                event(chunk_body(parsed, rid, None, None, first=True))
+                first = False
+            for piece in self._pieces(parsed, stream):
+                event(chunk_body(parsed, rid, piece, None, first))
+                first = False
+            event(chunk_body(parsed, rid, None, self._finish_reason(stream), first))
+            if parsed.include_usage:
+                req = stream.request
+                n, p = len(req.output), len(req.prompt)
+                usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+                event({"id": rid, "object": "chat.completion.chunk" if parsed.chat else
+                       "text_completion", "created": int(time.time()), "model": parsed.model,
+                       "choices": [], "usage": usage})  # fmt: skip
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.app.scheduler.cancel(stream)  # the client left: free its slot now
+            self.close_connection = True
+        except RuntimeError:
+            self.close_connection = True
+
+
+def make_server(app: App, host: str, port: int) -> ThreadingHTTPServer:
+    handler = type("BoundHandler", (Handler,), {"app": app})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
