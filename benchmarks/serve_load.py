@@ -1,0 +1,211 @@
+"""Load test of `llmpress serve` on loopback: bounded in requests and time, stops by itself.
+
+For each batch capacity C (default 1, 8, 32) a server runs the w4 artifact (RTN g64 zero
+point, lm_head int8) with a queue bound of C; N = 1×, 2×, 4× C concurrent clients each
+send one streaming completion (prompt ~32 tokens, 64 tokens out, greedy). Reported: served
+and refused (429) requests — every request must end one way or the other, none may hang —
+requests/s, output tokens/s, p50/p99 time to first token and time per output token. Then
+a run where a third of the clients disconnect mid-stream, after which the server's
+metrics must show no running request and no KV slot in use.
+
+    python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import platform
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from compress.kernels.cpu import set_threads
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+from compress.serve.app import build_app
+from compress.serve.server import make_server
+
+HERE = Path(__file__).resolve().parent
+PROMPT = "The history of the city begins in the early middle ages, when a small settlement"
+
+
+def client(port: int, tokens: int, disconnect_after: int | None, out: list, deadline: float):
+    body = json.dumps({"prompt": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0})
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=max(deadline - t0, 1))
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            resp.read()
+            out.append({"status": resp.status})
+            return
+        stamps = []
+        for line in resp:
+            if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+                stamps.append(time.perf_counter())
+                if disconnect_after and len(stamps) >= disconnect_after:
+                    conn.sock.close()
+                    out.append({"status": "disconnected"})
+                    return
+        n = len(stamps) - 1  # the last event carries the finish reason, no text
+        out.append(
+            {
+                "status": 200,
+                "ttft": stamps[0] - t0,
+                "tpot": (stamps[-2] - stamps[0]) / max(n - 1, 1) if n > 1 else None,
+                "tokens": n,
+            }
+        )
+    except (OSError, http.client.HTTPException) as e:
+        out.append({"status": f"error {type(e).__name__}"})
+    finally:
+        conn.close()
+
+
+def metric(port: int, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith(name + " "))
+
+
+def run_clients(port, n, tokens, timeout, disconnect_every=0):
+    out: list[dict] = []
+    deadline = time.perf_counter() + timeout
+    threads = [
+        threading.Thread(
+            target=client,
+            args=(port, tokens, 4 if disconnect_every and i % disconnect_every == 0 else None),
+            kwargs={"out": out, "deadline": deadline},
+        )
+        for i in range(n)
+    ]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=max(deadline - time.perf_counter(), 0.1))
+    wall = time.perf_counter() - t0
+    hung = sum(t.is_alive() for t in threads)
+    return out, wall, hung
+
+
+def pct(values, q):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--capacities", default="1,8,32")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run, at most")
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    set_threads(torch.get_num_threads())
+    rows = []
+    leak = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        art = Path(tmp) / "w4"
+        recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
+        compress("default", recipe, art, log=lambda _: None)
+        for cap in [int(c) for c in args.capacities.split(",")]:
+            app = build_app(str(art), max_batch=cap, max_len=256, max_queue=cap)
+            httpd = make_server(app, "127.0.0.1", 0)
+            port = httpd.server_address[1]
+            threading.Thread(target=httpd.serve_forever, daemon=True).start()
+            run_clients(port, 1, 8, args.timeout)  # warm-up
+            for mult in (1, 2, 4):
+                out, wall, hung = run_clients(port, cap * mult, args.tokens, args.timeout)
+                ok = [r for r in out if r["status"] == 200]
+                row = {
+                    "capacity": cap,
+                    "clients": cap * mult,
+                    "served": len(ok),
+                    "refused_429": sum(r["status"] == 429 for r in out),
+                    "other": [r["status"] for r in out if r["status"] not in (200, 429)],
+                    "hung": hung,
+                    "wall_s": wall,
+                    "requests_per_s": len(ok) / wall,
+                    "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+                    "ttft_p50": pct([r["ttft"] for r in ok], 0.5),
+                    "ttft_p99": pct([r["ttft"] for r in ok], 0.99),
+                    "tpot_p50": pct([r["tpot"] for r in ok], 0.5),
+                    "tpot_p99": pct([r["tpot"] for r in ok], 0.99),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            if cap == max(int(c) for c in args.capacities.split(",")):
+                out, _, hung = run_clients(port, cap * 2, args.tokens, args.timeout, 3)
+                time.sleep(1.0)
+                leak = {
+                    "capacity": cap,
+                    "clients": cap * 2,
+                    "disconnected": sum(r["status"] == "disconnected" for r in out),
+                    "served": sum(r["status"] == 200 for r in out),
+                    "refused_429": sum(r["status"] == 429 for r in out),
+                    "hung": hung,
+                    "running_after": metric(port, "llmpress_requests_running"),
+                    "slots_in_use_after": metric(port, "llmpress_kv_cache_slots_in_use"),
+                }
+                print(json.dumps(leak), flush=True)
+            httpd.shutdown()
+            httpd.server_close()
+            app.scheduler.stop()
+    single = next((r for r in rows if r["clients"] == 1), None)
+    top = max((r for r in rows if r["clients"] == r["capacity"]), key=lambda r: r["capacity"])
+    gain = top["output_tokens_per_s"] / single["output_tokens_per_s"] if single else None
+    record = {
+        "benchmark": "serve_load",
+        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
+        "tokens": args.tokens,
+        "rows": rows,
+        "disconnect_run": leak,
+        "batching_gain": {"streams": top["clients"], "vs_single": gain},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serve_load.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / "serve_load.md").write_text(table(record) + "\n")
+    print(table(record))
+
+
+def table(record: dict) -> str:
+    def ms(v):
+        return "" if v is None else f"{1e3 * v:.0f}"
+
+    lines = [
+        "| capacity | clients | served | 429 | hung | req/s | out tok/s | TTFT p50/p99 ms "
+        "| TPOT p50/p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["rows"]:
+        lines.append(
+            f"| {r['capacity']} | {r['clients']} | {r['served']} | {r['refused_429']} | "
+            f"{r['hung']} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | "
+            f"{ms(r['ttft_p50'])}/{ms(r['ttft_p99'])} | {ms(r['tpot_p50'])}/{ms(r['tpot_p99'])} |"
+        )
+    g = record["batching_gain"]
+    if g["vs_single"]:
+        lines.append(
+            f"\nAggregate output tokens/s at {g['streams']} concurrent streams: "
+            f"{g['vs_single']:.1f}× a single stream (same run)."
+        )
+    leak = record["disconnect_run"]
+    if leak:
+        lines.append(
+            f"Disconnect run: {leak['clients']} clients, {leak['disconnected']} left mid-stream; "
+            f"afterwards running = {leak['running_after']:.0f}, KV slots in use = "
+            f"{leak['slots_in_use_after']:.0f}."
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

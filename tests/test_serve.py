@@ -1,0 +1,199 @@
+"""`llmpress serve` checked with real clients (the openai package, curl, raw sockets) on
+loopback: completions, chat, streaming, bad input, overload, and disconnects."""
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from compress.serve.app import build_app
+from compress.serve.server import make_server
+
+
+@pytest.fixture(scope="module")
+def server(artifacts):
+    """A server on an ephemeral port: batch 2, queue 1, context 256."""
+    app = build_app(str(artifacts["rtn:w4g64"]), max_batch=2, max_len=256, max_queue=1)
+    httpd = make_server(app, "127.0.0.1", 0)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield app, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    app.scheduler.stop()
+
+
+def _client(url):
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _metric(url, name) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_openai_client_completions_chat_and_streaming(server):
+    app, url = server
+    client = _client(url)
+    assert [m.id for m in client.models.list().data] == [app.model_name]
+    done = client.completions.create(
+        model=app.model_name, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert done.choices[0].text.strip() and done.usage.completion_tokens == 8
+    assert done.choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(
+        model=app.model_name,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert chat.choices[0].message.role == "assistant" and chat.choices[0].message.content
+    parts = client.chat.completions.create(
+        model=app.model_name,
+        messages=[{"role": "user", "content": "Say hello."}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+    )
+    streamed = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    assert streamed == chat.choices[0].message.content  # greedy: the same text either way
+
+
+def test_seeded_sampling_and_stop_strings(server):
+    app, url = server
+    client = _client(url)
+    kw = {"model": app.model_name, "prompt": "Once upon a time", "max_tokens": 12}
+    a = client.completions.create(temperature=1.0, top_p=0.9, seed=3, **kw).choices[0].text
+    b = client.completions.create(temperature=1.0, top_p=0.9, seed=3, **kw).choices[0].text
+    assert a == b
+    counted = client.completions.create(
+        model=app.model_name, prompt="1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 8"]
+    )
+    assert counted.choices[0].finish_reason == "stop"
+    assert " 8" not in counted.choices[0].text and counted.choices[0].text.startswith(" 5")
+
+
+def test_curl_streams_server_sent_events(server):
+    _, url = server
+    curl = shutil.which("curl")
+    assert curl, "curl is needed for this test (apt install curl)"
+    body = json.dumps({"prompt": "Hello", "max_tokens": 4, "stream": True, "temperature": 0})
+    out = subprocess.run(
+        [curl, "-sN", url + "/v1/completions", "-d", body],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    events = [ln[6:] for ln in out.splitlines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"prompt": "x", "bogus": 1}', 400, "unknown field(s): bogus"),
+        (b'{"prompt": "x", "temperature": -1}', 400, "`temperature` must be between"),
+        (b'{"prompt": "' + b"word " * 300 + b'", "max_tokens": 10}', 400, "context of 256"),
+        (b"[1, 2]", 400, "JSON object"),
+    ],
+)
+def test_bad_requests_get_400_and_the_server_lives_on(server, body, status, needle):
+    _, url = server
+    req = urllib.request.Request(url + "/v1/completions", data=body, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == status
+    message = json.loads(e.value.read())["error"]["message"]
+    assert needle in message
+    if "context" in needle:  # both numbers: the prompt's tokens and the context
+        assert ("tokens" in message and "301" in message) or "300" in message
+    assert urllib.request.urlopen(url + "/health", timeout=10).status == 200
+
+
+def _raw_stream(url, max_tokens):
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    body = json.dumps({"prompt": "Count: 1, 2, 3", "max_tokens": max_tokens, "stream": True})
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    return sock
+
+
+def test_overload_is_refused_with_429_and_nothing_is_lost(server):
+    """Capacity: 2 running + 1 queued. Six concurrent requests: every one is answered,
+    served (200) or refused (429 with Retry-After), none hangs."""
+    _, url = server
+    results = []
+
+    def call():
+        body = json.dumps({"prompt": "Tell me a story", "max_tokens": 40, "temperature": 0})
+        req = urllib.request.Request(url + "/v1/completions", data=body.encode(), method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                results.append((r.status, None))
+        except urllib.error.HTTPError as e:
+            results.append((e.code, e.headers.get("Retry-After")))
+
+    threads = [threading.Thread(target=call) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(results) == 6
+    served = [s for s, _ in results if s == 200]
+    refused = [r for s, r in results if s == 429]
+    assert len(served) + len(refused) == 6
+    assert len(served) >= 3 and refused and all(r == "1" for r in refused)
+
+
+def test_a_client_that_disconnects_frees_its_slot(server):
+    _, url = server
+    sock = _raw_stream(url, max_tokens=200)
+    sock.recv(4096)  # headers and the first events arrive
+    deadline = time.time() + 30
+    while _metric(url, "llmpress_requests_running") < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    sock.close()
+    deadline = time.time() + 30
+    while _metric(url, "llmpress_requests_running") > 0 and time.time() < deadline:
+        time.sleep(0.1)
+    assert _metric(url, "llmpress_requests_running") == 0
+    assert _metric(url, "llmpress_kv_cache_slots_in_use") == 0
+    generated = _metric(url, "llmpress_generated_tokens_total")
+    time.sleep(0.5)
+    assert _metric(url, "llmpress_generated_tokens_total") == generated  # nothing runs on
+
+
+def test_short_requests_do_not_wait_for_long_ones(server):
+    """Continuous batching: a short request that arrives while a long one runs finishes
+    first."""
+    _, url = server
+    finished = {}
+
+    def call(name, max_tokens):
+        body = json.dumps({"prompt": "Go on:", "max_tokens": max_tokens, "temperature": 0})
+        req = urllib.request.Request(url + "/v1/completions", data=body.encode(), method="POST")
+        urllib.request.urlopen(req, timeout=300).read()
+        finished[name] = time.perf_counter()
+
+    long = threading.Thread(target=call, args=("long", 120))
+    long.start()
+    time.sleep(0.5)
+    short = threading.Thread(target=call, args=("short", 5))
+    short.start()
+    short.join(timeout=300)
+    long.join(timeout=300)
+    assert finished["short"] < finished["long"]
