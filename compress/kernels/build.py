@@ -21,9 +21,12 @@ from pathlib import Path
 from compress.errors import LlmpressError
 
 SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"
+# No -ffast-math (NaN and infinity must survive), but the parts of it that let the compiler
+# vectorize float reductions and inline rounding.
+FAST = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
 FLAG_SETS = (
-    ["-O3", "-march=native", "-fopenmp"],
-    ["-O3", "-march=native"],
+    ["-O3", "-march=native", *FAST, "-fopenmp"],
+    ["-O3", "-march=native", *FAST],
     ["-O3"],
 )
 
@@ -90,6 +93,29 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_silu_mul_quant.argtypes = [p, i, i, i, p, p, p, p]
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i]
     lib.llmp_decode_attention_f32.argtypes = [p, p, p, p, p, i, p, p, i, i, i, i, p]
+    lib.llmp_decode_layers.argtypes = [
+        p,
+        i,
+        p,
+        i,
+        i,
+        i,
+        i,
+        i,
+        i,
+        f,
+        p,
+        p,
+        p,
+        p,
+        i,
+        ctypes.c_int64,
+        p,
+        p,
+        p,
+    ]
+    lib.llmp_decode_work_floats.argtypes = [i, i, i, i, i, i]
+    lib.llmp_decode_work_floats.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
     for name in (
         "llmp_quantize_rows",

@@ -9,6 +9,7 @@ through the runtime measures the weights alone.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
@@ -181,3 +182,70 @@ class PackedLinear:
         n, kp, g = self.out_features, self.kp, self.group
         fn(_ptr(self.packed), _ptr(self.scale), _ptr(self.zs), n, kp, g, _ptr(out))
         return out[:, : self.in_features]
+
+
+class _QLin(ctypes.Structure):
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("w", "scale", "zs")),
+        *((name, ctypes.c_int) for name in ("n", "k", "g", "bits")),
+    ]
+
+
+class _QLayer(ctypes.Structure):
+    _fields_ = [
+        ("attn_norm", ctypes.c_void_p),
+        ("mlp_norm", ctypes.c_void_p),
+        *((name, _QLin) for name in ("qkv", "o", "gate_up", "down")),
+    ]
+
+
+def _qlin(p: PackedLinear) -> _QLin:
+    return _QLin(_ptr(p.packed), _ptr(p.scale), _ptr(p.zs), p.out_features, p.kp, p.group, p.bits)
+
+
+class FusedDecoder:
+    """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
+    llmp_decode_layers): for stacks whose linears are all plain packed weights and whose
+    KV cache is fp32. `layers`: (attn_norm, mlp_norm, qkv, o, gate_up, down) per block."""
+
+    def __init__(self, layers, hidden, heads, kv_heads, head_dim, inter, eps, cos, sin):
+        self.table = (_QLayer * len(layers))(
+            *(
+                _QLayer(_ptr(an), _ptr(mn), _qlin(qkv), _qlin(o), _qlin(gu), _qlin(dn))
+                for an, mn, qkv, o, gu, dn in layers
+            )
+        )
+        self.keep = layers  # the tensors the table points into
+        self.dims = (hidden, heads, kv_heads, head_dim, inter)
+        self.eps, self.cos, self.sin = eps, cos, sin
+        self.n = len(layers)
+
+    def __call__(self, h, k_cache, v_cache, slots, positions) -> torch.Tensor:
+        """h [B, hidden] → h after every block, in place; the caches [layers, slots,
+        kv_heads, cap, D] receive this step's keys and values."""
+        lib = library()
+        b = h.shape[0]
+        hidden, heads, kv_heads, d, inter = self.dims
+        work = torch.empty(lib.llmp_decode_work_floats(b, hidden, heads, kv_heads, d, inter))
+        lib.llmp_decode_layers(
+            self.table,
+            self.n,
+            _ptr(h),
+            b,
+            hidden,
+            heads,
+            kv_heads,
+            d,
+            inter,
+            self.eps,
+            _ptr(self.cos),
+            _ptr(self.sin),
+            _ptr(k_cache),
+            _ptr(v_cache),
+            k_cache.shape[3],
+            k_cache.stride(0),
+            _ptr(slots),
+            _ptr(positions),
+            _ptr(work),
+        )
+        return h

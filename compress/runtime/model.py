@@ -8,12 +8,14 @@ import torch
 
 from compress.kernels.cpu import (
     EXACT_ABOVE,
+    FusedDecoder,
     decode_attention_f32,
     rms_norm_quantized,
     rope_,
     silu_mul_quantized,
 )
 from compress.runtime.kv_cache import KVCache
+from compress.runtime.linears import QuantLinear
 from compress.runtime.weights import Layer, ModelWeights
 
 
@@ -80,6 +82,7 @@ class Model:
         self.w = weights
         self.device = weights.embed.device
         self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len, self.device)
+        self.fused = _fused_decoder(weights, self.rope) if self.device.type == "cpu" else None
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.w.lm_head(_norm(h, self.w.norm, self.w.shape.eps))
@@ -120,6 +123,11 @@ class Model:
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
+        if self.fused is not None and cache.scheme.bits is None and b <= EXACT_ABOVE:
+            h = self.w.embed[tokens].float().contiguous()
+            self.fused(h, cache.k, cache.v, slots.contiguous(), positions.contiguous())
+            cache.lengths[slots] += 1
+            return self._logits(h)
         fused = self.device.type == "cpu" and cache.scheme.bits is None
         attend = _triton_attention if self.device.type == "cuda" else _torch_attention
         h = self.w.embed[tokens].float()
@@ -136,6 +144,22 @@ class Model:
             h = h + _mlp(layer, h, s.eps)
         cache.lengths[slots] += 1
         return self._logits(h)
+
+
+def _fused_decoder(w: ModelWeights, rope: Rope):
+    """The one-call CPU decoder, when every block linear is a plain packed weight."""
+    rows = []
+    for layer in w.layers:
+        lins = layer.linears()
+        if not all(isinstance(x, QuantLinear) and x.outlier_index is None and x.bias is None
+                   for x in lins):  # fmt: skip
+            return None
+        rows.append((layer.attn_norm, layer.mlp_norm, *(x.packed for x in lins)))
+    s = w.shape
+    inter = w.layers[0].gate_up.out_features // 2
+    return FusedDecoder(
+        rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, s.eps, rope.cos, rope.sin
+    )
 
 
 def _torch_attention(q, cache: KVCache, layer: int, slots, lengths):

@@ -117,7 +117,9 @@ INLINE void tile_dot(int R, int MT, int bits, const uint8_t *w, int64_t rb, cons
             for (int j = 0; j < bpg; j += 2, b += 2) {
                 __m256i ql[4], qh[4];
                 for (int r = 0; r < R; r++) {
-                    __m256i q = _mm256_loadu_si256((const __m256i *)(w + r * rb + (int64_t)b * 16));
+                    const uint8_t *wp = w + r * rb + (int64_t)b * 16;
+                    _mm_prefetch((const char *)(wp + 512), _MM_HINT_T0);
+                    __m256i q = _mm256_loadu_si256((const __m256i *)wp);
                     ql[r] = _mm256_and_si256(q, low);
                     qh[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
                 }
@@ -377,4 +379,94 @@ void llmp_decode_attention_f32(const float *q, const float *knew, const float *v
             }
             for (int d = 0; d < D; d++) o[d] /= l;
         }
+}
+
+/* ---- The whole decode step of a layer stack in one call ------------------------------
+ * For models whose block linears are all packed (no outlier columns, no biases) and whose
+ * KV cache is fp32: Python's per-operation overhead is then paid once per step instead of
+ * some forty times per layer. Same arithmetic as the per-op path. */
+
+typedef struct {
+    const uint8_t *w;
+    const float *scale, *zs;
+    int n, k, g, bits;  /* k: padded input width the codes were packed for */
+} QLin;
+
+typedef struct {
+    const float *attn_norm, *mlp_norm;
+    QLin qkv, o, gate_up, down;
+} QLayer;
+
+static void qlin(const QLin *l, const int8_t *x8, const float *dx, const float *bs, int M, float *y) {
+    if (l->bits == 4)
+        llmp_gemm_q4(x8, dx, bs, M, l->k, l->g, l->w, l->scale, l->zs, l->n, y);
+    else
+        llmp_gemm_q8(x8, dx, bs, M, l->k, l->g, (const uint8_t *)l->w, l->scale, l->zs, l->n, y);
+}
+
+static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
+                                 int8_t *x8, float *dx, float *bs) {
+    for (int m = 0; m < M; m++) {
+        float *o = pad + (int64_t)m * Kp;
+        memcpy(o, x + (int64_t)m * ld, K * sizeof(float));
+        for (int k = K; k < Kp; k++) o[k] = 0.f;
+        quantize_row(o, Kp, x8 + (int64_t)m * Kp, dx + (int64_t)m * (Kp / 32), bs + (int64_t)m * (Kp / 32));
+    }
+}
+
+void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                        int heads, int kv_heads, int D, int inter, float eps,
+                        const float *cos_t, const float *sin_t, float *kc, float *vc, int cap,
+                        int64_t layer_stride, const int64_t *slots, const int64_t *positions,
+                        float *work) {
+    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
+    int widest = hp > ap ? hp : ap;
+    widest = widest > ip ? widest : ip;
+    int nqkv = (heads + 2 * kv_heads) * D;
+    /* workspace carved from `work` (the caller sizes it with llmp_decode_work_floats) */
+    float *pad = work;
+    float *dx = pad + (int64_t)B * widest;
+    float *bs = dx + (int64_t)B * (widest / 32);
+    float *qkv = bs + (int64_t)B * (widest / 32);
+    float *att = qkv + (int64_t)B * nqkv;
+    float *gu = att + (int64_t)B * heads * D;
+    float *tmp = gu + (int64_t)B * 2 * inter;
+    int8_t *x8 = (int8_t *)(tmp + (int64_t)B * hidden);
+    float *q = (float *)(x8 + (int64_t)B * widest);  /* contiguous q, k, v for attention */
+    float *kn = q + (int64_t)B * heads * D;
+    float *vn = kn + (int64_t)B * kv_heads * D;
+    for (int l = 0; l < n_layers; l++) {
+        const QLayer *L = layers + l;
+        llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        qlin(&L->qkv, x8, dx, bs, B, qkv);
+        for (int b = 0; b < B; b++) {
+            const float *row = qkv + (int64_t)b * nqkv;
+            memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
+            memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
+            memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+        }
+        llmp_rope(q, positions, cos_t, sin_t, B, heads, D);
+        llmp_rope(kn, positions, cos_t, sin_t, B, kv_heads, D);
+        llmp_decode_attention_f32(q, kn, vn, kc + l * layer_stride, vc + l * layer_stride, cap,
+                                  slots, positions, B, heads, kv_heads, D, att);
+        quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
+        qlin(&L->o, x8, dx, bs, B, tmp);
+        for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
+        llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        qlin(&L->gate_up, x8, dx, bs, B, gu);
+        llmp_silu_mul_quant(gu, B, inter, ip, pad, x8, dx, bs);
+        qlin(&L->down, x8, dx, bs, B, tmp);
+        for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
+    }
+}
+
+int64_t llmp_decode_work_floats(int B, int hidden, int heads, int kv_heads, int D, int inter) {
+    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
+    int widest = hp > ap ? hp : ap;
+    widest = widest > ip ? widest : ip;
+    int64_t n = (int64_t)B * widest + 2 * (int64_t)B * (widest / 32);
+    n += (int64_t)B * (heads + 2 * kv_heads) * D + (int64_t)B * heads * D + (int64_t)B * 2 * inter;
+    n += (int64_t)B * hidden + (int64_t)B * widest / 4 + 1;  /* int8 codes, in floats */
+    n += (int64_t)B * (heads + 2 * kv_heads) * D;             /* q, k, v */
+    return n + 64;
 }
