@@ -51,7 +51,7 @@ class Engine:
         eos_token_ids: tuple[int, ...] = (),
     ):
         s = weights.shape
-        self.max_len = max_len
+        self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
         self.cache = KVCache(
             s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device

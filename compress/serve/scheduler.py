@@ -41,7 +41,8 @@ class Scheduler:
         self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
         self.inbox: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
-        self.pending = 0  # submitted, not yet running
+        self.active = 0  # accepted and not yet finished: running, queued, or in the inbox
+        self.capacity = len(engine.free) + max_queue
         self.streams: dict[int, Stream] = {}
         self.recent: deque[tuple[float, int]] = deque()  # (time, tokens) for tokens/s
         self.error: BaseException | None = None
@@ -60,12 +61,12 @@ class Scheduler:
     def submit(self, request: Request) -> Stream:
         if self.error is not None or not self.thread.is_alive():
             raise EngineStopped(f"the engine stopped: {self.error!r}")
-        with self.lock:  # free slots take requests at the next step; beyond them, the queue
-            if self.pending >= self.max_queue + len(self.engine.free):
+        with self.lock:  # every slot busy and the queue full: refuse now, never hang
+            if self.active >= self.capacity:
                 with self.metrics.lock:
                     self.metrics.counters["rejected_total"] += 1
-                raise QueueFull(f"{self.pending} requests already waiting")
-            self.pending += 1
+                raise QueueFull(f"{self.active} requests running or queued")
+            self.active += 1
         stream = Stream(request)
         self.inbox.put(("submit", stream))
         return stream
@@ -81,21 +82,20 @@ class Scheduler:
                 return
             block = False
             if op == "submit":
+                self.streams[stream.request.id] = stream
                 try:
                     self.engine.submit(stream.request)
                 except ValueError:  # validated by the handler; never let one request stop all
-                    self._close(stream)
-                    continue
-                self.streams[stream.request.id] = stream
+                    self._retire(stream)
             elif op == "cancel" and stream.request.id in self.streams:
                 self.engine.cancel(stream.request)
-                self._close(stream)
+                self._retire(stream)
 
-    def _close(self, stream: Stream) -> None:
-        self.streams.pop(stream.request.id, None)
-        if stream.request.slot is None:  # cancelled before it was admitted
+    def _retire(self, stream: Stream) -> None:
+        """The request is over (finished, cancelled or refused by the engine): once."""
+        if self.streams.pop(stream.request.id, None) is not None:
             with self.lock:
-                self.pending -= 1
+                self.active -= 1
         stream.tokens.put(DONE)
 
     def _run(self) -> None:
@@ -103,6 +103,7 @@ class Scheduler:
             while not self._stop.is_set():
                 self._drain(block=self.engine.idle)
                 if self.engine.idle:
+                    self._gauges()  # cancellations may have emptied the engine
                     continue
                 before = {r.id for r in self.engine.waiting}
                 touched = self.engine.step()
@@ -122,8 +123,6 @@ class Scheduler:
                 if stream is None:
                     continue
                 if req.id in was_waiting:  # admitted this step: its first token
-                    with self.lock:
-                        self.pending -= 1
                     m.ttft.observe(req.first_token_at - req.submitted)
                     m.counters["requests_total"] += 1
                 stream.tokens.put(req.output[-1])
@@ -132,13 +131,17 @@ class Scheduler:
                     if len(req.output) > 1:
                         per = (req.finished_at - req.first_token_at) / (len(req.output) - 1)
                         m.tpot.observe(per)
-                    self.streams.pop(req.id, None)
-                    stream.tokens.put(DONE)
+                    self._retire(stream)
             self.recent.append((now, len(touched)))
             while self.recent and now - self.recent[0][0] > 5:
                 self.recent.popleft()
             span = max(now - self.recent[0][0], 1e-3) if len(self.recent) > 1 else 5.0
             m.tokens_per_s = sum(n for _, n in self.recent) / span
+        self._gauges()
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        with m.lock:
             m.gauges["requests_running"] = len(self.engine.running)
             m.gauges["requests_queued"] = len(self.engine.waiting) + self.inbox.qsize()
-            m.gauges["kv_cache_slots_in_use"] = len(self.engine.running)
+            m.gauges["kv_cache_slots_in_use"] = self.engine.max_batch - len(self.engine.free)
