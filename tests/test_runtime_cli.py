@@ -60,3 +60,16 @@ def test_recipe_quantizes_lm_head_and_sets_kv_cache(tmp_path, wikitext):
         ref = load_model(ckpt)(input_ids=ids).logits  # transformers reads the quantized head
     got = RuntimeLM(weights, 512)(ids).logits
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-4)
+
+
+def test_runtime_reads_the_awq_gemm_layout(tmp_path):
+    out = tmp_path / "awq-gemm"
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64")], "export": "awq-gemm"})
+    compress("default", recipe, out, log=lambda _: None)
+    ckpt = resolve(str(out))
+    weights = load_weights(ckpt)
+    assert not weights.dense_fallbacks and weights.layers[0].qkv.kind.startswith("int4 g64")
+    ids = torch.arange(500, 700)[None]
+    with torch.no_grad():
+        ref = load_model(ckpt)(input_ids=ids).logits  # llmpress's own AWQ-GEMM decoder
+    torch.testing.assert_close(RuntimeLM(weights, 512)(ids).logits, ref, rtol=1e-4, atol=5e-4)

@@ -1,8 +1,9 @@
 """Load an artifact (quantized, pruned or plain) into the runtime's layout.
 
 Straight from safetensors: no transformers model is built. Quantized linears keep their
-integer codes, repacked once into the CPU kernels' layout; dense tensors stay in the
-checkpoint's dtype (fp32, or bf16 when the artifact was written so).
+integer codes, repacked once into the CPU kernels' layout; dense tensors are computed in
+fp32 whatever their storage dtype (16-bit matmuls on CPU are slow where the processor
+lacks bf16 instructions, and fp32 keeps evaluation equal to transformers' fp32 one).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _linear(prefix, tensors, layers, fallbacks, device="cpu"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
     if prefix not in layers:
-        return DenseLinear(tensors[f"{prefix}.weight"].to(device), bias)
+        return DenseLinear(tensors[f"{prefix}.weight"].to(device, torch.float32), bias)
     args, fmt = layers[prefix]
     if torch.device(device).type == "cuda" and fmt != AWQ_GEMM:
         lin = _triton_linear(prefix, tensors, args, fmt, bias, device)
@@ -187,7 +188,7 @@ def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
                 down=lin(adapter.down),
             )
         )
-    embed = tensors[f"{adapter.embed}.weight"].to(device)
+    embed = tensors[f"{adapter.embed}.weight"].to(device, torch.float32)
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
         lm_head = _linear(head, tensors, layers, fallbacks, device)
