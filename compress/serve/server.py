@@ -197,8 +197,13 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # socketserver's default backlog of 5 resets connections when many clients connect at
+    # once (seen in the load test): every request must be answered, served or 429.
+    request_queue_size = 1024
+
+
 def make_server(app: App, host: str, port: int) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"app": app})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return Server((host, port), handler)
