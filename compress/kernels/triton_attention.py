@@ -26,6 +26,16 @@ def _load_codes(ptr, rows, cols, row_stride, mask, BITS: tl.constexpr):
 
 
 @triton.jit
+def _online_softmax(s, v, m_i, l_i, acc):
+    """Fold one block of scores s [L] and values v [L, D] into the running max, sum and
+    weighted sum."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=0))
+    p = tl.exp(s - m_new)
+    alpha = tl.exp(m_i - m_new)
+    return m_new, l_i * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p[:, None] * v, axis=0)
+
+
+@triton.jit
 def _decode_attention(
     q_ptr,
     o_ptr,
@@ -82,14 +92,8 @@ def _decode_attention(
             vscale = tl.load(vs_ptr + vs_base + r, mask=r < done, other=0.0)
             vmin = tl.load(vm_ptr + vs_base + r, mask=r < done, other=0.0)
             v = _load_codes(vq, r, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
-            s = tl.sum(k * q[None, :], axis=1) * sm_scale
-            s = tl.where(r < done, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            p = tl.exp(s - m_new)
-            alpha = tl.exp(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-            m_i = m_new
+            s = tl.where(r < done, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     kr = kr_ptr + slot * s_slot_r + g * s_head_r
     vr = vr_ptr + slot * s_slot_r + g * s_head_r
     for start in range(0, length - done, GROUP):  # full-precision tokens
@@ -99,12 +103,7 @@ def _decode_attention(
         k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=0))
-        p = tl.exp(s - m_new)
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=0)
-        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
-        m_i = m_new
+        m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
 
 

@@ -168,14 +168,7 @@ def response_body(p: Parsed, rid: str, text: str, finish: str, prompt_n: int, ou
     else:
         choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": p.model,
-        "choices": [choice],
-        "usage": usage,
-    }
+    return {**envelope(p, rid, obj, [choice]), "usage": usage}
 
 
 def chunk_body(p: Parsed, rid: str, text: str | None, finish: str | None, first: bool) -> dict:
@@ -190,10 +183,14 @@ def chunk_body(p: Parsed, rid: str, text: str | None, finish: str | None, first:
     else:
         choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
         obj = "text_completion"
+    return envelope(p, rid, obj, [choice])
+
+
+def envelope(p: Parsed, rid: str, obj: str, choices: list) -> dict:
     return {
         "id": rid,
         "object": obj,
         "created": int(time.time()),
         "model": p.model,
-        "choices": [choice],
+        "choices": choices,
     }

@@ -8,7 +8,6 @@ tokens arrive. A write that fails (the client went away) cancels the request at 
 from __future__ import annotations
 
 import json
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from compress.runtime.engine import Request
@@ -16,6 +15,7 @@ from compress.serve.protocol import (
     BadRequest,
     Parsed,
     chunk_body,
+    envelope,
     error_body,
     new_id,
     parse_body,
@@ -185,9 +185,8 @@ class Handler(BaseHTTPRequestHandler):
                 req = stream.request
                 n, p = len(req.output), len(req.prompt)
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
-                event({"id": rid, "object": "chat.completion.chunk" if parsed.chat else
-                       "text_completion", "created": int(time.time()), "model": parsed.model,
-                       "choices": [], "usage": usage})  # fmt: skip
+                obj = "chat.completion.chunk" if parsed.chat else "text_completion"
+                event({**envelope(parsed, rid, obj, []), "usage": usage})
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError, TimeoutError):

@@ -50,27 +50,28 @@ int llmp_has_avx2(void) {
 #endif
 }
 
+static void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs) {
+    for (int b = 0; b < K / 32; b++) {
+        const float *xb = xr + b * 32;
+        float amax = 0.f;
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
+        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        int sum = 0;
+        for (int k = 0; k < 32; k++) {
+            int v = (int)lrintf(xb[k] * inv);
+            qr[b * 32 + k] = (int8_t)v;
+            sum += v;
+        }
+        dr[b] = d;
+        bs[b] = d * (float)sum;
+    }
+}
+
 void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, float *bsum) {
     int nb = K / 32;
     #pragma omp parallel for schedule(static) if (M > 4)
-    for (int m = 0; m < M; m++) {
-        const float *xr = x + (int64_t)m * K;
-        int8_t *qr = x8 + (int64_t)m * K;
-        for (int b = 0; b < nb; b++) {
-            const float *xb = xr + b * 32;
-            float amax = 0.f;
-            for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
-            float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-            int sum = 0;
-            for (int k = 0; k < 32; k++) {
-                int v = (int)lrintf(xb[k] * inv);
-                qr[b * 32 + k] = (int8_t)v;
-                sum += v;
-            }
-            dx[(int64_t)m * nb + b] = d;
-            bsum[(int64_t)m * nb + b] = d * (float)sum;
-        }
-    }
+    for (int m = 0; m < M; m++)
+        quantize_row(x + (int64_t)m * K, K, x8 + (int64_t)m * K, dx + (int64_t)m * nb, bsum + (int64_t)m * nb);
 }
 
 /* R weight rows at a time share each activation block load; R and BITS are constants
@@ -274,23 +275,6 @@ void llmp_set_threads(int n) {
 
 /* Fused elementwise steps of a decode layer: one call each instead of several torch ops,
  * whose per-op overhead dominates a 135M-parameter model's decode step. */
-
-static void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs) {
-    for (int b = 0; b < K / 32; b++) {
-        const float *xb = xr + b * 32;
-        float amax = 0.f;
-        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
-        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int k = 0; k < 32; k++) {
-            int v = (int)lrintf(xb[k] * inv);
-            qr[b * 32 + k] = (int8_t)v;
-            sum += v;
-        }
-        dr[b] = d;
-        bs[b] = d * (float)sum;
-    }
-}
 
 /* out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w, written to `out` [M, Kp] (zero padded to
  * Kp) and quantized into x8/dx/bsum. */
