@@ -70,3 +70,39 @@ def test_groups_the_kernel_cannot_take_are_refused():
     qw = quantize_weight(torch.randn(8, 48), QuantScheme(bits=4, group_size=24))
     with pytest.raises(ValueError, match="does not fit"):
         PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "-O3 -mavx2 -mfma -mf16c -fopenmp",  # AVX2 without VNNI: maddubs + madd dot products
+        "-O3 -fopenmp",  # no AVX2: the portable C loops
+    ],
+)
+def test_other_instruction_sets_compute_the_same(flags):
+    """This machine builds with -march=native (VNNI); CI and users' machines may take the
+    other code paths, so build them here and run the matmul tests against each."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LLMPRESS_KERNEL_FLAGS": flags}
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            __file__,
+            "-k",
+            "packed_matmul or shared or exact or zero_input",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-2000:]
+    assert " passed" in run.stdout

@@ -66,7 +66,8 @@ def library() -> ctypes.CDLL:
         )
     source = SOURCE.read_bytes()
     errors = []
-    for flags in FLAG_SETS:
+    override = os.environ.get("LLMPRESS_KERNEL_FLAGS")  # e.g. "-O3 -mavx2 -mfma" or "-O3"
+    for flags in [override.split()] if override else FLAG_SETS:
         key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_id().encode()).hexdigest()
         target = cache_dir() / f"qgemm-{key[:16]}.so"
         target.parent.mkdir(parents=True, exist_ok=True)
