@@ -188,6 +188,9 @@ class _QLin(ctypes.Structure):
     _fields_ = [
         *((name, ctypes.c_void_p) for name in ("w", "scale", "zs")),
         *((name, ctypes.c_int) for name in ("n", "k", "g", "bits")),
+        ("oidx", ctypes.c_void_p),
+        ("ow", ctypes.c_void_p),
+        ("n_out", ctypes.c_int),
     ]
 
 
@@ -199,20 +202,38 @@ class _QLayer(ctypes.Structure):
     ]
 
 
-def _qlin(p: PackedLinear) -> _QLin:
-    return _QLin(_ptr(p.packed), _ptr(p.scale), _ptr(p.zs), p.out_features, p.kp, p.group, p.bits)
+def _qlin(p: PackedLinear, outliers=None) -> _QLin:
+    """`outliers`: (int32 column indices [k], fp32 weights [n, k]) or None."""
+    idx, w = outliers if outliers is not None else (None, None)
+    return _QLin(
+        _ptr(p.packed),
+        _ptr(p.scale),
+        _ptr(p.zs),
+        p.out_features,
+        p.kp,
+        p.group,
+        p.bits,
+        None if idx is None else _ptr(idx),
+        None if w is None else _ptr(w),
+        0 if idx is None else idx.numel(),
+    )
+
+
+def _pair(x):
+    return x if isinstance(x, tuple) else (x, None)
 
 
 class FusedDecoder:
     """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
     llmp_decode_layers): for stacks whose linears are all plain packed weights and whose
-    KV cache is fp32. `layers`: (attn_norm, mlp_norm, qkv, o, gate_up, down) per block."""
+    KV cache is fp32. `layers`: (attn_norm, mlp_norm, qkv, o, gate_up, down) per block,
+    each linear a PackedLinear or (PackedLinear, (outlier columns, their weights))."""
 
     def __init__(self, layers, hidden, heads, kv_heads, head_dim, inter, eps, cos, sin):
         self.table = (_QLayer * len(layers))(
             *(
-                _QLayer(_ptr(an), _ptr(mn), _qlin(qkv), _qlin(o), _qlin(gu), _qlin(dn))
-                for an, mn, qkv, o, gu, dn in layers
+                _QLayer(_ptr(an), _ptr(mn), *(_qlin(*_pair(x)) for x in lins))
+                for an, mn, *lins in layers
             )
         )
         self.keep = layers  # the tensors the table points into

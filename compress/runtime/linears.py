@@ -38,6 +38,7 @@ class QuantLinear:
         self.out_features, self.in_features = packed.out_features, packed.in_features
         self.outlier_index = None if outlier_index is None else outlier_index.long()
         self.outlier_weight = None if outlier_weight is None else outlier_weight.float()
+        self._fused = None
         self.kind = f"int{packed.bits} g{packed.group}"
         if self.outlier_index is not None:
             self.kind += f" +{len(self.outlier_index)} fp16 cols"
@@ -49,11 +50,24 @@ class QuantLinear:
             extra = self.outlier_weight.numel() * 2 + self.outlier_index.numel() * 4
         return self.packed.nbytes + extra
 
+    def fused_form(self):
+        """What the one-call C decoder takes: the packed weight, with its outlier columns
+        as (int32 indices, contiguous fp32 weights) when it has any."""
+        if self.outlier_index is None:
+            return self.packed
+        if self._fused is None:
+            idx = self.outlier_index.to(torch.int32).contiguous()
+            self._fused = (self.packed, (idx, self.outlier_weight.contiguous()))
+        return self._fused
+
     def __call__(self, x) -> torch.Tensor:
-        y = self.packed(x)
-        if self.outlier_index is not None:
+        if self.outlier_index is None:
+            y = self.packed(x)
+        else:  # the decomposition: outlier columns in full precision, the rest in int8
             xf = x.x if isinstance(x, QuantizedInput) else x
-            y = y + xf[:, self.outlier_index] @ self.outlier_weight.T
+            regular = xf.clone()
+            regular[:, self.outlier_index] = 0  # keeps them out of the activation scales
+            y = self.packed(regular) + xf[:, self.outlier_index] @ self.outlier_weight.T
         return y if self.bias is None else y + self.bias
 
 
@@ -105,11 +119,17 @@ class ConcatLinear:
 
 def fuse(parts):
     """One linear for `parts` that read the same input, as fast as their layouts allow."""
-    plain = all(
-        isinstance(p, QuantLinear) and p.outlier_index is None and p.bias is None for p in parts
-    )
-    if plain and len({(p.packed.bits, p.packed.group, p.packed.kp) for p in parts}) == 1:
-        return QuantLinear(PackedLinear.concat([p.packed for p in parts]))
+    packed = all(isinstance(p, QuantLinear) and p.bias is None for p in parts)
+    if packed and len({(p.packed.bits, p.packed.group, p.packed.kp) for p in parts}) == 1:
+        indices = [p.outlier_index for p in parts]
+        if all(i is None for i in indices):
+            return QuantLinear(PackedLinear.concat([p.packed for p in parts]))
+        # one input, so one set of outlier columns (same activations, same selection)
+        if all(i is not None and torch.equal(i, indices[0]) for i in indices):
+            weight = torch.cat([p.outlier_weight for p in parts])
+            return QuantLinear(
+                PackedLinear.concat([p.packed for p in parts]), None, indices[0], weight
+            )
     dense = all(isinstance(p, DenseLinear) for p in parts)
     if dense and len({p.weight.dtype for p in parts}) == 1:
         bias = None

@@ -147,14 +147,14 @@ class Model:
 
 
 def _fused_decoder(w: ModelWeights, rope: Rope):
-    """The one-call CPU decoder, when every block linear is a plain packed weight."""
+    """The one-call CPU decoder, when every block linear is a packed weight (outlier
+    columns allowed)."""
     rows = []
     for layer in w.layers:
         lins = layer.linears()
-        if not all(isinstance(x, QuantLinear) and x.outlier_index is None and x.bias is None
-                   for x in lins):  # fmt: skip
+        if not all(isinstance(x, QuantLinear) and x.bias is None for x in lins):
             return None
-        rows.append((layer.attn_norm, layer.mlp_norm, *(x.packed for x in lins)))
+        rows.append((layer.attn_norm, layer.mlp_norm, *(x.fused_form() for x in lins)))
     s = w.shape
     inter = w.layers[0].gate_up.out_features // 2
     return FusedDecoder(

@@ -17,6 +17,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -374,6 +375,9 @@ typedef struct {
     const uint8_t *w;
     const float *scale, *zs;
     int n, k, g, bits;  /* k: padded input width the codes were packed for */
+    const int32_t *oidx; /* LLM.int8()-style outlier input columns (their codes are zero) */
+    const float *ow;     /* and their weights [n, n_out], kept in full precision */
+    int n_out;
 } QLin;
 
 typedef struct {
@@ -381,11 +385,37 @@ typedef struct {
     QLin qkv, o, gate_up, down;
 } QLayer;
 
-static void qlin(const QLin *l, const int8_t *x8, const float *dx, const float *bs, int M, float *y) {
+/* y [M, n] = x @ W.T; x both quantized (x8/dx/bs) and in fp32 (xf, row stride ld) for the
+ * outlier columns. */
+static void qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y,
+                 const float *xf, int ld) {
+    if (l->n_out > 0) {  /* requantize without the outlier columns: they would set the
+                            activation scales of their blocks and crush the other values */
+        float *row = (float *)malloc((size_t)l->k * sizeof(float));
+        for (int m = 0; m < M; m++) {
+            memcpy(row, xf + (int64_t)m * ld, (size_t)l->k * sizeof(float));
+            for (int j = 0; j < l->n_out; j++) row[l->oidx[j]] = 0.f;
+            quantize_row(row, l->k, x8 + (int64_t)m * l->k, dx + (int64_t)m * (l->k / 32),
+                         bs + (int64_t)m * (l->k / 32));
+        }
+        free(row);
+    }
     if (l->bits == 4)
         llmp_gemm_q4(x8, dx, bs, M, l->k, l->g, l->w, l->scale, l->zs, l->n, y);
     else
         llmp_gemm_q8(x8, dx, bs, M, l->k, l->g, (const uint8_t *)l->w, l->scale, l->zs, l->n, y);
+    if (l->n_out == 0) return;
+    for (int m = 0; m < M; m++) {
+        const float *xr = xf + (int64_t)m * ld;
+        float *yr = y + (int64_t)m * l->n;
+        #pragma omp parallel for schedule(static) if (l->n > 256)
+        for (int n = 0; n < l->n; n++) {
+            const float *w = l->ow + (int64_t)n * l->n_out;
+            float acc = 0.f;
+            for (int j = 0; j < l->n_out; j++) acc += xr[l->oidx[j]] * w[j];
+            yr[n] += acc;
+        }
+    }
 }
 
 static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
@@ -422,7 +452,7 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
     for (int l = 0; l < n_layers; l++) {
         const QLayer *L = layers + l;
         llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
-        qlin(&L->qkv, x8, dx, bs, B, qkv);
+        qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp);
         for (int b = 0; b < B; b++) {
             const float *row = qkv + (int64_t)b * nqkv;
             memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
@@ -434,12 +464,12 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
         llmp_decode_attention_f32(q, kn, vn, kc + l * layer_stride, vc + l * layer_stride, cap,
                                   slots, positions, B, heads, kv_heads, D, att);
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
-        qlin(&L->o, x8, dx, bs, B, tmp);
+        qlin(&L->o, x8, dx, bs, B, tmp, pad, ap);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
-        qlin(&L->gate_up, x8, dx, bs, B, gu);
+        qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp);
         llmp_silu_mul_quant(gu, B, inter, ip, pad, x8, dx, bs);
-        qlin(&L->down, x8, dx, bs, B, tmp);
+        qlin(&L->down, x8, dx, bs, B, tmp, pad, ip);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
 }
