@@ -186,24 +186,21 @@ def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
 def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
     """Decode speed of ARTIFACT in llmpress's runtime: TTFT, time per token, tokens/s, MBU."""
-    import torch
 
     from compress.kernels.cpu import set_threads
     from compress.model.loading import resolve
     from compress.runtime.bench import format_bench, run_bench
-    from compress.runtime.kv_cache import KVScheme, parse_kv
+    from compress.runtime.kv_cache import kv_scheme
     from compress.runtime.weights import load_weights
 
     try:
         sizes = [int(b) for b in batches.split(",")]
     except ValueError:
         raise LlmpressError(f"--batch {batches!r}: give sizes like 1,8,32") from None
-    if threads:
-        torch.set_num_threads(threads)
-    set_threads(torch.get_num_threads())
+    set_threads(threads)
     ckpt = resolve(artifact)
     weights = load_weights(ckpt)
-    scheme = parse_kv(kv) if kv else KVScheme.of_artifact(ckpt.config)
+    scheme = kv_scheme(kv, ckpt.config)
     for note in weights.dense_fallbacks:
         click.echo(f"note: runs dense: {note}")
     record = run_bench(weights, sizes, prompt_len, output_len, scheme, log=click.echo)

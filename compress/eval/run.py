@@ -36,11 +36,11 @@ def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
         return load_model(ckpt)
     if engine != "runtime":
         raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
-    from compress.runtime.kv_cache import KVScheme, parse_kv
+    from compress.runtime.kv_cache import kv_scheme
     from compress.runtime.lm import RuntimeLM
     from compress.runtime.weights import load_weights
 
-    scheme = parse_kv(kv) if kv else KVScheme.of_artifact(ckpt.config)
+    scheme = kv_scheme(kv, ckpt.config)
     return RuntimeLM(load_weights(ckpt), max_len=ctx, kv=scheme)
 
 

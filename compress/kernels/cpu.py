@@ -24,8 +24,11 @@ def _ptr(t: torch.Tensor) -> int:
     return t.data_ptr()
 
 
-def set_threads(n: int) -> None:
-    library().llmp_set_threads(n)
+def set_threads(n: int | None = None) -> None:
+    """Threads for torch and the C kernels alike (default: torch's current choice)."""
+    if n:
+        torch.set_num_threads(n)
+    library().llmp_set_threads(torch.get_num_threads())
 
 
 @dataclass
@@ -247,7 +250,6 @@ class FusedDecoder:
         lib = library()
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
-        work = torch.empty(lib.llmp_decode_work_floats(b, hidden, heads, kv_heads, d, inter))
         lib.llmp_decode_layers(
             self.table,
             self.n,
@@ -267,6 +269,5 @@ class FusedDecoder:
             k_cache.stride(0),
             _ptr(slots),
             _ptr(positions),
-            _ptr(work),
         )
         return h

@@ -72,10 +72,8 @@ def bench_one(
     gen = torch.Generator().manual_seed(seed)
     vocab = weights.shape.vocab
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
-    warm = [Request(torch.randint(vocab, (prompt_len,), generator=gen).tolist(), params)]
-    for r in warm:
-        r.params = SamplingParams(max_tokens=4, ignore_eos=True)
-        engine.submit(r)
+    warm = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
+    engine.submit(Request(warm, SamplingParams(max_tokens=4, ignore_eos=True)))
     while not engine.idle:
         engine.step()
     reqs = [

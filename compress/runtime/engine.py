@@ -23,7 +23,7 @@ from compress.runtime.weights import ModelWeights
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the engine looks requests up in its lists every step
 class Request:
     prompt: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)

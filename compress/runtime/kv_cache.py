@@ -59,6 +59,11 @@ FP32 = KVScheme()  # no KV quantization
 CONFIG_KEY = "llmpress_kv_cache_scheme"
 
 
+def kv_scheme(spec: str | None, config: dict) -> KVScheme:
+    """The scheme a user asked for (`--kv`), else the one the artifact records."""
+    return parse_kv(spec) if spec else KVScheme.of_artifact(config)
+
+
 def parse_kv(spec: str) -> KVScheme:
     """`int8`, `int4`, `int4:g64` or `none`."""
     name, _, group = spec.partition(":g")

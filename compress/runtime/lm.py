@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import torch
 
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.model import Model
 from compress.runtime.weights import ModelWeights
 
 
@@ -16,8 +17,6 @@ class RuntimeLM:
     (what a served sequence sees) and not only to its own full-precision keys."""
 
     def __init__(self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, chunk=None):
-        from compress.runtime.model import Model
-
         s = weights.shape
         self.model = Model(weights, max_len + 1)
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)

@@ -40,16 +40,21 @@ class Rope:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+def _decode_sized(x: torch.Tensor) -> bool:
+    """Rows the packed CPU kernels take with int8 activations (more go the exact path)."""
+    return x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu"
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float):
     """rms_norm, quantized in the same pass for the packed CPU linears at decode sizes."""
-    if x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu":
+    if _decode_sized(x):
         return rms_norm_quantized(x, weight, eps)
     return rms_norm(x, weight, eps)
 
 
 def _mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
     gate_up = layer.gate_up(_norm(h, layer.mlp_norm, eps))
-    if gate_up.shape[0] <= EXACT_ABOVE and gate_up.device.type == "cpu":
+    if _decode_sized(gate_up):
         return layer.down(silu_mul_quantized(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
     return layer.down(torch.nn.functional.silu(gate) * up)
@@ -128,12 +133,12 @@ class Model:
             self.fused(h, cache.k, cache.v, slots.contiguous(), positions.contiguous())
             cache.lengths[slots] += 1
             return self._logits(h)
-        fused = self.device.type == "cpu" and cache.scheme.bits is None
+        c_attention = self.device.type == "cpu" and cache.scheme.bits is None
         attend = _triton_attention if self.device.type == "cuda" else _torch_attention
         h = self.w.embed[tokens].float()
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions)
-            if fused:  # one C call: write k/v, attend (compress/kernels/cpu/qgemm.c)
+            if c_attention:  # one C call: write k/v, attend (compress/kernels/cpu/qgemm.c)
                 att = decode_attention_f32(
                     q, k, v.contiguous(), cache.k[i], cache.v[i], slots, positions
                 )

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
 from compress.runtime.engine import Engine
-from compress.runtime.kv_cache import KVScheme, parse_kv
+from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
 from compress.serve.scheduler import Scheduler
@@ -21,7 +19,7 @@ def build_app(artifact: str, max_batch=8, max_len=2048, max_queue=64, kv=None, m
     ckpt = resolve(artifact)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt)
-    scheme = parse_kv(kv) if kv else KVScheme.of_artifact(ckpt.config)
+    scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
     engine = Engine(weights, max_batch=max_batch, max_len=max_len, kv=scheme, eos_token_ids=eos)
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
@@ -30,9 +28,7 @@ def build_app(artifact: str, max_batch=8, max_len=2048, max_queue=64, kv=None, m
 
 
 def run_server(artifact, host, port, max_batch, max_len, max_queue, kv, threads, model_name, log):
-    if threads:
-        torch.set_num_threads(threads)
-    set_threads(torch.get_num_threads())
+    set_threads(threads)
     app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name)
     try:
         server = make_server(app, host, port)

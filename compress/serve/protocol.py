@@ -70,9 +70,8 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
         if body.get(key) not in (None, 0, 0.0):
             raise BadRequest(f"`{key}` is not supported (only 0)")
     prompt_ids = _chat_ids(body, tokenizer) if chat else _prompt_ids(body, tokenizer)
-    limit = body.get("max_completion_tokens") if chat else None
-    max_tokens = _number(body, "max_tokens", None, 1, max_len, int)
-    max_tokens = _number({"m": limit}, "m", max_tokens, 1, max_len, int) if limit else max_tokens
+    key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _number(body, key, None, 1, max_len, int)
     if max_tokens is None:
         max_tokens = max(1, min(256, max_len - len(prompt_ids)))
     if len(prompt_ids) + max_tokens > max_len:

@@ -240,19 +240,20 @@ DEFINE_GEMM(8)
 
 /* The dense fp32 weight, for the exact (large-batch) path. */
 void llmp_dequant_q4(const uint8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
-    int ng = K / G;
+    int ng = K / G;  /* G is a multiple of 32: one group per block */
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const uint8_t *wr = w + (int64_t)n * (K / 2);
         float *o = out + (int64_t)n * K;
-        for (int b = 0; b < K / 32; b++)
+        for (int b = 0; b < K / 32; b++) {
+            int64_t g = (int64_t)n * ng + b * 32 / G;
+            float s = scale[g], z = zs[g];
             for (int j = 0; j < 16; j++) {
                 uint8_t byte = wr[b * 16 + j];
-                int k0 = b * 32 + j, k1 = k0 + 16;
-                int64_t g0 = (int64_t)n * ng + k0 / G, g1 = (int64_t)n * ng + k1 / G;
-                o[k0] = (byte & 0x0F) * scale[g0] - zs[g0];
-                o[k1] = (byte >> 4) * scale[g1] - zs[g1];
+                o[b * 32 + j] = (byte & 0x0F) * s - z;
+                o[b * 32 + 16 + j] = (byte >> 4) * s - z;
             }
+        }
     }
 }
 
@@ -260,8 +261,13 @@ void llmp_dequant_q8(const int8_t *w, const float *scale, const float *zs, int N
     int ng = K / G;
     #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
-        for (int k = 0; k < K; k++)
-            out[(int64_t)n * K + k] = w[(int64_t)n * K + k] * scale[(int64_t)n * ng + k / G] - zs[(int64_t)n * ng + k / G];
+        for (int b = 0; b < K / 32; b++) {
+            int64_t g = (int64_t)n * ng + b * 32 / G;
+            for (int j = 0; j < 32; j++) {
+                int64_t k = (int64_t)n * K + b * 32 + j;
+                out[k] = w[k] * scale[g] - zs[g];
+            }
+        }
 }
 
 #ifdef _OPENMP
@@ -431,13 +437,16 @@ static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, f
 void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps,
                         const float *cos_t, const float *sin_t, float *kc, float *vc, int cap,
-                        int64_t layer_stride, const int64_t *slots, const int64_t *positions,
-                        float *work) {
+                        int64_t layer_stride, const int64_t *slots, const int64_t *positions) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = hp > ap ? hp : ap;
     widest = widest > ip ? widest : ip;
     int nqkv = (heads + 2 * kv_heads) * D;
-    /* workspace carved from `work` (the caller sizes it with llmp_decode_work_floats) */
+    /* one workspace for the step: fp32 rows, block scales and sums, projections, int8 codes */
+    int64_t floats = (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
+                     + (int64_t)B * widest / 4 + 16;
+    float *work = (float *)malloc((size_t)floats * sizeof(float));
+    if (work == NULL) return;
     float *pad = work;
     float *dx = pad + (int64_t)B * widest;
     float *bs = dx + (int64_t)B * (widest / 32);
@@ -472,15 +481,5 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
         qlin(&L->down, x8, dx, bs, B, tmp, pad, ip);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
-}
-
-int64_t llmp_decode_work_floats(int B, int hidden, int heads, int kv_heads, int D, int inter) {
-    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
-    int widest = hp > ap ? hp : ap;
-    widest = widest > ip ? widest : ip;
-    int64_t n = (int64_t)B * widest + 2 * (int64_t)B * (widest / 32);
-    n += (int64_t)B * (heads + 2 * kv_heads) * D + (int64_t)B * heads * D + (int64_t)B * 2 * inter;
-    n += (int64_t)B * hidden + (int64_t)B * widest / 4 + 1;  /* int8 codes, in floats */
-    n += (int64_t)B * (heads + 2 * kv_heads) * D;             /* q, k, v */
-    return n + 64;
+    free(work);
 }
