@@ -51,6 +51,18 @@ def describe(artifact: str, as_json: bool = False) -> str:
         for record in manifest.get("stages", []):
             if "outliers" in record:
                 lines.append(_outlier_summary(record))
+            if record.get("stage") == "prune":
+                a, n = record["shape_after"], record["non_embedding_params"]
+                lines.append(
+                    f"pruned: hidden {a['hidden']}, heads {a['heads']} (KV {a['kv_heads']}), "
+                    f"MLP {a['intermediate']}, layers {a['layers']}; non-embedding parameters "
+                    f"{n['before']:,} → {n['after']:,}"
+                )
+            if record.get("stage") == "distill":
+                lines.append(
+                    f"distilled: {record['steps']} steps, {record['tokens']:,} tokens, "
+                    f"final KL {record['loss_history'][-1][1] if record['loss_history'] else '?'}"
+                )
         d = manifest.get("drift")
         if d:
             lines.append(

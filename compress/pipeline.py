@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from compress.artifact.manifest import build_manifest, write_manifest
@@ -15,7 +17,7 @@ from compress.artifact.writer import ArtifactWriter, check_output, preflight_exp
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
-from compress.model.default import DEFAULT_NAME
+from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import Checkpoint, load_model, load_tokenizer, read_tensors, resolve
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe
@@ -41,7 +43,23 @@ def source_info(ckpt: Checkpoint) -> dict:
         "model_type": ckpt.config.get("model_type"),
         "sha256": ckpt.sha256,
         "bytes": sum(f.stat().st_size for f in ckpt.files),
+        "license": source_license(ckpt),
     }
+
+
+def source_license(ckpt: Checkpoint) -> str | None:
+    """The source's license: SmolLM2's for the default model, else its card's front matter."""
+    if ckpt.source == "default":
+        return DEFAULT_LICENSE
+    card = ckpt.path / "README.md"
+    if card.is_file():
+        text = card.read_text(errors="replace")
+        if text.startswith("---"):
+            for line in text.split("---", 2)[1].splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "license" and value.strip():
+                    return value.strip().strip("'\"")
+    return None
 
 
 class _Clock:
@@ -65,52 +83,145 @@ def compress(
     output: Path,
     *,
     overwrite: bool = False,
+    resume: bool = False,
     command: str | None = None,
     log=print,
 ) -> Path:
+    """Compress `model` with `recipe` into `output`. Model stages (prune, distill) run
+    first on the whole model; `resume` continues their last checkpoint after a kill."""
     output = Path(output)
     check_output(output, overwrite)
     stages = recipe.build()
+    model_stages = [st for st in stages if st.whole_model]
+    stages = [st for st in stages if not st.whole_model]
     started = time.perf_counter()
-    ckpt = resolve(model)
+    ckpt = source = resolve(model)
     if ckpt.is_quantized:
         raise LlmpressError(
             f"{model} is already quantized: compress the original checkpoint it was made from"
         )
-    ws = Workspace(
-        store=BlockStore(ckpt),
-        tokenizer=None,
-        storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
-        ignore=recipe.ignore,
-    )
+    planned = ckpt.config
+    for stage in model_stages:
+        stage.preflight(planned)
+        planned = stage.planned_config(planned)
+
+    def workspace(ckpt: Checkpoint) -> Workspace:
+        return Workspace(
+            store=BlockStore(ckpt),
+            tokenizer=None,
+            storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
+            ignore=recipe.ignore,
+        )
+
+    ws = workspace(ckpt)
     for stage in stages:
         stage.preflight(ws)
     head_scheme = recipe.lm_head_scheme()
-    if head_scheme is not None and head_scheme.group_for(ckpt.config["hidden_size"]) is None:
+    if head_scheme is not None and head_scheme.group_for(planned["hidden_size"]) is None:
         raise LlmpressError(
-            f"lm_head: no group size fits width {ckpt.config['hidden_size']} with "
+            f"lm_head: no group size fits width {planned['hidden_size']} with "
             f"{head_scheme.label()}: choose another group size or drop lm_head"
         )
     schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
     preflight_export(recipe.export, ws, schemes)
-    ws.tokenizer = load_tokenizer(ckpt)
+    log(
+        f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
+        f"{recipe.label()}"
+    )
+    tokenizer = load_tokenizer(ckpt)
+    samples = records = None
+    timing: dict[str, float] = defaultdict(float)
+    if recipe.needs_calibration:
+        c = recipe.calib
+        log(f"calibration: {c.samples} × {c.length} tokens from {c.source}")
+        with _Clock(timing)("calibration data"):
+            samples = load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
+    if model_stages:
+        ckpt, records = run_model_stages(
+            source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing
+        )
+        ws = workspace(ckpt)
+        for stage in stages:  # again, on the widths the model stages left
+            stage.preflight(ws)
+    ws.tokenizer = tokenizer
     extra = {}
     if recipe.kv_cache:
         from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
 
         extra[CONFIG_KEY] = parse_kv(recipe.kv_cache).config()
     writer = ArtifactWriter(ws, output, recipe.export, overwrite, extra)
-    log(
-        f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
-        f"{recipe.label()}"
-    )
     try:
-        _run_stages(ws, ckpt, recipe, stages, writer, log, started, command)
+        _run_stages(
+            ws,
+            source,
+            recipe,
+            stages,
+            writer,
+            log,
+            started,
+            command,
+            samples,
+            timing,
+            records or [],
+        )
     except BaseException:
         writer.abort()
         raise
+    if model_stages:
+        shutil.rmtree(work_dir(output), ignore_errors=True)
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def work_dir(output: Path) -> Path:
+    """Where model stages keep checkpoints and the model they made: beside the output, kept
+    after a failure (for --resume), removed once the artifact is written."""
+    return output.parent / f".{output.name}.llmpress-work"
+
+
+def run_model_stages(source, stages, samples, tokenizer, folder, resume, log, timing):
+    """Run the whole-model stages and save their result as a checkpoint the block walk reads."""
+    import json
+
+    from compress.calib_data.prepare import load_calibration as load_text
+    from compress.stage import ModelContext
+
+    clock = _Clock(timing)
+    if not resume:
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    with clock("load model"):
+        teacher = load_model(source)
+    ctx = ModelContext(
+        teacher=teacher,
+        model=teacher,
+        config=dict(source.config),
+        adapter=source.adapter,
+        tokenizer=tokenizer,
+        samples=samples,
+        work_dir=folder,
+        resume=resume,
+        load_text=lambda cfg: load_text(cfg, tokenizer, lambda: teacher, source.sha256),
+        log=log,
+    )
+    records = []
+    for stage in stages:
+        with clock(stage.name):
+            records.append(stage.run(ctx))
+    out = folder / "model"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    state = {k: v.contiguous() for k, v in ctx.model.state_dict().items()}
+    if ctx.config.get("tie_word_embeddings"):
+        state.pop(f"{source.adapter.lm_head}.weight", None)
+    save_file(state, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(ctx.config, indent=2))
+    (out / "llmpress_source.json").write_text(json.dumps({"sha256": source.sha256}))
+    tokenizer.save_pretrained(str(out))
+    for name in ("generation_config.json", "chat_template.jinja"):
+        if (source.path / name).is_file():
+            shutil.copy2(source.path / name, out / name)
+    return resolve(str(out)), records
 
 
 def quantize_lm_head(ws: Workspace, scheme) -> dict:
@@ -125,19 +236,16 @@ def quantize_lm_head(ws: Workspace, scheme) -> dict:
     return {"stage": "lm_head", "scheme": scheme.label(), "source": source}
 
 
-def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None:
+def _run_stages(
+    ws, source, recipe, stages, writer, log, started, command, samples, timing, records
+) -> None:
     """Walk the blocks: calibrate and transform each, write it, feed its output onward."""
-    timing: dict[str, float] = defaultdict(float)
     clock = _Clock(timing)
     hidden = rope = None
-    if recipe.needs_calibration:
-        c = recipe.calib
-        log(f"calibration: {c.samples} × {c.length} tokens from {c.source}")
-        with clock("calibration data"):
-            samples = load_calibration(c, ws.tokenizer, lambda: load_model(ckpt), ckpt.sha256)
-            hidden = ws.store.embed(samples)
-            rope = ws.store.position_embeddings(samples.shape[1])
-    for i in tqdm(range(ckpt.num_layers), desc="blocks", unit="block"):
+    if any(stage.needs_calibration for stage in stages):
+        hidden = ws.store.embed(samples)
+        rope = ws.store.position_embeddings(samples.shape[1])
+    for i in tqdm(range(ws.num_layers), desc="blocks", unit="block"):
         with clock("read blocks"):
             block = ws.store.block(i)
         ctx = BlockContext(ws, i, block, hidden, rope)
@@ -152,7 +260,7 @@ def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None
         ws.store.release(i)
         with clock("write"):
             writer.add_block(i)
-    records = [stage.export(ws) for stage in stages]
+    records = records + [stage.export(ws) for stage in stages]
     if recipe.lm_head:
         with clock("lm_head"):
             records.append(quantize_lm_head(ws, recipe.lm_head_scheme()))
@@ -160,7 +268,7 @@ def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None
     def finish(folder: Path) -> None:
         manifest = build_manifest(
             ws=ws,
-            source=source_info(ckpt),
+            source=source_info(source),
             recipe=recipe.to_dict(),
             stages=records,
             folder=folder,
@@ -171,4 +279,4 @@ def _run_stages(ws, ckpt, recipe, stages, writer, log, started, command) -> None
         manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
         write_manifest(folder, manifest)
 
-    writer.finish(ckpt.path, finish)
+    writer.finish(ws.store.ckpt.path, finish)

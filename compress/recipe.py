@@ -3,6 +3,8 @@
 YAML form:
 
     stages:
+      - prune: {params: 0.7}        # whole-model stages first (prune, distill)
+      - distill: {tokens: 300000}
       - rtn: {bits: 4, group_size: 64, zero_point: true}
     calib: {source: self, samples: 128, length: 512, seed: 0}
     ignore: ["*.down_proj"]      # globs or re:REGEX on module names
@@ -32,8 +34,10 @@ from typing import Any
 
 import yaml
 
+from compress.distill import stage as _distill  # noqa: F401 - registers the stages
 from compress.errors import LlmpressError
-from compress.quantizers import awq, int8_outlier, rtn  # noqa: F401 - registers the stages
+from compress.pruning import stage as _prune  # noqa: F401
+from compress.quantizers import awq, int8_outlier, rtn  # noqa: F401
 from compress.stage import STAGES, Stage
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -167,6 +171,16 @@ def parse_recipe(data: Any) -> Recipe:
                 f"available: {', '.join(sorted(STAGES))}"
             )
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
+        if name == "distill" and not any(n == "prune" for n, _ in stages[:-1]):
+            raise LlmpressError(
+                f"recipe: stage {i} (distill) repairs a pruned model: put a prune stage before it"
+            )
+        whole = STAGES[name].factory.whole_model
+        if whole and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
+            raise LlmpressError(
+                f"recipe: stage {i} ({name}) works on the whole model and must come before "
+                "the quantizing stages (e.g. prune → distill → awq)"
+            )
     calib = build_config(CalibConfig, data.get("calib"), "calib")
     ignore = data.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):

@@ -1,11 +1,15 @@
 """The one interface every compression method plugs into: calibrate → transform → export.
 
-The pipeline walks the model one decoder block at a time (compress/model/blocks.py).
+Two kinds of stage share it. Block stages (quantizers) run while the pipeline walks the
+model one decoder block at a time (compress/model/blocks.py).
 For each block every stage first `calibrate`s (looks at the block and the calibration
 activations entering it) and then `transform`s it (changes weights, records quantized
 ones); the block's output, computed with the transformed weights, feeds the next block.
-`export` returns a record of what the stage did for the manifest. The pipeline knows
-nothing about any particular method.
+`export` returns a record of what the stage did for the manifest. Model stages (pruning,
+distillation) change the architecture or train the whole model, so they see it whole:
+they come first in a recipe, `run` on a ModelContext, and their result becomes the
+checkpoint the block stages then walk. The pipeline knows nothing about any particular
+method.
 """
 
 from __future__ import annotations
@@ -125,6 +129,47 @@ class Stage(Protocol):
     def export(self, ws: Workspace) -> dict: ...
 
 
+@dataclass
+class ModelContext:
+    """The whole dense model as model stages see it, and what they have done to it.
+
+    `teacher` is the original model (never changed); `model` is the current one, which a
+    stage may replace (pruning builds a smaller one). `layer_map[j]` is the original
+    index of layer j and `hidden_index` the original hidden channels kept, so later
+    stages can match the two models' hidden states.
+    """
+
+    teacher: torch.nn.Module
+    model: torch.nn.Module
+    config: dict
+    adapter: Any
+    tokenizer: Any
+    samples: torch.Tensor  # calibration token ids [n, length]
+    work_dir: Any  # Path: where long stages keep checkpoints (survives a killed run)
+    resume: bool = False
+    load_text: Any = None  # Callable[[CalibConfig], Tensor]: more calibration text on request
+    log: Any = print
+    layer_map: list[int] = field(default_factory=list)
+    hidden_index: torch.Tensor | None = None
+
+
+class ModelStage(Protocol):
+    """A stage that works on the whole model before the block walk (`whole_model = True`)."""
+
+    name: ClassVar[str]
+    needs_calibration: ClassVar[bool]
+    whole_model: ClassVar[bool]
+
+    def preflight(self, config: dict) -> None:
+        """Refuse, before any work, what this stage cannot do to a model with `config`."""
+
+    def planned_config(self, config: dict) -> dict:
+        """The config of the model this stage will return (for later stages' preflight)."""
+
+    def run(self, ctx: ModelContext) -> dict:
+        """Change `ctx.model` (and `ctx.config`); return the manifest record."""
+
+
 @dataclass(frozen=True)
 class StageEntry:
     config_type: type
@@ -139,6 +184,7 @@ def register_stage(name: str, config_type: type):
 
     def wrap(cls):
         cls.name = name
+        cls.whole_model = getattr(cls, "whole_model", False)
         STAGES[name] = StageEntry(config_type, cls)
         return cls
 

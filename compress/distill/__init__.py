@@ -1,0 +1,1 @@
+"""Distillation repair: the original model teaches the compressed one."""

@@ -1,0 +1,208 @@
+"""The repair loop: the original model teaches the pruned one, resumably.
+
+Loss: T² · KL(teacher_T ‖ student_T) over the vocabulary at every position (Hinton's
+temperature scaling keeps gradients comparable across T), plus optionally a normalized
+MSE between matched layers' outputs (student layer j ↔ teacher layer layer_map[j], on the
+kept hidden channels). AdamW, linear warm-up then cosine decay.
+
+Every step's batch is a function of the step number and the seed alone, and a checkpoint
+holds the student, the optimizer and the step, so a run killed at any point and resumed
+from its last checkpoint computes exactly what the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    steps: int
+    batch: int
+    lr: float
+    warmup: float
+    min_lr_ratio: float
+    weight_decay: float
+    temperature: float
+    hidden_weight: float
+    checkpoint_every: int
+    max_seconds: float | None
+    train_embeddings: bool
+    seed: int
+
+
+def lr_factor(step: int, s: DistillSettings) -> float:
+    warm = max(1, round(s.warmup * s.steps))
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1, s.steps - warm)
+    return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def batch_indices(step: int, batch: int, n: int, seed: int) -> torch.Tensor:
+    """Sample indices of `step`: epochs are seeded permutations, walked in order."""
+    idx = []
+    for k in range(step * batch, (step + 1) * batch):
+        epoch, pos = divmod(k, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        idx.append(int(perm[pos]))
+    return torch.tensor(idx)
+
+
+def kd_loss(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
+    t = temperature
+    s = torch.log_softmax(student_logits.float() / t, -1)
+    p = torch.log_softmax(teacher_logits.float() / t, -1)
+    return (p.exp() * (p - s)).sum(-1).mean() * t * t
+
+
+class _LayerOutputs:
+    """Collects each decoder layer's output during a forward pass."""
+
+    def __init__(self, layers):
+        self.out: list[torch.Tensor] = []
+        self.handles = [layer.register_forward_hook(self._hook) for layer in layers]
+
+    def _hook(self, _m, _args, out):
+        self.out.append(out[0] if isinstance(out, tuple) else out)
+
+    def take(self) -> list[torch.Tensor]:
+        out, self.out = self.out, []
+        return out
+
+
+def hidden_loss(student_out, teacher_out, layer_map, hidden_index) -> torch.Tensor:
+    total = 0.0
+    for j, s in enumerate(student_out):
+        t = teacher_out[layer_map[j]]
+        if hidden_index is not None:
+            t = t.index_select(-1, hidden_index)
+        total = total + (s - t).square().mean() / t.square().mean().clamp_min(1e-8)
+    return total / len(student_out)
+
+
+def fingerprint(settings: DistillSettings, config: dict, data: torch.Tensor, student) -> str:
+    """Names a run by everything that determines its result (settings, model shape, data,
+    the student's starting weights): a checkpoint resumes only the run that wrote it."""
+    h = hashlib.sha256(json.dumps([asdict(settings), config], sort_keys=True).encode())
+    h.update(data.numpy().tobytes())
+    for t in student.state_dict().values():
+        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _save(path: Path, payload: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+def distill(
+    student,
+    teacher,
+    data: torch.Tensor,
+    s: DistillSettings,
+    *,
+    work_dir: Path,
+    resume: bool,
+    run_id: str,
+    layer_map: list[int] | None = None,
+    hidden_index: torch.Tensor | None = None,
+    adapter=None,
+    log=print,
+) -> dict:
+    """Train `student` toward `teacher` on token samples `data` [n, length]; returns a record."""
+    torch.manual_seed(s.seed)
+    teacher.eval().requires_grad_(False)
+    student.train()
+    for name, p in student.named_parameters():
+        is_embed = "embed_tokens" in name or "lm_head" in name
+        p.requires_grad_(s.train_embeddings or not is_embed)
+    params = [p for p in student.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, s))
+    ckpt_path = Path(work_dir) / f"distill-{run_id}.pt"
+    start, history = 0, []
+    if resume and ckpt_path.is_file():
+        state = torch.load(ckpt_path, weights_only=False)
+        student.load_state_dict(state["student"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        start, history = state["step"], state["history"]
+        log(f"distill: resumed from step {start} of {s.steps} ({ckpt_path})")
+    elif resume:
+        log(f"distill: no checkpoint of this run in {work_dir}; starting from step 0")
+    hidden = s.hidden_weight > 0
+    if hidden:
+        grab_s = _LayerOutputs(student.get_submodule(adapter.blocks))
+        grab_t = _LayerOutputs(teacher.get_submodule(adapter.blocks))
+    length = data.shape[1]
+    started = time.perf_counter()
+    done_tokens = 0
+    stopped = "tokens"
+    bar = tqdm(range(start, s.steps), desc="distill", unit="step", initial=start, total=s.steps)
+    step = start
+    for step in bar:
+        if s.max_seconds is not None and time.perf_counter() - started > s.max_seconds:
+            stopped = "time"
+            break
+        ids = data[batch_indices(step, s.batch, data.shape[0], s.seed)]
+        with torch.no_grad():
+            t_logits = teacher(input_ids=ids, use_cache=False).logits
+        t_hidden = grab_t.take() if hidden else None
+        s_logits = student(input_ids=ids, use_cache=False).logits
+        loss = kd_loss(s_logits, t_logits, s.temperature)
+        kd = loss.item()
+        if hidden:
+            loss = loss + s.hidden_weight * hidden_loss(
+                grab_s.take(), t_hidden, layer_map, hidden_index
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        done_tokens += ids.numel()
+        history.append([step, round(kd, 5)])
+        rate = done_tokens / (time.perf_counter() - started)
+        bar.set_postfix(kl=f"{kd:.4f}", tok_s=f"{rate:.0f}", lr=f"{sched.get_last_lr()[0]:.2e}")
+        if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps:
+            _save(
+                ckpt_path,
+                {
+                    "run_id": run_id,
+                    "step": step + 1,
+                    "student": student.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "history": history,
+                },
+            )
+    else:
+        step = s.steps
+    if hidden:
+        for h in grab_s.handles + grab_t.handles:
+            h.remove()
+    student.eval().requires_grad_(False)
+    seconds = time.perf_counter() - started
+    return {
+        "steps": step,
+        "planned_steps": s.steps,
+        "resumed_from": start,
+        "stopped_on": stopped,
+        "tokens": step * s.batch * length,
+        "seconds_this_run": round(seconds, 1),
+        "tokens_per_second": round(done_tokens / seconds, 1) if seconds else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "loss_history": history,
+    }

@@ -1,0 +1,1 @@
+"""Structured pruning: importance scores, planning the new shape, surgery."""

@@ -1,0 +1,180 @@
+"""How much each head, MLP neuron, hidden channel and layer matters, from calibration data.
+
+Minitron-style: one forward pass of the original model over calibration tokens, with
+hooks. Widths are scored by what a unit adds to the residual stream: the RMS over tokens
+of the norm of its contribution (for an MLP neuron, |activation| times the norm of its
+down-projection column; for a head, its slice of o_proj applied to its output). Hidden
+channels are scored by the RMS of every normalization's output in that channel, summed.
+Layers get block influence, 1 − cos(input, output), and, when layers are to be removed,
+the KL divergence of the model's output when that layer alone is skipped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+
+@dataclass
+class Importance:
+    heads: torch.Tensor  # [layers, heads]
+    mlp: torch.Tensor  # [layers, intermediate]
+    hidden: torch.Tensor  # [hidden]
+    layer_bi: torch.Tensor  # [layers]: 1 − mean cos(block input, block output)
+    layer_drift: torch.Tensor | None = None  # [layers]: KL(original ‖ layer skipped)
+    tokens: int = 0
+    method: str = "activation"
+
+    def to_manifest(self) -> dict:
+        """Every score, rounded to 4 significant digits: small enough to keep, enough to plot."""
+
+        def r(t):
+            return None if t is None else [float(f"{v:.4g}") for v in t.flatten().tolist()]
+
+        out = {
+            "method": self.method,
+            "tokens": self.tokens,
+            "heads": [r(row) for row in self.heads],
+            "mlp": [r(row) for row in self.mlp],
+            "hidden": r(self.hidden),
+            "layer_block_influence": r(self.layer_bi),
+            "layer_removal_kl": r(self.layer_drift),
+        }
+        return out
+
+
+def _first(args, kwargs, key):
+    return args[0] if args else kwargs[key]
+
+
+@torch.no_grad()
+def activation_importance(
+    model, adapter, samples: torch.Tensor, *, drift_samples: int = 0, chunk: int = 4, log=print
+) -> Importance:
+    """Score every unit of `model` on `samples` [n, length] (see the module docstring)."""
+    cfg = model.config
+    layers = model.get_submodule(adapter.blocks)
+    n_layers, heads = len(layers), cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    head_sq = torch.zeros(n_layers, heads, dtype=torch.float64)
+    mlp_sq = torch.zeros(n_layers, cfg.intermediate_size, dtype=torch.float64)
+    hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64)
+    cos_sum = torch.zeros(n_layers, dtype=torch.float64)
+    handles = []
+
+    def on_o(i):
+        weight = layers[i].get_submodule(adapter.o).weight  # [hidden, heads*head_dim]
+        w = weight.view(weight.shape[0], heads, head_dim)
+
+        def hook(_m, args):
+            x = args[0].reshape(-1, heads, head_dim)
+            contrib = torch.einsum("thd,ohd->tho", x, w)  # each head's share of o_proj's output
+            head_sq[i] += contrib.square().sum(dim=(0, 2)).double()
+
+        return hook
+
+    def on_down(i):
+        def hook(_m, args):
+            mlp_sq[i] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
+
+        return hook
+
+    def on_norm(slot):
+        def hook(_m, _args, out):
+            hidden_sq[slot] += out.reshape(-1, out.shape[-1]).square().sum(0).double()
+
+        return hook
+
+    def on_block(i):
+        def hook(_m, args, kwargs, out):
+            x = _first(args, kwargs, "hidden_states")
+            y = out[0] if isinstance(out, tuple) else out
+            cos_sum[i] += torch.nn.functional.cosine_similarity(x, y, dim=-1).sum().double()
+
+        return hook
+
+    for i, block in enumerate(layers):
+        handles.append(block.get_submodule(adapter.o).register_forward_pre_hook(on_o(i)))
+        handles.append(block.get_submodule(adapter.down).register_forward_pre_hook(on_down(i)))
+        handles.append(block.get_submodule(adapter.attn_norm).register_forward_hook(on_norm(2 * i)))
+        mlp_norm = block.get_submodule(adapter.mlp_norm)
+        handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
+        handles.append(block.register_forward_hook(on_block(i), with_kwargs=True))
+    final = model.get_submodule(adapter.final_norm)
+    handles.append(final.register_forward_hook(on_norm(2 * n_layers)))
+    try:
+        for lo in tqdm(range(0, samples.shape[0], chunk), desc="importance", unit="chunk"):
+            model(input_ids=samples[lo : lo + chunk], use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    tokens = samples.numel()
+    down_norm = torch.stack(
+        [block.get_submodule(adapter.down).weight.norm(dim=0).double() for block in layers]
+    )
+    result = Importance(
+        heads=(head_sq / tokens).sqrt().float(),
+        mlp=((mlp_sq / tokens).sqrt() * down_norm).float(),
+        hidden=(hidden_sq / tokens).sqrt().sum(0).float(),
+        layer_bi=(1 - cos_sum / tokens).float(),
+        tokens=tokens,
+    )
+    if drift_samples:
+        result.layer_drift = layer_removal_kl(model, adapter, samples[:drift_samples], log=log)
+    return result
+
+
+@torch.no_grad()
+def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.Tensor:
+    """KL(original ‖ model without layer i) per token, for every layer i.
+
+    One full pass records what enters each layer; skipping layer i then reruns only the
+    layers after it, from the input layer i received.
+    """
+    layers = model.get_submodule(adapter.blocks)
+    entering: list[torch.Tensor] = []
+    handles = [
+        layer.register_forward_pre_hook(
+            lambda _m, args, kwargs: entering.append(_first(args, kwargs, "hidden_states")),
+            with_kwargs=True,
+        )
+        for layer in layers
+    ]
+    try:
+        base = torch.log_softmax(model(input_ids=samples, use_cache=False).logits.float(), -1)
+    finally:
+        for h in handles:
+            h.remove()
+    positions = torch.arange(samples.shape[1])[None]
+    rotary = model.get_submodule(adapter.derived_modules[0])
+    rope = rotary(entering[0], positions)
+    norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.lm_head)
+    out = torch.zeros(len(layers))
+    for i in tqdm(range(len(layers)), desc="layer removal", unit="layer"):
+        h = entering[i]
+        for layer in layers[i + 1 :]:
+            h = layer(h, position_embeddings=rope)
+            h = h[0] if isinstance(h, tuple) else h
+        logp = torch.log_softmax(head(norm(h)).float(), -1)
+        out[i] = (base.exp() * (base - logp)).sum(-1).mean()
+    return out
+
+
+def random_importance(config: dict, seed: int, layers: int | None = None) -> Importance:
+    """Scores drawn at random (seeded): the baseline an activation-based choice must beat."""
+    gen = torch.Generator().manual_seed(seed)
+    n = layers or config["num_hidden_layers"]
+
+    def rand(*shape):
+        return torch.rand(*shape, generator=gen)
+
+    return Importance(
+        heads=rand(n, config["num_attention_heads"]),
+        mlp=rand(n, config["intermediate_size"]),
+        hidden=rand(config["hidden_size"]),
+        layer_bi=rand(n),
+        layer_drift=rand(n),
+        method="random",
+    )

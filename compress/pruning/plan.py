@@ -1,0 +1,143 @@
+"""From targets (`mlp: 0.25`, `heads: 0.33`, `hidden: 0.1`, `layers: 4`, `params: 0.7`) to
+the widths and depth of the pruned model, before any importance is computed.
+
+Widths stay uniform across layers (every layer keeps the same number of heads and
+neurons) so that the result is a plain config.json that transformers loads. Hidden and
+MLP widths are rounded to a multiple (32 by default: the CPU kernels pack 32 inputs);
+the hidden width must also be a multiple of the head count (transformers' llama config
+refuses anything else), so it moves in steps of lcm(heads, multiple), or lcm(heads, 8)
+where that step would be coarser than an eighth of the width.
+A `params` target is split across the `split` axes by cutting the same fraction from
+each, the fraction found by search over the discrete widths.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from compress.errors import LlmpressError
+
+AXES = ("mlp", "heads", "hidden", "layers")
+HEAD_MODES = ("within_groups", "kv_groups")
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+
+    @classmethod
+    def of(cls, config: dict) -> Shape:
+        heads = config["num_attention_heads"]
+        return cls(
+            hidden=config["hidden_size"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            intermediate=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+        )
+
+    def non_embedding_params(self) -> int:
+        """Block weights plus the final norm: what pruning targets are measured against."""
+        attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+
+    def apply(self, config: dict) -> dict:
+        """`config` with this shape (head_dim written out: it no longer follows from hidden)."""
+        return {
+            **config,
+            "hidden_size": self.hidden,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+        }
+
+
+def _round(width: int, keep: float, multiple: int) -> int:
+    if keep >= 1.0:
+        return width
+    kept = round(width * keep / multiple) * multiple
+    return max(multiple, min(width, kept)) if width > multiple else max(1, round(width * keep))
+
+
+def target_shape(
+    shape: Shape,
+    cuts: dict[str, float],
+    *,
+    head_mode: str = "within_groups",
+    multiple: int = 32,
+) -> Shape:
+    """The shape after removing fraction cuts[axis] of each width axis and cuts['layers']
+    whole layers (a count)."""
+    group = shape.heads // shape.kv_heads
+    heads_cut = cuts.get("heads", 0.0)
+    if head_mode == "kv_groups":
+        kv = max(1, round(shape.kv_heads * (1 - heads_cut)))
+        heads = kv * group
+    else:
+        kv = shape.kv_heads
+        heads = max(1, round(group * (1 - heads_cut))) * kv
+    step = math.lcm(heads, multiple)
+    if step > shape.hidden // 8:
+        step = math.lcm(heads, 8)
+    return Shape(
+        hidden=_round(shape.hidden, 1 - cuts.get("hidden", 0.0), step),
+        heads=heads,
+        kv_heads=kv,
+        head_dim=shape.head_dim,
+        intermediate=_round(shape.intermediate, 1 - cuts.get("mlp", 0.0), multiple),
+        layers=shape.layers - int(cuts.get("layers", 0)),
+    )
+
+
+def split_params(
+    shape: Shape,
+    target: int,
+    split: tuple[str, ...],
+    *,
+    head_mode: str = "within_groups",
+    multiple: int = 32,
+) -> tuple[dict[str, float], Shape]:
+    """Cut the same fraction from every axis in `split` so that the non-embedding
+    parameters come closest to `target`; returns the cuts (layers as a count) and shape."""
+    best = None
+    for step in range(0, 951):
+        frac = step / 1000
+        cuts = {a: frac for a in split if a != "layers"}
+        if "layers" in split:
+            cuts["layers"] = round(shape.layers * frac)
+        candidate = target_shape(shape, cuts, head_mode=head_mode, multiple=multiple)
+        if candidate.layers < 1:
+            break
+        miss = abs(candidate.non_embedding_params() - target)
+        if best is None or miss < best[0]:
+            best = (miss, cuts, candidate)
+    assert best is not None
+    return best[1], best[2]
+
+
+def check_targets(cuts: dict, split: tuple[str, ...], head_mode: str, shape: Shape | None) -> None:
+    for axis in split:
+        if axis not in AXES:
+            raise LlmpressError(f"prune.split: unknown axis {axis!r}; use some of {AXES}")
+    if head_mode not in HEAD_MODES:
+        raise LlmpressError(f"prune.head_mode: {head_mode!r} is not one of {HEAD_MODES}")
+    for axis in ("mlp", "heads", "hidden"):
+        if not 0.0 <= cuts.get(axis, 0.0) < 1.0:
+            raise LlmpressError(
+                f"prune.{axis}: {cuts[axis]} is not a fraction to remove in [0, 1), e.g. 0.25"
+            )
+    if shape is not None and not 0 <= cuts.get("layers", 0) < shape.layers:
+        raise LlmpressError(
+            f"prune.layers: cannot remove {cuts['layers']} of {shape.layers} layers; "
+            f"give a count from 0 to {shape.layers - 1}"
+        )

@@ -1,0 +1,181 @@
+"""The `prune` stage: score units on calibration data, keep the best, write a smaller model.
+
+Recipe form:
+
+    - prune: {mlp: 0.25, heads: 0.33, hidden: 0.1, layers: 4}
+    - prune: {params: 0.7}                       # of the non-embedding parameters
+    - prune: {params: 0.7, split: [layers]}      # depth only
+    - prune: {params: 0.7, importance: random}   # the baseline to beat
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import LlmpressError
+from compress.model.loading import build_model
+from compress.pruning.importance import activation_importance, random_importance
+from compress.pruning.plan import Shape, check_targets, split_params, target_shape
+from compress.pruning.surgery import choose, prune_state, pruned_config
+from compress.stage import ModelContext, register_stage
+
+
+@dataclass(frozen=True)
+class PruneConfig:
+    mlp: float = 0.0  # fraction of MLP neurons to remove (every layer the same)
+    heads: float = 0.0  # fraction of query heads to remove
+    hidden: float = 0.0  # fraction of hidden (embedding) channels to remove
+    layers: int = 0  # whole layers to remove
+    params: float | None = None  # target non-embedding parameters: fraction (<= 1) or count
+    split: str | tuple[str, ...] = "auto"  # axes a `params` target is cut from (auto: try)
+    head_mode: str = "within_groups"  # or kv_groups: drop a KV head with its query heads
+    layer_metric: str = "drift"  # rank layers by removal KL (drift) or block influence (bi)
+    importance: str = "activation"  # or random (a baseline)
+    multiple: int = 32  # kept hidden/MLP widths are multiples of this
+    samples: int | None = None  # calibration samples to score on (default: all)
+    drift_samples: int = 2  # samples for the layer-removal KL and the `auto` split
+    seed: int = 0  # for importance: random
+
+    def __post_init__(self) -> None:
+        if self.params is None and not (self.mlp or self.heads or self.hidden or self.layers):
+            raise LlmpressError("prune: nothing to remove; give e.g. {mlp: 0.25} or {params: 0.7}")
+        if self.params is not None and (self.mlp or self.heads or self.hidden or self.layers):
+            raise LlmpressError("prune: give either `params` or per-axis targets, not both")
+        if self.params is not None and self.params <= 0:
+            raise LlmpressError("prune.params: must be a fraction in (0, 1] or a count > 1")
+        if self.importance not in ("activation", "random"):
+            raise LlmpressError(f"prune.importance: {self.importance!r}: use activation or random")
+        if self.layer_metric not in ("drift", "bi"):
+            raise LlmpressError(f"prune.layer_metric: {self.layer_metric!r}: use drift or bi")
+        if self.multiple < 1:
+            raise LlmpressError("prune.multiple: must be >= 1")
+        cuts = {"mlp": self.mlp, "heads": self.heads, "hidden": self.hidden}
+        check_targets(cuts, self.splits()[0], self.head_mode, None)
+
+    def splits(self) -> list[tuple[str, ...]]:
+        """The candidate splits of a `params` target (one unless `auto`)."""
+        if self.split == "auto":
+            return list(AUTO_SPLITS)
+        return [(self.split,) if isinstance(self.split, str) else tuple(self.split)]
+
+
+# Tried by `split: auto`, in this order; the pruned model that drifts least on calibration
+# samples wins. (On SmolLM2-135M at 70%: MLP alone drifts least before repair.)
+AUTO_SPLITS = (
+    ("mlp",),
+    ("mlp", "heads"),
+    ("mlp", "hidden"),
+    ("mlp", "heads", "hidden"),
+    ("layers",),
+)
+
+
+@register_stage("prune", PruneConfig)
+class Prune:
+    needs_calibration = True
+    whole_model = True
+
+    def __init__(self, config: PruneConfig):
+        self.config = config
+
+    def plan(self, config: dict, split: tuple[str, ...] | None = None) -> tuple[Shape, Shape, dict]:
+        """Shapes before and after, and the cuts; a `params` target uses `split` (default:
+        the first candidate)."""
+        c = self.config
+        full = Shape.of(config)
+        if full.heads % full.kv_heads:
+            raise LlmpressError(
+                f"prune: {full.heads} heads do not split into {full.kv_heads} KV groups"
+            )
+        if c.params is None:
+            cuts = {"mlp": c.mlp, "heads": c.heads, "hidden": c.hidden, "layers": c.layers}
+            check_targets(cuts, (), c.head_mode, full)
+            return full, target_shape(full, cuts, head_mode=c.head_mode, multiple=c.multiple), cuts
+        before = full.non_embedding_params()
+        goal = int(c.params * before) if c.params <= 1 else int(c.params)
+        if goal >= before:
+            raise LlmpressError(
+                f"prune.params: target {goal:,} is not below the model's {before:,} "
+                "non-embedding parameters"
+            )
+        cuts, shape = split_params(
+            full, goal, split or c.splits()[0], head_mode=c.head_mode, multiple=c.multiple
+        )
+        return full, shape, cuts
+
+    def preflight(self, config: dict) -> None:
+        self.plan(config)
+
+    def planned_config(self, config: dict) -> dict:
+        return self.plan(config)[1].apply(config)
+
+    def run(self, ctx: ModelContext) -> dict:
+        c = self.config
+        started = time.perf_counter()
+        samples = ctx.samples[: c.samples] if c.samples else ctx.samples
+        candidates = [self.plan(ctx.config, split) for split in c.splits()]
+        full = candidates[0][0]
+        if c.importance == "random":
+            imp = random_importance(ctx.config, c.seed)
+        else:
+            deeper = any(shape.layers < full.layers for _, shape, _ in candidates)
+            ctx.log(f"prune: scoring units on {samples.shape[0]} × {samples.shape[1]} tokens")
+            imp = activation_importance(
+                ctx.model,
+                ctx.adapter,
+                samples,
+                drift_samples=c.drift_samples if deeper else 0,
+                log=ctx.log,
+            )
+        tried, best = [], None
+        for _, shape, cuts in candidates:
+            keep = choose(imp, full, shape, c.head_mode, c.layer_metric)
+            config = pruned_config(ctx.config, shape, keep)
+            state = prune_state(ctx.model.state_dict(), ctx.adapter, full, keep)
+            model = build_model(config, state, ctx.adapter)
+            kl = 0.0
+            if len(candidates) > 1:
+                kl = output_kl(ctx.model, model, samples[: c.drift_samples])
+                ctx.log(f"prune: split {'+'.join(k for k in cuts if cuts[k])}: KL {kl:.4f}")
+                tried.append({"cuts": cuts, "kl": round(kl, 5)})
+            if best is None or kl < best[0]:
+                best = (kl, shape, cuts, keep, config, model)
+            del model, state
+        _, target, cuts, keep, config, ctx.model = best
+        ctx.config = config
+        ctx.layer_map = [ctx.layer_map[i] for i in keep.layers] if ctx.layer_map else keep.layers
+        ctx.hidden_index = _compose(ctx.hidden_index, keep.hidden)
+        before, after = full.non_embedding_params(), target.non_embedding_params()
+        ctx.log(
+            f"prune: {before:,} → {after:,} non-embedding parameters ({after / before:.1%}): "
+            f"hidden {full.hidden}→{target.hidden}, heads {full.heads}→{target.heads} "
+            f"(KV {full.kv_heads}→{target.kv_heads}), MLP {full.intermediate}→"
+            f"{target.intermediate}, layers {full.layers}→{target.layers}"
+        )
+        return {
+            "stage": "prune",
+            "cuts": cuts,
+            "splits_tried": tried,
+            "shape_before": vars(full),
+            "shape_after": vars(target),
+            "non_embedding_params": {"before": before, "after": after},
+            "kept": keep.to_manifest(full),
+            "importance": imp.to_manifest(),
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+
+
+@torch.no_grad()
+def output_kl(reference, model, samples: torch.Tensor) -> float:
+    """KL(reference ‖ model) per token on `samples`: how far a candidate drifts, unrepaired."""
+    p = torch.log_softmax(reference(input_ids=samples, use_cache=False).logits.float(), -1)
+    q = torch.log_softmax(model(input_ids=samples, use_cache=False).logits.float(), -1)
+    return float((p.exp() * (p - q)).sum(-1).mean())
+
+
+def _compose(previous, kept: list[int]):
+    kept_t = torch.tensor(kept)
+    return kept_t if previous is None else previous[kept_t]

@@ -1,0 +1,127 @@
+"""Keep the most important units and slice them out of the original weights.
+
+The pruned model's weights are the kept rows and columns of the original ones (never a
+re-initialization). Which tensors an axis cuts, and along which dimension, comes from the
+adapter's cut groups, so any llama-family model prunes the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.pruning.importance import Importance
+from compress.pruning.plan import Shape
+
+
+@dataclass
+class Keep:
+    """Original indices kept: layers, and per kept layer its heads, KV heads and neurons."""
+
+    layers: list[int]
+    heads: list[list[int]]
+    kv_heads: list[list[int]]
+    mlp: list[list[int]]
+    hidden: list[int]
+
+    def to_manifest(self, full: Shape) -> dict:
+        out: dict = {"layers": self.layers}
+        if any(len(h) < full.heads for h in self.heads):
+            out["heads"] = self.heads
+        if any(len(h) < full.kv_heads for h in self.kv_heads):
+            out["kv_heads"] = self.kv_heads
+        if len(self.hidden) < full.hidden:
+            out["hidden"] = self.hidden
+        if any(len(m) < full.intermediate for m in self.mlp):
+            out["mlp_kept"] = [len(m) for m in self.mlp]
+        return out
+
+
+def _top(scores: torch.Tensor, k: int) -> list[int]:
+    """Indices of the k highest scores, in their original order (ties: lower index)."""
+    order = sorted(range(scores.numel()), key=lambda i: (-float(scores[i]), i))
+    return sorted(order[:k])
+
+
+def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_metric: str) -> Keep:
+    """Which units survive: whole layers by the chosen metric (lowest removed), then per
+    layer the best heads (grouped-query structure kept) and neurons, and globally the
+    best hidden channels."""
+    layer_score = imp.layer_drift if layer_metric == "drift" else imp.layer_bi
+    if layer_score is None:
+        layer_score = imp.layer_bi
+    layers = _top(layer_score, target.layers)
+    group = full.heads // full.kv_heads
+    heads, kv_heads, mlp = [], [], []
+    for i in layers:
+        per_group = imp.heads[i].view(full.kv_heads, group)
+        if head_mode == "kv_groups":
+            kept_kv = _top(per_group.sum(1), target.kv_heads)
+            kept_q = [g * group + j for g in kept_kv for j in range(group)]
+        else:
+            kept_kv = list(range(full.kv_heads))
+            per = target.heads // target.kv_heads
+            kept_q = [g * group + j for g in kept_kv for j in _top(per_group[g], per)]
+        heads.append(kept_q)
+        kv_heads.append(kept_kv)
+        mlp.append(_top(imp.mlp[i], target.intermediate))
+    return Keep(layers, heads, kv_heads, mlp, _top(imp.hidden, target.hidden))
+
+
+def _units(index: list[int], size: int) -> torch.Tensor:
+    """Row/column indices of whole units (e.g. a head is head_dim rows)."""
+    return (torch.tensor(index)[:, None] * size + torch.arange(size)).flatten()
+
+
+def prune_state(
+    state: dict[str, torch.Tensor], adapter, full: Shape, keep: Keep
+) -> dict[str, torch.Tensor]:
+    """The state dict of the pruned model (tied lm_head left out, as checkpoints store it)."""
+    hidden = torch.tensor(keep.hidden)
+    out: dict[str, torch.Tensor] = {}
+    cut = {g.axis: g for g in adapter.cut_groups}
+    for new, old in enumerate(keep.layers):
+        src = adapter.block_prefix(old) + "."
+        index = {
+            "heads": _units(keep.heads[new], full.head_dim),
+            "kv_heads": _units(keep.kv_heads[new], full.head_dim),
+            "mlp": torch.tensor(keep.mlp[new]),
+            "hidden": hidden,
+        }
+        for name, tensor in state.items():
+            if not name.startswith(src):
+                continue
+            rel = name[len(src) :]
+            module, _, leaf = rel.rpartition(".")
+            t = tensor
+            for axis, rows_cols in cut.items():
+                if module in rows_cols.rows:
+                    t = t.index_select(0, index[axis])
+                elif module in rows_cols.cols and leaf == "weight":
+                    t = t.index_select(1, index[axis])
+            out[f"{adapter.block_prefix(new)}.{rel}"] = t.contiguous()
+    blocks = adapter.blocks + "."
+    for name, tensor in state.items():
+        if name.startswith(blocks) or name == f"{adapter.lm_head}.weight":
+            continue
+        if name.startswith(adapter.embed + "."):
+            out[name] = tensor.index_select(1, hidden).contiguous()
+        elif name.startswith(adapter.final_norm + "."):
+            out[name] = tensor.index_select(0, hidden).contiguous()
+        else:
+            out[name] = tensor
+    head = f"{adapter.lm_head}.weight"
+    if head in state and state[head].data_ptr() != state[f"{adapter.embed}.weight"].data_ptr():
+        out[head] = state[head].index_select(1, hidden).contiguous()
+    return out
+
+
+def pruned_config(config: dict, target: Shape, keep: Keep) -> dict:
+    """config.json of the pruned model: the new widths, and any per-layer lists cut too."""
+    new = target.apply(config)
+    n = config["num_hidden_layers"]
+    for key, value in config.items():
+        if isinstance(value, list) and len(value) == n and key != "architectures":
+            new[key] = [value[i] for i in keep.layers]
+    return new

@@ -1,0 +1,155 @@
+"""Structured pruning on the real default model: importance finds what does not matter,
+surgery keeps the original slices, and the result is a model transformers loads."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from compress.calib_data import calibration_samples, read_texts, token_stream
+from compress.errors import LlmpressError
+from compress.pruning.importance import activation_importance
+from compress.pruning.plan import Shape, split_params, target_shape
+from compress.pruning.stage import Prune, PruneConfig, output_kl
+from compress.recipe import parse_recipe
+from compress.stage import ModelContext
+
+
+@pytest.fixture(scope="module")
+def samples(tokenizer, wikitext):
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt"))[:400])
+    return calibration_samples(stream, 4, 64, 0)
+
+
+def _prune(model, config, adapter, samples, **targets):
+    ctx = ModelContext(
+        teacher=model,
+        model=model,
+        config=dict(config),
+        adapter=adapter,
+        tokenizer=None,
+        samples=samples,
+        work_dir=None,
+        log=lambda _: None,
+    )
+    record = Prune(PruneConfig(**targets)).run(ctx)
+    return ctx, record
+
+
+@torch.no_grad()
+def _logits(model, ids):
+    return model(input_ids=ids, use_cache=False).logits
+
+
+def test_units_that_contribute_nothing_are_the_ones_removed(base_model, default_ckpt, samples):
+    """Silence 1 query head per KV group, 96 neurons per layer and 2 whole layers (their
+    output projections zeroed): importance must rank exactly those lowest, and the pruned
+    model must compute what the silenced one did."""
+    model = copy.deepcopy(base_model)
+    a = default_ckpt.adapter
+    layers = model.get_submodule(a.blocks)
+    dead_heads = [1, 5, 6]  # one per group of 3
+    gen = torch.Generator().manual_seed(0)
+    dead_neurons = [torch.randperm(1536, generator=gen)[:96] for _ in layers]
+    with torch.no_grad():
+        for i, layer in enumerate(layers):
+            o = layer.get_submodule(a.o).weight
+            for h in dead_heads:
+                o[:, h * 64 : (h + 1) * 64] = 0
+            layer.get_submodule(a.down).weight[:, dead_neurons[i]] = 0
+        for i in (12, 20):  # a layer that adds nothing to the residual stream
+            layers[i].get_submodule(a.o).weight.zero_()
+            layers[i].get_submodule(a.down).weight.zero_()
+    ctx, record = _prune(
+        model, default_ckpt.config, a, samples, heads=1 / 3, mlp=96 / 1536, layers=2, multiple=32
+    )
+    assert record["shape_after"] == {
+        "hidden": 576,
+        "heads": 6,
+        "kv_heads": 3,
+        "head_dim": 64,
+        "intermediate": 1440,
+        "layers": 28,
+    }
+    kept = record["kept"]
+    assert 12 not in kept["layers"] and 20 not in kept["layers"]
+    assert all(not set(dead_heads) & set(h) for h in kept["heads"])
+    scores = record["importance"]
+    assert scores["layer_removal_kl"][12] < 1e-6 and scores["layer_block_influence"][12] < 1e-6
+    torch.testing.assert_close(
+        _logits(ctx.model, samples), _logits(model, samples), atol=1e-3, rtol=0
+    )
+    # the kept weights are the original slices, not a re-initialization
+    new0 = ctx.model.get_submodule(a.blocks)[0]
+    q_rows = torch.cat([torch.arange(h * 64, (h + 1) * 64) for h in kept["heads"][0]])
+    assert torch.equal(new0.get_submodule(a.q).weight, layers[0].get_submodule(a.q).weight[q_rows])
+
+
+def test_hidden_channels_are_cut_through_every_block(base_model, default_ckpt, samples):
+    ctx, record = _prune(base_model, default_ckpt.config, default_ckpt.adapter, samples, hidden=0.1)
+    hidden = record["shape_after"]["hidden"]
+    assert hidden % 9 == 0 and hidden < 576  # transformers requires hidden % heads == 0
+    kept = torch.tensor(record["kept"]["hidden"])
+    embed = ctx.model.get_input_embeddings().weight
+    assert embed.shape == (49152, hidden)
+    assert torch.equal(embed, base_model.get_input_embeddings().weight[:, kept])
+    # the most important channels by the norms' outputs survive: they carry SmolLM2's outliers
+    imp = torch.tensor(record["importance"]["hidden"])
+    assert set(imp.argsort(descending=True)[:8].tolist()) <= set(kept.tolist())
+    drift = output_kl(base_model, ctx.model, samples)
+    assert 0 < drift < 5
+
+
+def test_activation_importance_beats_random_at_the_same_shape(base_model, default_ckpt, samples):
+    a, cfg = default_ckpt.adapter, default_ckpt.config
+    act, _ = _prune(base_model, cfg, a, samples, mlp=0.25)
+    rnd, _ = _prune(base_model, cfg, a, samples, mlp=0.25, importance="random")
+    kl_act = output_kl(base_model, act.model, samples)
+    kl_rnd = output_kl(base_model, rnd.model, samples)
+    assert kl_act < 0.5 * kl_rnd, (kl_act, kl_rnd)
+
+
+def test_importance_scores_have_the_model_shape(base_model, default_ckpt, samples):
+    imp = activation_importance(base_model, default_ckpt.adapter, samples[:2], drift_samples=1)
+    assert imp.heads.shape == (30, 9) and imp.mlp.shape == (30, 1536)
+    assert imp.hidden.shape == (576,) and imp.layer_drift.shape == (30,)
+    assert (imp.mlp >= 0).all() and (imp.heads > 0).all()
+    # removing the first layer of a llama is far worse than removing a middle one
+    assert imp.layer_drift[0] > imp.layer_drift[15]
+
+
+def test_params_target_is_split_and_hit():
+    full = Shape(576, 9, 3, 64, 1536, 30)
+    goal = int(0.7 * full.non_embedding_params())
+    for split in (("mlp",), ("mlp", "hidden"), ("mlp", "heads", "hidden"), ("layers",)):
+        _, shape = split_params(full, goal, split)
+        assert abs(shape.non_embedding_params() / goal - 1) < 0.08, split
+        assert shape.hidden % shape.heads == 0 and shape.intermediate % 32 == 0
+    _, depth = split_params(full, goal, ("layers",))
+    assert depth.layers == 21 and depth.intermediate == 1536
+    kv = target_shape(full, {"heads": 1 / 3}, head_mode="kv_groups")
+    assert (kv.heads, kv.kv_heads) == (6, 2)
+
+
+@pytest.mark.parametrize(
+    ("stages", "message"),
+    [
+        ([{"prune": {}}], "nothing to remove"),
+        ([{"prune": {"params": 0.7, "mlp": 0.2}}], "not both"),
+        ([{"prune": {"mlp": 1.2}}], "fraction"),
+        ([{"prune": {"split": ["depth"], "params": 0.5}}], "unknown axis"),
+        ([{"rtn": {}}, {"prune": {"mlp": 0.2}}], "must come before"),
+        ([{"prune": {"mlp": 0.2}}, {"distill": {"lr": -1}}], "lr"),
+        ([{"distill": {}}], "put a prune stage before it"),
+    ],
+)
+def test_bad_prune_recipes_fail_in_one_line(stages, message):
+    with pytest.raises(LlmpressError, match=message):
+        parse_recipe({"stages": stages})
+
+
+def test_removing_every_layer_is_refused(default_ckpt):
+    with pytest.raises(LlmpressError, match="cannot remove 30 of 30"):
+        Prune(PruneConfig(layers=30)).preflight(default_ckpt.config)
