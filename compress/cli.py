@@ -63,6 +63,11 @@ def cli() -> None:
 @click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")
 @click.option("--kv", "kv_cache", help="KV-cache scheme for the runtime: int8, int4 (KIVI).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted run's distillation from its last checkpoint.",
+)
 def compress(
     model,
     output,
@@ -78,6 +83,7 @@ def compress(
     lm_head,
     kv_cache,
     overwrite,
+    resume,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
     from compress.pipeline import compress as run
@@ -108,7 +114,15 @@ def compress(
     if ignore:
         data["ignore"] = [*(data.get("ignore") or []), *ignore]
     recipe = parse_recipe(data)
-    run(model, recipe, output, overwrite=overwrite, command=_command_line(), log=click.echo)
+    run(
+        model,
+        recipe,
+        output,
+        overwrite=overwrite,
+        resume=resume,
+        command=_command_line(),
+        log=click.echo,
+    )
 
 
 @cli.command("eval")
@@ -127,6 +141,17 @@ def compress(
 @click.option("--text-field", default="text", show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
 @click.option("--gate", help="Fail (exit 1) unless every test holds, e.g. 'kl<=0.05,top1>=0.9'.")
+@click.option(
+    "--gate-file",
+    type=click.Path(path_type=Path),
+    help="YAML of thresholds per metric, absolute (max/min) or relative to the original.",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(path_type=Path),
+    help="Write report.md, report.json and PNG plots into this folder.",
+)
 @click.option("--no-record", is_flag=True, help="Do not write the drift into the manifest.")
 @click.option(
     "--engine",
@@ -138,13 +163,32 @@ def compress(
 @click.option(
     "--kv", help="KV-cache scheme for the runtime: int8, int4, none (default: artifact's)."
 )
-def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_record, engine, kv):
-    """Measure ARTIFACT's quality drift against the original."""
+def eval_cmd(
+    artifact,
+    base,
+    data,
+    ctx,
+    windows,
+    text_field,
+    json_out,
+    gate,
+    gate_file,
+    report_dir,
+    no_record,
+    engine,
+    kv,
+):
+    """Measure ARTIFACT's quality drift against the original; gate it; report it."""
+    from compress.artifact.manifest import read_manifest
     from compress.eval.drift import format_table
-    from compress.eval.gates import check_gates, parse_gates
+    from compress.eval.gates import check_gates, load_gate_file, parse_gates
+    from compress.eval.report import layer_errors, size_metrics, write_report
     from compress.eval.run import evaluate
+    from compress.model.loading import resolve
 
-    gates = parse_gates(gate) if gate else []  # a bad gate fails before an hour of eval
+    # bad gates fail before an hour of evaluation
+    gates = (parse_gates(gate) if gate else []) + (load_gate_file(gate_file) if gate_file else [])
+    token_kl: dict | None = {} if report_dir else None
     drift = evaluate(
         artifact,
         base,
@@ -156,22 +200,69 @@ def eval_cmd(artifact, base, data, ctx, windows, text_field, json_out, gate, no_
         log=click.echo,
         engine=engine,
         kv=kv,
+        token_kl=token_kl,
     )
+    cand = resolve(artifact)
+    manifest = read_manifest(cand.path)
+    base_ckpt = resolve(base or manifest["source"]["source"])
+    sizes = size_metrics(cand, base_ckpt, manifest)
     click.echo(format_table({artifact: drift}))
-    verdicts = check_gates(gates, drift.metrics())
-    for g, value, ok in verdicts:
-        click.echo(f"gate {g}: {'pass' if ok else 'FAIL'} ({g.metric} = {value:.5g})")
+    verdicts = check_gates(gates, {**drift.metrics(), **sizes})
+    for v in verdicts:
+        click.echo(f"gate {v.line()}")
+    if report_dir:
+        write_report(
+            report_dir,
+            artifact=artifact,
+            drift=drift,
+            token_kl=token_kl.get("artifact"),
+            sizes=sizes,
+            errors=layer_errors(cand, base_ckpt),
+            manifest=manifest,
+            verdicts=verdicts,
+            command=_command_line(),
+        )
+        click.echo(f"report written to {report_dir / 'report.md'}")
+    failed = [v for v in verdicts if not v.passed]
     if json_out:
         result = {
             "artifact": artifact,
             **drift.to_dict(),
-            "gates": [{"gate": str(g), "value": v, "pass": ok} for g, v, ok in verdicts],
+            **sizes,
+            "gates": [v.to_dict() for v in verdicts],
+            "passed": not failed,
         }
         json_out.write_text(json.dumps(result, indent=2) + "\n")
-    failed = [str(g) for g, _, ok in verdicts if not ok]
     if failed:
-        click.echo(f"quality gate failed: {', '.join(failed)}", err=True)
+        names = ", ".join(v.gate.metric for v in failed)
+        click.echo(f"quality gate failed: {names}", err=True)
         sys.exit(1)
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--repo", required=True, help="Hub repo id to create or update: ORG/NAME.")
+@click.option("--private", is_flag=True, help="Create the repo private.")
+@click.option("--dry-run", is_flag=True, help="Print the files and the model card; upload nothing.")
+def push(artifact, repo, private, dry_run):
+    """Publish ARTIFACT to the Hugging Face Hub with a model card made from its manifest."""
+    from compress.hub.push import push as run
+
+    run(artifact, repo, private=private, dry_run=dry_run, log=click.echo)
+
+
+@cli.command()
+@click.argument("artifact", type=click.Path(path_type=Path))
+def verify(artifact):
+    """Check every file of ARTIFACT against the sha256 its manifest recorded."""
+    from compress.artifact.integrity import file_hashes, problems
+
+    found = problems(artifact)
+    if found:
+        for line in found:
+            click.echo(f"FAIL {line}")
+        sys.exit(1)
+    click.echo(f"ok: {len(file_hashes(artifact))} files match {artifact / 'manifest.json'}")
 
 
 @cli.command()

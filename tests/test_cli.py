@@ -50,12 +50,13 @@ def test_eval_gate_and_inspect(artifacts, wikitext, tmp_path):
     out = tmp_path / "r.json"
     ok = llmpress(*one_window, "--gate", "kl<=0.05,top1>=0.8", "--json", str(out))
     assert ok.returncode == 0, ok.stderr
-    assert "gate kl<=0.05: pass" in ok.stdout and "| ppl |" in ok.stdout
+    assert "gate PASS kl = " in ok.stdout and "(limit <= 0.05)" in ok.stdout
+    assert "| ppl |" in ok.stdout
     result = json.loads(out.read_text())
     assert result["tokens"] == 255 and all(g["pass"] for g in result["gates"])
     bad = llmpress(*one_window, "--gate", "kl<=0.000001", "--no-record")
     assert bad.returncode == 1
-    assert "gate kl<=1e-06: FAIL" in bad.stdout and "quality gate failed: kl<=1e-06" in bad.stderr
+    assert "gate FAIL kl = " in bad.stdout and "quality gate failed: kl" in bad.stderr
     info = llmpress("inspect", path)
     assert info.returncode == 0
     assert "int8 channel symmetric" in info.stdout

@@ -9,6 +9,8 @@ import os
 import platform
 from pathlib import Path
 
+from compress.artifact.integrity import file_hashes
+from compress.hub.card import model_card
 from compress.stage import Workspace
 
 MANIFEST = "manifest.json"
@@ -76,6 +78,7 @@ def build_manifest(
         "stages": stages,
         "weights": weight_stats(ws),
         "sizes": folder_sizes(folder),
+        "sha256": file_hashes(folder),
         "compress_seconds": round(seconds, 2),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "packages": package_versions(),
@@ -98,75 +101,3 @@ def write_manifest(folder: Path, manifest: dict) -> None:
     """Write manifest.json and regenerate the model card from it."""
     _atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     _atomic_write(Path(folder) / CARD, model_card(manifest))
-
-
-def model_card(m: dict) -> str:
-    src = m["source"]
-    w = m["weights"]
-    recipe_yaml = json.dumps(m["recipe"], indent=2)
-    mb = m["sizes"]["weights_bytes"] / 1e6
-    lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [llmpress, compressed-tensors, quantized]",
-        f"base_model: {src.get('name') or src['source']}",
-        "---",
-        f"# {src.get('name') or src['source']} — compressed with llmpress",
-        "",
-        f"Made with `{m.get('command') or 'llmpress compress'}` "
-        f"(llmpress {m['packages'].get('llmpress')}).",
-        "",
-        "| | |",
-        "|---|---|",
-        f"| source | `{src['source']}` (sha256 `{src['sha256'][:16]}…`) |",
-        f"| recipe | {m.get('label', '')} |",
-        f"| weights on disk | {mb:.1f} MB |",
-        f"| parameters | {w['parameters']:,} ({w['quantized_parameters']:,} quantized) |",
-        f"| bits per quantized weight | {w['bits_per_quantized_weight']} (scales included) |",
-        f"| time to compress | {m['compress_seconds']} s |",
-        "",
-    ]
-    drift = m.get("drift")
-    if drift:
-        lines += [
-            "## Quality drift against the original",
-            "",
-            f"Measured by `llmpress eval` on {drift['data']} ({drift['windows']} windows of "
-            f"{drift['ctx']} tokens, {drift['tokens']:,} scored tokens).",
-            "",
-            "| perplexity | original perplexity | KL(original‖this) | top-1 agreement |",
-            "|---|---|---|---|",
-            f"| {drift['ppl']:.3f} | {drift['base_ppl']:.3f} | {drift['kl']:.5f} | "
-            f"{drift['top1']:.4f} |",
-            "",
-        ]
-    lines += ["## Loading", "", "```python", *_loading_snippet(m["recipe"]), "```", ""]
-    lines += [
-        "## Recipe",
-        "",
-        "```json",
-        recipe_yaml,
-        "```",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def _loading_snippet(recipe: dict) -> list[str]:
-    """Asymmetric packed weights load only dequantized in transformers 5 (see docs/format.md)."""
-    asym_packed = any(
-        cfg.get("zero_point") and cfg.get("bits", 8) <= 4
-        for stage in recipe["stages"]
-        for cfg in stage.values()
-    )
-    if not asym_packed:
-        return [
-            "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
-            'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
-        ]
-    return [
-        "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
-        "model = AutoModelForCausalLM.from_pretrained(",
-        '    "path/to/this/folder", quantization_config=CompressedTensorsConfig(dequantize=True)',
-        ")",
-    ]

@@ -53,9 +53,15 @@ def _logprobs(model, window: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def measure_drift(
-    base, candidates: dict, windows: torch.Tensor, data: str = "", progress: bool = True
+    base,
+    candidates: dict,
+    windows: torch.Tensor,
+    data: str = "",
+    progress: bool = True,
+    token_kl: dict | None = None,
 ) -> dict[str, Drift]:
-    """Drift of each candidate model (by name) against `base` over `windows` [n, ctx]."""
+    """Drift of each candidate model (by name) against `base` over `windows` [n, ctx].
+    `token_kl`, if given, receives each candidate's per-token KL (for distributions)."""
     n, ctx = windows.shape
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0} for name in candidates}
     base_nll = 0.0
@@ -71,9 +77,15 @@ def measure_drift(
             lp = _logprobs(model, window)
             s = sums[name]
             s["nll"] -= lp.gather(-1, targets[:, None]).sum().item()
-            s["kl"] += (ref_p * (ref - lp)).sum().item()
+            per_token = (ref_p * (ref - lp)).sum(-1)
+            s["kl"] += per_token.sum().item()
+            if token_kl is not None:
+                token_kl.setdefault(name, []).append(per_token)
             s["agree"] += (lp.argmax(-1) == ref_top).sum().item()
     base_ppl = float(torch.tensor(base_nll / tokens).exp())
+    if token_kl is not None:
+        for name in list(token_kl):
+            token_kl[name] = torch.cat(token_kl[name])
     return {
         name: Drift(
             ppl=float(torch.tensor(s["nll"] / tokens).exp()),

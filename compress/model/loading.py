@@ -14,9 +14,10 @@ from urllib.parse import urlparse
 
 import torch
 
+from compress.artifact.integrity import check_artifact, file_sha256
 from compress.errors import LlmpressError
 from compress.model.adapters import Adapter, adapter_for
-from compress.model.default import convert_gguf, default_gguf, file_sha256
+from compress.model.default import convert_gguf, default_gguf
 from compress.model.safetensors_check import check_safetensors
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -85,6 +86,7 @@ def resolve(source: str) -> Checkpoint:
 
 
 def _open_folder(path: Path, source: str) -> Checkpoint:
+    check_artifact(path)  # a damaged artifact is named before anything reads it
     config_path = path / "config.json"
     if not config_path.is_file():
         raise LlmpressError(f"{path} has no config.json: pass a Hugging Face model folder")
