@@ -114,16 +114,7 @@ def compress(
         )
 
     ws = workspace(ckpt)
-    for stage in stages:
-        stage.preflight(ws)
-    head_scheme = recipe.lm_head_scheme()
-    if head_scheme is not None and head_scheme.group_for(planned["hidden_size"]) is None:
-        raise LlmpressError(
-            f"lm_head: no group size fits width {planned['hidden_size']} with "
-            f"{head_scheme.label()}: choose another group size or drop lm_head"
-        )
-    schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
-    preflight_export(recipe.export, ws, schemes)
+    _preflight(recipe, stages, ws, planned["hidden_size"])
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}"
@@ -140,9 +131,8 @@ def compress(
         ckpt, records = run_model_stages(
             source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing
         )
-        ws = workspace(ckpt)
-        for stage in stages:  # again, on the widths the model stages left
-            stage.preflight(ws)
+        ws = workspace(ckpt)  # again, on the widths the model stages left
+        _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
     ws.tokenizer = tokenizer
     extra = {}
     if recipe.kv_cache:
@@ -171,6 +161,20 @@ def compress(
         shutil.rmtree(work_dir(output), ignore_errors=True)
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:
+    """Every block stage's, the lm_head's and the export layout's refusals, before work."""
+    for stage in stages:
+        stage.preflight(ws)
+    head_scheme = recipe.lm_head_scheme()
+    if head_scheme is not None and head_scheme.group_for(hidden) is None:
+        raise LlmpressError(
+            f"lm_head: no group size fits width {hidden} with "
+            f"{head_scheme.label()}: choose another group size or drop lm_head"
+        )
+    schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
+    preflight_export(recipe.export, ws, schemes)
 
 
 def work_dir(output: Path) -> Path:

@@ -116,7 +116,8 @@ class Prune:
         c = self.config
         started = time.perf_counter()
         samples = ctx.samples[: c.samples] if c.samples else ctx.samples
-        candidates = [self.plan(ctx.config, split) for split in c.splits()]
+        splits = c.splits() if c.params is not None else [()]
+        candidates = [self.plan(ctx.config, split or None) for split in splits]
         full = candidates[0][0]
         if c.importance == "random":
             imp = random_importance(ctx.config, c.seed)

@@ -40,8 +40,8 @@ class Keep:
 
 def _top(scores: torch.Tensor, k: int) -> list[int]:
     """Indices of the k highest scores, in their original order (ties: lower index)."""
-    order = sorted(range(scores.numel()), key=lambda i: (-float(scores[i]), i))
-    return sorted(order[:k])
+    order = torch.sort(-scores.flatten(), stable=True).indices[:k]
+    return sorted(order.tolist())
 
 
 def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_metric: str) -> Keep:
