@@ -63,22 +63,6 @@ def test_report_and_gate_file(int8_artifact, wikitext, tmp_path):
     assert json.loads(out.read_text())["passed"] is False
 
 
-def test_pruning_report_plots_importance(tmp_path, wikitext):
-    art = tmp_path / "pruned"
-    recipe = {
-        "stages": [{"prune": {"mlp": 0.25, "layers": 1, "drift_samples": 1}}],
-        "calib": {"source": str(wikitext / "valid.txt"), "samples": 2, "length": 64},
-    }
-    compress("default", parse_recipe(recipe), art, log=lambda _: None)
-    report = tmp_path / "report"
-    args = ["eval", str(art), "--data", str(wikitext / "test.txt"), "--windows", "1"]
-    r = llmpress(*args, "--ctx", "128", "--report", str(report))
-    assert r.returncode == 0, r.stderr
-    assert (report / "pruning.png").is_file() and not (report / "outliers.png").exists()
-    scores = json.loads((art / "manifest.json").read_text())["stages"][0]["importance"]
-    assert len(scores["heads"]) == 30 and len(scores["mlp"][0]) == 1536
-
-
 def test_verify_and_loading_name_the_damaged_file(int8_artifact, tmp_path):
     art = tmp_path / "copy"
     shutil.copytree(int8_artifact, art)

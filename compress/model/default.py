@@ -54,17 +54,20 @@ def gguf_architecture(path: Path) -> str:
 
 
 def convert_gguf(path: Path) -> Path:
-    """Return a cached safetensors folder holding `path` dequantized to fp32."""
+    """Return a cached safetensors folder holding `path` dequantized to fp32.
+
+    The cache is looked up by the file's hash before the header is parsed: reading the
+    header (the whole vocabulary) costs seconds, and a cached file was checked once."""
+    digest = file_sha256(path)
+    target = cache_dir() / f"gguf-{digest[:16]}"
+    if (target / "config.json").is_file():
+        return target
     arch = gguf_architecture(path)
     if arch not in SUPPORTED_GGUF_ARCHS:
         supported = ", ".join(sorted(SUPPORTED_GGUF_ARCHS))
         raise LlmpressError(
             f"unsupported architecture {arch!r} in {path.name}: llmpress supports {supported}"
         )
-    digest = file_sha256(path)
-    target = cache_dir() / f"gguf-{digest[:16]}"
-    if (target / "config.json").is_file():
-        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
     try:
