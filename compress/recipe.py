@@ -100,6 +100,10 @@ class Recipe:
         for name, cfg in self.stages:
             scheme = getattr(cfg, "scheme", None)
             parts.append(f"{name}:{scheme.label()}" if scheme else name)
+        if self.lm_head:
+            parts.append(f"lm_head:{self.lm_head_scheme().label()}")
+        if self.kv_cache:
+            parts.append(f"kv:{self.kv_cache}")
         return "+".join(parts)
 
 

@@ -7,6 +7,7 @@ import shutil
 import time
 
 import pytest
+import torch
 from test_cli import llmpress
 
 from compress.errors import LlmpressError
@@ -116,3 +117,21 @@ def test_push_fails_at_once_offline_and_on_bad_input(int8_artifact, tmp_path, mo
     assert r.returncode == 2 and "not a hub id" in r.stderr
     r = llmpress("push", str(tmp_path), "--repo", "acme/x", "--dry-run")
     assert r.returncode == 2 and "no manifest.json" in r.stderr
+
+
+def test_layer_error_undoes_awq_column_scaling():
+    """AWQ stores W·diag(s): the report must show the rounding error, not the rescaling."""
+    from compress.eval.report import column_scale
+    from compress.quantizers.scheme import QuantScheme, quantize_weight
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 192)
+    s = torch.rand(192) * 3.5 + 0.5
+    stored = quantize_weight(w * s, QuantScheme(bits=4, group_size=64)).dequantize()
+    raw = float((stored - w).norm() / w.norm())
+    undone = stored / column_scale(stored, w)
+    err = float((undone - w).norm() / w.norm())
+    exact = float((stored / s - w).norm() / w.norm())  # with the scales known
+    assert raw > 1.0  # comparing the scaled weight directly is meaningless
+    assert 0.05 < err < 0.4  # 4-bit rounding error
+    assert abs(err - exact) < 0.01 * exact

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from compress.eval.drift import Drift
+from compress.eval.drift import Drift, data_name
 
 KINDS_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -53,7 +53,11 @@ def size_metrics(artifact_ckpt, base_ckpt, manifest: dict | None) -> dict[str, f
 
 def layer_errors(artifact_ckpt, base_ckpt) -> dict[str, float]:
     """Relative weight error ‖Ŵ − W‖ / ‖W‖ of every quantized linear whose shape the
-    original shares (a pruned layer has no original of its shape to compare with)."""
+    original shares (a pruned layer has no original of its shape to compare with).
+
+    AWQ stores W·diag(s) and folds 1/s into the op before it, so a stored weight is
+    compared after dividing each input column by its fitted scale: the error then
+    measures quantization, not the (lossless) rescaling."""
     from compress.artifact.reader import dense_state_dict
     from compress.model.loading import read_tensors
 
@@ -65,10 +69,20 @@ def layer_errors(artifact_ckpt, base_ckpt) -> dict[str, float]:
         new = dense[name].float()
         if new.shape != original.shape:
             continue
+        new = new / column_scale(new, original)
         err = float((new - original).norm() / original.norm().clamp_min(1e-12))
         if err > 0:
             out[name[: -len(".weight")]] = err
     return out
+
+
+def column_scale(new: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
+    """Least-squares s_j with new[:, j] ≈ s_j · original[:, j]; 1 where a column is zero
+    or the fit is not positive (then there is no rescaling to undo)."""
+    dot = (new * original).sum(0)
+    sq = (original * original).sum(0)
+    s = dot / sq.clamp_min(1e-30)
+    return torch.where((sq > 0) & (s > 0), s, torch.ones_like(s))
 
 
 def _by_layer(values: dict[str, float]) -> dict[str, dict[int, float]]:
@@ -91,7 +105,7 @@ def plot_drift(path: Path, drift: Drift, name: str) -> None:
     a.bar(["original", name], [drift.base_ppl, drift.ppl], color=["#999999", "#3b75af"])
     a.axhline(drift.base_ppl, color="black", ls="--", lw=1, label="original")
     a.set_ylabel("perplexity (lower is better)")
-    a.set_title(f"Perplexity on {Path(drift.data).name or 'eval text'}")
+    a.set_title(f"Perplexity on {data_name(drift.data)}")
     for bars, fmt in ((a.containers[0], "{:.2f}"),):
         a.bar_label(bars, labels=[fmt.format(v) for v in (drift.base_ppl, drift.ppl)])
     a.legend(loc="lower right")
@@ -266,7 +280,7 @@ def write_report(
     lines = [
         f"# llmpress report: {name}",
         "",
-        f"Recipe: `{report['recipe'] or 'unknown'}`. Evaluated on {drift.data} "
+        f"Recipe: `{report['recipe'] or 'unknown'}`. Evaluated on {data_name(drift.data)} "
         f"({drift.windows} windows × {drift.ctx} tokens, {drift.tokens:,} scored tokens).",
         "",
         "| | perplexity | KL (nats/token) | top-1 agreement | weights on disk | bits/weight |",

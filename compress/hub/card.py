@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+from compress.eval.drift import data_name
+
 _STAGE_TAGS = {
     "awq": ["awq"],
     "rtn": [],
@@ -87,7 +89,8 @@ def model_card(m: dict) -> str:
         lines += [
             "## Quality drift against the original",
             "",
-            f"Measured by `llmpress eval` on {drift['data']} ({drift['windows']} windows of "
+            f"Measured by `llmpress eval` on {data_name(drift['data'])} "
+            f"({drift['windows']} windows of "
             f"{drift['ctx']} tokens, {drift['tokens']:,} scored tokens).",
             "",
             "| perplexity | original perplexity | KL(original‖this) | top-1 agreement |",
