@@ -10,7 +10,7 @@ Every artifact is made by the `llmpress compress` command, one process each, so 
 distillation's peak memory (max RSS) is its own. Then decode speed at batch 1 of the
 original and the pruned model, fp32 and w4 (RTN g64 + int8 lm_head), in the runtime.
 
-    python benchmarks/pruning.py [--tokens 150000] [--windows 64]
+    python benchmarks/pruning.py [--tokens 180000] [--windows 64]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def make(work: Path, name: str, recipe: dict) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", type=float, default=0.7, help="kept non-embedding fraction")
-    ap.add_argument("--tokens", type=int, default=150_000, help="distillation token budget")
+    ap.add_argument("--tokens", type=int, default=180_000, help="distillation token budget")
     ap.add_argument("--max-minutes", type=float, default=30.0)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--batch", type=int, default=2)
