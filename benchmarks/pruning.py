@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def make(work: Path, name: str, recipe: dict) -> Path:
     out = work / name
     llmpress("compress", "default", "-o", str(out), "--recipe", str(path), "--overwrite")
     return out
+
+
+def _portable(value) -> str:
+    """A path as the repository sees it (results are committed; absolute paths are not
+    anyone else's)."""
+    if isinstance(value, Path):
+        return os.path.relpath(value.resolve(), HERE.parent)
+    return str(value)
 
 
 def main() -> None:
@@ -180,7 +189,7 @@ def main() -> None:
     result = {
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {k: _portable(v) for k, v in vars(args).items()},
         "drift": {k: v.to_dict() for k, v in drift.items()},
         "rows": extra,
         "kl_gap_closed": {"activation": closed, "random": rclosed},

@@ -13,6 +13,16 @@ from compress.errors import LlmpressError
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw")
 SELF = "self"
+FILE_SUFFIXES = (*TEXT_SUFFIXES, ".jsonl", ".json", ".parquet")
+
+
+def data_name(source: str) -> str:
+    """How reports and model cards name a text source: a file by its name, a hub
+    dataset by its whole spec, `self` as what it is."""
+    if source == SELF:
+        return "self-generated text"
+    path = Path(source)
+    return path.name if path.suffix.lower() in FILE_SUFFIXES else source or "eval text"
 
 
 def read_texts(source: str, text_field: str = "text") -> list[str]:
@@ -22,7 +32,7 @@ def read_texts(source: str, text_field: str = "text") -> list[str]:
         return _read_file(path, text_field)
     if path.exists():
         raise LlmpressError(f"{source} is a folder: pass a .txt, .jsonl or .parquet file")
-    if source.startswith((".", "/", "~")) or path.suffix in (*TEXT_SUFFIXES, ".jsonl", ".parquet"):
+    if source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES:
         raise LlmpressError(f"no such text file: {source}")
     return _read_dataset(source, text_field)
 

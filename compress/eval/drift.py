@@ -11,17 +11,9 @@ Per window of L tokens, the L-1 next-token predictions are scored:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-
-
-def data_name(data: str) -> str:
-    """How a plot or sentence names the evaluation text."""
-    if data == "self":
-        return "self-generated text"
-    return Path(data).name or data or "eval text"
 
 
 @dataclass

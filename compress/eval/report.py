@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from compress.eval.drift import Drift, data_name
+from compress.calib_data.sources import data_name
+from compress.eval.drift import Drift
 
 KINDS_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

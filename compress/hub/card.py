@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from compress.eval.drift import data_name
+from compress.calib_data.sources import data_name
 
 _STAGE_TAGS = {
     "awq": ["awq"],
