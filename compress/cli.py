@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 
 from compress import __version__
-from compress.errors import LlmpressError
+from compress.errors import EXIT_CRASH, EXIT_GATE, EXIT_INPUT, LlmpressError, explain_os_error
 
 
 def _command_line() -> str:
@@ -236,7 +237,7 @@ def eval_cmd(
     if failed:
         names = ", ".join(v.gate.metric for v in failed)
         click.echo(f"quality gate failed: {names}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_GATE)
 
 
 @cli.command()
@@ -261,7 +262,7 @@ def verify(artifact):
     if found:
         for line in found:
             click.echo(f"FAIL {line}")
-        sys.exit(1)
+        sys.exit(EXIT_GATE)
     click.echo(f"ok: {len(file_hashes(artifact))} files match {artifact / 'manifest.json'}")
 
 
@@ -339,18 +340,47 @@ def inspect(artifact, as_json):
     click.echo(describe(artifact, as_json=as_json))
 
 
+def _crash_report(exc: BaseException) -> str:
+    """Write the traceback of an unexpected error to a file; return the file's path."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="llmpress-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write(_command_line() + "\n\n")
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
+    return path
+
+
 def main() -> None:
+    """Run the CLI. Exit codes: 0 ok, 1 gate or verify failed, 2 bad input (one line),
+    3 internal error (one line; the traceback goes to a file, or to stderr with
+    LLMPRESS_DEBUG=1)."""
     try:
         cli(standalone_mode=False)
     except LlmpressError as e:
         click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_INPUT)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:
         e.show()
-        sys.exit(e.exit_code)
+        sys.exit(EXIT_INPUT if e.exit_code == 2 else e.exit_code)
     except KeyboardInterrupt:
         click.echo("interrupted: nothing was written", err=True)
         sys.exit(130)
+    except Exception as e:
+        if os.environ.get("LLMPRESS_DEBUG"):
+            raise
+        known = explain_os_error(e, "llmpress " + (sys.argv[1] if len(sys.argv) > 1 else ""))
+        if known is not None:
+            click.echo(f"error: {known}", err=True)
+            sys.exit(EXIT_INPUT)
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        click.echo(
+            f"internal error: {type(e).__name__}: {first} (a bug in llmpress; traceback in "
+            f"{_crash_report(e)}, or rerun with LLMPRESS_DEBUG=1)",
+            err=True,
+        )
+        sys.exit(EXIT_CRASH)

@@ -12,8 +12,11 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from compress.artifact.ct_format import LayerFormat
+from compress.artifact.engines import engine_problems
 from compress.artifact.manifest import build_manifest, write_manifest
-from compress.artifact.writer import ArtifactWriter, check_output, preflight_export
+from compress.artifact.target import check_not_source, check_output, clean_stale
+from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
@@ -37,14 +40,23 @@ def storage_dtype(requested: str, config: dict, export: str = "compressed-tensor
 
 def source_info(ckpt: Checkpoint) -> dict:
     name = DEFAULT_NAME if ckpt.source == "default" else ckpt.config.get("_name_or_path")
+    if name and Path(name).is_absolute():  # a local path of the machine that saved it
+        name = None
     return {
-        "source": ckpt.source,
+        "source": resolvable_source(ckpt.source),
         "name": name or Path(ckpt.source).name,
         "model_type": ckpt.config.get("model_type"),
         "sha256": ckpt.sha256,
         "bytes": sum(f.stat().st_size for f in ckpt.files),
         "license": source_license(ckpt),
     }
+
+
+def resolvable_source(source: str) -> str:
+    """What `eval` can resolve later from any folder: local paths made absolute; `default`
+    and hub ids as given."""
+    path = Path(source).expanduser()
+    return str(path.resolve()) if path.exists() else source
 
 
 def source_license(ckpt: Checkpoint) -> str | None:
@@ -91,11 +103,13 @@ def compress(
     first on the whole model; `resume` continues their last checkpoint after a kill."""
     output = Path(output)
     check_output(output, overwrite)
+    clean_stale(output, log)
     stages = recipe.build()
     model_stages = [st for st in stages if st.whole_model]
     stages = [st for st in stages if not st.whole_model]
     started = time.perf_counter()
     ckpt = source = resolve(model)
+    check_not_source(output, ckpt.path)
     if ckpt.is_quantized:
         raise LlmpressError(
             f"{model} is already quantized: compress the original checkpoint it was made from"
@@ -119,6 +133,8 @@ def compress(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}"
     )
+    if not model_stages:  # after pruning the widths are known only once it has run
+        warn_engines(planned_engine_problems(recipe, stages, ws), log)
     tokenizer = load_tokenizer(ckpt)
     samples = records = None
     timing: dict[str, float] = defaultdict(float)
@@ -175,6 +191,50 @@ def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:
         )
     schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
     preflight_export(recipe.export, ws, schemes)
+
+
+def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, list[str]]:
+    """What vLLM and transformers will refuse in the artifact this recipe will write,
+    known before any work from the schemes and the layer widths alone."""
+    layers = {}
+    for stage in stages:
+        scheme = getattr(getattr(stage, "config", None), "scheme", None)
+        if scheme is None:
+            continue
+        int8_acts = getattr(stage.config, "activations", "none") == "int8"
+        for name in ws.target_linears():
+            width = ws.weight_shape(name)[1]
+            group = scheme.group_for(width)
+            layers[name] = LayerFormat.planned(scheme, group, width, int8_acts and "int8-token")
+    head = recipe.lm_head_scheme()
+    if head is not None:
+        hidden = ws.config["hidden_size"]
+        layers[ws.adapter.lm_head] = LayerFormat.planned(head, head.group_for(hidden), hidden, None)
+    config = artifact_config(ws, recipe.export, layers=layers)
+    outliers = recipe.export == "auto" and any(s.name == "int8" for s in stages)
+    return engine_problems(config, ["x.weight_outlier"] if outliers else [])
+
+
+def written_engine_problems(folder: Path) -> dict[str, list[str]]:
+    """What each engine will refuse in the artifact written to `folder` (for the manifest)."""
+    import json
+
+    from compress.model.safetensors_check import check_safetensors
+
+    names = [
+        n
+        for f in sorted(folder.glob("*.safetensors"))
+        for n in check_safetensors(f)
+        if n != "__metadata__"
+    ]
+    return engine_problems(json.loads((folder / "config.json").read_text()), names)
+
+
+def warn_engines(problems: dict[str, list[str]], log) -> None:
+    names = {"vllm": "vLLM", "transformers": "transformers (plain from_pretrained)"}
+    for engine, found in problems.items():
+        for problem in found:
+            log(f"warning: {names[engine]} will not load this artifact: {problem}")
 
 
 def work_dir(output: Path) -> Path:
@@ -281,6 +341,9 @@ def _run_stages(
         )
         manifest["label"] = recipe.label()
         manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
+        manifest["engines"] = written_engine_problems(folder)
+        if records and any(r.get("stage") in ("prune", "distill") for r in records):
+            warn_engines(manifest["engines"], log)  # not known before pruning ran
         write_manifest(folder, manifest)
 
     writer.finish(ws.store.ckpt.path, finish)

@@ -162,6 +162,7 @@ def parse_recipe(data: Any) -> Recipe:
     raw_stages = data.get("stages")
     if not isinstance(raw_stages, list) or not raw_stages:
         raise LlmpressError("recipe: `stages` must be a non-empty list, e.g. [{rtn: {bits: 4}}]")
+    export = data.get("export", "auto")
     stages = []
     for i, entry in enumerate(raw_stages):
         if isinstance(entry, str):
@@ -174,10 +175,21 @@ def parse_recipe(data: Any) -> Recipe:
                 f"recipe: unknown stage {name!r}{_suggest(str(name), STAGES)}; "
                 f"available: {', '.join(sorted(STAGES))}"
             )
+        params = {} if params is None else params
+        fields = {f.name for f in dataclasses.fields(STAGES[name].config_type)}
+        unset = fields - set(params) if isinstance(params, dict) else set()
+        if export == "awq-gemm" and "zero_point" in unset:
+            params = {**params, "zero_point": True}  # the only kind that layout holds
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
         if name == "distill" and not any(n == "prune" for n, _ in stages[:-1]):
             raise LlmpressError(
                 f"recipe: stage {i} (distill) repairs a pruned model: put a prune stage before it"
+            )
+        quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]
+        if len(quantizing) > 1:
+            raise LlmpressError(
+                f"recipe: stages {quantizing[0]!r} and {quantizing[-1]!r} both quantize the "
+                "block linears; keep one (the second would re-quantize the first's result)"
             )
         whole = STAGES[name].factory.whole_model
         if whole and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
@@ -192,7 +204,6 @@ def parse_recipe(data: Any) -> Recipe:
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    export = data.get("export", "auto")
     if export not in EXPORTS:
         raise LlmpressError(f"recipe: export {export!r} is not one of {', '.join(EXPORTS)}")
     if export == "awq-gemm" and dtype not in ("auto", "float16"):
@@ -239,10 +250,10 @@ _QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?
 
 
 def parse_quant(spec: str) -> dict:
-    """`rtn:w4g64` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}; `int8[:g128]`.
+    """`rtn:w4g64zp` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}; `int8[:g128]`.
 
-    Without `g<N>` the scheme is per-channel. Zero point defaults to on for 4 bits and
-    fewer and off (symmetric) above; `zp` or `sym` at the end overrides it.
+    What the spec leaves out takes the stage's defaults, exactly as an omitted recipe key
+    does: groups of 64 below 8 bits and per-channel at 8, symmetric (scheme.py).
     """
     int8 = _INT8.match(spec.strip())
     if int8:
@@ -253,7 +264,9 @@ def parse_quant(spec: str) -> dict:
             f"--quant {spec!r} not understood: use METHOD:w<BITS>[g<GROUP>][zp|sym], "
             "e.g. awq:w4g64, rtn:w8, or int8 (LLM.int8()-style outliers)"
         )
-    bits = int(m["bits"])
-    zero_point = m["zp"] == "zp" if m["zp"] else bits <= 4
-    group = int(m["group"]) if m["group"] else None
-    return {m["method"]: {"bits": bits, "group_size": group, "zero_point": zero_point}}
+    settings: dict[str, Any] = {"bits": int(m["bits"])}
+    if m["group"]:
+        settings["group_size"] = int(m["group"])
+    if m["zp"]:
+        settings["zero_point"] = m["zp"] == "zp"
+    return {m["method"]: settings}

@@ -46,10 +46,12 @@ def tokenizer(default_ckpt):
 
 @pytest.fixture(scope="session")
 def artifacts(tmp_path_factory) -> dict[str, Path]:
-    """The default model compressed with three schemes that exercise every storage path."""
+    """The default model compressed with the schemes that exercise every storage path:
+    the default 4-bit (symmetric, groups of 64), mixed group sizes (96 and 128), 8-bit
+    per-channel, and 4-bit with zero points."""
     root = tmp_path_factory.mktemp("artifacts")
     out = {}
-    for spec in ("rtn:w4g64", "rtn:w4g128sym", "rtn:w8"):
+    for spec in ("rtn:w4g64", "rtn:w4g128sym", "rtn:w8", "rtn:w4g64zp"):
         path = root / spec.replace(":", "-")
         compress("default", parse_recipe({"stages": [parse_quant(spec)]}), path, log=lambda _: None)
         out[spec] = path

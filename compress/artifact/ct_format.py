@@ -3,11 +3,13 @@
 Kept apart from the algorithms and kernels so that what transformers and vLLM read is
 decided in one place. Per quantized linear `X`:
 
-  pack-quantized (bits <= 4):  X.weight_packed int32 [out, ceil(in*b/32)]   (packing.py)
+  pack-quantized (weight-only, any bits 2..8; vLLM's WNA16 layout):
+                               X.weight_packed int32 [out, ceil(in*b/32)]   (packing.py)
                                X.weight_scale  [out, in/group]               storage dtype
                                X.weight_zero_point int32 [ceil(out*b/32), in/group]  (asymmetric)
                                X.weight_shape  int64 [2]
-  int-quantized (bits 5..8):   X.weight int8 [out, in], X.weight_scale, X.weight_zero_point int8
+  int-quantized (W8A8: int8 activations too):
+                               X.weight int8 [out, in], X.weight_scale, X.weight_zero_point int8
 
 Per-channel quantization is one group spanning the row (`strategy: channel`, scale [out, 1]).
 
@@ -32,8 +34,10 @@ INT = "int-quantized"
 MIXED = "mixed-precision"
 
 
-def storage_format(bits: int) -> str:
-    return PACKED if bits <= 4 else INT
+def storage_format(activations: str | None) -> str:
+    """Weight-only layers are packed at every bit width (vLLM reads weight-only integers
+    only as pack-quantized); layers with quantized activations store plain int8."""
+    return INT if activations else PACKED
 
 
 @dataclass(frozen=True)
@@ -49,14 +53,19 @@ class LayerFormat:
 
     @classmethod
     def of(cls, qw: QuantizedWeight) -> LayerFormat:
-        channel = qw.group_size == qw.shape[1]
+        return cls.planned(qw.scheme, qw.group_size, qw.shape[1], qw.activations)
+
+    @classmethod
+    def planned(cls, scheme, group_size: int, in_features: int, activations: str | None):
+        """The format of a layer before it is quantized (for warnings before any work)."""
+        channel = group_size == in_features
         return cls(
-            bits=qw.scheme.bits,
-            zero_point=qw.scheme.zero_point,
+            bits=scheme.bits,
+            zero_point=scheme.zero_point,
             strategy="channel" if channel else "group",
-            group_size=None if channel else qw.group_size,
-            format=storage_format(qw.scheme.bits),
-            activations=qw.activations,
+            group_size=None if channel else group_size,
+            format=storage_format(activations),
+            activations=activations,
         )
 
     def weight_args(self) -> dict:
@@ -87,7 +96,7 @@ class LayerFormat:
 def encode(prefix: str, qw: QuantizedWeight, outliers: bool = True) -> dict[str, torch.Tensor]:
     """Tensors stored for one quantized linear named `prefix` (`outliers`: with its 16-bit
     columns, if any)."""
-    fmt = storage_format(qw.scheme.bits)
+    fmt = storage_format(qw.activations)
     out = {f"{prefix}.weight_scale": qw.scale.contiguous()}
     if fmt == PACKED:
         out[f"{prefix}.weight_packed"] = pack(qw.q, qw.scheme.bits, dim=1)
@@ -138,16 +147,20 @@ def _compact_targets(names: list[str], block_names: dict[str, list[str]]) -> lis
 
 
 def quantization_config(
-    layers: dict[str, QuantizedWeight], block_names: dict[str, list[str]], ignore: list[str]
+    layers: dict[str, QuantizedWeight | LayerFormat],
+    block_names: dict[str, list[str]],
+    ignore: list[str],
 ) -> dict:
-    """config.json's `quantization_config`: one config group per distinct layer format.
+    """config.json's `quantization_config`: one config group per distinct layer format
+    (`layers` maps names to quantized weights, or to planned formats).
 
     `block_names` maps each block-linear kind (e.g. "self_attn.q_proj") to every module of
     that kind, so a scheme shared by all of them is written as one regex target.
     """
     by_format: dict[LayerFormat, list[str]] = {}
     for name, qw in layers.items():
-        by_format.setdefault(LayerFormat.of(qw), []).append(name)
+        lf = qw if isinstance(qw, LayerFormat) else LayerFormat.of(qw)
+        by_format.setdefault(lf, []).append(name)
     formats = {lf.format for lf in by_format}
     groups = {}
     for i, (lf, names) in enumerate(

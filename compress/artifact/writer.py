@@ -3,7 +3,6 @@ so a crash, a full disk or Ctrl-C never leaves a half-written artifact or loses 
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -18,21 +17,14 @@ from safetensors.torch import save_file
 from compress.artifact.awq_format import awq_config, encode_awq
 from compress.artifact.ct_format import encode, quantization_config
 from compress.artifact.stream_safetensors import merge
-from compress.errors import LlmpressError
+from compress.artifact.target import OWNER, check_output, existing_ancestor, mark_owner
+from compress.errors import LlmpressError, explain_os_error
 from compress.model.loading import read_tensors
 from compress.quantizers.scheme import QuantizedWeight
 from compress.stage import Workspace
 
 SHARD_BYTES = 4 << 30
 _COPIED = ("generation_config.json", "chat_template.jinja")
-
-
-def check_output(out: Path, overwrite: bool) -> None:
-    """Refuse an existing output before any work is done."""
-    if out.exists() and not overwrite:
-        raise LlmpressError(f"output {out} already exists: choose another -o or pass --overwrite")
-    if not out.parent.exists():
-        raise LlmpressError(f"output folder's parent {out.parent} does not exist: create it first")
 
 
 def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
@@ -70,22 +62,30 @@ def _to_meta(qw: QuantizedWeight) -> None:
             setattr(qw, field, t.to("meta"))
 
 
-def artifact_config(ws: Workspace, export: str, extra: dict | None = None) -> dict:
+def artifact_config(
+    ws: Workspace, export: str, extra: dict | None = None, layers: dict | None = None
+) -> dict:
+    """config.json for the quantized linears `layers` (default: the workspace's; a plan of
+    LayerFormats gives the config before any work)."""
+    layers = ws.quantized if layers is None else layers
     config = {**ws.config, **(extra or {})}
+    # what the loaders dispatch on; never a path of the machine that made the artifact
+    config["architectures"] = config.get("architectures") or [ws.adapter.architecture]
+    config.pop("_name_or_path", None)
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
-    unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in ws.quantized]
-    if ws.quantized and export == "awq-gemm":
-        (group,) = {qw.group_size for qw in ws.quantized.values()}
+    unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in layers]
+    if layers and export == "awq-gemm":
+        (group,) = {qw.group_size for qw in layers.values()}
         config["quantization_config"] = awq_config(group, [ws.adapter.lm_head, *unquantized])
-    elif ws.quantized:
+    elif layers:
         block_names: dict[str, list[str]] = {}
         for i in range(ws.num_layers):
             for kind in ws.adapter.block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
         head = ws.adapter.lm_head
-        ignore = unquantized if head in ws.quantized else [head, *unquantized]
-        config["quantization_config"] = quantization_config(ws.quantized, block_names, ignore)
-    if ws.adapter.lm_head in ws.quantized:
+        ignore = unquantized if head in layers else [head, *unquantized]
+        config["quantization_config"] = quantization_config(layers, block_names, ignore)
+    if ws.adapter.lm_head in layers:
         config["tie_word_embeddings"] = False
     return config
 
@@ -113,15 +113,20 @@ class ArtifactWriter:
         self.extra_config = extra_config
         check_output(self.out, overwrite)
         needed = sum(f.stat().st_size for f in ws.store.ckpt.files) + (64 << 20)
-        free = shutil.disk_usage(self.out.parent).free
+        free = shutil.disk_usage(existing_ancestor(self.out.parent)).free
         if free < needed:
             raise LlmpressError(
                 f"out of disk space: {self.out.parent} has {free >> 20} MiB free, writing the "
                 f"artifact may need up to {needed >> 20} MiB; free space or write elsewhere with -o"
             )
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
-        self.parts_dir = self.tmp / ".parts"
-        self.parts_dir.mkdir()
+        with self._disk_errors():
+            self.out.parent.mkdir(parents=True, exist_ok=True)  # as `mkdir -p`
+            self.tmp = Path(
+                tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent)
+            )
+            mark_owner(self.tmp)
+            self.parts_dir = self.tmp / ".parts"
+            self.parts_dir.mkdir()
         self.parts: list[Path] = []
         self.written: set[str] = set()
 
@@ -177,26 +182,29 @@ class ArtifactWriter:
             for name in _COPIED:
                 if (source_folder / name).is_file() and not (self.tmp / name).exists():
                     shutil.copy2(source_folder / name, self.tmp / name)
+            (self.tmp / OWNER).unlink()
             finish(self.tmp)
             publish_permissions(self.tmp)
             _replace(self.tmp, self.out)
         return self.out
 
     def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        tmp = getattr(self, "tmp", None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     @contextmanager
     def _disk_errors(self):
+        """A full disk, a file-size limit, a read-only or forbidden target: one line, the
+        temporary folder removed, an existing artifact untouched."""
         try:
             yield
-        except OSError as e:
-            if e.errno == errno.ENOSPC:
-                self.abort()
-                raise LlmpressError(
-                    f"out of disk space while writing {self.out}: nothing was changed; free "
-                    "space or write elsewhere with -o"
-                ) from e
-            raise
+        except Exception as e:
+            known = explain_os_error(e, f"writing {self.out} failed, nothing was changed")
+            if known is None:
+                raise
+            self.abort()
+            raise known from e
 
 
 def publish_permissions(folder: Path) -> None:
@@ -213,6 +221,7 @@ def _replace(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    mark_owner(old)
     os.replace(out, old / "artifact")
     os.replace(tmp, out)
     shutil.rmtree(old, ignore_errors=True)

@@ -33,7 +33,7 @@ def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
     if engine == "transformers":
         if kv not in (None, "none"):
             raise LlmpressError("--kv needs the runtime engine: drop --engine transformers")
-        return load_model(ckpt)
+        return load_with_transformers(ckpt)
     if engine != "runtime":
         raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
     from compress.runtime.kv_cache import kv_scheme
@@ -42,6 +42,32 @@ def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
 
     scheme = kv_scheme(kv, ckpt.config)
     return RuntimeLM(load_weights(ckpt), max_len=ctx, kv=scheme)
+
+
+def load_with_transformers(ckpt):
+    """The artifact as transformers itself loads it: `from_pretrained` and nothing else,
+    except the documented `dequantize=True` for zero-point weights (engines.py)."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    from compress.artifact.engines import transformers_problems
+
+    problems = transformers_problems(ckpt.config)
+    kwargs = {}
+    if problems and "dequantize=True" in problems[0] and "first size" not in problems[0]:
+        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    elif problems:
+        raise LlmpressError(
+            f"--engine transformers cannot load {ckpt.path}: {problems[0]}; use --engine runtime"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32, **kwargs)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise LlmpressError(
+            f"transformers failed to load {ckpt.path} ({type(e).__name__}: {first}); "
+            "use --engine runtime"
+        ) from e
+    return model.eval()
 
 
 def evaluate(

@@ -23,7 +23,8 @@ _STAGE_TAGS = {
 
 
 def card_tags(m: dict) -> list[str]:
-    tags = ["llmpress", "compressed-tensors"]
+    awq_layout = m["recipe"].get("export") == "awq-gemm"
+    tags = ["llmpress", "awq" if awq_layout else "compressed-tensors"]
     bits = set()
     for stage in m["recipe"]["stages"]:
         for name, cfg in stage.items():
@@ -101,26 +102,43 @@ def model_card(m: dict) -> str:
         ]
     else:
         lines += ["Quality drift: not measured yet (`llmpress eval` records it here).", ""]
-    lines += ["## Loading", "", "```python", *_loading_snippet(m["recipe"]), "```", ""]
+    lines += ["## Loading", "", *_loading(m), ""]
     lines += ["## Recipe", "", "```json", json.dumps(m["recipe"], indent=2), "```", ""]
     return "\n".join(lines)
 
 
-def _loading_snippet(recipe: dict) -> list[str]:
-    """Asymmetric packed weights load only dequantized in transformers 5 (see docs/format.md)."""
-    asym_packed = any(
-        cfg.get("zero_point") and cfg.get("bits", 8) <= 4
-        for stage in recipe["stages"]
-        for cfg in stage.values()
-    )
-    if not asym_packed:
-        return [
-            "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
-            'model = AutoModelForCausalLM.from_pretrained("path/to/this/folder")',
+def _loading(m: dict) -> list[str]:
+    """How each engine opens this artifact, from what the manifest recorded about it
+    (compress/artifact/engines.py): the documented call, or why there is none."""
+    engines = m.get("engines") or {"vllm": [], "transformers": []}
+    path = '"path/to/this/folder"'
+    hf = engines.get("transformers") or []
+    if m["recipe"].get("export") == "awq-gemm":
+        code = [
+            "# AutoAWQ's GEMM layout: transformers reads it through gptqmodel",
+            "# pip install gptqmodel",
+            "from transformers import AutoModelForCausalLM",
+            f"model = AutoModelForCausalLM.from_pretrained({path})",
         ]
-    return [
-        "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
-        "model = AutoModelForCausalLM.from_pretrained(",
-        '    "path/to/this/folder", quantization_config=CompressedTensorsConfig(dequantize=True)',
-        ")",
-    ]
+    elif not hf:
+        code = [
+            "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
+            f"model = AutoModelForCausalLM.from_pretrained({path})",
+        ]
+    elif "dequantize=True" in hf[0] and "first size" not in hf[0]:
+        code = [
+            "# zero-point weights: transformers 5 loads them dequantized (docs/format.md)",
+            "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
+            "model = AutoModelForCausalLM.from_pretrained(",
+            f"    {path}, quantization_config=CompressedTensorsConfig(dequantize=True)",
+            ")",
+        ]
+    else:
+        code = [f"# transformers cannot load this artifact: {hf[0]}"]
+    vllm = engines.get("vllm") or []
+    code += (
+        ["", "# vLLM", f"# vllm serve {path[1:-1]}"]
+        if not vllm
+        else ["", f"# vLLM will not load this artifact: {'; '.join(vllm)}"]
+    )
+    return ["```python", *code, "```", "", "llmpress runs it as is: `llmpress serve .`"]

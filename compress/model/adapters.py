@@ -47,6 +47,7 @@ class Adapter:
     """Where the parts of a llama-family model are, by module name."""
 
     families: tuple[str, ...]
+    architecture: str = "LlamaForCausalLM"  # config.json's `architectures` entry
     blocks: str = "model.layers"
     embed: str = "model.embed_tokens"
     final_norm: str = "model.norm"
@@ -109,8 +110,9 @@ LLAMA = Adapter(families=("llama",))
 
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
-    "mistral": replace(LLAMA, families=("mistral",)),
-    "qwen2": replace(LLAMA, families=("qwen2",)),  # q/k/v carry biases; cuts slice them too
+    "mistral": replace(LLAMA, families=("mistral",), architecture="MistralForCausalLM"),
+    # qwen2: q/k/v carry biases; cuts slice them too
+    "qwen2": replace(LLAMA, families=("qwen2",), architecture="Qwen2ForCausalLM"),
 }
 
 

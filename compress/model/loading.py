@@ -143,8 +143,9 @@ def _download(repo_id: str) -> Path:
         pass
     if not _hub_reachable():
         raise LlmpressError(
-            f"{repo_id!r} is not a local path and the Hugging Face Hub cannot be reached "
-            "(offline): pass a local model folder instead, e.g. `llmpress compress ./my-model`"
+            f"{repo_id!r} is no folder under {Path.cwd()} and, read as a hub id, cannot be "
+            "downloaded: the Hugging Face Hub cannot be reached (offline); pass the path of a "
+            "local model folder"
         )
     try:
         return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))

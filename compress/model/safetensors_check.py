@@ -6,6 +6,7 @@ The safetensors library reports a truncated or damaged file with a low-level mes
 
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from pathlib import Path
@@ -45,6 +46,7 @@ def check_safetensors(path: Path) -> dict:
     if not isinstance(header, dict):
         raise LlmpressError(f"corrupt safetensors file {path}: header is not a table; {fix}")
     data_len = size - 8 - header_len
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -63,9 +65,17 @@ def check_safetensors(path: Path) -> dict:
                 f"truncated safetensors file {path}: tensor {name!r} ends at byte {end} but the "
                 f"file holds {data_len} data bytes; {fix}"
             )
-        if end - begin != nbytes:
+        if end - begin != nbytes or begin < 0:
             raise LlmpressError(
                 f"corrupt safetensors file {path}: tensor {name!r} has {end - begin} bytes for "
                 f"shape {info['shape']} {info['dtype']}; {fix}"
+            )
+        spans.append((begin, end, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in itertools.pairwise(spans):
+        if begin < end:
+            raise LlmpressError(
+                f"corrupt safetensors file {path}: tensors {first!r} and {second!r} overlap "
+                f"in the data section; {fix}"
             )
     return header

@@ -44,8 +44,13 @@ class PruneConfig:
             raise LlmpressError("prune: nothing to remove; give e.g. {mlp: 0.25} or {params: 0.7}")
         if self.params is not None and (self.mlp or self.heads or self.hidden or self.layers):
             raise LlmpressError("prune: give either `params` or per-axis targets, not both")
-        if self.params is not None and self.params <= 0:
-            raise LlmpressError("prune.params: must be a fraction in (0, 1] or a count > 1")
+        if self.params is not None and (
+            self.params <= 0 or (self.params > 1 and self.params != int(self.params))
+        ):
+            raise LlmpressError(
+                f"prune.params: {self.params!r} is neither a fraction in (0, 1] of the "
+                "non-embedding parameters nor a whole count of them (e.g. 0.7 or 90000000)"
+            )
         if self.importance not in ("activation", "random"):
             raise LlmpressError(f"prune.importance: {self.importance!r}: use activation or random")
         if self.layer_metric not in ("drift", "bi"):
@@ -107,7 +112,9 @@ class Prune:
         return full, shape, cuts
 
     def preflight(self, config: dict) -> None:
-        self.plan(config)
+        """Every candidate split is planned now, so an impossible target fails at once."""
+        for split in self.config.splits() if self.config.params is not None else [()]:
+            self.plan(config, split or None)
 
     def planned_config(self, config: dict) -> dict:
         return self.plan(config)[1].apply(config)

@@ -24,11 +24,15 @@ from compress.model.blocks import CHUNK, observe_inputs
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import adjusted_groups
 from compress.quantizers.scheme import (
+    AUTO,
+    DEFAULT_ZERO_POINT,
     QuantizedWeight,
     QuantScheme,
     compute_qparams,
+    default_group_size,
     quantize_weight,
     quantize_with,
+    resolve_auto,
 )
 from compress.stage import BlockContext, Workspace, register_stage
 
@@ -36,8 +40,8 @@ from compress.stage import BlockContext, Workspace, register_stage
 @dataclass(frozen=True)
 class AWQConfig:
     bits: int = 4
-    group_size: int | None = 64
-    zero_point: bool = True
+    group_size: int | None = AUTO  # 64 below 8 bits, per-channel at 8 (scheme.py)
+    zero_point: bool = DEFAULT_ZERO_POINT
     grid: int = 20  # α values 0, 1/grid, ..., (grid-1)/grid
     duo_scaling: bool = True  # divide by the weight magnitude too (AutoAWQ's later form)
     clip: bool = True
@@ -50,6 +54,7 @@ class AWQConfig:
         return QuantScheme(self.bits, self.group_size, self.zero_point)
 
     def __post_init__(self) -> None:
+        resolve_auto(self, group_size=default_group_size(self.bits))
         self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
         if self.grid < 1 or self.clip_grid < 1 or not 0 <= self.max_shrink < 1:
             raise LlmpressError("awq: grid and clip_grid must be >= 1, max_shrink in [0, 1)")

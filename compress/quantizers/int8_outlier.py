@@ -23,29 +23,43 @@ import torch.nn.functional as F
 from compress.errors import LlmpressError
 from compress.model.blocks import observe_inputs
 from compress.quantizers.preflight import check_layers
-from compress.quantizers.scheme import QuantScheme, quantize_weight
+from compress.quantizers.scheme import (
+    AUTO,
+    DEFAULT_GROUP_SIZE,
+    QuantScheme,
+    quantize_weight,
+    resolve_auto,
+)
 from compress.stage import BlockContext, Workspace, register_stage
 
-DEFAULT_THRESHOLD = 6.0
+DEFAULT_FRACTION = 0.01  # the best measured: top 1% of input channels per layer
 ACTIVATIONS = ("none", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
 class Int8OutlierConfig:
-    threshold: float | None = None  # default 6.0 when neither top_k nor fraction is set
+    """Outliers: `threshold` (the paper's 6.0), `top_k`, or `fraction` (default 1%) of the
+    input channels per layer. Weights: groups of 64 (the best measured, KL 0.00073 with
+    0.9% of columns in 16-bit) or per output row (`group_size: null`, the default with
+    int8 activations, which vLLM's W8A8 kernels need)."""
+
+    threshold: float | None = None
     top_k: int | None = None
-    fraction: float | None = None
-    group_size: int | None = None  # None: one scale per output row
+    fraction: float | None = None  # DEFAULT_FRACTION when none of the three is set
+    group_size: int | None = AUTO
     activations: str = "none"  # "int8": dynamic per-token int8 activations (W8A8)
 
     def __post_init__(self) -> None:
         chosen = [k for k in ("threshold", "top_k", "fraction") if getattr(self, k) is not None]
         if len(chosen) > 1:
             raise LlmpressError(f"int8: set one of threshold, top_k, fraction, not {chosen}")
+        if not chosen:
+            object.__setattr__(self, "fraction", DEFAULT_FRACTION)
         if self.fraction is not None and not 0 <= self.fraction < 1:
             raise LlmpressError("int8: fraction must be in [0, 1)")
         if self.activations not in ACTIVATIONS:
             raise LlmpressError(f"int8: activations must be one of {', '.join(ACTIVATIONS)}")
+        resolve_auto(self, group_size=None if self.activations == "int8" else DEFAULT_GROUP_SIZE)
         self.scheme  # noqa: B018 - validates the group size
 
     @property
@@ -54,13 +68,12 @@ class Int8OutlierConfig:
 
     def select(self, amax: torch.Tensor) -> torch.Tensor:
         """Indices (sorted) of the outlier channels given per-channel max |activation|."""
-        if self.top_k is not None or self.fraction is not None:
+        if self.threshold is not None:
+            idx = torch.nonzero(amax > self.threshold).flatten()
+        else:
             k = self.top_k if self.top_k is not None else int(self.fraction * amax.numel())
             k = min(k, amax.numel())
             idx = amax.topk(k).indices if k else torch.empty(0, dtype=torch.long)
-        else:
-            threshold = DEFAULT_THRESHOLD if self.threshold is None else self.threshold
-            idx = torch.nonzero(amax > threshold).flatten()
         return idx.sort().values.to(torch.int32)
 
 

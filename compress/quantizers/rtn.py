@@ -5,21 +5,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compress.quantizers.preflight import check_layers
-from compress.quantizers.scheme import QuantScheme, quantize_weight
+from compress.quantizers.scheme import (
+    AUTO,
+    DEFAULT_ZERO_POINT,
+    QuantScheme,
+    default_group_size,
+    quantize_weight,
+    resolve_auto,
+)
 from compress.stage import BlockContext, Workspace, register_stage
 
 
 @dataclass(frozen=True)
 class RTNConfig:
     bits: int = 4
-    group_size: int | None = 64
-    zero_point: bool = True
+    group_size: int | None = AUTO  # 64 below 8 bits, per-channel at 8 (scheme.py)
+    zero_point: bool = DEFAULT_ZERO_POINT
 
     @property
     def scheme(self) -> QuantScheme:
         return QuantScheme(self.bits, self.group_size, self.zero_point)
 
     def __post_init__(self) -> None:
+        resolve_auto(self, group_size=default_group_size(self.bits))
         self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
 
 

@@ -23,6 +23,26 @@ import torch
 
 from compress.errors import LlmpressError
 
+AUTO = "auto"  # a config field left to the defaults below
+DEFAULT_GROUP_SIZE = 64
+# Symmetric by default: transformers (5.x with compressed-tensors 0.20) and vLLM read no
+# common layout of packed zero points, and the default artifact must load in both with
+# nothing but their documented call (docs/format.md, "Zero points").
+DEFAULT_ZERO_POINT = False
+
+
+def default_group_size(bits: int) -> int | None:
+    """Groups of 64 below 8 bits; one scale per output channel at 8 bits (what the
+    `--quant` shorthand and a recipe both mean when they name no group)."""
+    return None if bits >= 8 else DEFAULT_GROUP_SIZE
+
+
+def resolve_auto(config, **defaults) -> None:
+    """Replace AUTO fields of a frozen config dataclass with `defaults`."""
+    for name, value in defaults.items():
+        if getattr(config, name) == AUTO:
+            object.__setattr__(config, name, value)
+
 
 @dataclass(frozen=True)
 class QuantScheme:

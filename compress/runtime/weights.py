@@ -111,12 +111,15 @@ def _triton_linear(prefix, tensors, args, fmt, bias, device):
     scale = tensors[f"{prefix}.weight_scale"]
     zp = tensors.get(f"{prefix}.weight_zero_point")
     if fmt == PACKED:
-        if bits != 4:
+        if bits not in (4, 8):
             return None
         weight = tensors[f"{prefix}.weight_packed"]
-        in_features = int(tensors[f"{prefix}.weight_shape"][1])
+        shape = tuple(int(s) for s in tensors[f"{prefix}.weight_shape"].tolist())
+        in_features = shape[1]
         if zp is not None:
-            zp = unpack(zp, bits, (weight.shape[0], scale.shape[1]), dim=0)
+            zp = unpack(zp, bits, (shape[0], scale.shape[1]), dim=0)
+        if bits == 8:  # the int8 kernel reads one byte per weight
+            weight = unpack(weight, 8, shape, dim=1)
     else:
         weight = tensors[f"{prefix}.weight"]
         in_features = weight.shape[1]

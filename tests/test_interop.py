@@ -1,0 +1,153 @@
+"""Every artifact kind the README documents, opened by the other tools with nothing but
+their documented call, computes what llmpress's runtime computes; and every config is
+checked against the rules vLLM's compressed-tensors loader applies (engines.py)."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+from compress.artifact.engines import engine_problems, transformers_problems, vllm_problems
+from compress.model.loading import resolve
+from compress.model.safetensors_check import check_safetensors
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+from compress.runtime import load_weights
+from compress.runtime.lm import RuntimeLM
+
+
+@pytest.fixture(scope="module")
+def ids(tokenizer, wikitext):
+    text = (wikitext / "test.txt").read_text()[:4000]
+    return tokenizer(text, return_tensors="pt").input_ids[:, :160]
+
+
+@pytest.fixture(scope="module")
+def more_artifacts(tmp_path_factory, wikitext):
+    """The kinds the session fixture does not make: a quantized lm_head, and LLM.int8()
+    outliers in the layout other tools read (--export compressed-tensors)."""
+    root = tmp_path_factory.mktemp("interop")
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 128}
+    recipes = {
+        "rtn:w4g64+lm_head:w8": {"stages": [parse_quant("rtn:w4g64")], "lm_head": "w8"},
+        "int8+export:compressed-tensors": {
+            "stages": [parse_quant("int8")],
+            "calib": calib,
+            "export": "compressed-tensors",
+        },
+    }
+    out = {}
+    for name, recipe in recipes.items():
+        out[name] = root / name.replace(":", "-").replace("+", "_")
+        compress("default", parse_recipe(recipe), out[name], log=lambda _: None)
+    return out
+
+
+def _runtime_logits(path, ids):
+    weights = load_weights(resolve(str(path)))
+    assert not weights.dense_fallbacks
+    return RuntimeLM(weights, 512)(ids).logits
+
+
+def _transformers_logits(path, ids, **kwargs):
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+def _same_logits(a, b):
+    # both dequantize the same stored integers; only the order of float sums differs
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    "kind", ["rtn:w4g64", "rtn:w4g128sym", "rtn:w8", "rtn:w4g64zp"], ids=lambda k: k
+)
+def test_transformers_documented_call_gives_runtime_logits(artifacts, kind, ids):
+    path = artifacts[kind]
+    config = json.loads((path / "config.json").read_text())
+    kwargs = {}
+    if transformers_problems(config):  # zero points: the one documented extra argument
+        assert kind.endswith("zp")
+        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    _same_logits(_transformers_logits(path, ids, **kwargs), _runtime_logits(path, ids))
+
+
+@pytest.mark.parametrize("kind", ["rtn:w4g64+lm_head:w8", "int8+export:compressed-tensors"])
+def test_transformers_loads_head_and_int8_kinds(more_artifacts, kind, ids):
+    path = more_artifacts[kind]
+    assert transformers_problems(json.loads((path / "config.json").read_text())) == []
+    _same_logits(_transformers_logits(path, ids), _runtime_logits(path, ids))
+
+
+def test_default_artifact_config_is_what_loaders_dispatch_on(artifacts):
+    config = json.loads((artifacts["rtn:w4g64"] / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert "_name_or_path" not in config
+    assert not any("/work/" in str(v) or "site-packages" in str(v) for v in config.values())
+    weights = config["quantization_config"]["config_groups"]["group_0"]["weights"]
+    assert weights["symmetric"] is True and weights["group_size"] == 64
+
+
+def _names(path):
+    return [n for f in path.glob("*.safetensors") for n in check_safetensors(f)]
+
+
+def test_vllm_rules_accept_the_default_kinds(artifacts, more_artifacts):
+    for kind in ("rtn:w4g64", "rtn:w8", "rtn:w4g64zp"):
+        path = artifacts[kind]
+        config = json.loads((path / "config.json").read_text())
+        assert vllm_problems(config, _names(path)) == [], kind
+        manifest = json.loads((path / "manifest.json").read_text())
+        assert manifest["engines"] == engine_problems(config, _names(path))
+    int8 = more_artifacts["int8+export:compressed-tensors"]
+    config = json.loads((int8 / "config.json").read_text())
+    assert config["quantization_config"]["format"] == "pack-quantized"  # not int-quantized
+    assert vllm_problems(config, _names(int8)) == []
+
+
+def test_vllm_rules_name_what_it_refuses(artifacts, more_artifacts):
+    mixed = artifacts["rtn:w4g128sym"]
+    found = vllm_problems(json.loads((mixed / "config.json").read_text()), _names(mixed))
+    assert found == ["group size 96 has no CUDA kernel (they take 32, 64, 128)"]
+    head = more_artifacts["rtn:w4g64+lm_head:w8"]
+    found = vllm_problems(json.loads((head / "config.json").read_text()), _names(head))
+    assert any("lm_head" in p for p in found)
+
+
+def _group(**weights):
+    args = {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}
+    return {"targets": ["Linear"], "weights": {**args, **weights}, "input_activations": None}
+
+
+@pytest.mark.parametrize(
+    ("group", "fmt", "expected"),
+    [
+        (_group(), "int-quantized", "must be pack-quantized"),  # what llmpress wrote before
+        (_group(), "pack-quantized", None),
+        (_group(symmetric=False, strategy="group", group_size=64), "pack-quantized", "zero"),
+        (_group(num_bits=4, strategy="group", group_size=96), "pack-quantized", "group size 96"),
+        (
+            {
+                **_group(strategy="group", group_size=64),
+                "input_activations": {"num_bits": 8, "strategy": "token", "dynamic": True},
+            },
+            "int-quantized",
+            "per channel",
+        ),
+    ],
+)
+def test_vllm_rules_on_hand_made_configs(group, fmt, expected):
+    config = {
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": fmt,
+            "config_groups": {"group_0": {**group, "format": fmt}},
+        }
+    }
+    found = vllm_problems(config)
+    if expected is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and expected in found[0], found
