@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +13,24 @@ import click
 
 from compress import __version__
 from compress.errors import EXIT_CRASH, EXIT_GATE, EXIT_INPUT, LlmpressError, explain_os_error
+
+
+def writable_parent(path: Path, what: str) -> None:
+    """Create the folder `path` will be written into (as `mkdir -p`), before the work that
+    produces it, or fail now in one line."""
+    parent = Path(path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        known = explain_os_error(e, f"{what} {path}: cannot create {parent}")
+        raise (known or LlmpressError(f"{what} {path}: cannot create {parent}")) from None
+    if Path(path).is_dir():
+        raise LlmpressError(f"{what} {path} is a folder: name a file")
+
+
+def check_threads(threads: int | None) -> None:
+    if threads is not None and threads < 1:
+        raise LlmpressError(f"--threads {threads}: give at least 1 (or leave it out)")
 
 
 def _command_line() -> str:
@@ -187,8 +206,15 @@ def eval_cmd(
     from compress.eval.run import evaluate
     from compress.model.loading import resolve
 
-    # bad gates fail before an hour of evaluation
+    # bad input fails before an hour of evaluation
     gates = (parse_gates(gate) if gate else []) + (load_gate_file(gate_file) if gate_file else [])
+    if ctx < 2:
+        raise LlmpressError(f"--ctx {ctx}: a window needs at least 2 tokens (e.g. 512)")
+    if windows < 0:
+        raise LlmpressError(f"--windows {windows}: give a count >= 1, or 0 for all windows")
+    for path, what in ((json_out, "--json"), (report_dir and report_dir / "report.md", "--report")):
+        if path is not None:
+            writable_parent(path, what)
     token_kl: dict | None = {} if report_dir else None
     drift = evaluate(
         artifact,
@@ -289,6 +315,16 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
         sizes = [int(b) for b in batches.split(",")]
     except ValueError:
         raise LlmpressError(f"--batch {batches!r}: give sizes like 1,8,32") from None
+    if not sizes or min(sizes) < 1 or max(sizes) > 1024:
+        raise LlmpressError(f"--batch {batches!r}: each size must be from 1 to 1024")
+    if prompt_len < 1 or output_len < 2:
+        raise LlmpressError(
+            f"--prompt-len {prompt_len} --output-len {output_len}: a prompt needs >= 1 token "
+            "and the decode timing >= 2 generated tokens"
+        )
+    if json_out is not None:
+        writable_parent(json_out, "--json")
+    check_threads(threads)
     set_threads(threads)
     ckpt = resolve(artifact)
     weights = load_weights(ckpt)
@@ -316,6 +352,15 @@ def serve(artifact, host, port, max_batch, max_len, max_queue, kv, threads, mode
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
     from compress.serve.app import run_server
 
+    if max_batch < 1 or max_len < 2 or max_queue < 0:
+        raise LlmpressError(
+            f"--max-batch {max_batch} --max-len {max_len} --max-queue {max_queue}: the batch "
+            "needs >= 1 sequence, the context >= 2 tokens, the queue >= 0 requests"
+        )
+    if not 0 <= port <= 65535:
+        raise LlmpressError(f"--port {port}: give a port from 0 to 65535")
+    check_threads(threads)
+
     run_server(
         artifact,
         host=host,
@@ -340,6 +385,14 @@ def inspect(artifact, as_json):
     click.echo(describe(artifact, as_json=as_json))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, so `finally` and cleanup run."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
+
+
 def _crash_report(exc: BaseException) -> str:
     """Write the traceback of an unexpected error to a file; return the file's path."""
     import tempfile
@@ -356,12 +409,19 @@ def main() -> None:
     """Run the CLI. Exit codes: 0 ok, 1 gate or verify failed, 2 bad input (one line),
     3 internal error (one line; the traceback goes to a file, or to stderr with
     LLMPRESS_DEBUG=1)."""
+    signal.signal(signal.SIGTERM, _terminate)  # unwind, so temporary folders are removed
     try:
         cli(standalone_mode=False)
+    except Terminated:
+        click.echo("terminated: nothing was written", err=True)
+        sys.exit(143)
     except LlmpressError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(EXIT_INPUT)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as e:  # click turns KeyboardInterrupt into Abort
+        if isinstance(e.__context__, Terminated):
+            click.echo("terminated: nothing was written", err=True)
+            sys.exit(143)
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.ClickException as e:

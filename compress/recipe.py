@@ -201,6 +201,15 @@ def parse_recipe(data: Any) -> Recipe:
     ignore = data.get("ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise LlmpressError("recipe: `ignore` must be a list of module-name patterns")
+    for pattern in ignore:
+        if pattern.startswith("re:"):
+            try:
+                re.compile(pattern[3:])
+            except re.error as e:
+                raise LlmpressError(
+                    f"ignore pattern {pattern!r} is not a valid regular expression ({e}); "
+                    "fix it, or use a glob such as 'model.layers.0.*'"
+                ) from None
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -235,9 +244,11 @@ def parse_recipe(data: Any) -> Recipe:
 
 def load_recipe(path: Path) -> dict:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise LlmpressError(f"cannot read recipe {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise LlmpressError(f"recipe {path} is not text (UTF-8 YAML): pass a YAML file") from None
     except yaml.YAMLError as e:
         line = getattr(getattr(e, "problem_mark", None), "line", None)
         where = f" at line {line + 1}" if line is not None else ""

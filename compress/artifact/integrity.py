@@ -43,7 +43,12 @@ def problems(folder: Path, manifest: dict | None = None) -> list[str]:
         path = folder / MANIFEST
         if not path.is_file():
             return [f"{folder} has no {MANIFEST}: nothing to verify against"]
-        manifest = json.loads(path.read_text())
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return [f"{MANIFEST}: not valid JSON (damaged): re-download or re-create the artifact"]
+        if not isinstance(manifest, dict):
+            return [f"{MANIFEST}: not a JSON object (damaged): re-download or re-create it"]
     recorded = manifest.get("sha256")
     if not recorded:
         return [f"{MANIFEST} lists no file hashes (made before llmpress recorded them)"]
@@ -74,9 +79,11 @@ def check_artifact(folder: Path) -> None:
     if not path.is_file():
         return
     try:
-        manifest = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
         raise LlmpressError(f"{path} is not valid JSON: the artifact is damaged") from None
+    if not isinstance(manifest, dict):
+        raise LlmpressError(f"{path} is not a JSON object: the artifact is damaged")
     if not manifest.get("sha256"):
         return
     key = (

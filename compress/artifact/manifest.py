@@ -10,6 +10,7 @@ import platform
 from pathlib import Path
 
 from compress.artifact.integrity import file_hashes
+from compress.errors import LlmpressError
 from compress.hub.card import model_card
 from compress.stage import Workspace
 
@@ -88,7 +89,15 @@ def build_manifest(
 
 def read_manifest(folder: Path) -> dict | None:
     path = Path(folder) / MANIFEST
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise LlmpressError(f"{path} is damaged (not a JSON object): re-create the artifact")
+    return manifest
 
 
 def _atomic_write(path: Path, text: str) -> None:

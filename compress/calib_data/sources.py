@@ -40,10 +40,10 @@ def read_texts(source: str, text_field: str = "text") -> list[str]:
 def _read_file(path: Path, field: str) -> list[str]:
     suffix = path.suffix.lower()
     if suffix in TEXT_SUFFIXES:
-        texts = [path.read_text(encoding="utf-8", errors="replace")]
+        texts = [_text(path)]
     elif suffix in (".jsonl", ".json"):
         texts = []
-        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for n, line in enumerate(_text(path).splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -58,7 +58,13 @@ def _read_file(path: Path, field: str) -> list[str]:
     elif suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several kinds on a damaged file
+            first = (str(e).strip().splitlines() or [""])[0][:120]
+            raise LlmpressError(
+                f"{path} is not a readable parquet file ({first}); re-export it"
+            ) from None
         if field not in table.column_names:
             raise LlmpressError(
                 f"{path} has no column {field!r} (columns: {', '.join(table.column_names)}); "
@@ -71,6 +77,18 @@ def _read_file(path: Path, field: str) -> list[str]:
     if not texts:
         raise LlmpressError(f"{path} holds no text")
     return texts
+
+
+def _text(path: Path) -> str:
+    """A text file's contents; binary data (NUL bytes, or mostly undecodable) is refused,
+    since tokenizing it would silently calibrate or evaluate on noise."""
+    raw = path.read_bytes()
+    if b"\x00" in raw[: 1 << 20]:
+        raise LlmpressError(f"{path} is binary, not text: pass a UTF-8 text file")
+    text = raw.decode("utf-8", errors="replace")
+    if text.count("\ufffd") > 0.01 * max(len(text), 1):
+        raise LlmpressError(f"{path} is not UTF-8 text: convert it, or pass another file")
+    return text
 
 
 def _read_dataset(spec: str, field: str) -> list[str]:

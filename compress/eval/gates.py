@@ -99,9 +99,13 @@ class FileGate:
 def load_gate_file(path: Path) -> list[FileGate]:
     """Read and check a gates YAML before any evaluation runs."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise LlmpressError(f"cannot read gate file {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise LlmpressError(
+            f"gate file {path} is not text (UTF-8 YAML): pass a YAML file"
+        ) from None
     except yaml.YAMLError as e:
         raise LlmpressError(f"gate file {path} is not valid YAML") from e
     if isinstance(data, dict) and set(data) == {"gates"}:

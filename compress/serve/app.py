@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from pathlib import Path
 
 from compress.errors import LlmpressError
@@ -12,7 +15,10 @@ from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
 from compress.serve.scheduler import Scheduler
-from compress.serve.server import App, make_server
+from compress.serve.server import App, bind_app, make_server
+
+DRAIN_TIMEOUT_S = 120.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def build_app(artifact: str, max_batch=8, max_len=2048, max_queue=64, kv=None, model_name=None):
@@ -27,20 +33,62 @@ def build_app(artifact: str, max_batch=8, max_len=2048, max_queue=64, kv=None, m
     return App(scheduler, tokenizer, name, max_len)
 
 
-def run_server(artifact, host, port, max_batch, max_len, max_queue, kv, threads, model_name, log):
+def run_server(
+    artifact,
+    host,
+    port,
+    max_batch,
+    max_len,
+    max_queue,
+    kv,
+    threads,
+    model_name,
+    log,
+    drain_timeout=DRAIN_TIMEOUT_S,
+):
+    """Bind first (a taken port fails in a second, not after loading the model), then load
+    and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
+    `drain_timeout` seconds), then exits."""
     set_threads(threads)
-    app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name)
     try:
-        server = make_server(app, host, port)
+        server = make_server(None, host, port)
     except OSError as e:
-        app.scheduler.stop()
         raise LlmpressError(f"cannot listen on {host}:{port}: {e.strerror}; pick --port") from e
+    try:
+        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name)
+    except BaseException:
+        server.server_close()
+        raise
+    bind_app(server, app)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    thread = threading.Thread(target=server.serve_forever, name="llmpress-http", daemon=True)
+    thread.start()
     log(f"serving {app.model_name} on http://{host}:{server.server_address[1]}/v1 "
         f"(batch {max_batch}, context {max_len}, queue {max_queue})")  # fmt: skip
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        log("shutting down")
+        while not stop.wait(0.5):
+            if not thread.is_alive():
+                break
+        log("shutting down: no new requests; finishing the running ones")
+        drain(server, app, drain_timeout, log)
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.server_close()
         app.scheduler.stop()
+
+
+def drain(server, app: App, timeout: float, log) -> None:
+    """Stop accepting, then wait until every answered request has been written out."""
+    with app.lock:
+        app.draining = True
+    server.shutdown()  # the accept loop ends; handler threads go on
+    server.socket.close()
+    deadline = time.monotonic() + timeout
+    while app.in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if app.in_flight:
+        log(f"{app.in_flight} request(s) still running after {timeout:.0f} s: stopping them")
+    else:
+        log("all requests finished")

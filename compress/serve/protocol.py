@@ -54,7 +54,24 @@ def parse_body(raw: bytes) -> dict:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    _check_strings(body)
     return body
+
+
+def _check_strings(value, where: str = "body") -> None:
+    """JSON may carry lone surrogates (\ud800) that no tokenizer can encode: refuse them."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"{where} holds an invalid Unicode string (lone surrogate)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_strings(k, where)
+            _check_strings(v, f"`{k}`" if where == "body" else where)
+    elif isinstance(value, list):
+        for v in value:
+            _check_strings(v, where)
 
 
 def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -> Parsed:
@@ -87,6 +104,8 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequest("`seed` must be an integer")
+    if seed is not None and not 0 <= seed < 1 << 63:
+        raise BadRequest(f"`seed` must be between 0 and {(1 << 63) - 1}, got {seed}")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("`stream` must be true or false")

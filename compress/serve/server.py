@@ -2,12 +2,19 @@
 
 One thread per connection (ThreadingHTTPServer); each handler validates its request,
 submits it, and either waits for the whole completion or streams server-sent events as
-tokens arrive. A write that fails (the client went away) cancels the request at once.
+tokens arrive. A client that goes away (a failed write while streaming, a closed socket
+while waiting for a whole completion) has its request cancelled at once. Sockets time
+out, so a slow or half-sent request cannot hold a thread; every error is JSON.
 """
 
 from __future__ import annotations
 
 import json
+import queue
+import select
+import socket
+import sys
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from compress.runtime.engine import Request
@@ -25,6 +32,8 @@ from compress.serve.protocol import (
 from compress.serve.scheduler import DONE, EngineStopped, QueueFull, Scheduler
 
 MAX_BODY = 1 << 20
+SOCKET_TIMEOUT_S = 30  # a request must arrive, and a client read, within this
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError, OSError)
 
 
 class App:
@@ -34,15 +43,34 @@ class App:
         self.scheduler, self.tokenizer = scheduler, tokenizer
         self.model_name, self.max_len = model_name, max_len
         self.eos = tokenizer.eos_token_id
+        self.in_flight = 0  # generation requests being answered (drained before exit)
+        self.draining = False
+        self.lock = threading.Lock()
 
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "llmpress"
+    timeout = SOCKET_TIMEOUT_S
     app: App  # set on the subclass made by make_server
 
     def log_message(self, format, *args):  # quiet by default
         pass
+
+    def send_error(self, code, message=None, explain=None):
+        """The base class answers malformed requests with an HTML page: answer JSON."""
+        self.close_connection = True
+        try:
+            kind = "not_found_error" if code == 404 else "invalid_request_error"
+            self._send(code, error_body(message or self.responses.get(code, ("",))[0], kind))
+        except _GONE:
+            pass
+
+    def handle(self):
+        try:
+            super().handle()
+        except _GONE:  # the client left or stalled: nothing to answer, nothing to log
+            self.close_connection = True
 
     # -- plumbing ---------------------------------------------------------------------
     def _send(self, status: int, body: bytes, ctype="application/json", headers=()):
@@ -80,6 +108,24 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"no route {self.path}", "not_found_error")
 
     def do_POST(self):
+        app = self.app
+        with app.lock:
+            if app.draining:
+                self._error(503, "server shutting down", "server_error")
+                return
+            app.in_flight += 1
+        try:
+            self._post()
+        except _GONE:
+            raise
+        except Exception as e:  # a bug must answer 500 as JSON, not drop the connection
+            print(f"llmpress serve: {type(e).__name__}: {e}", file=sys.stderr)
+            self._error(500, f"internal error: {type(e).__name__}", "server_error")
+        finally:
+            with app.lock:
+                app.in_flight -= 1
+
+    def _post(self):
         chat = self.path == "/v1/chat/completions"
         if not chat and self.path != "/v1/completions":
             self._error(404, f"no route {self.path}", "not_found_error")
@@ -121,7 +167,13 @@ class Handler(BaseHTTPRequestHandler):
         ids: list[int] = []
         sent = ""
         while True:
-            token = stream.tokens.get()
+            try:
+                token = stream.tokens.get(timeout=0.25)
+            except queue.Empty:
+                if not parsed.stream and self._client_gone():  # nothing written to fail
+                    app.scheduler.cancel(stream)
+                    raise ConnectionResetError("client closed the connection") from None
+                continue
             if token is DONE:
                 break
             if token == app.eos and not stream.request.params.ignore_eos:
@@ -142,6 +194,14 @@ class Handler(BaseHTTPRequestHandler):
                 sent = text
         if app.scheduler.error is not None:
             raise RuntimeError(f"engine failed: {app.scheduler.error}")
+
+    def _client_gone(self) -> bool:
+        """The client closed its socket (readable with nothing to read)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _finish_reason(self, stream) -> str:
         if stream.stopped:
@@ -189,7 +249,7 @@ class Handler(BaseHTTPRequestHandler):
                 event({**envelope(parsed, rid, obj, []), "usage": usage})
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        except _GONE:
             self.app.scheduler.cancel(stream)  # the client left: free its slot now
             self.close_connection = True
         except RuntimeError:
@@ -202,7 +262,18 @@ class Server(ThreadingHTTPServer):
     # once (seen in the load test): every request must be answered, served or 429.
     request_queue_size = 1024
 
+    def handle_error(self, request, client_address):
+        """One line, not a traceback, for what escapes a handler."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, _GONE):
+            print(f"llmpress serve: {client_address[0]}: {exc!r}", file=sys.stderr)
 
-def make_server(app: App, host: str, port: int) -> ThreadingHTTPServer:
+
+def make_server(app: App | None, host: str, port: int) -> Server:
+    """Bind now (a taken port fails before the model loads); `bind_app` attaches the app."""
     handler = type("BoundHandler", (Handler,), {"app": app})
     return Server((host, port), handler)
+
+
+def bind_app(server: Server, app: App) -> None:
+    server.RequestHandlerClass.app = app
