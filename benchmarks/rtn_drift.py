@@ -25,7 +25,7 @@ from compress.recipe import parse_quant, parse_recipe
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw" / "test.txt"
-SCHEMES = ["rtn:w4g32", "rtn:w4g64", "rtn:w4g128", "rtn:w8"]
+SCHEMES = ["rtn:w4g32zp", "rtn:w4g64zp", "rtn:w4g128zp", "rtn:w4g64sym", "rtn:w8"]
 
 
 def main() -> None:

@@ -142,8 +142,8 @@ def compute_qparams(
         lo = g.amin(dim=-1).clamp(max=0) * clip
         hi = g.amax(dim=-1).clamp(min=0) * clip
         scale = (hi - lo) / (scheme.qmax - scheme.qmin)
-    else:
-        scale = g.abs().amax(dim=-1) * clip / scheme.qmax
+    else:  # max|w| / 7.5 at 4 bits (compressed-tensors' rule): -8 is used, +max rounds to 7
+        scale = g.abs().amax(dim=-1) * clip / ((scheme.qmax - scheme.qmin) / 2)
     tiny = torch.finfo(storage_dtype).tiny
     scale = scale.clamp(min=tiny).to(storage_dtype).float().clamp(min=tiny)
     if not scheme.zero_point:
