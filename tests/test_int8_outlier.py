@@ -21,7 +21,9 @@ CHANNELS = [17, 101, 333]
 
 def test_outlier_selection():
     amax = torch.tensor([0.5, 7.0, 2.0, 9.0, 6.0])
-    assert Int8OutlierConfig().select(amax).tolist() == [1, 3]  # default threshold 6.0
+    assert Int8OutlierConfig(threshold=6.0).select(amax).tolist() == [1, 3]  # the paper's
+    assert Int8OutlierConfig().fraction == 0.01 and Int8OutlierConfig().group_size == 64
+    assert Int8OutlierConfig(activations="int8").group_size is None  # vLLM's W8A8: per channel
     assert Int8OutlierConfig(threshold=1.0).select(amax).tolist() == [1, 2, 3, 4]
     assert Int8OutlierConfig(top_k=1).select(amax).tolist() == [3]
     assert Int8OutlierConfig(fraction=0.4).select(amax).tolist() == [1, 3]

@@ -41,7 +41,7 @@ def test_triton_linear_reads_the_artifact_tensors(artifacts):
     from compress.artifact.ct_format import decode
     from compress.model.loading import read_tensors, resolve
 
-    ckpt = resolve(str(artifacts["rtn:w4g64"]))
+    ckpt = resolve(str(artifacts["rtn:w4g64zp"]))
     prefix = "model.layers.3.mlp.down_proj"
     names = [n for n in ckpt.tensors if n.startswith(prefix + ".")]
     t = read_tensors(ckpt, names)

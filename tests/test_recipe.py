@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from compress.errors import LlmpressError
@@ -49,14 +51,24 @@ def test_bad_yaml_names_the_line(tmp_path):
 @pytest.mark.parametrize(
     ("spec", "expected"),
     [
-        ("rtn:w4g64", {"bits": 4, "group_size": 64, "zero_point": True}),
+        ("rtn:w4g64", {"bits": 4, "group_size": 64, "zero_point": False}),
+        ("rtn:w4", {"bits": 4, "group_size": 64, "zero_point": False}),
         ("rtn:w8", {"bits": 8, "group_size": None, "zero_point": False}),
-        ("rtn:w4g128sym", {"bits": 4, "group_size": 128, "zero_point": False}),
+        ("rtn:w4g128zp", {"bits": 4, "group_size": 128, "zero_point": True}),
         ("rtn:w8g32zp", {"bits": 8, "group_size": 32, "zero_point": True}),
     ],
 )
-def test_quant_shorthand(spec, expected):
-    assert parse_quant(spec) == {"rtn": expected}
+def test_quant_shorthand_and_recipe_keys_mean_the_same(spec, expected):
+    """What the shorthand leaves out takes the defaults an omitted recipe key takes."""
+    recipe = parse_recipe({"stages": [parse_quant(spec)]})
+    assert dataclasses.asdict(recipe.stages[0][1]) == expected
+
+
+def test_omitted_recipe_keys_equal_the_bare_shorthand():
+    for bits in (4, 8):
+        keys = parse_recipe({"stages": [{"rtn": {"bits": bits}}]}).stages[0][1]
+        short = parse_recipe({"stages": [parse_quant(f"rtn:w{bits}")]}).stages[0][1]
+        assert keys == short
 
 
 def test_bad_shorthand():
