@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from compress.artifact.ct_format import LayerFormat
-from compress.artifact.engines import engine_problems
+from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, clean_stale
 from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
@@ -215,8 +215,9 @@ def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, 
     return engine_problems(config, ["x.weight_outlier"] if outliers else [])
 
 
-def written_engine_problems(folder: Path) -> dict[str, list[str]]:
-    """What each engine will refuse in the artifact written to `folder` (for the manifest)."""
+def written_engines(folder: Path) -> tuple[dict[str, list[str]], dict | None]:
+    """What each engine will refuse in the artifact written to `folder`, and the arguments
+    transformers' `from_pretrained` needs for it (None: no route), for the manifest."""
     import json
 
     from compress.model.safetensors_check import check_safetensors
@@ -227,7 +228,8 @@ def written_engine_problems(folder: Path) -> dict[str, list[str]]:
         for n in check_safetensors(f)
         if n != "__metadata__"
     ]
-    return engine_problems(json.loads((folder / "config.json").read_text()), names)
+    config = json.loads((folder / "config.json").read_text())
+    return engine_problems(config, names), transformers_route(config)
 
 
 def warn_engines(problems: dict[str, list[str]], log) -> None:
@@ -341,7 +343,7 @@ def _run_stages(
         )
         manifest["label"] = recipe.label()
         manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
-        manifest["engines"] = written_engine_problems(folder)
+        manifest["engines"], manifest["transformers_kwargs"] = written_engines(folder)
         if records and any(r.get("stage") in ("prune", "distill") for r in records):
             warn_engines(manifest["engines"], log)  # not known before pruning ran
         write_manifest(folder, manifest)

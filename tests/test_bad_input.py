@@ -367,6 +367,10 @@ def test_bad_input(case, tmp_path, default_ckpt):
     assert got["left_ok"], listing(tmp_path)
 
 
+def _compress_argv(tmp: Path, *extra: str) -> list[str]:
+    return ["compress", "default", "-o", str(tmp / "o"), "--quant", "rtn:w4g64", *extra]
+
+
 def test_disk_full_during_write_loses_nothing(tmp_path, monkeypatch, default_ckpt):
     """safetensors reports ENOSPC inside its own error type ("... os error 28")."""
     from safetensors import SafetensorError
@@ -375,9 +379,7 @@ def test_disk_full_during_write_loses_nothing(tmp_path, monkeypatch, default_ckp
         raise SafetensorError("Error while serializing: IoError(Os { code: 28 }) os error 28")
 
     monkeypatch.setattr("compress.artifact.writer.save_file", full)
-    code, _, err = run_cli(
-        ["compress", "default", "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"]
-    )
+    code, _, err = run_cli(_compress_argv(tmp_path))
     assert code == 2 and "out of disk space" in error_lines(err)[0]
     assert listing(tmp_path) == []
 
@@ -387,9 +389,7 @@ def test_read_only_target_is_one_line(tmp_path, monkeypatch, default_ckpt):
         raise OSError(30, "Read-only file system", str(tmp_path))
 
     monkeypatch.setattr("compress.artifact.writer.tempfile.mkdtemp", read_only)
-    code, _, err = run_cli(
-        ["compress", "default", "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"]
-    )
+    code, _, err = run_cli(_compress_argv(tmp_path))
     assert code == 2 and "read-only file system" in error_lines(err)[0]
 
 
@@ -398,10 +398,7 @@ def test_a_bug_exits_3_with_the_traceback_in_a_file(tmp_path, monkeypatch, defau
         raise ZeroDivisionError("boom")
 
     monkeypatch.setattr("compress.pipeline.quantize_lm_head", bug)
-    code, _, err = run_cli(
-        ["compress", "default", "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"]
-        + ["--lm-head", "w8"]
-    )
+    code, _, err = run_cli(_compress_argv(tmp_path, "--lm-head", "w8"))
     (line,) = error_lines(err)
     assert code == 3 and line.startswith("internal error: ZeroDivisionError: boom")
     crash = Path(line.split("traceback in ")[1].split(",")[0])
@@ -427,7 +424,7 @@ def test_file_size_limit_is_one_line(tmp_path, default_ckpt):
         resource.setrlimit(resource.RLIMIT_FSIZE, (20 << 20, 20 << 20))
 
     proc = _subprocess(
-        ["compress", "default", "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"],
+        _compress_argv(tmp_path),
         preexec_fn=limit,
     )
     _, err = proc.communicate(timeout=600)
@@ -437,7 +434,7 @@ def test_file_size_limit_is_one_line(tmp_path, default_ckpt):
 
 
 def test_sigterm_during_compress_leaves_nothing(tmp_path, default_ckpt):
-    proc = _subprocess(["compress", "default", "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"])
+    proc = _subprocess(_compress_argv(tmp_path))
     deadline = time.time() + 300
     while not list(tmp_path.glob(".o.partial-*")) and time.time() < deadline:
         time.sleep(0.05)

@@ -129,6 +129,20 @@ def transformers_problems(config: dict) -> list[str]:
     ]
 
 
+def transformers_route(config: dict) -> dict | None:
+    """The keyword arguments `from_pretrained` needs for this config.json: {} for the plain
+    call, `dequantize=True` for zero points, None when transformers cannot load it."""
+    qc = config.get("quantization_config") or {}
+    if qc.get("quant_method") == "awq":
+        return None
+    groups = _groups(config)
+    if not any(not (g.get("weights") or {}).get("symmetric", True) for g in groups):
+        return {}
+    if len({(g.get("weights") or {}).get("group_size") for g in groups}) > 1:
+        return None
+    return {"dequantize": True}
+
+
 def engine_problems(config: dict, tensor_names: Iterable[str] = ()) -> dict[str, list[str]]:
     """{"vllm": [...], "transformers": [...]}: what each engine will refuse."""
     return {

@@ -49,16 +49,15 @@ def load_with_transformers(ckpt):
     except the documented `dequantize=True` for zero-point weights (engines.py)."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    from compress.artifact.engines import transformers_problems
+    from compress.artifact.engines import transformers_problems, transformers_route
 
-    problems = transformers_problems(ckpt.config)
-    kwargs = {}
-    if problems and "dequantize=True" in problems[0] and "first size" not in problems[0]:
-        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
-    elif problems:
+    route = transformers_route(ckpt.config)
+    if route is None:
+        problem = transformers_problems(ckpt.config)[0]
         raise LlmpressError(
-            f"--engine transformers cannot load {ckpt.path}: {problems[0]}; use --engine runtime"
+            f"--engine transformers cannot load {ckpt.path}: {problem}; use --engine runtime"
         )
+    kwargs = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32, **kwargs)
     except Exception as e:

@@ -113,6 +113,7 @@ def _loading(m: dict) -> list[str]:
     engines = m.get("engines") or {"vllm": [], "transformers": []}
     path = '"path/to/this/folder"'
     hf = engines.get("transformers") or []
+    route = m.get("transformers_kwargs", {}) if hf else {}
     if m["recipe"].get("export") == "awq-gemm":
         code = [
             "# AutoAWQ's GEMM layout: transformers reads it through gptqmodel",
@@ -125,7 +126,7 @@ def _loading(m: dict) -> list[str]:
             "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
             f"model = AutoModelForCausalLM.from_pretrained({path})",
         ]
-    elif "dequantize=True" in hf[0] and "first size" not in hf[0]:
+    elif route:
         code = [
             "# zero-point weights: transformers 5 loads them dequantized (docs/format.md)",
             "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
