@@ -3,8 +3,10 @@ loopback: completions, chat, streaming, bad input, overload, and disconnects."""
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -13,7 +15,7 @@ import openai
 import pytest
 
 from compress.serve.app import build_app
-from compress.serve.server import make_server
+from compress.serve.server import Handler, make_server
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,9 @@ def test_curl_streams_server_sent_events(server):
         (b'{"prompt": "x", "temperature": -1}', 400, "`temperature` must be between"),
         (b'{"prompt": "' + b"word " * 300 + b'", "max_tokens": 10}', 400, "context of 256"),
         (b"[1, 2]", 400, "JSON object"),
+        (b'{"prompt": "x", "seed": 18446744073709551616}', 400, "`seed` must be between"),
+        (b'{"prompt": "x", "seed": -1}', 400, "`seed` must be between"),
+        (b'{"prompt": "a\\ud800b"}', 400, "lone surrogate"),
     ],
 )
 def test_bad_requests_get_400_and_the_server_lives_on(server, body, status, needle):
@@ -197,3 +202,106 @@ def test_short_requests_do_not_wait_for_long_ones(server):
     short.join(timeout=300)
     long.join(timeout=300)
     assert finished["short"] < finished["long"]
+
+
+def _raw(url, data: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(data)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"GET /health HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n", b" 431 "),
+        (b"GET /health HTTP/2.0\r\n\r\n", b" 505 "),
+        (b"GET /health HTTP/1.x\r\n\r\n", b" 400 "),
+    ],
+)
+def test_malformed_http_is_answered_in_json(server, raw, status):
+    _, url = server
+    head, _, body = _raw(url, raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/") and status in head.split(b"\r\n")[0]
+    assert b"application/json" in head and b"<html" not in body.lower()
+    assert json.loads(body)["error"]["message"]
+
+
+def test_a_stalled_request_times_out_and_frees_its_thread(server):
+    _, url = server
+    old = Handler.timeout
+    Handler.timeout = 1  # read by each new connection's handler
+    try:
+        host, port = url.removeprefix("http://").split(":")
+        start = time.monotonic()
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+            assert sock.recv(65536) == b""  # closed by the server, not by us
+        assert time.monotonic() - start < 10
+    finally:
+        Handler.timeout = old
+    assert urllib.request.urlopen(url + "/health", timeout=10).status == 200
+
+
+def test_a_non_streaming_client_that_disconnects_frees_its_slot(server):
+    _, url = server
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=60)
+    body = json.dumps({"prompt": "1, 2, 3, 4,", "max_tokens": 240, "temperature": 0})
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
+    deadline = time.time() + 30
+    while _metric(url, "llmpress_requests_running") < 1 and time.time() < deadline:
+        time.sleep(0.05)
+    before = _metric(url, "llmpress_generated_tokens_total")
+    sock.close()
+    deadline = time.time() + 30
+    while _metric(url, "llmpress_requests_running") > 0 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(url, "llmpress_requests_running") == 0
+    assert _metric(url, "llmpress_kv_cache_slots_in_use") == 0
+    # cancelled long before its 200 tokens
+    assert _metric(url, "llmpress_generated_tokens_total") - before < 150
+
+
+def test_sigterm_lets_running_streams_finish_then_exits(artifacts):
+    """`llmpress serve` stops on SIGTERM only after the streams it is writing end with
+    [DONE]."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    cmd = [sys.executable, "-m", "compress", "serve", str(artifacts["rtn:w4g64"])]
+    cmd += ["--port", str(port), "--max-batch", "2", "--max-len", "256", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=5).status == 200:
+                    break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        sock = _raw_stream(url, max_tokens=60)
+        received = sock.recv(65536)
+        while b"data: " not in received:
+            received += sock.recv(65536)
+        proc.send_signal(signal.SIGTERM)
+        while chunk := sock.recv(65536):
+            received += chunk
+        sock.close()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert b"data: [DONE]" in received
+    events = [ln for ln in received.split(b"\r\n") if ln.startswith(b"data: {")]
+    assert json.loads(events[-1][6:])["choices"][0]["finish_reason"] == "length"
+    log = proc.stdout.read()
+    assert "all requests finished" in log and "Traceback" not in log

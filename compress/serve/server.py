@@ -15,6 +15,7 @@ import select
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from compress.runtime.engine import Request
@@ -33,6 +34,7 @@ from compress.serve.scheduler import DONE, EngineStopped, QueueFull, Scheduler
 
 MAX_BODY = 1 << 20
 SOCKET_TIMEOUT_S = 30  # a request must arrive, and a client read, within this
+CHECK_GONE_S = 0.25  # how often a waiting non-streaming request checks its client is there
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError, OSError)
 
 
@@ -60,6 +62,8 @@ class Handler(BaseHTTPRequestHandler):
     def send_error(self, code, message=None, explain=None):
         """The base class answers malformed requests with an HTML page: answer JSON."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # unparsed request line: still send a status
+            self.request_version = self.protocol_version
         try:
             kind = "not_found_error" if code == 404 else "invalid_request_error"
             self._send(code, error_body(message or self.responses.get(code, ("",))[0], kind))
@@ -166,13 +170,18 @@ class Handler(BaseHTTPRequestHandler):
         tok, app = self.app.tokenizer, self.app
         ids: list[int] = []
         sent = ""
+        checked = time.monotonic()
         while True:
-            try:
-                token = stream.tokens.get(timeout=0.25)
-            except queue.Empty:
-                if not parsed.stream and self._client_gone():  # nothing written to fail
+            # A non-streaming client writes nothing that could fail: look for a closed
+            # socket every quarter second, whether or not tokens are arriving.
+            if not parsed.stream and time.monotonic() - checked >= CHECK_GONE_S:
+                checked = time.monotonic()
+                if self._client_gone():
                     app.scheduler.cancel(stream)
-                    raise ConnectionResetError("client closed the connection") from None
+                    raise ConnectionResetError("client closed the connection")
+            try:
+                token = stream.tokens.get(timeout=CHECK_GONE_S)
+            except queue.Empty:
                 continue
             if token is DONE:
                 break
