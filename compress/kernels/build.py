@@ -93,8 +93,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_rmsnorm_quant.argtypes = [p, p, f, i, i, i, p, p, p, p]
     lib.llmp_silu_mul_quant.argtypes = [p, i, i, i, p, p, p, p]
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i]
-    lib.llmp_decode_attention_f32.argtypes = [p, p, p, p, p, i, p, p, i, i, i, i, p]
-    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, p, p, p, p, i, ctypes.c_int64, p, p]
+    lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, p]
+    lib.llmp_decode_attention.restype = None
+    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, p, p, p, p, p]
+    lib.llmp_decode_layers.restype = ctypes.c_int
     lib.llmp_set_threads.argtypes = [i]
     for name in (
         "llmp_quantize_rows",

@@ -95,28 +95,119 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     return x
 
 
-def decode_attention_f32(q, k, v, k_cache, v_cache, slots, positions) -> torch.Tensor:
-    """Write k/v [B, kv_heads, D] into one layer's fp32 cache [slots, kv_heads, cap, D] at
-    `positions`, then attend q [B, heads, D] over 0..position of each sequence."""
-    b, heads, d = q.shape
-    kv_heads, cap = k_cache.shape[1], k_cache.shape[2]
+class _KVC(ctypes.Structure):
+    """qgemm.c's KVC: the cache's arrays as the C attention reads them."""
+
+    _fields_ = [
+        *((name, ctypes.c_int) for name in ("bits", "cap", "group", "slots", "kv_heads", "d")),
+        *((name, ctypes.c_void_p) for name in ("k", "v", "kq", "vq")),
+        *((name, ctypes.c_void_p) for name in ("ks", "km", "vs", "vm", "kr", "vr")),
+    ]
+
+
+MAX_HEAD_DIM = 256  # qgemm.c's attention scratch
+MAX_KV_GROUP = 1024
+
+
+def _check_f32(t: torch.Tensor, name: str) -> None:
+    if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+        raise TypeError(f"{name}: the C kernels take contiguous fp32 CPU tensors, got {t.dtype}")
+
+
+def kv_struct(cache) -> _KVC:
+    """The C view of a runtime KVCache (built once; its arrays never move)."""
+    if getattr(cache, "native", None) is not None:
+        return cache.native
+    bits = cache.scheme.bits or 0
+    if bits:
+        _, slots, kv_heads, cap = cache.kq.shape[:4]
+        d, group = cache.k_res.shape[-1], cache.scheme.group
+        arrays = {
+            "kq": cache.kq,
+            "vq": cache.vq,
+            "ks": cache.k_scale,
+            "km": cache.k_min,
+            "vs": cache.v_scale,
+            "vm": cache.v_min,
+            "kr": cache.k_res,
+            "vr": cache.v_res,
+        }
+    else:
+        _, slots, kv_heads, cap, d = cache.k.shape
+        group = 1
+        arrays = {"k": cache.k, "v": cache.v}
+    if d > MAX_HEAD_DIM or group > MAX_KV_GROUP:
+        raise ValueError(f"head dim {d} / KV group {group}: the CPU attention takes at most "
+                         f"{MAX_HEAD_DIM} / {MAX_KV_GROUP}")  # fmt: skip
+    for name, t in arrays.items():
+        if not t.is_contiguous() or t.device.type != "cpu":
+            raise TypeError(f"KV cache array {name} must be a contiguous CPU tensor")
+    pointers = {n: _ptr(t) for n, t in arrays.items()}
+    cache.native = _KVC(bits, cap, group, slots, kv_heads, d, **pointers)
+    return cache.native
+
+
+def decode_attention(q, k, v, cache, layer: int, slots, positions) -> torch.Tensor:
+    """Write k/v [B, kv_heads, D] into `layer` of `cache` (fp32 or KIVI int8/int4) at
+    `positions`, then attend q [B, heads, D] over 0..position of each sequence, in C."""
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_f32(t, name)
+    slots, positions = slots.contiguous(), positions.contiguous()
+    if slots.dtype != torch.int64 or positions.dtype != torch.int64:
+        raise TypeError("slots and positions must be int64")
+    b, heads, _ = q.shape
     out = torch.empty_like(q)
-    library().llmp_decode_attention_f32(
-        *(_ptr(t) for t in (q, k, v, k_cache, v_cache)),
-        cap,
-        _ptr(slots),
-        _ptr(positions),
-        b,
-        heads,
-        kv_heads,
-        d,
-        _ptr(out),
-    )
+    library().llmp_decode_attention(
+        ctypes.byref(kv_struct(cache)), layer, _ptr(q), _ptr(k), _ptr(v), _ptr(slots),
+        _ptr(positions), b, heads, _ptr(out),
+    )  # fmt: skip
     return out
 
 
+TILE = 8  # output columns per panel tile (qgemm.c)
+
+
+def to_panels(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Row-major codes [N, Kp] (int4: unsigned 0..15, int8: signed) → the kernels' panel
+    layout (qgemm.c): tiles of 8 columns, each block of 32 inputs as 8 quads of
+    [col 0: k0..k3 | ... | col 7: k0..k3]; int4 holds quads j and j+4 in one byte's low and
+    high nibbles. N is padded to a multiple of 8 with zero codes."""
+    n, kp = codes.shape
+    npad = -n % TILE
+    c = torch.nn.functional.pad(codes, (0, 0, 0, npad)).reshape(-1, TILE, kp // 32, 2, 4, 4)
+    if bits == 4:  # [tile, col, block, half, quad, k] → [tile, block, quad, col, k, half]
+        c = c.to(torch.uint8).permute(0, 2, 4, 1, 5, 3)
+        return (c[..., 0] | (c[..., 1] << 4)).contiguous().reshape(-1)
+    c = c.reshape(-1, TILE, kp // 32, 8, 4).permute(0, 2, 3, 1, 4)  # [tile, block, quad, col, k]
+    return c.to(torch.int8).contiguous().reshape(-1)
+
+
+def from_panels(panel: torch.Tensor, bits: int, n: int, kp: int) -> torch.Tensor:
+    """The inverse of `to_panels`: row-major codes [n, kp]."""
+    tiles = -(-n // TILE)
+    if bits == 4:
+        b = panel.reshape(tiles, kp // 32, 4, TILE, 4)
+        c = torch.stack((b & 0x0F, b >> 4), dim=-1)  # [tile, block, quad, col, k, half]
+        c = c.permute(0, 3, 1, 5, 2, 4)  # [tile, col, block, half, quad, k]
+    else:
+        c = panel.reshape(tiles, kp // 32, 8, TILE, 4).permute(0, 3, 1, 2, 4)
+    return c.reshape(tiles * TILE, kp)[:n]
+
+
+def _panel_params(p: torch.Tensor) -> torch.Tensor:
+    """[N, groups] → [tiles, groups, 8], zero past N."""
+    p = torch.nn.functional.pad(p, (0, 0, 0, -p.shape[0] % TILE))
+    return p.reshape(-1, TILE, p.shape[1]).transpose(1, 2).contiguous()
+
+
+def _row_params(p: torch.Tensor, n: int) -> torch.Tensor:
+    return p.transpose(1, 2).reshape(-1, p.shape[1])[:n]
+
+
 class PackedLinear:
-    """A b-bit (4 or 8) weight kept packed: w = q * scale - zs per (row, group)."""
+    """A b-bit (4 or 8) weight kept packed in the kernels' panel layout: w = q * scale - zs
+    per (row, group)."""
 
     def __init__(self, q, scale, zero_point, group_size: int, bits: int):
         n, k = q.shape
@@ -133,14 +224,12 @@ class PackedLinear:
         zp = torch.zeros_like(scale) if zero_point is None else zero_point.float().reshape(n, -1)
         if zp.shape != scale.shape:
             zp = torch.nn.functional.pad(zp, (0, scale.shape[1] - zp.shape[1]))
-        self.scale = scale.contiguous()
-        self.zs = ((zp + offset) * scale).contiguous()
-        codes = torch.nn.functional.pad(q.to(torch.int16), (0, kp - k))
-        if bits == 4:
-            u = (codes + 8).to(torch.uint8).reshape(n, kp // 32, 2, 16)
-            self.packed = (u[:, :, 0] | (u[:, :, 1] << 4)).reshape(n, kp // 2).contiguous()
-        else:
-            self.packed = codes.to(torch.int8).contiguous()
+        codes = torch.nn.functional.pad(q.to(torch.int16), (0, kp - k)) + offset
+        self._set(codes, scale, (zp + offset) * scale)
+
+    def _set(self, codes: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor) -> None:
+        self.packed = to_panels(codes, self.bits)
+        self.scale, self.zs = _panel_params(scale), _panel_params(zs)
 
     @classmethod
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
@@ -157,8 +246,11 @@ class PackedLinear:
             first.kp,
         )
         fused.out_features = sum(p.out_features for p in parts)
-        for name in ("packed", "scale", "zs"):
-            setattr(fused, name, torch.cat([getattr(p, name) for p in parts]).contiguous())
+        fused._set(
+            torch.cat([from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]),
+            torch.cat([_row_params(p.scale, p.out_features) for p in parts]),
+            torch.cat([_row_params(p.zs, p.out_features) for p in parts]),
+        )
         return fused
 
     @property
@@ -244,13 +336,16 @@ class FusedDecoder:
         self.eps, self.cos, self.sin = eps, cos, sin
         self.n = len(layers)
 
-    def __call__(self, h, k_cache, v_cache, slots, positions) -> torch.Tensor:
-        """h [B, hidden] → h after every block, in place; the caches [layers, slots,
-        kv_heads, cap, D] receive this step's keys and values."""
-        lib = library()
+    def __call__(self, h, cache, slots, positions) -> torch.Tensor:
+        """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
+        or KIVI) receives this step's keys and values."""
+        _check_f32(h, "hidden state")
+        slots, positions = slots.contiguous(), positions.contiguous()
+        if slots.dtype != torch.int64 or positions.dtype != torch.int64:
+            raise TypeError("slots and positions must be int64")
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
-        lib.llmp_decode_layers(
+        status = library().llmp_decode_layers(
             self.table,
             self.n,
             _ptr(h),
@@ -263,11 +358,10 @@ class FusedDecoder:
             self.eps,
             _ptr(self.cos),
             _ptr(self.sin),
-            _ptr(k_cache),
-            _ptr(v_cache),
-            k_cache.shape[3],
-            k_cache.stride(0),
+            ctypes.byref(kv_struct(cache)),
             _ptr(slots),
             _ptr(positions),
         )
+        if status != 0:
+            raise MemoryError("the CPU decoder could not allocate its step workspace")
         return h

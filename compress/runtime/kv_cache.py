@@ -94,6 +94,7 @@ class KVCache:
 
     def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32, device="cpu"):
         self.scheme, self.max_len = scheme, max_len
+        self.native = None  # the C kernels' view of these arrays (compress/kernels/cpu.py)
         with torch.device(device):  # every buffer on `device`
             self._allocate(layers, slots, kv_heads, max_len, head_dim)
 

@@ -9,7 +9,7 @@ import torch
 from compress.kernels.cpu import (
     EXACT_ABOVE,
     FusedDecoder,
-    decode_attention_f32,
+    decode_attention,
     rms_norm_quantized,
     rope_,
     silu_mul_quantized,
@@ -128,23 +128,20 @@ class Model:
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
-        if self.fused is not None and cache.scheme.bits is None and b <= EXACT_ABOVE:
+        if self.fused is not None and b <= EXACT_ABOVE:
             h = self.w.embed[tokens].float().contiguous()
-            self.fused(h, cache.k, cache.v, slots.contiguous(), positions.contiguous())
+            self.fused(h, cache, slots, positions)
             cache.lengths[slots] += 1
             return self._logits(h)
-        c_attention = self.device.type == "cpu" and cache.scheme.bits is None
-        attend = _triton_attention if self.device.type == "cuda" else _torch_attention
+        cpu = self.device.type == "cpu"
         h = self.w.embed[tokens].float()
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions)
-            if c_attention:  # one C call: write k/v, attend (compress/kernels/cpu/qgemm.c)
-                att = decode_attention_f32(
-                    q, k, v.contiguous(), cache.k[i], cache.v[i], slots, positions
-                )
+            if cpu:  # one C call: store k/v, attend (compress/kernels/cpu/qgemm.c)
+                att = decode_attention(q, k, v, cache, i, slots, positions)
             else:
                 cache.write_tokens(i, slots, positions, k, v)  # then attend to 0..position
-                att = attend(q, cache, i, slots, positions + 1)
+                att = _triton_attention(q, cache, i, slots, positions + 1)
             h = h + layer.o(att.reshape(b, s.heads * s.head_dim))
             h = h + _mlp(layer, h, s.eps)
         cache.lengths[slots] += 1
@@ -165,14 +162,6 @@ def _fused_decoder(w: ModelWeights, rope: Rope):
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, s.eps, rope.cos, rope.sin
     )
-
-
-def _torch_attention(q, cache: KVCache, layer: int, slots, lengths):
-    """CPU: read (and dequantize) each sequence's cache, mask past its length."""
-    longest = int(lengths.max())
-    keys, values = cache.read(layer, slots, longest, lengths)
-    mask = (torch.arange(longest, device=q.device)[None] < lengths[:, None])[:, None, None, :]
-    return _decode_attention(q, keys, values, mask)
 
 
 def _triton_attention(q, cache: KVCache, layer: int, slots, lengths):

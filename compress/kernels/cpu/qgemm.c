@@ -1,19 +1,20 @@
-/* Packed int4 / int8 matrix multiply for the CPU decode path.
+/* Packed int4 / int8 matrix multiply, fused elementwise steps and decode attention for the
+ * CPU runtime.
  *
  * Why: torch's packed CPU kernels reach 2-6 GB/s on AVX2 machines, far below memory
- * bandwidth. Here activations are quantized per block of 32 to int8 (one scale each), and
- * each block's dot product with the weights is done in integer SIMD (u8 x s8 -> s32), then
- * scaled in float. Weights stay packed; nothing is dequantized whole per step.
+ * bandwidth, and its per-op overhead dominates a small model's decode step. Here
+ * activations are quantized per block of 32 to int8 (one scale each), and the dot products
+ * with the weights are done in integer SIMD (u8 x s8 -> s32), then scaled in float.
+ * Weights stay packed, in a panel layout made for batched decode (see "Panel layout").
  *
  * Layouts (K is padded to a multiple of 32 by the caller, padding holds zero activations):
- *   int4 weight  uint8 [N, K/2]: per block of 32 inputs, 16 bytes; byte j holds input j in
- *                its low nibble and input 16+j in its high nibble; values unsigned 0..15.
- *   int8 weight  int8  [N, K]   signed.
- *   scale, zs    float [N, K/G]: w = q * scale - zs  (zs = zero_point * scale).
+ *   weights      panels of 8 output columns (below); w = code * scale - zs, zs = (zero
+ *                point + offset) * scale; int4 codes unsigned 0..15, int8 codes signed.
  *   activations  x8 int8 [M, K], dx float [M, K/32], bsum float [M, K/32] (each block's sum
  *                of its quantized values, for the zero-point term: the product is then
- *                exactly sum(w * x_quantized), so the offset in q * scale adds no error).
- * G is a multiple of 32.
+ *                exactly sum(w * x_quantized), so the offset in code * scale adds no error).
+ * G is a multiple of 32. Instruction paths: AVX-VNNI or AVX512-VNNI (dpbusd), AVX2
+ * (maddubs + madd), and portable C; the build picks by -march=native and tests build all.
  */
 #include <math.h>
 #include <stdint.h>
@@ -51,9 +52,66 @@ int llmp_has_avx2(void) {
 #endif
 }
 
+#if defined(__AVX2__)
+static inline float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp(x), 8 lanes: 2^n * p(r) with r = x - n ln2 in [-ln2/2, ln2/2] and p the degree-5
+ * minimax polynomial of Cephes' expf (relative error ~2e-7). NaN stays NaN. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), _mm256_min_ps(_mm256_set1_ps(88.3f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* One row as int8 blocks of 32: codes round(x * 127 / absmax), the block's scale and the
+ * scale times the codes' sum. */
 static void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs) {
     for (int b = 0; b < K / 32; b++) {
         const float *xb = xr + b * 32;
+#if defined(__AVX2__)
+        const __m256 sign = _mm256_set1_ps(-0.f);
+        __m256 v[4], mx = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(xb + 8 * i);
+            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+        }
+        float amax = hmax8(mx);
+        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        __m256 s = _mm256_set1_ps(inv);
+        __m256i q[4], sum = _mm256_setzero_si256();
+        for (int i = 0; i < 4; i++) {
+            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            q[i] = _mm256_cvtps_epi32(r);
+            sum = _mm256_add_epi32(sum, q[i]);
+        }
+        /* packs interleave 128-bit lanes; the permute puts the 32 codes back in order */
+        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(qr + b * 32), p8);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_hadd_epi32(s4, s4);
+        s4 = _mm_hadd_epi32(s4, s4);
+        dr[b] = d;
+        bs[b] = d * (float)_mm_cvtsi128_si32(s4);
+#else
         float amax = 0.f;
         for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
         float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
@@ -65,6 +123,7 @@ static void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *b
         }
         dr[b] = d;
         bs[b] = d * (float)sum;
+#endif
     }
 }
 
@@ -75,199 +134,223 @@ void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, flo
         quantize_row(x + (int64_t)m * K, K, x8 + (int64_t)m * K, dx + (int64_t)m * nb, bsum + (int64_t)m * nb);
 }
 
-/* R weight rows at a time share each activation block load; R and BITS are constants
- * after inlining, so the accumulators stay in registers. */
 #define INLINE static inline __attribute__((always_inline))
 
+/* ---- Panel layout and the GEMM over it ---------------------------------------------
+ * Weights are repacked once at load into tiles of 8 output columns. Within a tile, each
+ * block of 32 inputs is stored as quads (4 consecutive inputs) of all 8 columns: 32 bytes
+ * [col 0: k0..k3 | col 1: k0..k3 | ... | col 7: k0..k3], the operand layout of a u8 x s8
+ * dot product that sums 4 products into one 32-bit lane per column. A quad of one row's
+ * activations is then a single 32-bit broadcast: each weight vector, unpacked once, serves
+ * every activation row of the tile with no shuffles, and each output column stays in its
+ * own lane (no horizontal sums).
+ *   int4: 128 bytes per (tile, block): vector j (0..3) holds quad j in its low nibbles and
+ *         quad j+4 in its high nibbles; codes unsigned 0..15.
+ *   int8: 256 bytes per (tile, block): vector q holds quad q; codes signed.
+ *   scale, zs: float [tiles, K/G, 8]; columns past N are zero.
+ * int4 without VNNI: u8 x s8 pair sums (|.| <= 2*15*127) add up in int16 over a whole
+ * block (8 pairs: <= 30480, no saturation), then one madd per block widens them.
+ */
+#define TW 8
+#define MT_MAX 4
+
 #if defined(__AVX2__)
-INLINE __m256i block_codes(const uint8_t *p, int bits) {
-    if (bits == 8) return _mm256_loadu_si256((const __m256i *)p);
-    __m128i q = _mm_loadu_si128((const __m128i *)p);
-    __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
-}
-INLINE __m256i block_dot(const uint8_t *p, __m256i a, int bits) {
-    __m256i q = block_codes(p, bits);
-    if (bits == 4) return dot_u8s8(q, a);
-    /* int8: |w| as u8 (|-128| = 128 fits), the sign moved onto the activation */
-    return dot_u8s8(_mm256_abs_epi8(q), _mm256_sign_epi8(a, q));
+INLINE __m256i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
 #endif
 
-/* out[m * os + r] for R weight rows × MT activation rows: weights are decoded once per
- * block and used for every activation row of the tile. */
-INLINE void tile_dot(int R, int MT, int bits, const uint8_t *w, int64_t rb, const float *sc,
-                     const float *zs, int ng, int bpg, const int8_t *x8, const float *dx,
-                     const float *bs, int K, int nb, float *out, int64_t os) {
-    const int bb = bits * 4; /* bytes per block of 32 */
+/* y[m, 0..cols) for MT activation rows against one tile of 8 columns. */
+INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, const float *zs,
+                       int ng, int bpg, const int8_t *x8, const float *dx, const float *bs,
+                       int K, int nb, float *y, int64_t ys, int cols) {
 #if defined(__AVX2__)
-    __m256 acc[4][4];
-    float zt[4][4];
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < MT; m++) acc[r][m] = _mm256_setzero_ps(), zt[r][m] = 0.f;
+    __m256 acc[MT_MAX];
+    for (int m = 0; m < MT; m++) acc[m] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int g = 0, b = 0; g < ng; g++) {
-        __m256 gacc[4][4];
-        float bz[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int r = 0; r < R; r++)
-            for (int m = 0; m < MT; m++) gacc[r][m] = _mm256_setzero_ps();
-        if (bits == 4 && bpg % 2 == 0) {
-            /* Two blocks per step: one 32-byte load holds blocks b and b+1; its low nibbles
-             * are inputs 0-15 of each block, its high nibbles inputs 16-31, so the
-             * activations are regrouped the same way (two lane permutes) and one convert +
-             * FMA serves both blocks (lanes 0-3: block b, lanes 4-7: block b+1). */
-            const __m256i low = _mm256_set1_epi8(0x0F);
-            for (int j = 0; j < bpg; j += 2, b += 2) {
-                __m256i ql[4], qh[4];
-                for (int r = 0; r < R; r++) {
-                    const uint8_t *wp = w + r * rb + (int64_t)b * 16;
-                    _mm_prefetch((const char *)(wp + 512), _MM_HINT_T0);
-                    __m256i q = _mm256_loadu_si256((const __m256i *)wp);
-                    ql[r] = _mm256_and_si256(q, low);
-                    qh[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        __m256 gacc[MT_MAX];
+        float bz[MT_MAX];
+        for (int m = 0; m < MT; m++) gacc[m] = _mm256_setzero_ps(), bz[m] = 0.f;
+        for (int j = 0; j < bpg; j++, b++) {
+            __m256i ai[MT_MAX];
+            for (int m = 0; m < MT; m++) ai[m] = _mm256_setzero_si256();
+            if (bits == 4) {
+                const uint8_t *wb = wt + (int64_t)b * 128;
+                _mm_prefetch((const char *)(wb + 1024), _MM_HINT_T0);
+#pragma GCC unroll 1 /* unrolled, gcc computes all 32 products before adding: spills */
+                for (int v = 0; v < 4; v++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
+                    __m256i lo = _mm256_and_si256(raw, low);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                    for (int m = 0; m < MT; m++) {
+                        const int8_t *xq = x8 + (int64_t)m * K + b * 32 + 4 * v;
+                        __m256i xa = bcast4(xq), xb = bcast4(xq + 16);
+#if defined(__AVXVNNI__)
+                        ai[m] = _mm256_dpbusd_avx_epi32(ai[m], lo, xa);
+                        ai[m] = _mm256_dpbusd_avx_epi32(ai[m], hi, xb);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                        ai[m] = _mm256_dpbusd_epi32(ai[m], lo, xa);
+                        ai[m] = _mm256_dpbusd_epi32(ai[m], hi, xb);
+#else
+                        ai[m] = _mm256_add_epi16(ai[m], _mm256_add_epi16(
+                            _mm256_maddubs_epi16(lo, xa), _mm256_maddubs_epi16(hi, xb)));
+#endif
+                    }
                 }
-                for (int m = 0; m < MT; m++) {
-                    const int8_t *xm = x8 + (int64_t)m * K + b * 32;
-                    __m256i x0 = _mm256_loadu_si256((const __m256i *)xm);
-                    __m256i x1 = _mm256_loadu_si256((const __m256i *)(xm + 32));
-                    __m256i lo_x = _mm256_permute2x128_si256(x0, x1, 0x20);
-                    __m256i hi_x = _mm256_permute2x128_si256(x0, x1, 0x31);
-                    const float *dm = dx + (int64_t)m * nb + b;
-                    __m256 d = _mm256_setr_m128(_mm_set1_ps(dm[0]), _mm_set1_ps(dm[1]));
-                    bz[m] += bs[(int64_t)m * nb + b] + bs[(int64_t)m * nb + b + 1];
-                    for (int r = 0; r < R; r++) {
-                        __m256i p = _mm256_add_epi32(dot_u8s8(ql[r], lo_x), dot_u8s8(qh[r], hi_x));
-                        gacc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, gacc[r][m]);
+#if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+                for (int m = 0; m < MT; m++) ai[m] = _mm256_madd_epi16(ai[m], ones);
+#endif
+            } else {
+                const uint8_t *wb = wt + (int64_t)b * 256;
+                _mm_prefetch((const char *)(wb + 1024), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wb + 1024 + 64), _MM_HINT_T0);
+#pragma GCC unroll 1
+                for (int q = 0; q < 8; q++) {
+                    __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * q));
+                    __m256i u = _mm256_abs_epi8(w); /* |w| as u8, the sign moved onto x */
+                    for (int m = 0; m < MT; m++) {
+                        __m256i xa = bcast4(x8 + (int64_t)m * K + b * 32 + 4 * q);
+                        ai[m] = _mm256_add_epi32(ai[m], dot_u8s8(u, _mm256_sign_epi8(xa, w)));
                     }
                 }
             }
-        } else {
-            for (int j = 0; j < bpg; j++, b++)
-                for (int m = 0; m < MT; m++) {
-                    __m256i a = _mm256_loadu_si256((const __m256i *)(x8 + (int64_t)m * K + b * 32));
-                    __m256 d = _mm256_set1_ps(dx[(int64_t)m * nb + b]);
-                    bz[m] += bs[(int64_t)m * nb + b];
-                    for (int r = 0; r < R; r++) {
-                        __m256i p = block_dot(w + r * rb + (int64_t)b * bb, a, bits);
-                        gacc[r][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, gacc[r][m]);
-                    }
-                }
-        }
-        for (int r = 0; r < R; r++) {
-            __m256 sg = _mm256_set1_ps(sc[r * ng + g]);
             for (int m = 0; m < MT; m++) {
-                acc[r][m] = _mm256_fmadd_ps(gacc[r][m], sg, acc[r][m]);
-                zt[r][m] += zs[r * ng + g] * bz[m];
+                __m256 d = _mm256_set1_ps(dx[(int64_t)m * nb + b]);
+                gacc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[m]), d, gacc[m]);
+                bz[m] += bs[(int64_t)m * nb + b];
             }
+        }
+        __m256 s = _mm256_loadu_ps(sc + g * TW), z = _mm256_loadu_ps(zs + g * TW);
+        for (int m = 0; m < MT; m++) {
+            acc[m] = _mm256_fmadd_ps(gacc[m], s, acc[m]);
+            acc[m] = _mm256_fnmadd_ps(z, _mm256_set1_ps(bz[m]), acc[m]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int m = 0; m < MT; m++) out[m * os + r] = hsum8(acc[r][m]) - zt[r][m];
-#else
-    for (int m = 0; m < MT; m++)
-        for (int r = 0; r < R; r++) {
-            const int8_t *xr = x8 + (int64_t)m * K;
-            const float *dr = dx + (int64_t)m * nb, *br = bs + (int64_t)m * nb;
-            float total = 0.f;
-            for (int g = 0, b = 0; g < ng; g++) {
-                float ga = 0.f, bz = 0.f;
-                for (int j = 0; j < bpg; j++, b++) {
-                    const uint8_t *p = w + r * rb + (int64_t)b * bb;
-                    const int8_t *x = xr + b * 32;
-                    int s = 0;
-                    if (bits == 4)
-                        for (int i = 0; i < 16; i++) s += (p[i] & 0x0F) * x[i] + (p[i] >> 4) * x[16 + i];
-                    else
-                        for (int i = 0; i < 32; i++) s += (int8_t)p[i] * x[i];
-                    ga += s * dr[b];
-                    bz += br[b];
-                }
-                total += ga * sc[r * ng + g] - zs[r * ng + g] * bz;
-            }
-            out[m * os + r] = total;
+    for (int m = 0; m < MT; m++) {
+        if (cols == TW) {
+            _mm256_storeu_ps(y + m * ys, acc[m]);
+        } else {
+            float t[TW];
+            _mm256_storeu_ps(t, acc[m]);
+            memcpy(y + m * ys, t, (size_t)cols * sizeof(float));
         }
+    }
+#else
+    for (int m = 0; m < MT; m++) {
+        const int8_t *xr = x8 + (int64_t)m * K;
+        const float *dr = dx + (int64_t)m * nb, *br = bs + (int64_t)m * nb;
+        float total[TW] = {0};
+        for (int g = 0, b = 0; g < ng; g++) {
+            float ga[TW] = {0}, bz = 0.f;
+            for (int j = 0; j < bpg; j++, b++) {
+                int si[TW] = {0};
+                for (int q = 0; q < 8; q++)
+                    for (int c = 0; c < TW; c++)
+                        for (int kk = 0; kk < 4; kk++) {
+                            int w;
+                            if (bits == 4) {
+                                uint8_t byte = wt[(int64_t)b * 128 + (q & 3) * 32 + c * 4 + kk];
+                                w = q < 4 ? (byte & 0x0F) : (byte >> 4);
+                            } else {
+                                w = (int8_t)wt[(int64_t)b * 256 + q * 32 + c * 4 + kk];
+                            }
+                            si[c] += w * xr[b * 32 + q * 4 + kk];
+                        }
+                for (int c = 0; c < TW; c++) ga[c] += si[c] * dr[b];
+                bz += br[b];
+            }
+            for (int c = 0; c < TW; c++) total[c] += ga[c] * sc[g * TW + c] - zs[g * TW + c] * bz;
+        }
+        memcpy(y + m * ys, total, (size_t)cols * sizeof(float));
+    }
 #endif
 }
 
-/* One chunk of weight rows against every activation row: tiles of 4 rows at batch 1, of
- * 2 rows × 4 activation rows above (weights decoded once per 4 inputs). */
-INLINE void chunk_dot(int bits, const uint8_t *w, int64_t rb, const float *sc, const float *zs,
-                      int ng, int bpg, int rows, const int8_t *x8, const float *dx,
-                      const float *bs, int M, int K, int nb, float *y, int64_t ys) {
+/* One tile against every activation row, MT_MAX rows at a time. */
+INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float *zs, int ng,
+                      int bpg, const int8_t *x8, const float *dx, const float *bs, int M,
+                      int K, int nb, float *y, int64_t ys, int cols) {
     int m = 0;
-    for (; m + 4 <= M; m += 4) {
-        const int8_t *xm = x8 + (int64_t)m * K;
-        const float *dm = dx + (int64_t)m * nb, *bm = bs + (int64_t)m * nb;
-        int r = 0;
-        for (; r + 2 <= rows; r += 2)
-            tile_dot(2, 4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
-                     K, nb, y + (int64_t)m * ys + r, ys);
-        for (; r < rows; r++)
-            tile_dot(1, 4, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
-                     K, nb, y + (int64_t)m * ys + r, ys);
+#define TILE(MT) panel_tile(MT, bits, wt, sc, zs, ng, bpg, x8 + (int64_t)m * K, dx + (int64_t)m * nb, \
+                            bs + (int64_t)m * nb, K, nb, y + (int64_t)m * ys, ys, cols)
+    for (; m + 4 <= M; m += 4) TILE(4);
+    switch (M - m) {
+    case 3: TILE(3); break;
+    case 2: TILE(2); break;
+    case 1: TILE(1); break;
+    default: break;
     }
-    for (; m < M; m++) {
-        const int8_t *xm = x8 + (int64_t)m * K;
-        const float *dm = dx + (int64_t)m * nb, *bm = bs + (int64_t)m * nb;
-        int r = 0;
-        for (; r + 4 <= rows; r += 4)
-            tile_dot(4, 1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
-                     K, nb, y + (int64_t)m * ys + r, ys);
-        for (; r < rows; r++)
-            tile_dot(1, 1, bits, w + r * rb, rb, sc + r * ng, zs + r * ng, ng, bpg, xm, dm, bm,
-                     K, nb, y + (int64_t)m * ys + r, ys);
-    }
+#undef TILE
 }
 
-/* Rows are split into chunks of CHUNK per thread task; each chunk runs all M inputs. */
-#define CHUNK 16
+/* Threads take chunks of CHUNK_TILES tiles (16 columns); each chunk runs its rows in
+ * blocks of ROW_BLOCK, so that the block's activations and the chunk's weights both stay
+ * in L1 (8 rows x 1536 inputs + 16 columns x 1536 int4 weights: 24 KB). */
+#define CHUNK_TILES 2
+#define ROW_BLOCK 8
 #define DEFINE_GEMM(BITS)                                                                     \
 void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int M, int K,   \
                        int G, const uint8_t *w, const float *scale, const float *zs, int N,  \
                        float *y) {                                                            \
-    int nb = K / 32, ng = K / G, bpg = G / 32;                                                \
-    int64_t rb = (int64_t)K * BITS / 8;                                                       \
-    int chunks = (N + CHUNK - 1) / CHUNK;                                                     \
+    int nb = K / 32, ng = K / G, bpg = G / 32, tiles = (N + TW - 1) / TW;                     \
+    int64_t tb = (int64_t)nb * 32 * BITS; /* bytes per tile: 8 columns x K x BITS/8 */        \
+    int chunks = (tiles + CHUNK_TILES - 1) / CHUNK_TILES;                                     \
     _Pragma("omp parallel for schedule(static)")                                              \
-    for (int c = 0; c < chunks; c++) {                                                        \
-        int n0 = c * CHUNK, rows = N - n0 < CHUNK ? N - n0 : CHUNK;                           \
-        chunk_dot(BITS, w + n0 * rb, rb, scale + (int64_t)n0 * ng, zs + (int64_t)n0 * ng,     \
-                  ng, bpg, rows, x8, dx, bsum, M, K, nb, y + n0, N);                          \
-    }                                                                                         \
+    for (int c = 0; c < chunks; c++)                                                          \
+        for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {                                           \
+            int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;                               \
+            for (int t = c * CHUNK_TILES; t < tiles && t < (c + 1) * CHUNK_TILES; t++) {      \
+                int cols = N - t * TW < TW ? N - t * TW : TW;                                 \
+                tile_rows(BITS, w + t * tb, scale + (int64_t)t * ng * TW,                     \
+                          zs + (int64_t)t * ng * TW, ng, bpg, x8 + (int64_t)m0 * K,            \
+                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,         \
+                          y + (int64_t)m0 * N + t * TW, N, cols);                             \
+            }                                                                                 \
+        }                                                                                     \
 }
 
 DEFINE_GEMM(4)
 DEFINE_GEMM(8)
 
-/* The dense fp32 weight, for the exact (large-batch) path. */
-void llmp_dequant_q4(const uint8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
-    int ng = K / G;  /* G is a multiple of 32: one group per block */
+/* The dense fp32 weight [N, K] from the panel layout, for the exact (large-batch) path. */
+static void dequant_panel(int bits, const uint8_t *w, const float *scale, const float *zs,
+                          int N, int K, int G, float *out) {
+    int nb = K / 32, ng = K / G, tiles = (N + TW - 1) / TW;
+    int64_t tb = (int64_t)nb * 32 * bits;
     #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const uint8_t *wr = w + (int64_t)n * (K / 2);
-        float *o = out + (int64_t)n * K;
-        for (int b = 0; b < K / 32; b++) {
-            int64_t g = (int64_t)n * ng + b * 32 / G;
-            float s = scale[g], z = zs[g];
-            for (int j = 0; j < 16; j++) {
-                uint8_t byte = wr[b * 16 + j];
-                o[b * 32 + j] = (byte & 0x0F) * s - z;
-                o[b * 32 + 16 + j] = (byte >> 4) * s - z;
-            }
+    for (int t = 0; t < tiles; t++)
+        for (int b = 0; b < nb; b++) {
+            int g = b * 32 / G;
+            for (int q = 0; q < 8; q++)
+                for (int c = 0; c < TW && t * TW + c < N; c++) {
+                    float s = scale[((int64_t)t * ng + g) * TW + c], z = zs[((int64_t)t * ng + g) * TW + c];
+                    float *o = out + (int64_t)(t * TW + c) * K + b * 32 + q * 4;
+                    for (int kk = 0; kk < 4; kk++) {
+                        int v;
+                        if (bits == 4) {
+                            uint8_t byte = w[t * tb + b * 128 + (q & 3) * 32 + c * 4 + kk];
+                            v = q < 4 ? (byte & 0x0F) : (byte >> 4);
+                        } else {
+                            v = (int8_t)w[t * tb + b * 256 + q * 32 + c * 4 + kk];
+                        }
+                        o[kk] = v * s - z;
+                    }
+                }
         }
-    }
+}
+
+void llmp_dequant_q4(const uint8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
+    dequant_panel(4, w, scale, zs, N, K, G, out);
 }
 
 void llmp_dequant_q8(const int8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out) {
-    int ng = K / G;
-    #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int b = 0; b < K / 32; b++) {
-            int64_t g = (int64_t)n * ng + b * 32 / G;
-            for (int j = 0; j < 32; j++) {
-                int64_t k = (int64_t)n * K + b * 32 + j;
-                out[k] = w[k] * scale[g] - zs[g];
-            }
-        }
+    dequant_panel(8, (const uint8_t *)w, scale, zs, N, K, G, out);
 }
 
 #ifdef _OPENMP
@@ -287,6 +370,7 @@ void llmp_set_threads(int n) {
  * Kp) and quantized into x8/dx/bsum. */
 void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K, int Kp,
                         float *out, int8_t *x8, float *dx, float *bsum) {
+    #pragma omp parallel for schedule(static) if (M > 4)
     for (int m = 0; m < M; m++) {
         const float *xr = x + (int64_t)m * K;
         float *o = out + (int64_t)m * Kp;
@@ -302,10 +386,20 @@ void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K,
 /* gu [M, 2I] = [gate | up] -> out [M, Ip] = silu(gate) * up (zero padded), quantized. */
 void llmp_silu_mul_quant(const float *gu, int M, int I, int Ip, float *out, int8_t *x8,
                          float *dx, float *bsum) {
+    #pragma omp parallel for schedule(static) if (M > 2)
     for (int m = 0; m < M; m++) {
         const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
         float *o = out + (int64_t)m * Ip;
-        for (int i = 0; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        int i = 0;
+#if defined(__AVX2__)
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+            __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
         for (int i = I; i < Ip; i++) o[i] = 0.f;
         quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
     }
@@ -329,48 +423,294 @@ void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const flo
     }
 }
 
-/* One decode step of attention over an fp32 cache [slots, kv_heads, cap, D] (one layer):
- * writes each sequence's new k/v [B, kv_heads, D] at its position, then attends its query
- * heads q [B, heads, D] over positions 0..position. out [B, heads, D]. */
-void llmp_decode_attention_f32(const float *q, const float *knew, const float *vnew,
-                               float *kc, float *vc, int cap, const int64_t *slots,
-                               const int64_t *positions, int B, int H, int KVH, int D,
-                               float *out) {
-    int rep = H / KVH;
-    float scale = 1.f / sqrtf((float)D);
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < KVH; g++) {
-            int64_t base = (slots[b] * KVH + g) * (int64_t)cap * D;
-            memcpy(kc + base + positions[b] * D, knew + ((int64_t)b * KVH + g) * D, D * sizeof(float));
-            memcpy(vc + base + positions[b] * D, vnew + ((int64_t)b * KVH + g) * D, D * sizeof(float));
-        }
-    #pragma omp parallel for schedule(static) collapse(2) if (B * H > 1)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++) {
-            int g = h / rep, L = (int)positions[b] + 1;
-            int64_t base = (slots[b] * KVH + g) * (int64_t)cap * D;
-            const float *qh = q + ((int64_t)b * H + h) * D;
-            float *o = out + ((int64_t)b * H + h) * D;
-            float m = -INFINITY, l = 0.f;
-            for (int d = 0; d < D; d++) o[d] = 0.f;
-            for (int t = 0; t < L; t++) {
-                const float *kt = kc + base + (int64_t)t * D, *vt = vc + base + (int64_t)t * D;
-                float s = 0.f;
-                for (int d = 0; d < D; d++) s += qh[d] * kt[d];
-                s *= scale;
-                if (s > m) {  /* rescale what was accumulated under the old maximum */
-                    float a = expf(m - s);
-                    l *= a;
-                    for (int d = 0; d < D; d++) o[d] *= a;
-                    m = s;
-                }
-                float p = expf(s - m);
-                l += p;
-                for (int d = 0; d < D; d++) o[d] += p * vt[d];
-            }
-            for (int d = 0; d < D; d++) o[d] /= l;
-        }
+/* ---- Decode attention over the KV cache, fp32 or KIVI-quantized ---------------------
+ * The cache as compress/runtime/kv_cache.py allocates it (every array [layers, slots,
+ * kv_heads, ...], contiguous):
+ *   fp32: k, v [.., cap, D].
+ *   KIVI (bits 8 or 4): codes kq, vq [.., cap, D*bits/8] (int4: channel 2j in byte j's low
+ *   nibble, 2j+1 in its high one); keys per channel over groups of `group` tokens:
+ *   ks, km [.., cap/group, D]; values per token: vs, vm [.., cap]; the newest tokens of an
+ *   unfinished group in fp32: kr, vr [.., group, D]. value = code * scale + min.
+ * A query head never dequantizes a key: per group, qs = q * ks and c = q . km, so a score is
+ * qs . code + c; values accumulate p * vs * code, and p * vm once per token. The query heads
+ * that share a KV head are done together (each code is converted once), keys in chunks of
+ * up to 64 with one softmax rescale per chunk; threads take (sequence, KV head) pairs. */
+typedef struct {
+    int bits, cap, group, slots, kv_heads, d;
+    float *k, *v;
+    uint8_t *kq, *vq;
+    float *ks, *km, *vs, *vm, *kr, *vr;
+} KVC;
+
+#define CHUNK_T 32
+#define REP_MAX 16
+
+/* Element offset of (layer, slot, head) in an array with `per` elements per head. */
+static inline int64_t kv_at(const KVC *c, int layer, int64_t slot, int head, int64_t per) {
+    return (((int64_t)layer * c->slots + slot) * c->kv_heads + head) * per;
 }
+
+/* Codes of one token's D channels as floats. */
+static inline void codes_f32(const uint8_t *p, int bits, int D, float *out) {
+    int d = 0;
+#if defined(__AVX2__)
+    if (bits == 8)
+        for (; d + 8 <= D; d += 8) {
+            __m128i b = _mm_loadl_epi64((const __m128i *)(p + d));
+            _mm256_storeu_ps(out + d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+        }
+    else {
+        const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        for (; d + 8 <= D; d += 8) {
+            int32_t w;
+            memcpy(&w, p + d / 2, 4);
+            __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(w), shifts);
+            v = _mm256_and_si256(v, _mm256_set1_epi32(0x0F));
+            _mm256_storeu_ps(out + d, _mm256_cvtepi32_ps(v));
+        }
+    }
+#endif
+    for (; d < D; d++) out[d] = bits == 8 ? p[d] : (p[d / 2] >> (4 * (d & 1))) & 0x0F;
+}
+
+static inline float dot_f32(const float *a, const float *b, int D) {
+    int d = 0;
+    float s = 0.f;
+#if defined(__AVX2__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    s = hsum8(acc);
+#endif
+    for (; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+static inline void axpy_f32(float a, const float *x, float *y, int D) {
+    int d = 0;
+#if defined(__AVX2__)
+    __m256 av = _mm256_set1_ps(a);
+    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(y + d, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
+#endif
+    for (; d < D; d++) y[d] += a * x[d];
+}
+
+/* Min-max codes (asymmetric, round half to even as torch.round), as kv_cache._quantize:
+ * n values at stride `step`. */
+static void minmax_codes(const float *x, int n, int64_t step, int bits, uint8_t *codes,
+                         float *scale, float *lo_out) {
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) lo = fminf(lo, x[i * step]), hi = fmaxf(hi, x[i * step]);
+    float qmax = (float)((1 << bits) - 1), sc = fmaxf((hi - lo) / qmax, 1e-8f);
+    for (int i = 0; i < n; i++) {
+        float q = nearbyintf((x[i * step] - lo) / sc);
+        codes[i] = (uint8_t)fminf(fmaxf(q, 0.f), qmax);
+    }
+    *scale = sc, *lo_out = lo;
+}
+
+/* The residual of (layer, slot, head) is full: quantize it as token group `gi`. */
+static void kv_flush(const KVC *c, int layer, int64_t slot, int head, int64_t gi) {
+    int D = c->d, G = c->group, bits = c->bits, bytes = D * bits / 8;
+    const float *kr = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
+    const float *vr = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
+    uint8_t *kq = c->kq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes) + gi * G * bytes;
+    uint8_t *vq = c->vq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes) + gi * G * bytes;
+    float *ks = c->ks + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D) + gi * D;
+    float *km = c->km + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D) + gi * D;
+    float *vs = c->vs + kv_at(c, layer, slot, head, c->cap) + gi * G;
+    float *vm = c->vm + kv_at(c, layer, slot, head, c->cap) + gi * G;
+    uint8_t col[1024], row[1024];
+    if (bits == 4) memset(kq, 0, (size_t)G * bytes), memset(vq, 0, (size_t)G * bytes);
+    for (int d = 0; d < D; d++) { /* keys: per channel over the group's tokens */
+        minmax_codes(kr + d, G, D, bits, col, ks + d, km + d);
+        for (int t = 0; t < G; t++) {
+            if (bits == 8) kq[t * bytes + d] = col[t];
+            else kq[t * bytes + d / 2] |= (uint8_t)(col[t] << (4 * (d & 1)));
+        }
+    }
+    for (int t = 0; t < G; t++) { /* values: per token over the channels */
+        minmax_codes(vr + (int64_t)t * D, D, 1, bits, row, vs + t, vm + t);
+        for (int d = 0; d < D; d++) {
+            if (bits == 8) vq[t * bytes + d] = row[d];
+            else vq[t * bytes + d / 2] |= (uint8_t)(row[d] << (4 * (d & 1)));
+        }
+    }
+}
+
+static void kv_write(const KVC *c, int layer, int64_t slot, int64_t pos, int head,
+                     const float *k, const float *v) {
+    int D = c->d;
+    if (c->bits == 0) {
+        int64_t at = kv_at(c, layer, slot, head, (int64_t)c->cap * D) + pos * D;
+        memcpy(c->k + at, k, D * sizeof(float));
+        memcpy(c->v + at, v, D * sizeof(float));
+        return;
+    }
+    int64_t off = pos % c->group, at = kv_at(c, layer, slot, head, (int64_t)c->group * D) + off * D;
+    memcpy(c->kr + at, k, D * sizeof(float));
+    memcpy(c->vr + at, v, D * sizeof(float));
+    if (off == c->group - 1) kv_flush(c, layer, slot, head, pos / c->group);
+}
+
+/* scores[t] = scale * q . rows[t] for n rows of D floats. AVX2: eight rows at a time, their
+ * eight partial vectors reduced together (one transpose-add instead of eight horizontal
+ * sums). */
+static void row_scores(const float *q, const float *rows, int n, int D, float scale, float *scores) {
+    int t = 0;
+#if defined(__AVX2__)
+    if (D % 8 == 0)
+        for (; t + 8 <= n; t += 8) {
+            __m256 a[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+            for (int d = 0; d < D; d += 8) {
+                __m256 qv = _mm256_loadu_ps(q + d);
+                for (int i = 0; i < 8; i++)
+                    a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows + (int64_t)(t + i) * D + d), a[i]);
+            }
+            __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+            __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+            __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+            /* lanes: [r0 r1 r2 r3 | r0 r1 r2 r3] halves of rows 0-3 and of rows 4-7 */
+            __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20);
+            __m256 hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+            _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale)));
+        }
+#endif
+    for (; t < n; t++) scores[t] = dot_f32(q, rows + (int64_t)t * D, D) * scale;
+}
+
+/* out[0..D) += sum_t w[t] * rows[t], the accumulator kept in registers over the rows. */
+static void weighted_rows(const float *w, const float *rows, int n, int D, float *out) {
+    int d = 0;
+#if defined(__AVX2__)
+    for (; d + 32 <= D; d += 32) {
+        __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8);
+        __m256 o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);
+        for (int t = 0; t < n; t++) {
+            const float *r = rows + (int64_t)t * D + d;
+            __m256 p = _mm256_set1_ps(w[t]);
+            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r), o0);
+            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 8), o1);
+            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 16), o2);
+            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 24), o3);
+        }
+        _mm256_storeu_ps(out + d, o0), _mm256_storeu_ps(out + d + 8, o1);
+        _mm256_storeu_ps(out + d + 16, o2), _mm256_storeu_ps(out + d + 24, o3);
+    }
+#endif
+    for (; d < D; d++)
+        for (int t = 0; t < n; t++) out[d] += w[t] * rows[(int64_t)t * D + d];
+}
+
+/* Attention of `rep` query heads q [rep, D] over positions 0..L-1 of one (slot, KV head);
+ * out [rep, D]. Keys and values are read in chunks of up to CHUNK_T rows (codes converted
+ * to floats once per chunk, for every head of the group). */
+static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, int rep,
+                        const float *q, float *out) {
+    int D = c->d;
+    float scale = 1.f / sqrtf((float)D);
+    float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], w[CHUNK_T];
+    float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
+    for (int r = 0; r < rep; r++) {
+        m[r] = -INFINITY, l[r] = 0.f, vmin_acc[r] = 0.f;
+        for (int d = 0; d < D; d++) out[r * D + d] = 0.f;
+    }
+    int G = c->group, bytes = c->bits ? D * c->bits / 8 : 0;
+    int done = c->bits ? L / G * G : 0; /* quantized prefix; the rest is the fp32 residual */
+    const float *kf32 = NULL, *vf32 = NULL, *kres = NULL, *vres = NULL;
+    const uint8_t *kq = NULL, *vq = NULL;
+    const float *ks = NULL, *km = NULL, *vs = NULL, *vm = NULL;
+    if (c->bits == 0) {
+        kf32 = c->k + kv_at(c, layer, slot, head, (int64_t)c->cap * D);
+        vf32 = c->v + kv_at(c, layer, slot, head, (int64_t)c->cap * D);
+    } else {
+        kq = c->kq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes);
+        vq = c->vq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes);
+        ks = c->ks + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D);
+        km = c->km + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D);
+        vs = c->vs + kv_at(c, layer, slot, head, c->cap);
+        vm = c->vm + kv_at(c, layer, slot, head, c->cap);
+        kres = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
+        vres = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
+    }
+    for (int t0 = 0; t0 < L;) {
+        /* a chunk lies within one key group of the quantized prefix, or within fp32 rows */
+        int t1 = t0 + CHUNK_T < L ? t0 + CHUNK_T : L;
+        int quant = t0 < done;
+        if (quant && t1 > (t0 / G + 1) * G) t1 = (t0 / G + 1) * G;
+        int n = t1 - t0;
+        const float *krows, *vrows;
+        if (quant) {
+            const float *gs = ks + (int64_t)(t0 / G) * D, *gm = km + (int64_t)(t0 / G) * D;
+            for (int r = 0; r < rep; r++) {
+                for (int d = 0; d < D; d++) qs[r][d] = q[r * D + d] * gs[d];
+                qc[r] = dot_f32(q + r * D, gm, D) * scale;
+            }
+            for (int t = 0; t < n; t++) {
+                codes_f32(kq + (int64_t)(t0 + t) * bytes, c->bits, D, kbuf + t * D);
+                codes_f32(vq + (int64_t)(t0 + t) * bytes, c->bits, D, vbuf + t * D);
+            }
+            krows = kbuf, vrows = vbuf;
+        } else if (kf32) {
+            krows = kf32 + (int64_t)t0 * D, vrows = vf32 + (int64_t)t0 * D;
+        } else {
+            krows = kres + (int64_t)(t0 - done) * D, vrows = vres + (int64_t)(t0 - done) * D;
+        }
+        for (int r = 0; r < rep; r++) {
+            row_scores(quant ? qs[r] : q + r * D, krows, n, D, scale, s[r]);
+            if (quant)
+                for (int i = 0; i < n; i++) s[r][i] += qc[r];
+            float bm = s[r][0];
+            for (int i = 1; i < n; i++) bm = fmaxf(bm, s[r][i]);
+            if (bm > m[r]) { /* one rescale per chunk (online softmax) */
+                float a = expf(m[r] - bm);
+                l[r] *= a, vmin_acc[r] *= a;
+                for (int d = 0; d < D; d++) out[r * D + d] *= a;
+                m[r] = bm;
+            }
+            int i = 0;
+#if defined(__AVX2__)
+            for (; i + 8 <= n; i += 8)
+                _mm256_storeu_ps(s[r] + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(s[r] + i), _mm256_set1_ps(m[r]))));
+#endif
+            for (; i < n; i++) s[r][i] = expf(s[r][i] - m[r]);
+            for (i = 0; i < n; i++) l[r] += s[r][i];
+            if (quant) {
+                for (i = 0; i < n; i++) {
+                    w[i] = s[r][i] * vs[t0 + i];
+                    vmin_acc[r] += s[r][i] * vm[t0 + i];
+                }
+                weighted_rows(w, vrows, n, D, out + r * D);
+            } else {
+                weighted_rows(s[r], vrows, n, D, out + r * D);
+            }
+        }
+        t0 = t1;
+    }
+    for (int r = 0; r < rep; r++)
+        for (int d = 0; d < D; d++) out[r * D + d] = (out[r * D + d] + vmin_acc[r]) / l[r];
+}
+
+/* One decode step of one layer: each sequence's new k/v [B, kv_heads, D] is stored at its
+ * position, then its query heads q [B, heads, D] attend over 0..position. out [B, heads, D]. */
+void llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
+                           const float *vnew, const int64_t *slots, const int64_t *positions,
+                           int B, int H, float *out) {
+    int KVH = c->kv_heads, D = c->d, rep = H / KVH;
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < KVH; g++)
+            kv_write(c, layer, slots[b], positions[b], g, knew + ((int64_t)b * KVH + g) * D,
+                     vnew + ((int64_t)b * KVH + g) * D);
+    #pragma omp parallel for schedule(dynamic) collapse(2) if (B * KVH > 1)
+    for (int b = 0; b < B; b++)
+        for (int g = 0; g < KVH; g++)
+            for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
+                int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
+                int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
+                attend_head(c, layer, slots[b], g, (int)positions[b] + 1, nr, q + h * D, out + h * D);
+            }
+}
+
 
 /* ---- The whole decode step of a layer stack in one call ------------------------------
  * For models whose block linears are all packed (no outlier columns, no biases) and whose
@@ -393,11 +733,12 @@ typedef struct {
 
 /* y [M, n] = x @ W.T; x both quantized (x8/dx/bs) and in fp32 (xf, row stride ld) for the
  * outlier columns. */
-static void qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y,
-                 const float *xf, int ld) {
+static int qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y,
+                const float *xf, int ld) {
     if (l->n_out > 0) {  /* requantize without the outlier columns: they would set the
                             activation scales of their blocks and crush the other values */
         float *row = (float *)malloc((size_t)l->k * sizeof(float));
+        if (row == NULL) return -1;
         for (int m = 0; m < M; m++) {
             memcpy(row, xf + (int64_t)m * ld, (size_t)l->k * sizeof(float));
             for (int j = 0; j < l->n_out; j++) row[l->oidx[j]] = 0.f;
@@ -410,7 +751,7 @@ static void qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *
         llmp_gemm_q4(x8, dx, bs, M, l->k, l->g, l->w, l->scale, l->zs, l->n, y);
     else
         llmp_gemm_q8(x8, dx, bs, M, l->k, l->g, (const uint8_t *)l->w, l->scale, l->zs, l->n, y);
-    if (l->n_out == 0) return;
+    if (l->n_out == 0) return 0;
     for (int m = 0; m < M; m++) {
         const float *xr = xf + (int64_t)m * ld;
         float *yr = y + (int64_t)m * l->n;
@@ -422,6 +763,7 @@ static void qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *
             yr[n] += acc;
         }
     }
+    return 0;
 }
 
 static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
@@ -434,10 +776,10 @@ static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, f
     }
 }
 
-void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps,
-                        const float *cos_t, const float *sin_t, float *kc, float *vc, int cap,
-                        int64_t layer_stride, const int64_t *slots, const int64_t *positions) {
+                        const float *cos_t, const float *sin_t, const KVC *cache,
+                        const int64_t *slots, const int64_t *positions) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = hp > ap ? hp : ap;
     widest = widest > ip ? widest : ip;
@@ -446,7 +788,7 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
     int64_t floats = (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
                      + (int64_t)B * widest / 4 + 16;
     float *work = (float *)malloc((size_t)floats * sizeof(float));
-    if (work == NULL) return;
+    if (work == NULL) return -1; /* out of memory: the caller raises */
     float *pad = work;
     float *dx = pad + (int64_t)B * widest;
     float *bs = dx + (int64_t)B * (widest / 32);
@@ -458,10 +800,11 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
     float *q = (float *)(x8 + (int64_t)B * widest);  /* contiguous q, k, v for attention */
     float *kn = q + (int64_t)B * heads * D;
     float *vn = kn + (int64_t)B * kv_heads * D;
-    for (int l = 0; l < n_layers; l++) {
+    int l = 0;
+    for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
-        qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp);
+        if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
         for (int b = 0; b < B; b++) {
             const float *row = qkv + (int64_t)b * nqkv;
             memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
@@ -470,16 +813,16 @@ void llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int
         }
         llmp_rope(q, positions, cos_t, sin_t, B, heads, D);
         llmp_rope(kn, positions, cos_t, sin_t, B, kv_heads, D);
-        llmp_decode_attention_f32(q, kn, vn, kc + l * layer_stride, vc + l * layer_stride, cap,
-                                  slots, positions, B, heads, kv_heads, D, att);
+        llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, att);
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
-        qlin(&L->o, x8, dx, bs, B, tmp, pad, ap);
+        if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
-        qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp);
+        if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
         llmp_silu_mul_quant(gu, B, inter, ip, pad, x8, dx, bs);
-        qlin(&L->down, x8, dx, bs, B, tmp, pad, ip);
+        if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
     free(work);
+    return l < n_layers ? -1 : 0;
 }
