@@ -26,7 +26,7 @@ def _reference(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(("bits", "group", "zp"), CASES)
 @pytest.mark.parametrize("k", [576, 1536, 96])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8, 37])  # 37: row blocks of 8, then 4 + 1
 def test_packed_matmul_matches_reference(bits, group, zp, k, rows):
     torch.manual_seed(k + rows)  # a group that does not divide k is adjusted (scheme.py)
     n = 67  # not a multiple of the kernels' 4-row tiles nor of the 16-row chunks

@@ -43,6 +43,14 @@ def _metric(url, name) -> float:
     raise AssertionError(f"{name} not in /metrics")
 
 
+def _wait_running(url, done, timeout=30.0) -> None:
+    """Poll /metrics until the number of running requests satisfies `done`."""
+    deadline = time.time() + timeout
+    while not done(_metric(url, "llmpress_requests_running")):
+        assert time.time() < deadline, "requests_running never reached the expected value"
+        time.sleep(0.05)
+
+
 def test_openai_client_completions_chat_and_streaming(server):
     app, url = server
     client = _client(url)
@@ -168,14 +176,9 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     _, url = server
     sock = _raw_stream(url, max_tokens=200)
     sock.recv(4096)  # headers and the first events arrive
-    deadline = time.time() + 30
-    while _metric(url, "llmpress_requests_running") < 1 and time.time() < deadline:
-        time.sleep(0.05)
+    _wait_running(url, lambda n: n >= 1)
     sock.close()
-    deadline = time.time() + 30
-    while _metric(url, "llmpress_requests_running") > 0 and time.time() < deadline:
-        time.sleep(0.1)
-    assert _metric(url, "llmpress_requests_running") == 0
+    _wait_running(url, lambda n: n == 0)
     assert _metric(url, "llmpress_kv_cache_slots_in_use") == 0
     generated = _metric(url, "llmpress_generated_tokens_total")
     time.sleep(0.5)
@@ -255,15 +258,10 @@ def test_a_non_streaming_client_that_disconnects_frees_its_slot(server):
         f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n{body}".encode()
     )
-    deadline = time.time() + 30
-    while _metric(url, "llmpress_requests_running") < 1 and time.time() < deadline:
-        time.sleep(0.05)
+    _wait_running(url, lambda n: n >= 1)
     before = _metric(url, "llmpress_generated_tokens_total")
     sock.close()
-    deadline = time.time() + 30
-    while _metric(url, "llmpress_requests_running") > 0 and time.time() < deadline:
-        time.sleep(0.05)
-    assert _metric(url, "llmpress_requests_running") == 0
+    _wait_running(url, lambda n: n == 0)
     assert _metric(url, "llmpress_kv_cache_slots_in_use") == 0
     # cancelled long before its 200 tokens
     assert _metric(url, "llmpress_generated_tokens_total") - before < 150
