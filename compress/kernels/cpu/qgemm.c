@@ -485,15 +485,6 @@ static inline float dot_f32(const float *a, const float *b, int D) {
     return s;
 }
 
-static inline void axpy_f32(float a, const float *x, float *y, int D) {
-    int d = 0;
-#if defined(__AVX2__)
-    __m256 av = _mm256_set1_ps(a);
-    for (; d + 8 <= D; d += 8) _mm256_storeu_ps(y + d, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + d), _mm256_loadu_ps(y + d)));
-#endif
-    for (; d < D; d++) y[d] += a * x[d];
-}
-
 /* Min-max codes (asymmetric, round half to even as torch.round), as kv_cache._quantize:
  * n values at stride `step`. */
 static void minmax_codes(const float *x, int n, int64_t step, int bits, uint8_t *codes,
