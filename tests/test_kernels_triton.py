@@ -74,3 +74,36 @@ def test_decode_attention_matches_reference(bits):
     mask = (torch.arange(int(lens.max()))[None] < lens[:, None])[:, None, None, :]
     ref = _decode_attention(q, keys, values, mask).reshape(4, 9, 64)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_triton_backend_decodes_the_default_model_like_the_cpu_backend(artifacts, tokenizer):
+    """The CUDA backend end to end on CPU tensors (TRITON_INTERPRET=1): Triton dequant
+    matmuls for every block linear, Triton attention over an int8 KIVI cache whose prompt
+    filled one quantized group and part of the residual. Its greedy tokens equal the C
+    backend's, and its prompt logits equal transformers' on the same artifact (fp32
+    activations, where the C kernels quantize them to int8). Two tokens: the interpreter
+    takes about a minute for them."""
+    from compress.model.loading import load_model, resolve
+    from compress.runtime import Engine, load_weights
+    from compress.runtime.kv_cache import parse_kv
+
+    ckpt = resolve(str(artifacts["rtn:w4g64"]))
+    text = "one, two, three, four, five, six, seven, eight, nine,"
+    prompt = tokenizer(text)["input_ids"]
+    assert 16 < len(prompt) < 32  # past one KV group of 16, tl.dot for the prompt's rows
+    tokens, first_logits = {}, {}
+    for kernels in ("c", "triton"):
+        weights = load_weights(ckpt, "cpu", kernels)
+        engine = Engine(weights, max_batch=1, max_len=64, kv=parse_kv("int8:g16"))
+        assert engine.model.backend.name == kernels
+        if kernels == "triton":
+            assert all(type(x).__name__ == "TritonQuantLinear" for x in weights.layers[0].qkv.parts)
+        logits = engine.model.prefill(torch.tensor(prompt), engine.cache, 0)
+        first_logits[kernels] = logits
+        nxt = int(logits[-1].argmax())
+        step = engine.model.decode(torch.tensor([nxt]), engine.cache, torch.tensor([0]))
+        tokens[kernels] = [nxt, int(step[0].argmax())]
+    assert tokens["triton"] == tokens["c"], tokenizer.decode(tokens["c"])
+    with torch.no_grad():
+        ref = load_model(ckpt)(input_ids=torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(first_logits["triton"], ref, rtol=1e-4, atol=5e-4)

@@ -156,9 +156,9 @@ def test_one_call_decoder_with_outlier_columns_matches_the_per_op_path(tmp_path,
     for fused in (True, False):
         engine = Engine(weights, max_batch=2, max_len=64)
         if not fused:
-            engine.model.fused = None
+            engine.model.backend.fused = None
         else:
-            assert engine.model.fused is not None
+            assert engine.model.backend.fused is not None
         engine.model.prefill(torch.arange(100, 120), engine.cache, 0)
         engine.model.prefill(torch.arange(200, 210), engine.cache, 1)
         steps = [

@@ -1,10 +1,11 @@
 """Packed int4 / int8 linears on CPU, over the C kernels in cpu/qgemm.c.
 
 A layer's input is quantized once per block of 32 (int8 + one scale + the block's exact
-sum) and shared by every linear that reads it (q/k/v, gate/up). Batches above
-`EXACT_ABOVE` rows (prefill, evaluation windows) take the exact path instead: the weight is
-dequantized to fp32 in one pass and multiplied by the fp32 activations, so evaluation
-through the runtime measures the weights alone.
+sum) and shared by every linear that reads it (q/k/v, gate/up). Decode steps and served
+prompts go this way at any size. An fp32 input of more than `EXACT_ABOVE` rows (the
+evaluation's windows) takes the exact path instead: the weight is dequantized to fp32 in
+one pass and multiplied by the fp32 activations, so evaluation through the runtime
+measures the weights alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from compress.kernels.build import library
 
-EXACT_ABOVE = 64  # rows; above this the fp32 GEMM is compute-bound and cheaper than int dots
+EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -259,12 +260,15 @@ class PackedLinear:
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.zs))
 
     def __call__(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
-        rows = x.x.shape[0] if isinstance(x, QuantizedInput) else x.shape[0]
-        if rows > EXACT_ABOVE:
-            xf = x.x if isinstance(x, QuantizedInput) else x
-            return xf.float() @ self.dense().T
-        if not isinstance(x, QuantizedInput) or x.x8.shape[1] != self.kp:
-            x = quantize_input(x.x if isinstance(x, QuantizedInput) else x)
+        """int8 activations for a QuantizedInput of any size and for fp32 batches of up to
+        EXACT_ABOVE rows; larger fp32 batches take the exact (dequantized) path."""
+        if not isinstance(x, QuantizedInput):
+            if x.shape[0] > EXACT_ABOVE:
+                return x.float() @ self.dense().T
+            x = quantize_input(x)
+        elif x.x8.shape[1] != self.kp:
+            x = quantize_input(x.x)
+        rows = x.x8.shape[0]
         y = torch.empty(rows, self.out_features)
         fn = library().llmp_gemm_q4 if self.bits == 4 else library().llmp_gemm_q8
         args = (_ptr(x.x8), _ptr(x.dx), _ptr(x.bsum), rows, self.kp, self.group)

@@ -15,6 +15,8 @@ batches use a broadcast multiply and a reduction (GEMV), which needs no 16-row p
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -97,6 +99,11 @@ def dequant_matmul(
     use_dot = m >= 16
     block_m = 16 if use_dot else triton.next_power_of_2(m)
     block_n, block_k = (64, 64) if use_dot else (64, 32)
+    if os.environ.get("TRITON_INTERPRET") == "1":  # numpy runs a block in one op: fewer,
+        # larger programs (the same masked code) cut the interpreter's per-op cost
+        rows = 1 if use_dot else block_m  # the GEMV product is [BLOCK_M, BLOCK_K, BLOCK_N]
+        block_k = min(triton.next_power_of_2(k), 1024)
+        block_n = max(16, min(triton.next_power_of_2(n), 2**20 // (block_k * rows)))
     zp = zero_point if zero_point is not None else scale  # unused pointer when no zero point
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _dequant_matmul[grid](

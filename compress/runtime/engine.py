@@ -96,7 +96,9 @@ class Engine:
             req = self.waiting.popleft()
             req.slot = self.free.pop()
             self.running[req.slot] = req
-            logits = self.model.prefill(torch.tensor(req.prompt), self.cache, req.slot)
+            logits = self.model.prefill(
+                torch.tensor(req.prompt), self.cache, req.slot, last_only=True
+            )
             self._emit(req, logits[-1])
             touched.append(req)
         decoding = [r for r in self.running.values() if r not in touched]

@@ -90,23 +90,82 @@ def _unpack4(packed: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """k/v for `layers` × `slots` sequences of up to `max_len` tokens."""
+    """k/v for `layers` × `slots` sequences of up to `max_len` tokens. Constructing a
+    KVCache gives the class its scheme needs: FP32Cache or KiviCache."""
+
+    def __new__(cls, *args, **kwargs):  # (copy and pickle call it with no arguments)
+        if cls is KVCache:
+            scheme = kwargs.get("scheme", args[5] if len(args) > 5 else FP32)
+            cls = FP32Cache if scheme.bits is None else KiviCache
+        return super().__new__(cls)
 
     def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32, device="cpu"):
         self.scheme, self.max_len = scheme, max_len
+        self.shape = (layers, slots, kv_heads, head_dim)
         self.native = None  # the C kernels' view of these arrays (compress/kernels/cpu.py)
         with torch.device(device):  # every buffer on `device`
-            self._allocate(layers, slots, kv_heads, max_len, head_dim)
+            self.lengths = torch.zeros(slots, dtype=torch.long)
+            self._allocate(layers, (layers, slots, kv_heads), max_len, head_dim)
 
-    def _allocate(self, layers, slots, kv_heads, max_len, head_dim):
-        scheme = self.scheme
-        self.lengths = torch.zeros(slots, dtype=torch.long)
-        dims = (layers, slots, kv_heads)
-        if scheme.bits is None:
-            self.k = torch.zeros(*dims, max_len, head_dim)
-            self.v = torch.zeros(*dims, max_len, head_dim)
-            return
-        g, per_byte = scheme.group, 8 // scheme.bits
+    def _allocate(self, layers, dims, max_len, head_dim) -> None:
+        raise NotImplementedError
+
+    def bytes_per_token(self) -> float:
+        """KV bytes stored per token, all layers (codes and scales; a KIVI residual is
+        fp32 for at most `group` tokens and is left out)."""
+        raise NotImplementedError
+
+    def write(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k/v [kv_heads, T, hd] of one slot at positions start..start+T-1."""
+        raise NotImplementedError
+
+    def read(self, layer: int, slots: torch.Tensor, length: int, valid=None):
+        """k, v [len(slots), kv_heads, length, hd] for positions 0..length-1. `valid[j]`:
+        how many tokens slot j has written (default: its recorded length); positions past
+        that are garbage or zeros, and the caller masks them."""
+        raise NotImplementedError
+
+    def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k, v):
+        """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position."""
+        for j, slot in enumerate(slots.tolist()):
+            self.write(layer, slot, int(positions[j]), k[j][:, None], v[j][:, None])
+
+    def fill_random(self, batch: int, context: int, gen: torch.Generator) -> None:
+        """Slots 0..batch-1 hold `context` random tokens (for timing: a step's cost does
+        not depend on the values)."""
+        raise NotImplementedError
+
+
+class FP32Cache(KVCache):
+    def _allocate(self, layers, dims, max_len, head_dim):
+        self.k = torch.zeros(*dims, max_len, head_dim)
+        self.v = torch.zeros(*dims, max_len, head_dim)
+
+    def bytes_per_token(self) -> float:
+        layers, _, heads, hd = self.shape
+        return 2 * layers * heads * hd * 4
+
+    def write(self, layer, slot, start, k, v):
+        t = k.shape[1]
+        self.k[layer, slot, :, start : start + t] = k
+        self.v[layer, slot, :, start : start + t] = v
+
+    def read(self, layer, slots, length, valid=None):
+        return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+
+    def write_tokens(self, layer, slots, positions, k, v):
+        self.k[layer, slots, :, positions] = k
+        self.v[layer, slots, :, positions] = v
+
+    def fill_random(self, batch, context, gen):
+        for t in (self.k, self.v):
+            t[:, :batch, :, :context].normal_(generator=gen)
+        self.lengths[:batch] = context
+
+
+class KiviCache(KVCache):
+    def _allocate(self, layers, dims, max_len, head_dim):
+        g, per_byte = self.scheme.group, 8 // self.scheme.bits
         ng = max_len // g + 1
         self.kq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
         self.vq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
@@ -118,26 +177,14 @@ class KVCache:
         self.v_res = torch.zeros(*dims, g, head_dim)
 
     def bytes_per_token(self) -> float:
-        """KV bytes stored per token, all layers (codes and scales; the residual is fp32
-        for at most `group` tokens and is left out)."""
-        if self.scheme.bits is None:
-            layers, _, heads, _, hd = self.k.shape
-            return 2 * layers * heads * hd * 4
-        layers, _, heads = self.kq.shape[:3]
-        hd = self.k_res.shape[-1]
+        layers, _, heads, hd = self.shape
         codes = 2 * layers * heads * hd * self.scheme.bits / 8
         k_params = layers * heads * hd * 2 * 4 / self.scheme.group
         v_params = layers * heads * 2 * 4
         return codes + k_params + v_params
 
-    def write(self, layer: int, slot: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k/v [kv_heads, T, hd] of one slot at positions start..start+T-1."""
-        t = k.shape[1]
-        if self.scheme.bits is None:
-            self.k[layer, slot, :, start : start + t] = k
-            self.v[layer, slot, :, start : start + t] = v
-            return
-        g = self.scheme.group
+    def write(self, layer, slot, start, k, v):
+        t, g = k.shape[1], self.scheme.group
         pos = start
         while pos < start + t:  # fill the residual, quantizing each group as it completes
             off = pos % g
@@ -160,12 +207,7 @@ class KVCache:
         self.k_min[layer, slot, :, group_index] = kmin
         self.v_scale[layer, slot, :, a:b], self.v_min[layer, slot, :, a:b] = vs, vmin
 
-    def read(self, layer: int, slots: torch.Tensor, length: int, valid=None):
-        """k, v [len(slots), kv_heads, length, hd] for positions 0..length-1. `valid[j]`:
-        how many tokens slot j has written (default: its recorded length); positions past
-        that are garbage or zeros, and the caller masks them."""
-        if self.scheme.bits is None:
-            return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+    def read(self, layer, slots, length, valid=None):
         g = self.scheme.group
         valid = self.lengths[slots] if valid is None else valid
         ks, vs = [], []
@@ -180,15 +222,6 @@ class KVCache:
             vs.append(torch.nn.functional.pad(v, pad))
         return torch.stack(ks), torch.stack(vs)
 
-    def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k, v):
-        """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position."""
-        if self.scheme.bits is None:
-            self.k[layer, slots, :, positions] = k
-            self.v[layer, slots, :, positions] = v
-            return
-        for j, slot in enumerate(slots.tolist()):
-            self.write(layer, slot, int(positions[j]), k[j][:, None], v[j][:, None])
-
     def _dequant(self, layer: int, slot: int, n: int):
         bits, g = self.scheme.bits, self.scheme.group
         kc, vc = self.kq[layer, slot, :, :n], self.vq[layer, slot, :, :n]
@@ -199,3 +232,14 @@ class KVCache:
         k = kg * self.k_scale[layer, slot, :, : n // g] + self.k_min[layer, slot, :, : n // g]
         v = vc.float() * self.v_scale[layer, slot, :, :n] + self.v_min[layer, slot, :, :n]
         return k.reshape(heads, n, hd), v
+
+    def fill_random(self, batch, context, gen):
+        for t in (self.kq, self.vq):
+            t[:, :batch].random_(0, 256, generator=gen)
+        for t in (self.k_scale, self.v_scale):
+            t[:, :batch].fill_(0.02)
+        for t in (self.k_min, self.v_min):
+            t[:, :batch].fill_(-1.0)
+        for t in (self.k_res, self.v_res):
+            t[:, :batch].normal_(generator=gen)
+        self.lengths[:batch] = context

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import PackedLinear, QuantizedInput
+from compress.kernels.cpu import PackedLinear, QuantizedInput, quantize_input
 
 
 class DenseLinear:
@@ -67,6 +67,8 @@ class QuantLinear:
             xf = x.x if isinstance(x, QuantizedInput) else x
             regular = xf.clone()
             regular[:, self.outlier_index] = 0  # keeps them out of the activation scales
+            if isinstance(x, QuantizedInput):  # int8 activations asked for: keep them
+                regular = quantize_input(regular)
             y = self.packed(regular) + xf[:, self.outlier_index] @ self.outlier_weight.T
         return y if self.bias is None else y + self.bias
 

@@ -18,7 +18,7 @@ class RuntimeLM:
 
     def __init__(self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, chunk=None):
         s = weights.shape
-        self.model = Model(weights, max_len + 1)
+        self.model = Model(weights, max_len + 1, exact=True)
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
 

@@ -8,14 +8,13 @@ import torch
 
 from compress.kernels.cpu import (
     EXACT_ABOVE,
-    FusedDecoder,
-    decode_attention,
+    quantize_input,
     rms_norm_quantized,
     rope_,
     silu_mul_quantized,
 )
+from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
-from compress.runtime.linears import QuantLinear
 from compress.runtime.weights import Layer, ModelWeights
 
 
@@ -40,30 +39,23 @@ class Rope:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
-def _decode_sized(x: torch.Tensor) -> bool:
-    """Rows the packed CPU kernels take with int8 activations (more go the exact path)."""
-    return x.shape[0] <= EXACT_ABOVE and x.device.type == "cpu"
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, packed: bool):
+    """rms_norm; quantized in the same pass when the packed CPU linears read it."""
+    return rms_norm_quantized(x, weight, eps) if packed else rms_norm(x, weight, eps)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float):
-    """rms_norm, quantized in the same pass for the packed CPU linears at decode sizes."""
-    if _decode_sized(x):
-        return rms_norm_quantized(x, weight, eps)
-    return rms_norm(x, weight, eps)
-
-
-def _mlp(layer: Layer, h: torch.Tensor, eps: float) -> torch.Tensor:
-    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, eps))
-    if _decode_sized(gate_up):
+def _mlp(layer: Layer, h: torch.Tensor, eps: float, packed: bool) -> torch.Tensor:
+    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, eps, packed))
+    if packed:
         return layer.down(silu_mul_quantized(gate_up))
     gate, up = gate_up.chunk(2, dim=-1)
     return layer.down(torch.nn.functional.silu(gate) * up)
 
 
-def _qkv(layer: Layer, h: torch.Tensor, w: ModelWeights, rope: Rope, positions: torch.Tensor):
+def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     s = w.shape
     t = h.shape[0]
-    qkv = layer.qkv(_norm(h, layer.attn_norm, s.eps))
+    qkv = layer.qkv(_norm(h, layer.attn_norm, s.eps, packed))
     kv = s.kv_heads * s.head_dim
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
     q = rope(q.reshape(t, s.heads, s.head_dim), positions)
@@ -83,21 +75,33 @@ def _decode_attention(q, keys, values, mask):
 
 
 class Model:
-    def __init__(self, weights: ModelWeights, max_len: int):
-        self.w = weights
+    """`exact=True` (evaluation) runs chunks of more than EXACT_ABOVE rows through weights
+    dequantized to fp32, so logits measure the weights alone; otherwise (serving) every
+    CPU chunk goes through the packed int8-activation kernels, as decode does."""
+
+    def __init__(self, weights: ModelWeights, max_len: int, exact: bool = False):
+        self.w, self.exact = weights, exact
         self.device = weights.embed.device
         self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len, self.device)
-        self.fused = _fused_decoder(weights, self.rope) if self.device.type == "cpu" else None
+        self.backend = backend_for(weights, self.rope.cos, self.rope.sin)
+
+    def _packed(self, rows: int) -> bool:
+        """Whether `rows` rows take the packed CPU kernels with int8 activations."""
+        return self.backend.int8_activations and not (self.exact and rows > EXACT_ABOVE)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.w.lm_head(_norm(h, self.w.norm, self.w.shape.eps))
+        return self.w.lm_head(_norm(h, self.w.norm, self.w.shape.eps, self._packed(len(h))))
 
     @torch.inference_mode()
-    def prefill(self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int = 0):
-        """Logits [T, vocab] for tokens [T] of one sequence that already has `start` tokens
-        cached; their k/v join the cache. The chunk attends to the cached prefix (as stored,
-        quantized or not) and to its own keys in full precision."""
+    def prefill(
+        self, tokens: torch.Tensor, cache: KVCache, slot: int, start: int = 0, last_only=False
+    ):
+        """Logits [T, vocab] (`last_only`: [1, vocab], the one a reply samples from) for
+        tokens [T] of one sequence that already has `start` tokens cached; their k/v join
+        the cache. The chunk attends to the cached prefix (as stored, quantized or not) and
+        to its own keys in full precision."""
         s, t = self.w.shape, tokens.shape[0]
+        packed = self._packed(t)
         dev = self.device
         tokens = tokens.to(dev)
         positions = torch.arange(start, start + t, device=dev)
@@ -105,7 +109,7 @@ class Model:
         causal = torch.ones(t, start + t, dtype=torch.bool, device=dev).tril(start)
         slots = torch.tensor([slot], device=dev)
         for i, layer in enumerate(self.w.layers):
-            q, k, v = _qkv(layer, h, self.w, self.rope, positions)
+            q, k, v = _qkv(layer, h, self.w, self.rope, positions, packed)
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, hd]
             if start:
                 pk, pv = cache.read(i, slots, start)
@@ -116,10 +120,11 @@ class Model:
             att = torch.nn.functional.scaled_dot_product_attention(
                 q.transpose(0, 1), keys, values, attn_mask=causal, enable_gqa=True
             )
-            h = h + layer.o(att.transpose(0, 1).reshape(t, s.heads * s.head_dim))
-            h = h + _mlp(layer, h, s.eps)
+            att = att.transpose(0, 1).reshape(t, s.heads * s.head_dim)
+            h = h + layer.o(quantize_input(att) if packed else att)
+            h = h + _mlp(layer, h, s.eps, packed)
         cache.lengths[slot] = start + t
-        return self._logits(h)
+        return self._logits(h[-1:] if last_only else h)
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
@@ -128,43 +133,14 @@ class Model:
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
-        if self.fused is not None and b <= EXACT_ABOVE:
-            h = self.w.embed[tokens].float().contiguous()
-            self.fused(h, cache, slots, positions)
-            cache.lengths[slots] += 1
-            return self._logits(h)
-        cpu = self.device.type == "cpu"
-        h = self.w.embed[tokens].float()
-        for i, layer in enumerate(self.w.layers):
-            q, k, v = _qkv(layer, h, self.w, self.rope, positions)
-            if cpu:  # one C call: store k/v, attend (compress/kernels/cpu/qgemm.c)
-                att = decode_attention(q, k, v, cache, i, slots, positions)
-            else:
-                cache.write_tokens(i, slots, positions, k, v)  # then attend to 0..position
-                att = _triton_attention(q, cache, i, slots, positions + 1)
-            h = h + layer.o(att.reshape(b, s.heads * s.head_dim))
-            h = h + _mlp(layer, h, s.eps)
+        packed = self._packed(b)
+        h = self.w.embed[tokens].float().contiguous()
+        if not (packed and self.backend.decode_layers(h, cache, slots, positions)):
+            for i, layer in enumerate(self.w.layers):
+                q, k, v = _qkv(layer, h, self.w, self.rope, positions, packed)
+                att = self.backend.attend(q, k, v, cache, i, slots, positions)
+                att = att.reshape(b, s.heads * s.head_dim)
+                h = h + layer.o(quantize_input(att) if packed else att)
+                h = h + _mlp(layer, h, s.eps, packed)
         cache.lengths[slots] += 1
         return self._logits(h)
-
-
-def _fused_decoder(w: ModelWeights, rope: Rope):
-    """The one-call CPU decoder, when every block linear is a packed weight (outlier
-    columns allowed)."""
-    rows = []
-    for layer in w.layers:
-        lins = layer.linears()
-        if not all(isinstance(x, QuantLinear) and x.bias is None for x in lins):
-            return None
-        rows.append((layer.attn_norm, layer.mlp_norm, *(x.fused_form() for x in lins)))
-    s = w.shape
-    inter = w.layers[0].gate_up.out_features // 2
-    return FusedDecoder(
-        rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, s.eps, rope.cos, rope.sin
-    )
-
-
-def _triton_attention(q, cache: KVCache, layer: int, slots, lengths):
-    from compress.kernels.triton_attention import decode_attention
-
-    return decode_attention(q, cache, layer, slots, lengths)

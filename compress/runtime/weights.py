@@ -81,6 +81,7 @@ class ModelWeights:
     norm: torch.Tensor
     lm_head: object
     dense_fallbacks: list[str] = field(default_factory=list)
+    kernels: str = "c"  # the backend these linears are laid out for: "c" or "triton"
 
     def linears(self):
         for layer in self.layers:
@@ -129,13 +130,13 @@ def _triton_linear(prefix, tensors, args, fmt, bias, device):
     return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias)
 
 
-def _linear(prefix, tensors, layers, fallbacks, device="cpu"):
+def _linear(prefix, tensors, layers, fallbacks, device="cpu", kernels="c"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
     if prefix not in layers:
         return DenseLinear(tensors[f"{prefix}.weight"].to(device, torch.float32), bias)
     args, fmt = layers[prefix]
-    if torch.device(device).type == "cuda" and fmt != AWQ_GEMM:
+    if kernels == "triton" and fmt != AWQ_GEMM:
         lin = _triton_linear(prefix, tensors, args, fmt, bias, device)
         if lin is not None:
             return lin
@@ -152,8 +153,8 @@ def _linear(prefix, tensors, layers, fallbacks, device="cpu"):
     try:
         if bits not in (4, 8):
             raise ValueError(f"{bits}-bit")
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"no {device} kernel for this layout")
+        if kernels != "c":
+            raise ValueError(f"no {kernels} kernel for this layout")
         packed = PackedLinear(q, scale, zp, group, bits)
     except ValueError as e:
         fallbacks.append(f"{prefix} ({e})")
@@ -165,10 +166,17 @@ def _linear(prefix, tensors, layers, fallbacks, device="cpu"):
     return QuantLinear(packed, bias, index, outlier)
 
 
-def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
-    """`device`: "cpu" (packed C kernels) or "cuda" (Triton kernels); default: cuda when
-    available. The runtime's model, cache and engine follow the embedding's device."""
+def load_weights(
+    ckpt: Checkpoint, device: str | None = None, kernels: str | None = None
+) -> ModelWeights:
+    """`device`: "cpu" or "cuda" (default: cuda when available). `kernels`: the backend,
+    "c" (packed CPU kernels) or "triton"; default: triton on cuda, c on cpu (triton on cpu
+    runs under TRITON_INTERPRET=1, for tests). The runtime's model, cache and engine follow
+    the embedding's device."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kernels = kernels or ("triton" if torch.device(device).type == "cuda" else "c")
+    if kernels not in ("c", "triton") or (kernels == "c" and torch.device(device).type != "cpu"):
+        raise LlmpressError(f"kernels {kernels!r} on {device}: use c on cpu, triton on cuda")
     adapter = adapter_for(ckpt.config)
     shape = ModelShape.of(ckpt.config)
     tensors = read_tensors(ckpt)
@@ -179,7 +187,7 @@ def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
         p = adapter.block_prefix(i)
 
         def lin(name, p=p):
-            return _linear(f"{p}.{name}", tensors, layers, fallbacks, device)
+            return _linear(f"{p}.{name}", tensors, layers, fallbacks, device, kernels)
 
         blocks.append(
             Layer(
@@ -194,7 +202,7 @@ def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
     embed = tensors[f"{adapter.embed}.weight"].to(device, torch.float32)
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
-        lm_head = _linear(head, tensors, layers, fallbacks, device)
+        lm_head = _linear(head, tensors, layers, fallbacks, device, kernels)
     else:  # tied: the embedding matrix is the output projection
         lm_head = DenseLinear(embed)
     return ModelWeights(
@@ -204,4 +212,5 @@ def load_weights(ckpt: Checkpoint, device: str | None = None) -> ModelWeights:
         norm=tensors[f"{adapter.final_norm}.weight"].float().to(device),
         lm_head=lm_head,
         dense_fallbacks=fallbacks,
+        kernels=kernels,
     )
