@@ -302,7 +302,13 @@ def verify(artifact):
 @click.option("--kv", help="KV-cache scheme: int8, int4, none (default: the artifact's).")
 @click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
-def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
+@click.option(
+    "--sweep",
+    type=click.Path(path_type=Path),
+    help="Instead: sweep batch 1-64 and context 128-4096 and write roofline.json and "
+    "roofline.png (achieved GB/s and GFLOP/s against measured ceilings) into this folder.",
+)
+def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, sweep):
     """Decode speed of ARTIFACT in llmpress's runtime: TTFT, time per token, tokens/s, MBU."""
 
     from compress.kernels.cpu import set_threads
@@ -324,6 +330,10 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
         )
     if json_out is not None:
         writable_parent(json_out, "--json")
+    if sweep is not None:
+        if sweep.exists() and not sweep.is_dir():
+            raise LlmpressError(f"--sweep {sweep} is a file: name a folder for the roofline")
+        writable_parent(sweep / "roofline.json", "--sweep")
     check_threads(threads)
     set_threads(threads)
     ckpt = resolve(artifact)
@@ -331,11 +341,26 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out):
     scheme = kv_scheme(kv, ckpt.config)
     for note in weights.dense_fallbacks:
         click.echo(f"note: runs dense: {note}")
+    if sweep is not None:
+        return _roofline(weights, scheme, artifact, sweep)
     record = run_bench(weights, sizes, prompt_len, output_len, scheme, log=click.echo)
     record["artifact"] = artifact
     click.echo(format_bench(record))
     if json_out:
         json_out.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
+    from compress.runtime.roofline import format_sweep, plot_roofline, sweep
+
+    record = sweep(weights, scheme, log=click.echo)
+    record["artifact"] = artifact
+    kv = scheme.config()
+    title = f"{artifact}: decode, KV {'fp32' if kv is None else f'int{scheme.bits}'}"
+    plot_roofline(record, folder / "roofline.png", title)
+    (folder / "roofline.json").write_text(json.dumps(record, indent=2) + "\n")
+    click.echo(format_sweep(record))
+    click.echo(f"wrote {folder / 'roofline.json'} and {folder / 'roofline.png'}")
 
 
 @cli.command()

@@ -3,6 +3,7 @@ lm_head and KV cache the recipe quantized."""
 
 import json
 
+import pytest
 import torch
 from test_cli import llmpress
 
@@ -73,3 +74,47 @@ def test_runtime_reads_the_awq_gemm_layout(tmp_path):
     with torch.no_grad():
         ref = load_model(ckpt)(input_ids=ids).logits  # llmpress's own AWQ-GEMM decoder
     torch.testing.assert_close(RuntimeLM(weights, 512)(ids).logits, ref, rtol=1e-4, atol=5e-4)
+
+
+def test_bench_sweep_writes_a_roofline(artifacts, tmp_path, monkeypatch):
+    """`bench --sweep` (sizes shrunk for the test): every point measured, bytes and FLOPs
+    consistent with the rates, the KV cache's share growing with context, the batch
+    raising arithmetic intensity, ceilings measured before and after, and a PNG."""
+    from click.testing import CliRunner
+
+    from compress import cli
+    from compress.runtime import roofline
+
+    monkeypatch.setattr(roofline, "BATCHES", (1, 4))
+    monkeypatch.setattr(roofline, "CONTEXTS", (40, 300))
+    monkeypatch.setattr(roofline, "CONTEXT_BATCH", 2)
+    out = tmp_path / "roof"
+    args = ["bench", str(artifacts["rtn:w4g64"]), "--kv", "int8", "--sweep", str(out)]
+    r = CliRunner().invoke(cli.cli, args)
+    assert r.exit_code == 0, r.output
+    record = json.loads((out / "roofline.json").read_text())
+    pts = record["points"]
+    assert [(p["sweep"], p["batch"], p["context"]) for p in pts] == [
+        ("batch", 1, 40), ("batch", 4, 40), ("context", 2, 40), ("context", 2, 300)
+    ]  # fmt: skip
+    for p in pts:
+        assert p["gbytes_per_s"] * p["step_s"] * 1e9 == pytest.approx(
+            p["weight_bytes"] + p["kv_bytes"]
+        )
+        assert p["gflops_per_s"] * p["step_s"] * 1e9 == pytest.approx(p["flops"])
+        assert 0 < p["mbu"] < 2
+    assert pts[1]["intensity"] > 3 * pts[0]["intensity"]  # batch 4 reuses each weight 4×
+    share = [p["kv_bytes"] / (p["kv_bytes"] + p["weight_bytes"]) for p in pts[2:]]
+    assert share[1] > 4 * share[0]
+    samples = record["ceilings"]["samples"]
+    assert len(samples["before"]["bandwidth"]) == len(samples["after"]["matmul"]) == 5
+    assert (out / "roofline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert record["kv_cache"]["num_bits"] == 8
+
+
+def test_bench_sweep_refuses_a_file(artifacts, tmp_path):
+    target = tmp_path / "taken"
+    target.write_text("x")
+    r = llmpress("bench", str(artifacts["rtn:w4g64"]), "--sweep", str(target))
+    assert r.returncode != 0
+    assert "is a file" in r.stderr and "Traceback" not in r.stderr

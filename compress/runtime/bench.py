@@ -21,27 +21,29 @@ from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import ModelWeights
 
 
-def measure_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
-    """Memory read bandwidth in bytes/s: the median time to sum a tensor of `gib` GiB."""
-    x = torch.ones(int(gib * 2**30) // 4)
-    x.sum()
+def measure_bandwidth(gib: float = 1.0, repeats: int = 5, device="cpu") -> float:
+    """Memory read bandwidth of `device` in bytes/s: the median time to sum `gib` GiB."""
+    x = torch.ones(int(gib * 2**30) // 4, device=device)
+    return x.numel() * 4 / _median_time(x.sum, repeats, device)
+
+
+def measure_matmul_flops(n: int = 1024, repeats: int = 5, device="cpu") -> float:
+    """fp32 matmul rate of `device` in FLOP/s (n × n by n × n, median of repeats)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    return 2 * n**3 / _median_time(lambda: a @ b, repeats, device)
+
+
+def _median_time(fn, repeats: int, device) -> float:
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    fn()
+    sync()
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        x.sum()
+        fn()
+        sync()
         times.append(time.perf_counter() - t)
-    return x.numel() * 4 / statistics.median(times)
-
-
-def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times)
+    return statistics.median(times)
 
 
 @dataclass
@@ -110,9 +112,13 @@ def bench_one(
 
 
 def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print) -> dict:
-    bandwidth = measure_bandwidth()
-    flops = measure_matmul_flops()
-    log(f"measured: memory read {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s")
+    device = weights.embed.device  # the ceilings of the device that runs the model
+    bandwidth = measure_bandwidth(device=device)
+    flops = measure_matmul_flops(device=device)
+    log(
+        f"measured on {device}: memory read {bandwidth / 1e9:.1f} GB/s, "
+        f"fp32 matmul {flops / 1e9:.0f} GFLOP/s"
+    )
     results = []
     for b in batches:
         r = bench_one(weights, b, prompt_len, output_len, bandwidth, flops, kv)
