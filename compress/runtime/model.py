@@ -74,6 +74,28 @@ def _decode_attention(q, keys, values, mask):
     return torch.matmul(torch.softmax(scores, -1), values)  # [B, kv, rep, hd]
 
 
+PREFILL_BLOCK = 128  # query rows per block of the causal prefill attention
+
+
+def _prefill_attention(q, keys, values, start: int) -> torch.Tensor:
+    """Causal attention of q [heads, T, hd] at positions start.. over keys/values
+    [kv_heads, start + T, hd]: blocks of query rows, each against only the keys it may
+    see, query heads grouped by KV head (the masked fused SDPA kernel took 1.8× as long)."""
+    heads, t, hd = q.shape
+    kv_heads = keys.shape[0]
+    qg = q.view(kv_heads, heads // kv_heads, t, hd)
+    out = torch.empty_like(qg)
+    for r0 in range(0, t, PREFILL_BLOCK):
+        r1 = min(r0 + PREFILL_BLOCK, t)
+        n = start + r1  # keys these rows may see: 0..start + r1 - 1
+        scores = torch.matmul(qg[:, :, r0:r1], keys[:, None, :n].transpose(-1, -2)) * hd**-0.5
+        rows = torch.arange(start + r0, start + r1, device=q.device)
+        hidden = torch.arange(n, device=q.device)[None] > rows[:, None]
+        scores.masked_fill_(hidden, float("-inf"))
+        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), values[:, None, :n])
+    return out.view(heads, t, hd)
+
+
 class Model:
     """`exact=True` (evaluation) runs chunks of more than EXACT_ABOVE rows through weights
     dequantized to fp32, so logits measure the weights alone; otherwise (serving) every
@@ -106,7 +128,6 @@ class Model:
         tokens = tokens.to(dev)
         positions = torch.arange(start, start + t, device=dev)
         h = self.w.embed[tokens].float()
-        causal = torch.ones(t, start + t, dtype=torch.bool, device=dev).tril(start)
         slots = torch.tensor([slot], device=dev)
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.rope, positions, packed)
@@ -117,9 +138,7 @@ class Model:
             else:
                 keys, values = k, v
             cache.write(i, slot, start, k, v)
-            att = torch.nn.functional.scaled_dot_product_attention(
-                q.transpose(0, 1), keys, values, attn_mask=causal, enable_gqa=True
-            )
+            att = _prefill_attention(q.transpose(0, 1), keys, values, start)
             att = att.transpose(0, 1).reshape(t, s.heads * s.head_dim)
             h = h + layer.o(quantize_input(att) if packed else att)
             h = h + _mlp(layer, h, s.eps, packed)
