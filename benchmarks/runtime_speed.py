@@ -3,8 +3,9 @@
 The artifact is the issue's: `llmpress compress default --quant rtn:w4g64 --lm-head w8`;
 beside it the original fp32 weights, dense. Each round runs, in turn:
 - decode at batch 1, 8 and 32 (32-token prompts, `--output-len` tokens, greedy), w4 and fp32;
-- a 512-token prompt through the serving path (packed int8-activation kernels) and through
-  the exact path that served prompts took before (weights dequantized to fp32);
+- a 512-token prompt through the serving path (packed int8-activation kernels, the reply's
+  logits) and as served prompts ran before (weights dequantized to fp32, every position's
+  logits);
 - batch 8 with 1024-token prompts on the fp32, int8 and int4 KV caches (first
   `--long-rounds` rounds);
 - llama.cpp, when `--llama-cpp` names a folder with its `llama-bench` and
@@ -29,8 +30,8 @@ import time
 from pathlib import Path
 
 import torch
-
 from batched_decode import cpu_flags
+
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
 from compress.pipeline import compress
@@ -50,14 +51,15 @@ def ceilings(repeats: int = 5) -> dict:
     }
 
 
-def prefill_seconds(weights, tokens: int, exact: bool) -> float:
-    """Time to first token of one `tokens`-long prompt (the reply's logits only)."""
+def prefill_seconds(weights, tokens: int, before: bool) -> float:
+    """Time to first token of one `tokens`-long prompt. `before`: as served prompts ran
+    before issue 14 (weights dequantized to fp32, logits at every position)."""
     s = weights.shape
-    model = Model(weights, tokens + 2, exact=exact)
+    model = Model(weights, tokens + 2, exact=before)
     cache = KVCache(s.layers, 1, s.kv_heads, tokens + 1, s.head_dim)
     ids = torch.randint(s.vocab, (tokens,), generator=torch.Generator().manual_seed(tokens))
     t = time.perf_counter()
-    model.prefill(ids, cache, 0, last_only=True)
+    model.prefill(ids, cache, 0, last_only=not before)
     return time.perf_counter() - t
 
 
@@ -87,6 +89,12 @@ def llama_batched(bin_dir: Path, gguf: Path, threads: int, output_len: int) -> d
             r = json.loads(line)
             out[f"batch_{r['pl']}_tok_s"] = r["speed_tg"]
     return out
+
+
+def llama_version(bin_dir: Path) -> str:
+    run = subprocess.run([str(bin_dir / "llama-bench"), "--version"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    return " ".join((run.stdout + run.stderr).split())
 
 
 def main() -> None:
@@ -124,10 +132,10 @@ def main() -> None:
                         note(f"{name} batch {b}", res.tokens_per_s, "tok/s")
                         if b == 1:
                             note(f"{name} batch 1 MBU %", 100 * res.mbu, "%")
-                for exact in (True, False):
-                    path = "exact (before)" if exact else "packed"
-                    note(f"w4 prompt 512 {path}", 512 / prefill_seconds(models["w4"], 512, exact),
-                         "prompt tok/s")  # fmt: skip
+                for old in (True, False):
+                    path = "before (exact, all logits)" if old else "packed"
+                    tok_s = 512 / prefill_seconds(models["w4"], 512, old)
+                    note(f"w4 prompt 512 {path}", tok_s, "prompt tok/s")
                 if args.llama_cpp:
                     lb = llama_bench(args.llama_cpp, args.gguf, threads, args.output_len)
                     lb |= llama_batched(args.llama_cpp, args.gguf, threads, args.output_len)
@@ -157,8 +165,8 @@ def summarize(args, runs, before, after, params, threads) -> dict:
         / med["w4 batch 8 prompt 1024 none KV"],
         "int4 KV / fp32 KV, batch 8, prompt 1024": med["w4 batch 8 prompt 1024 int4 KV"]
         / med["w4 batch 8 prompt 1024 none KV"],
-        "prompt 512: packed / exact (before)": med["w4 prompt 512 packed"]
-        / med["w4 prompt 512 exact (before)"],
+        "prompt 512: packed / before": med["w4 prompt 512 packed"]
+        / med["w4 prompt 512 before (exact, all logits)"],
     }
     if "llama.cpp prefill_512_tok_s" in med:
         ratios["prompt 512: llmpress / llama.cpp"] = (
@@ -175,7 +183,7 @@ def summarize(args, runs, before, after, params, threads) -> dict:
         "output_len": args.output_len,
         "rounds": args.rounds,
         "long_rounds": args.long_rounds,
-        "llama_cpp": {"bin": str(args.llama_cpp), "gguf": str(args.gguf)}
+        "llama_cpp": {"gguf": args.gguf.name, "version": llama_version(args.llama_cpp)}
         if args.llama_cpp
         else None,
         "ceilings": {
