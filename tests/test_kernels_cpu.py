@@ -52,6 +52,20 @@ def test_a_shared_quantized_input_gives_the_same_result():
     assert torch.equal(lin(x), lin(quantize_input(x)))
 
 
+def test_quantized_prompts_of_any_length_take_the_packed_matmul():
+    """Served prompts hand the kernels a QuantizedInput of hundreds of rows: int8 dot
+    products (row blocks of 8 past EXACT_ABOVE), not the exact path."""
+    torch.manual_seed(2)
+    qw = quantize_weight(torch.randn(67, 576), QuantScheme(bits=4, group_size=64))
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
+    x = torch.randn(3 * EXACT_ABOVE + 5, 576)
+    xq = quantize_input(x)
+    y = lin(xq)
+    rounded = (xq.x8.float().view(len(x), -1, 32) * xq.dx[..., None]).view(len(x), -1)
+    torch.testing.assert_close(y, rounded @ qw.dequantize().T, rtol=1e-4, atol=1e-3)
+    assert not torch.equal(y, lin(x))  # the fp32 input of that size: the exact path
+
+
 def test_large_batches_take_the_exact_path():
     torch.manual_seed(0)
     qw = quantize_weight(torch.randn(40, 576), QuantScheme(bits=4, group_size=64))
