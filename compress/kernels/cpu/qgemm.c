@@ -593,6 +593,88 @@ static void weighted_rows(const float *w, const float *rows, int n, int D, float
         for (int t = 0; t < n; t++) out[d] += w[t] * rows[(int64_t)t * D + d];
 }
 
+#if defined(__AVX2__)
+/* Codes of channels d..d+7 of one token, as floats. */
+static inline __m256 codes8(const uint8_t *p, int bits, int d) {
+    if (bits == 8)
+        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + d))));
+    int32_t w;
+    memcpy(&w, p + d / 2, 4);
+    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0F)));
+}
+
+/* The four lanes-sums of a0..a3 as one vector [sum a0, sum a1, sum a2, sum a3]. */
+static inline __m128 hsum4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* s[r][t] = scale * qs[r] . keys(t) for nr <= 3 heads and n tokens of codes: each code
+ * vector is converted in registers once and used by every head, four tokens at a time
+ * (twelve independent FMA chains). D % 8 == 0. */
+static void code_scores(float (*qs)[256], int nr, const uint8_t *codes, int bytes, int bits,
+                        int n, int D, float scale, float (*s)[CHUNK_T]) {
+    const float *q0 = qs[0], *q1 = qs[nr > 1 ? 1 : 0], *q2 = qs[nr > 2 ? 2 : 0];
+    __m256 sc = _mm256_set1_ps(scale);
+    int t = 0;
+    for (; t + 4 <= n; t += 4) {
+        __m256 a[3][4];
+        for (int h = 0; h < 3; h++)
+            for (int i = 0; i < 4; i++) a[h][i] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d), x2 = _mm256_loadu_ps(q2 + d);
+            for (int i = 0; i < 4; i++) {
+                __m256 k = codes8(codes + (int64_t)(t + i) * bytes, bits, d);
+                a[0][i] = _mm256_fmadd_ps(x0, k, a[0][i]);
+                a[1][i] = _mm256_fmadd_ps(x1, k, a[1][i]);
+                a[2][i] = _mm256_fmadd_ps(x2, k, a[2][i]);
+            }
+        }
+        for (int h = 0; h < nr; h++)
+            _mm_storeu_ps(s[h] + t, _mm_mul_ps(hsum4x8(a[h][0], a[h][1], a[h][2], a[h][3]),
+                                               _mm256_castps256_ps128(sc)));
+    }
+    for (; t < n; t++) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
+        for (int d = 0; d < D; d += 8) {
+            __m256 k = codes8(codes + (int64_t)t * bytes, bits, d);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), k, a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), k, a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), k, a2);
+        }
+        s[0][t] = hsum8(a0) * scale;
+        if (nr > 1) s[1][t] = hsum8(a1) * scale;
+        if (nr > 2) s[2][t] = hsum8(a2) * scale;
+    }
+}
+
+/* out[r] += sum_t w[r][t] * values(t) for nr <= 3 heads, the value codes converted in
+ * registers once for every head; 32 channels at a time (twelve accumulators). D % 32 == 0. */
+static void code_values(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int bytes, int bits,
+                        int n, int D, float *out) {
+    for (int d = 0; d < D; d += 32) {
+        __m256 o[3][4];
+        for (int h = 0; h < 3; h++)
+            for (int j = 0; j < 4; j++) o[h][j] = h < nr ? _mm256_loadu_ps(out + h * D + d + 8 * j) : _mm256_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            const uint8_t *p = codes + (int64_t)t * bytes;
+            __m256 v0 = codes8(p, bits, d), v1 = codes8(p, bits, d + 8);
+            __m256 v2 = codes8(p, bits, d + 16), v3 = codes8(p, bits, d + 24);
+            for (int h = 0; h < 3; h++) {
+                __m256 p_ = _mm256_set1_ps(w[h < nr ? h : 0][t]);
+                o[h][0] = _mm256_fmadd_ps(p_, v0, o[h][0]);
+                o[h][1] = _mm256_fmadd_ps(p_, v1, o[h][1]);
+                o[h][2] = _mm256_fmadd_ps(p_, v2, o[h][2]);
+                o[h][3] = _mm256_fmadd_ps(p_, v3, o[h][3]);
+            }
+        }
+        for (int h = 0; h < nr; h++)
+            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + h * D + d + 8 * j, o[h][j]);
+    }
+}
+#endif
+
 /* Attention of `rep` query heads q [rep, D] over positions 0..L-1 of one (slot, KV head);
  * out [rep, D]. Keys and values are read in chunks of up to CHUNK_T rows (codes converted
  * to floats once per chunk, for every head of the group). */
@@ -602,6 +684,7 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, 
     float scale = 1.f / sqrtf((float)D);
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], w[CHUNK_T];
     float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
+    float wr[REP_MAX][CHUNK_T];
     for (int r = 0; r < rep; r++) {
         m[r] = -INFINITY, l[r] = 0.f, vmin_acc[r] = 0.f;
         for (int d = 0; d < D; d++) out[r * D + d] = 0.f;
@@ -631,6 +714,41 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, 
         if (quant && t1 > (t0 / G + 1) * G) t1 = (t0 / G + 1) * G;
         int n = t1 - t0;
         const float *krows, *vrows;
+#if defined(__AVX2__)
+        if (quant && D % 32 == 0) { /* codes converted in registers, heads three at a time */
+            const float *gs = ks + (int64_t)(t0 / G) * D, *gm = km + (int64_t)(t0 / G) * D;
+            for (int r = 0; r < rep; r++) {
+                for (int d = 0; d < D; d++) qs[r][d] = q[r * D + d] * gs[d];
+                qc[r] = dot_f32(q + r * D, gm, D) * scale;
+            }
+            const uint8_t *kc = kq + (int64_t)t0 * bytes, *vc = vq + (int64_t)t0 * bytes;
+            for (int r0 = 0; r0 < rep; r0 += 3)
+                code_scores(qs + r0, rep - r0 < 3 ? rep - r0 : 3, kc, bytes, c->bits, n, D, scale, s + r0);
+            for (int r = 0; r < rep; r++) {
+                float bm = -INFINITY;
+                for (int i = 0; i < n; i++) s[r][i] += qc[r], bm = fmaxf(bm, s[r][i]);
+                if (bm > m[r]) {
+                    float a = expf(m[r] - bm);
+                    l[r] *= a, vmin_acc[r] *= a;
+                    for (int d = 0; d < D; d++) out[r * D + d] *= a;
+                    m[r] = bm;
+                }
+                int i = 0;
+                for (; i + 8 <= n; i += 8)
+                    _mm256_storeu_ps(s[r] + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(s[r] + i), _mm256_set1_ps(m[r]))));
+                for (; i < n; i++) s[r][i] = expf(s[r][i] - m[r]);
+                for (i = 0; i < n; i++) {
+                    l[r] += s[r][i];
+                    vmin_acc[r] += s[r][i] * vm[t0 + i];
+                    wr[r][i] = s[r][i] * vs[t0 + i];
+                }
+            }
+            for (int r0 = 0; r0 < rep; r0 += 3)
+                code_values(wr + r0, rep - r0 < 3 ? rep - r0 : 3, vc, bytes, c->bits, n, D, out + r0 * D);
+            t0 = t1;
+            continue;
+        }
+#endif
         if (quant) {
             const float *gs = ks + (int64_t)(t0 / G) * D, *gm = km + (int64_t)(t0 / G) * D;
             for (int r = 0; r < rep; r++) {
