@@ -36,19 +36,12 @@ from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
-from compress.runtime.bench import bench_one, measure_bandwidth, measure_matmul_flops
+from compress.runtime.bench import bench_one, measure_ceilings
 from compress.runtime.kv_cache import KVCache, parse_kv
 from compress.runtime.model import Model
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
-
-
-def ceilings(repeats: int = 5) -> dict:
-    return {
-        "bandwidth": [measure_bandwidth(repeats=3) for _ in range(repeats)],
-        "matmul": [measure_matmul_flops(repeats=3) for _ in range(repeats)],
-    }
 
 
 def prefill_seconds(weights, tokens: int, before: bool) -> float:
@@ -108,7 +101,7 @@ def main() -> None:
     args = ap.parse_args()
     threads = torch.get_num_threads()
     set_threads(threads)
-    before = ceilings()
+    before = measure_ceilings()
     print(f"{cpu_flags()}; {threads} threads", flush=True)
     bw, fl = statistics.median(before["bandwidth"]), statistics.median(before["matmul"])
     print(f"bandwidth {bw / 1e9:.1f} GB/s, fp32 matmul {fl / 1e9:.0f} GFLOP/s", flush=True)
@@ -146,7 +139,7 @@ def main() -> None:
                     res = bench_one(models["w4"], 8, 1024, args.output_len, bw, fl, parse_kv(kv))
                     note(f"w4 batch 8 prompt 1024 {kv} KV", res.tokens_per_s, "tok/s")
         params = sum(lin.out_features * lin.in_features for lin in models["w4"].linears())
-    after = ceilings()
+    after = measure_ceilings()
     record = summarize(args, runs, before, after, params, threads)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "runtime_speed.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -355,8 +355,7 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 
     record = sweep(weights, scheme, log=click.echo)
     record["artifact"] = artifact
-    kv = scheme.config()
-    title = f"{Path(artifact).name}: decode, KV {'fp32' if kv is None else f'int{scheme.bits}'}"
+    title = f"{Path(artifact).name}: decode, KV {f'int{scheme.bits}' if scheme.bits else 'fp32'}"
     plot_roofline(record, folder / "roofline.png", title)
     (folder / "roofline.json").write_text(json.dumps(record, indent=2) + "\n")
     click.echo(format_sweep(record))

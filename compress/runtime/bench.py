@@ -33,15 +33,29 @@ def measure_matmul_flops(n: int = 1024, repeats: int = 5, device="cpu") -> float
     return 2 * n**3 / _median_time(lambda: a @ b, repeats, device)
 
 
+def measure_ceilings(device="cpu", samples: int = 5) -> dict[str, list[float]]:
+    """`samples` readings of each ceiling (each itself a median of 3): for medians that
+    one noisy reading cannot move."""
+    return {
+        "bandwidth": [measure_bandwidth(repeats=3, device=device) for _ in range(samples)],
+        "matmul": [measure_matmul_flops(repeats=3, device=device) for _ in range(samples)],
+    }
+
+
+def sync(device) -> None:
+    """Wait for queued GPU work, so that a timer measures it (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
 def _median_time(fn, repeats: int, device) -> float:
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     fn()
-    sync()
+    sync(device)
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
-        sync()
+        sync(device)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
 

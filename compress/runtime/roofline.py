@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from compress.runtime.bench import measure_bandwidth, measure_matmul_flops
+from compress.runtime.bench import measure_ceilings, sync
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Model
 from compress.runtime.weights import ModelWeights
@@ -44,13 +44,6 @@ class Point:
     mbu: float
 
 
-def _ceilings(device, repeats: int) -> dict[str, list[float]]:
-    return {
-        "bandwidth": [measure_bandwidth(device=device) for _ in range(repeats)],
-        "matmul": [measure_matmul_flops(device=device) for _ in range(repeats)],
-    }
-
-
 def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int) -> Point:
     w, s = model.w, model.w.shape
     gen = torch.Generator().manual_seed(batch * 10_000 + context)
@@ -59,11 +52,11 @@ def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int)
     slots = torch.arange(batch, device=model.device)
     tokens = torch.randint(s.vocab, (batch,), generator=gen)
     model.decode(tokens, cache, slots)  # warm-up step
-    _sync(model.device)
+    sync(model.device)
     t = time.perf_counter()
     for _ in range(steps):
         model.decode(tokens, cache, slots)
-    _sync(model.device)
+    sync(model.device)
     step_s = (time.perf_counter() - t) / steps
     mean_ctx = context + 1 + steps / 2
     kv_bytes = cache.bytes_per_token() * mean_ctx * batch
@@ -92,7 +85,7 @@ def sweep(
     context_batch = context_batch or CONTEXT_BATCH
     device = weights.embed.device
     model = Model(weights, max(max(contexts), min(contexts)) + steps + 4)
-    before = _ceilings(device, repeats)
+    before = measure_ceilings(device, repeats)
     log(_ceiling_line("before", before))
     todo = [("batch", b, contexts[0]) for b in batches]
     todo += [("context", context_batch, c) for c in contexts]
@@ -104,7 +97,7 @@ def sweep(
             f"[{i}/{len(todo)}] batch {b}, context {c}: {p.tokens_per_s:.1f} tok/s, "
             f"{p.gbytes_per_s:.1f} GB/s, {p.gflops_per_s:.1f} GFLOP/s"
         )
-    after = _ceilings(device, repeats)
+    after = measure_ceilings(device, repeats)
     log(_ceiling_line("after", after))
     bandwidth = statistics.median(before["bandwidth"] + after["bandwidth"])
     matmul = statistics.median(before["matmul"] + after["matmul"])
@@ -126,11 +119,6 @@ def sweep(
 def _ceiling_line(when: str, c: dict) -> str:
     bw, mm = statistics.median(c["bandwidth"]), statistics.median(c["matmul"])
     return f"ceilings {when}: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {mm / 1e9:.0f} GFLOP/s"
-
-
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
 
 
 def plot_roofline(record: dict, path: Path, title: str = "") -> None:
