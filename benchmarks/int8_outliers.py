@@ -19,10 +19,11 @@ import platform
 import tempfile
 from pathlib import Path
 
+from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import format_table, measure_drift
 from compress.model.amplify import amplify_checkpoint
-from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.model.loading import load_tokenizer, resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
 

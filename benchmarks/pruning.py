@@ -26,10 +26,11 @@ from pathlib import Path
 
 import yaml
 
+from compress.artifact.dense import load_model
 from compress.artifact.manifest import read_manifest
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import format_table, measure_drift
-from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.model.loading import load_tokenizer, resolve
 from compress.runtime.bench import bench_one, measure_bandwidth, measure_matmul_flops
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights

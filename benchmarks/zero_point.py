@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
+from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import format_table, measure_drift
-from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.model.loading import load_tokenizer, resolve
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wikitext-2-raw" / "test.txt"
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +15,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from compress.artifact.ct_format import LayerFormat
+from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, clean_stale
@@ -21,7 +24,7 @@ from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
-from compress.model.loading import Checkpoint, load_model, load_tokenizer, read_tensors, resolve
+from compress.model.loading import Checkpoint, load_tokenizer, read_tensors, resolve
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe
 from compress.stage import BlockContext, Workspace
@@ -155,21 +158,10 @@ def compress(
         from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
 
         extra[CONFIG_KEY] = parse_kv(recipe.kv_cache).config()
-    writer = ArtifactWriter(ws, output, recipe.export, overwrite, extra)
+    writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, extra)
+    run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
     try:
-        _run_stages(
-            ws,
-            source,
-            recipe,
-            stages,
-            writer,
-            log,
-            started,
-            command,
-            samples,
-            timing,
-            records or [],
-        )
+        _run_stages(run, samples)
     except BaseException:
         writer.abort()
         raise
@@ -189,8 +181,9 @@ def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:
             f"lm_head: no group size fits width {hidden} with "
             f"{head_scheme.label()}: choose another group size or drop lm_head"
         )
-    schemes = [st.config.scheme for st in stages if hasattr(getattr(st, "config", None), "scheme")]
-    preflight_export(recipe.export, ws, schemes)
+    schemes = [st.scheme for st in stages]
+    widths = [ws.weight_shape(n)[1] for n in ws.target_linears()]
+    preflight_export(recipe.export, widths, schemes)
 
 
 def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, list[str]]:
@@ -198,19 +191,15 @@ def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, 
     known before any work from the schemes and the layer widths alone."""
     layers = {}
     for stage in stages:
-        scheme = getattr(getattr(stage, "config", None), "scheme", None)
-        if scheme is None:
-            continue
-        int8_acts = getattr(stage.config, "activations", "none") == "int8"
         for name in ws.target_linears():
             width = ws.weight_shape(name)[1]
-            group = scheme.group_for(width)
-            layers[name] = LayerFormat.planned(scheme, group, width, int8_acts and "int8-token")
+            group = stage.scheme.group_for(width)
+            layers[name] = LayerFormat.planned(stage.scheme, group, width, stage.activations)
     head = recipe.lm_head_scheme()
     if head is not None:
         hidden = ws.config["hidden_size"]
         layers[ws.adapter.lm_head] = LayerFormat.planned(head, head.group_for(hidden), hidden, None)
-    config = artifact_config(ws, recipe.export, layers=layers)
+    config = artifact_config(ws.export_state(), recipe.export, layers=layers)
     outliers = recipe.export == "auto" and any(s.name == "int8" for s in stages)
     return engine_problems(config, ["x.weight_outlier"] if outliers else [])
 
@@ -302,11 +291,26 @@ def quantize_lm_head(ws: Workspace, scheme) -> dict:
     return {"stage": "lm_head", "scheme": scheme.label(), "source": source}
 
 
-def _run_stages(
-    ws, source, recipe, stages, writer, log, started, command, samples, timing, records
-) -> None:
-    """Walk the blocks: calibrate and transform each, write it, feed its output onward."""
-    clock = _Clock(timing)
+@dataclass
+class _Run:
+    """One compression run, as its last steps (the block walk, the manifest) need it."""
+
+    recipe: Recipe
+    source: Checkpoint
+    ws: Workspace
+    stages: list
+    writer: ArtifactWriter
+    log: Callable
+    started: float
+    command: str | None
+    timing: dict[str, float]
+    records: list[dict]  # the model stages' records; the block stages' join at the end
+
+
+def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
+    """Walk the blocks: calibrate and transform each, write it, feed its output onward;
+    then the lm_head, the manifest, and the artifact moved into place."""
+    ws, stages, clock = run.ws, run.stages, _Clock(run.timing)
     hidden = rope = None
     if any(stage.needs_calibration for stage in stages):
         hidden = ws.store.embed(samples)
@@ -325,27 +329,27 @@ def _run_stages(
                 hidden = run_block(block, hidden, rope)
         ws.store.release(i)
         with clock("write"):
-            writer.add_block(i)
-    records = records + [stage.export(ws) for stage in stages]
-    if recipe.lm_head:
+            run.writer.add_block(i)
+    run.records = run.records + [stage.export(ws) for stage in stages]
+    if run.recipe.lm_head:
         with clock("lm_head"):
-            records.append(quantize_lm_head(ws, recipe.lm_head_scheme()))
+            run.records.append(quantize_lm_head(ws, run.recipe.lm_head_scheme()))
+    run.writer.finish(ws.store.ckpt.path, lambda folder: _write_manifest(run, folder))
 
-    def finish(folder: Path) -> None:
-        manifest = build_manifest(
-            ws=ws,
-            source=source_info(source),
-            recipe=recipe.to_dict(),
-            stages=records,
-            folder=folder,
-            seconds=time.perf_counter() - started,
-            command=command,
-        )
-        manifest["label"] = recipe.label()
-        manifest["timing_s"] = {k: round(v, 2) for k, v in timing.items()}
-        manifest["engines"], manifest["transformers_kwargs"] = written_engines(folder)
-        if records and any(r.get("stage") in ("prune", "distill") for r in records):
-            warn_engines(manifest["engines"], log)  # not known before pruning ran
-        write_manifest(folder, manifest)
 
-    writer.finish(ws.store.ckpt.path, finish)
+def _write_manifest(run: _Run, folder: Path) -> None:
+    manifest = build_manifest(
+        ws=run.ws,
+        source=source_info(run.source),
+        recipe=run.recipe.to_dict(),
+        stages=run.records,
+        folder=folder,
+        seconds=time.perf_counter() - run.started,
+        command=run.command,
+    )
+    manifest["label"] = run.recipe.label()
+    manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
+    manifest["engines"], manifest["transformers_kwargs"] = written_engines(folder)
+    if any(r.get("stage") in ("prune", "distill") for r in run.records):
+        warn_engines(manifest["engines"], run.log)  # not known before pruning ran
+    write_manifest(folder, manifest)

@@ -34,29 +34,13 @@ from typing import Any
 
 import yaml
 
-from compress.distill import stage as _distill  # noqa: F401 - registers the stages
+from compress.calib_data.config import CalibConfig
 from compress.errors import LlmpressError
-from compress.pruning import stage as _prune  # noqa: F401
-from compress.quantizers import awq, int8_outlier, rtn  # noqa: F401
-from compress.stage import STAGES, Stage
+from compress.methods import STAGES
+from compress.stage import Stage
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 EXPORTS = ("auto", "compressed-tensors", "awq-gemm")
-
-
-@dataclass(frozen=True)
-class CalibConfig:
-    """Where calibration text comes from and how it is cut into token samples."""
-
-    source: str = "self"
-    samples: int = 128
-    length: int = 512
-    seed: int = 0
-    text_field: str = "text"
-
-    def __post_init__(self) -> None:
-        if self.samples < 1 or self.length < 2:
-            raise LlmpressError("calib: samples must be >= 1 and length >= 2")
 
 
 @dataclass(frozen=True)
@@ -181,10 +165,11 @@ def parse_recipe(data: Any) -> Recipe:
         if export == "awq-gemm" and "zero_point" in unset:
             params = {**params, "zero_point": True}  # the only kind that layout holds
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
-        if name == "distill" and not any(n == "prune" for n, _ in stages[:-1]):
-            raise LlmpressError(
-                f"recipe: stage {i} (distill) repairs a pruned model: put a prune stage before it"
-            )
+        for need, why in getattr(STAGES[name].factory, "requires", ()):
+            if not any(n == need for n, _ in stages[:-1]):
+                raise LlmpressError(
+                    f"recipe: stage {i} ({name}) {why}: put a {need} stage before it"
+                )
         quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]
         if len(quantizing) > 1:
             raise LlmpressError(

@@ -21,8 +21,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
+from compress.artifact.writer import ExportState
 from compress.model.blocks import BlockStore
-from compress.quantizers.scheme import QuantizedWeight
+from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
 @dataclass
@@ -52,6 +53,13 @@ class Workspace:
     @property
     def num_layers(self) -> int:
         return self.store.num_layers
+
+    def export_state(self) -> ExportState:
+        """What the artifact writer reads (this workspace's own dicts, not copies)."""
+        return ExportState(
+            self.store.ckpt, self.adapter, self.num_layers, self.storage_dtype, self.tokenizer,
+            self.quantized, self.updated,
+        )  # fmt: skip
 
     def target_linears(self, index: int | None = None) -> list[str]:
         """Block linears (of one block, or all) stages may compress, minus `ignore` patterns."""
@@ -114,10 +122,17 @@ class BlockContext:
 
 
 class Stage(Protocol):
-    """One step of a recipe. `needs_calibration` tells the pipeline to carry activations."""
+    """One step of a recipe. `needs_calibration` tells the pipeline to carry activations;
+    `scheme` is the weight scheme the stage writes to its target linears and
+    `activations` how their inputs are quantized at run time ("int8-token" or None), which
+    the pipeline's preflight and the planned artifact's config read."""
 
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
+    activations: ClassVar[str | None]
+
+    @property
+    def scheme(self) -> QuantScheme: ...
 
     def preflight(self, ws: Workspace) -> None:
         """Refuse, before any work, what this stage cannot do (naming the layer and the fix)."""
@@ -159,6 +174,8 @@ class ModelStage(Protocol):
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
     whole_model: ClassVar[bool]
+    # (stage, why) pairs that must come earlier in the recipe; optional
+    requires: ClassVar[tuple[tuple[str, str], ...]]
 
     def preflight(self, config: dict) -> None:
         """Refuse, before any work, what this stage cannot do to a model with `config`."""

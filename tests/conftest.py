@@ -13,7 +13,8 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter, on CPU tensors
     os.environ["TRITON_INTERPRET"] = "1"
 
-from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.artifact.dense import load_model
+from compress.model.loading import load_tokenizer, resolve
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 

@@ -8,8 +8,9 @@ import torch
 from compressed_tensors.quantization import QuantizationConfig
 
 from compress.artifact import writer
+from compress.artifact.dense import load_model
 from compress.errors import LlmpressError
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 

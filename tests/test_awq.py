@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from compress.artifact.awq_format import ORDER, pack_awq, unpack_awq
+from compress.artifact.dense import load_model
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
 from compress.errors import LlmpressError
 from compress.eval.drift import measure_drift
 from compress.inspect import describe
 from compress.model.blocks import BlockStore, run_block
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.quantizers.awq import AWQ, AWQConfig, _channel_map
 from compress.quantizers.scheme import QuantScheme, compute_qparams, quantize_with

@@ -1,12 +1,15 @@
 """Drift measurement on real WikiText-2 windows."""
 
+import importlib.util
 import math
 
+import pytest
 import torch
 
+from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import measure_drift
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 
 
 def test_drift_of_the_original_against_itself_is_zero(base_model, tokenizer, wikitext):
@@ -30,3 +33,21 @@ def test_fewer_bits_more_drift(base_model, tokenizer, wikitext, artifacts):
     assert 0 < r["rtn:w8"].kl < 0.05 < r["rtn:w4g64"].kl
     assert r["rtn:w8"].top1 > r["rtn:w4g64"].top1
     assert r["rtn:w4g64"].ppl > r["rtn:w8"].ppl
+
+
+def test_engine_transformers_without_compressed_tensors_says_what_to_install(
+    artifacts, monkeypatch
+):
+    """compressed-tensors is an extra (llmpress reads the format itself); transformers
+    needs it to open a quantized artifact, and its absence is one line naming the fix."""
+    from compress.errors import LlmpressError
+    from compress.eval.run import load_with_transformers
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "compressed_tensors" else real(name, *a),
+    )
+    with pytest.raises(LlmpressError, match=r"pip install 'llmpress\[transformers\]'"):
+        load_with_transformers(resolve(str(artifacts["rtn:w4g64"])))

@@ -7,13 +7,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from compress.artifact.dense import DecomposedLinear, load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.errors import LlmpressError
 from compress.eval.drift import measure_drift
 from compress.model.amplify import amplify_checkpoint
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.pipeline import compress
-from compress.quantizers.int8_outlier import DecomposedLinear, Int8OutlierConfig
+from compress.quantizers.int8_outlier import Int8OutlierConfig
 from compress.recipe import parse_quant, parse_recipe
 
 CHANNELS = [17, 101, 333]

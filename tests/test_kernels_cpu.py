@@ -159,3 +159,14 @@ def test_c_decode_attention_matches_the_torch_reference(kv):
     names = ["k", "v"] if kv == "none" else ["kq", "vq", "k_scale", "k_min", "v_scale", "v_min"]
     for name in names:
         torch.testing.assert_close(getattr(fast, name), getattr(ref, name), rtol=1e-6, atol=1e-6)
+
+
+def test_the_c_boundary_refuses_views_it_would_misread():
+    """ctypes passes a bare address: a strided view would be read as if dense (wrong
+    numbers, no error), so the boundary refuses it in one line."""
+    from compress.kernels.cpu import rope_
+
+    x = torch.randn(4, 9, 128)[:, :, ::2]  # [4, 9, 64], every other channel
+    cos, sin = torch.randn(16, 32), torch.randn(16, 32)
+    with pytest.raises(TypeError, match="contiguous CPU tensors, got a strided"):
+        rope_(x, torch.arange(4), cos, sin)

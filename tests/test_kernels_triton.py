@@ -83,7 +83,8 @@ def test_triton_backend_decodes_the_default_model_like_the_cpu_backend(artifacts
     backend's, and its prompt logits equal transformers' on the same artifact (fp32
     activations, where the C kernels quantize them to int8). Two tokens: the interpreter
     takes about a minute for them."""
-    from compress.model.loading import load_model, resolve
+    from compress.artifact.dense import load_model
+    from compress.model.loading import resolve
     from compress.runtime import Engine, load_weights
     from compress.runtime.kv_cache import parse_kv
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from compress.artifact.dense import load_model
 from compress.errors import LlmpressError
-from compress.model import adapter_for, load_model, load_tokenizer, resolve
+from compress.model import adapter_for, load_tokenizer, resolve
 from tests.conftest import write_tiny_llama
 
 

@@ -4,9 +4,10 @@ decode at ragged lengths, continuous batching, sampling, and the KV-cache scheme
 import pytest
 import torch
 
+from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import measure_drift
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.runtime import Engine, Request, SamplingParams, load_weights
 from compress.runtime.kv_cache import KVScheme, parse_kv
 from compress.runtime.lm import RuntimeLM

@@ -7,8 +7,9 @@ import pytest
 import torch
 from test_cli import llmpress
 
+from compress.artifact.dense import load_model
 from compress.eval.run import evaluate
-from compress.model.loading import load_model, resolve
+from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 from compress.runtime import load_weights

@@ -119,3 +119,12 @@ def clean_stale(out: Path, log=print) -> None:
                 log(f"restored {out} from {folder}, left by an interrupted run")
             shutil.rmtree(folder, ignore_errors=True)
             log(f"removed {folder}, left by an interrupted run")
+
+
+def publish_permissions(folder: Path) -> None:
+    """mkdtemp makes a private (0700) folder; give the finished one the usual umask modes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)

@@ -7,9 +7,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -17,18 +19,44 @@ from safetensors.torch import save_file
 from compress.artifact.awq_format import awq_config, encode_awq
 from compress.artifact.ct_format import encode, quantization_config
 from compress.artifact.stream_safetensors import merge
-from compress.artifact.target import OWNER, check_output, existing_ancestor, mark_owner
+from compress.artifact.target import (
+    OWNER,
+    check_output,
+    existing_ancestor,
+    mark_owner,
+    publish_permissions,
+)
 from compress.errors import LlmpressError, explain_os_error
-from compress.model.loading import read_tensors
+from compress.model.adapters import Adapter
+from compress.model.loading import Checkpoint, read_tensors
 from compress.quantizers.scheme import QuantizedWeight
-from compress.stage import Workspace
 
 SHARD_BYTES = 4 << 30
 _COPIED = ("generation_config.json", "chat_template.jinja")
 
 
-def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
-    """Refuse, before calibration, a recipe whose result the chosen layout cannot hold."""
+@dataclass
+class ExportState:
+    """What the writer reads of a compression run, as plain data (the stages' Workspace
+    hands it over). `quantized` and `updated` are the run's own dicts: the writer drops
+    each layer's data once written."""
+
+    ckpt: Checkpoint
+    adapter: Adapter
+    num_layers: int
+    storage_dtype: torch.dtype
+    tokenizer: Any
+    quantized: dict[str, QuantizedWeight]
+    updated: dict[str, torch.Tensor]
+
+    @property
+    def config(self) -> dict:
+        return self.ckpt.config
+
+
+def preflight_export(export: str, widths: Iterable[int], schemes: list) -> None:
+    """Refuse, before calibration, a recipe whose result the chosen layout cannot hold
+    (`widths`: the input widths of the linears to quantize)."""
     if export != "awq-gemm":
         return
     groups = set()
@@ -38,7 +66,7 @@ def preflight_export(export: str, ws: Workspace, schemes: list) -> None:
                 f"the awq-gemm export holds only 4-bit weights with a zero point, not "
                 f"{scheme.label()}; use the default compressed-tensors export"
             )
-        groups |= {scheme.group_for(ws.weight_shape(n)[1]) for n in ws.target_linears()}
+        groups |= {scheme.group_for(width) for width in widths}
     if len(groups) > 1:
         raise LlmpressError(
             f"layers would use group sizes {sorted(groups)} (widths the requested group does "
@@ -63,9 +91,9 @@ def _to_meta(qw: QuantizedWeight) -> None:
 
 
 def artifact_config(
-    ws: Workspace, export: str, extra: dict | None = None, layers: dict | None = None
+    ws: ExportState, export: str, extra: dict | None = None, layers: dict | None = None
 ) -> dict:
-    """config.json for the quantized linears `layers` (default: the workspace's; a plan of
+    """config.json for the quantized linears `layers` (default: the run's; a plan of
     LayerFormats gives the config before any work)."""
     layers = ws.quantized if layers is None else layers
     config = {**ws.config, **(extra or {})}
@@ -103,7 +131,7 @@ class ArtifactWriter:
 
     def __init__(
         self,
-        ws: Workspace,
+        ws: ExportState,
         out: Path,
         export: str,
         overwrite: bool = False,
@@ -112,7 +140,7 @@ class ArtifactWriter:
         self.ws, self.out, self.export = ws, Path(out), export
         self.extra_config = extra_config
         check_output(self.out, overwrite)
-        needed = sum(f.stat().st_size for f in ws.store.ckpt.files) + (64 << 20)
+        needed = sum(f.stat().st_size for f in ws.ckpt.files) + (64 << 20)
         free = shutil.disk_usage(existing_ancestor(self.out.parent)).free
         if free < needed:
             raise LlmpressError(
@@ -153,21 +181,21 @@ class ArtifactWriter:
                 out[name] = ws.updated.pop(name)
             else:
                 copy.append(name)
-        for name, t in read_tensors(ws.store.ckpt, copy).items():
+        for name, t in read_tensors(ws.ckpt, copy).items():
             out[name] = t.to(ws.storage_dtype) if t.is_floating_point() else t
         self.written.update(names)
         return out
 
     def add_block(self, index: int) -> None:
         prefix = self.ws.adapter.block_prefix(index) + "."
-        names = [n for n in self.ws.store.ckpt.tensors if n.startswith(prefix)]
+        names = [n for n in self.ws.ckpt.tensors if n.startswith(prefix)]
         self._save(self._tensors(names), f"block{index}")
 
     def finish(self, source_folder: Path, finish: Callable[[Path], None]) -> Path:
         """Write what is left and move the artifact into place; `finish(folder)` adds the
         manifest and card."""
         ws = self.ws
-        rest = [n for n in ws.store.ckpt.tensors if n not in self.written]
+        rest = [n for n in ws.ckpt.tensors if n not in self.written]
         head = ws.adapter.lm_head
         if head in ws.quantized and f"{head}.weight" not in rest:  # was tied: add it
             rest.append(f"{head}.weight")
@@ -205,15 +233,6 @@ class ArtifactWriter:
                 raise
             self.abort()
             raise known from e
-
-
-def publish_permissions(folder: Path) -> None:
-    """mkdtemp makes a private (0700) folder; give the finished one the usual umask modes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    folder.chmod(0o777 & ~umask)
-    for f in folder.iterdir():
-        f.chmod(0o666 & ~umask)
 
 
 def _replace(tmp: Path, out: Path) -> None:

@@ -18,11 +18,14 @@ import math
 import os
 import resource
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+
+from compress.model.adapters import LLAMA, Adapter
 
 
 @dataclass(frozen=True)
@@ -126,56 +129,111 @@ def distill(
     work_dir: Path,
     resume: bool,
     run_id: str,
+    adapter: Adapter = LLAMA,
     layer_map: list[int] | None = None,
     hidden_index: torch.Tensor | None = None,
-    adapter=None,
     log=print,
 ) -> dict:
     """Train `student` toward `teacher` on token samples `data` [n, length]; returns a record."""
     torch.manual_seed(s.seed)
     teacher.eval().requires_grad_(False)
     student.train()
-    for name, p in student.named_parameters():
-        is_embed = "embed_tokens" in name or "lm_head" in name
-        p.requires_grad_(s.train_embeddings or not is_embed)
-    params = [p for p in student.parameters() if p.requires_grad]
+    params = _trainable(student, adapter, s.train_embeddings)
     opt = _adamw(params, s)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, s))
     ckpt_path = Path(work_dir) / f"distill-{run_id}.pt"
-    start, history = 0, []
+    start, history = _resume(ckpt_path, resume, student, opt, sched, s.steps, log)
+    started = time.perf_counter()
+    with _layer_outputs(student, teacher, adapter, s.hidden_weight > 0) as grab:
+        step, stopped, done_tokens = _train(
+            student, teacher, data, s, opt, sched, params, history, start, grab,
+            layer_map, hidden_index,
+            lambda step: _save(ckpt_path, _state(run_id, step, student, opt, sched, history)),
+        )  # fmt: skip
+    student.eval().requires_grad_(False)
+    seconds = time.perf_counter() - started
+    return {
+        "steps": step,
+        "planned_steps": s.steps,
+        "resumed_from": start,
+        "stopped_on": stopped,
+        "tokens": step * s.batch * data.shape[1],
+        "seconds_this_run": round(seconds, 1),
+        "tokens_per_second": round(done_tokens / seconds, 1) if seconds else None,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "loss_history": history,
+    }
+
+
+def _trainable(student, adapter: Adapter, train_embeddings: bool) -> list:
+    """Every parameter trains, except the embedding and lm_head unless asked."""
+    frozen = () if train_embeddings else (adapter.embed + ".", adapter.lm_head + ".")
+    for name, p in student.named_parameters():
+        p.requires_grad_(not name.startswith(frozen))
+    return [p for p in student.parameters() if p.requires_grad]
+
+
+def _state(run_id, step, student, opt, sched, history) -> dict:
+    return {
+        "run_id": run_id,
+        "step": step,
+        "student": student.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "history": history,
+    }
+
+
+def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log):
+    """(first step, loss history): from this run's last checkpoint when resuming."""
     if resume and ckpt_path.is_file():
         state = torch.load(ckpt_path, weights_only=False)
         student.load_state_dict(state["student"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
-        start, history = state["step"], state["history"]
-        log(f"distill: resumed from step {start} of {s.steps} ({ckpt_path})")
-    elif resume:
-        log(f"distill: no checkpoint of this run in {work_dir}; starting from step 0")
-    hidden = s.hidden_weight > 0
-    if hidden:
-        grab_s = _LayerOutputs(student.get_submodule(adapter.blocks))
-        grab_t = _LayerOutputs(teacher.get_submodule(adapter.blocks))
-    length = data.shape[1]
-    started = time.perf_counter()
-    done_tokens = 0
-    stopped = "tokens"
+        log(f"distill: resumed from step {state['step']} of {steps} ({ckpt_path})")
+        return state["step"], state["history"]
+    if resume:
+        log(f"distill: no checkpoint of this run in {ckpt_path.parent}; starting from step 0")
+    return 0, []
+
+
+@contextmanager
+def _layer_outputs(student, teacher, adapter: Adapter, enabled: bool):
+    """Hooks that collect both models' layer outputs (for the hidden-state loss), removed
+    however training ends (an interrupt, an error, the last step)."""
+    if not enabled:
+        yield None
+        return
+    grabs = (
+        _LayerOutputs(student.get_submodule(adapter.blocks)),
+        _LayerOutputs(teacher.get_submodule(adapter.blocks)),
+    )
+    try:
+        yield grabs
+    finally:
+        for h in grabs[0].handles + grabs[1].handles:
+            h.remove()
+
+
+def _train(student, teacher, data, s, opt, sched, params, history, start, grab, layer_map,
+           hidden_index, checkpoint) -> tuple[int, str, int]:  # fmt: skip
+    """The steps from `start`: (last step, why it stopped, tokens trained on)."""
+    started, done_tokens = time.perf_counter(), 0
     bar = tqdm(range(start, s.steps), desc="distill", unit="step", initial=start, total=s.steps)
-    step = start
     for step in bar:
         if s.max_seconds is not None and time.perf_counter() - started > s.max_seconds:
-            stopped = "time"
-            break
+            return step, "time", done_tokens
         ids = data[batch_indices(step, s.batch, data.shape[0], s.seed)]
         with torch.no_grad():
             t_logits = teacher(input_ids=ids, use_cache=False).logits
-        t_hidden = grab_t.take() if hidden else None
+        t_hidden = grab[1].take() if grab else None
         s_logits = student(input_ids=ids, use_cache=False).logits
         loss = kd_loss(s_logits, t_logits, s.temperature)
         kd = loss.item()
-        if hidden:
+        if grab:
             loss = loss + s.hidden_weight * hidden_loss(
-                grab_s.take(), t_hidden, layer_map, hidden_index
+                grab[0].take(), t_hidden, layer_map, hidden_index
             )
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -187,32 +245,5 @@ def distill(
         rate = done_tokens / (time.perf_counter() - started)
         bar.set_postfix(kl=f"{kd:.4f}", tok_s=f"{rate:.0f}", lr=f"{sched.get_last_lr()[0]:.2e}")
         if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps:
-            _save(
-                ckpt_path,
-                {
-                    "run_id": run_id,
-                    "step": step + 1,
-                    "student": student.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "history": history,
-                },
-            )
-    else:
-        step = s.steps
-    if hidden:
-        for h in grab_s.handles + grab_t.handles:
-            h.remove()
-    student.eval().requires_grad_(False)
-    seconds = time.perf_counter() - started
-    return {
-        "steps": step,
-        "planned_steps": s.steps,
-        "resumed_from": start,
-        "stopped_on": stopped,
-        "tokens": step * s.batch * length,
-        "seconds_this_run": round(seconds, 1),
-        "tokens_per_second": round(done_tokens / seconds, 1) if seconds else None,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "loss_history": history,
-    }
+            checkpoint(step + 1)
+    return s.steps, "tokens", done_tokens

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
 from compress.errors import LlmpressError
 from compress.stage import ModelContext, register_stage
@@ -51,6 +52,7 @@ class DistillConfig:
 class Distill:
     needs_calibration = True
     whole_model = True
+    requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why
 
     def __init__(self, config: DistillConfig):
         self.config = config
@@ -67,8 +69,6 @@ class Distill:
             raise LlmpressError("distill: the model equals the original; put it after prune")
         data = ctx.samples
         if c.data is not None:
-            from compress.recipe import CalibConfig
-
             data = ctx.load_text(
                 CalibConfig(
                     source=c.data,

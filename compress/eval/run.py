@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
+from compress.artifact.dense import load_model
 from compress.artifact.manifest import read_manifest, write_manifest
 from compress.calib_data.generated import self_generated
 from compress.calib_data.samples import eval_windows, token_stream
 from compress.calib_data.sources import SELF, read_texts
 from compress.errors import LlmpressError
 from compress.eval.drift import Drift, measure_drift
-from compress.model.loading import load_model, load_tokenizer, resolve
+from compress.model.loading import load_tokenizer, resolve
 
 EVAL_SEED = 20240601  # differs from the calibration default so `self` never reuses its text
 
@@ -56,6 +59,12 @@ def load_with_transformers(ckpt):
         problem = transformers_problems(ckpt.config)[0]
         raise LlmpressError(
             f"--engine transformers cannot load {ckpt.path}: {problem}; use --engine runtime"
+        )
+    quantized = "quantization_config" in ckpt.config
+    if quantized and importlib.util.find_spec("compressed_tensors") is None:
+        raise LlmpressError(
+            "--engine transformers needs the compressed-tensors package to open a quantized "
+            "artifact: pip install 'llmpress[transformers]' (or use --engine runtime)"
         )
     kwargs = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
     try:

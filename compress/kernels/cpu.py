@@ -22,6 +22,11 @@ EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
 
 
 def _ptr(t: torch.Tensor) -> int:
+    """The address C reads: only of a dense CPU tensor (a strided view or a CUDA tensor
+    would be read as garbage, silently). Dtypes are checked where the inputs enter."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        kind = "strided" if t.device.type == "cpu" else t.device.type
+        raise TypeError(f"the C kernels take contiguous CPU tensors, got a {kind} {tuple(t.shape)}")
     return t.data_ptr()
 
 

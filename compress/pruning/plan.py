@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from compress.errors import LlmpressError
+from compress.model.adapters import adapter_for
 
 AXES = ("mlp", "heads", "hidden", "layers")
 HEAD_MODES = ("within_groups", "kv_groups")
@@ -33,15 +34,9 @@ class Shape:
 
     @classmethod
     def of(cls, config: dict) -> Shape:
-        heads = config["num_attention_heads"]
-        return cls(
-            hidden=config["hidden_size"],
-            heads=heads,
-            kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            intermediate=config["intermediate_size"],
-            layers=config["num_hidden_layers"],
-        )
+        """The prunable widths of the adapter's shape of `config`."""
+        m = adapter_for(config).shape(config)
+        return cls(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
 
     def non_embedding_params(self) -> int:
         """Block weights plus the final norm: what pruning targets are measured against."""

@@ -92,9 +92,9 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
     produced = ctx.sub(group.producer).weight.shape[0]
     if produced == width:
         return _SharedChannels(1, 1, width)
-    cfg, adapter = ctx.ws.config, ctx.ws.adapter
-    heads, kv = cfg.get("num_attention_heads", 0), cfg.get("num_key_value_heads", 0)
-    head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads else 0)
+    adapter = ctx.ws.adapter
+    shape = adapter.shape(ctx.ws.config)
+    heads, kv, head_dim = shape.heads, shape.kv_heads, shape.head_dim
     is_v_to_o = (group.producer, group.linears) == (adapter.v, (adapter.o,))
     if (
         is_v_to_o
@@ -108,10 +108,15 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
 
 @register_stage("awq", AWQConfig)
 class AWQ:
+    activations = None
     needs_calibration = True
 
     def __init__(self, config: AWQConfig):
         self.config = config
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.config.scheme
         self.groups: dict[str, int] = {}
         self.alphas: dict[str, float] = {}
         self.skipped: list[str] = []

@@ -18,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 
+from compress.artifact.dense import decompose
 from compress.errors import LlmpressError
 from compress.model.blocks import observe_inputs
 from compress.quantizers.preflight import check_layers
@@ -82,50 +82,20 @@ def outlier_dtype(storage: torch.dtype) -> torch.dtype:
     return torch.bfloat16 if storage == torch.bfloat16 else torch.float16
 
 
-def quantize_per_token(x: torch.Tensor) -> torch.Tensor:
-    """Dynamic symmetric int8 per token, as compressed-tensors defines it (scale absmax/127.5)."""
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-8) / 127.5
-    return torch.round(x / scale).clamp(-128, 127) * scale
-
-
-class DecomposedLinear(torch.nn.Module):
-    """x[:, regular] quantized per token to int8 · Ŵ_regularᵀ + x[:, outliers] · W_16ᵀ."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, outliers: torch.Tensor):
-        super().__init__()
-        idx = outliers.long()
-        regular = weight.detach().clone()
-        regular[:, idx] = 0
-        self.register_buffer("regular", regular)
-        self.register_buffer("outlier_columns", weight.detach()[:, idx].clone())
-        self.register_buffer("index", idx)
-        self.bias = bias
-        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xr = x.clone()
-        xr[..., self.index] = 0
-        y = F.linear(quantize_per_token(xr), self.regular, self.bias)
-        if self.index.numel():
-            y = y + F.linear(x[..., self.index], self.outlier_columns)
-        return y
-
-
-def decompose(model: torch.nn.Module, outliers: dict[str, torch.Tensor]) -> None:
-    """Swap each named linear for its W8A8 decomposition (weights already dequantized)."""
-    for name, idx in outliers.items():
-        parent, _, child = name.rpartition(".")
-        owner = model.get_submodule(parent) if parent else model
-        linear = getattr(owner, child)
-        setattr(owner, child, DecomposedLinear(linear.weight, linear.bias, idx))
-
-
 @register_stage("int8", Int8OutlierConfig)
 class Int8Outlier:
     needs_calibration = True
 
     def __init__(self, config: Int8OutlierConfig):
         self.config = config
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.config.scheme
+
+    @property
+    def activations(self) -> str | None:
+        return "int8-token" if self.config.activations == "int8" else None
         self.outliers: dict[str, list[int]] = {}
         self.columns = 0
         self._amax: dict[str, torch.Tensor] = {}

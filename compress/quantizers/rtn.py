@@ -38,10 +38,15 @@ def adjusted_groups(groups: dict[str, int], scheme: QuantScheme) -> dict[str, in
 
 @register_stage("rtn", RTNConfig)
 class RTN:
+    activations = None
     needs_calibration = False
 
     def __init__(self, config: RTNConfig):
         self.config = config
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.config.scheme
         self.groups: dict[str, int] = {}
 
     def preflight(self, ws: Workspace) -> None:

@@ -17,44 +17,27 @@ from compress.artifact.ct_format import decode_codes
 from compress.artifact.reader import AWQ_GEMM, quantized_layers
 from compress.errors import LlmpressError
 from compress.kernels.cpu import PackedLinear
-from compress.model.adapters import adapter_for
+from compress.model.adapters import Adapter, ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.quantizers.scheme import dequantize
 from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear, fuse
 
+# What the runtime (torch ops, the C kernels, the Triton kernels) implements.
+RUNS = {"norm": "rms", "activation": "silu", "rope": "rotate-half"}
 
-@dataclass(frozen=True)
-class ModelShape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    layers: int
-    vocab: int
-    rope_theta: float
-    eps: float
-    max_positions: int
 
-    @classmethod
-    def of(cls, config: dict) -> ModelShape:
-        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
-        kind = rope.get("rope_type") or rope.get("type") or "default"
-        if kind != "default":
+def check_runnable(adapter: Adapter, shape: ModelShape) -> None:
+    """Refuse, in one line, a model whose blocks compute what the runtime does not."""
+    for kind, runs in RUNS.items():
+        if getattr(adapter, kind) != runs:
             raise LlmpressError(
-                f"rope type {kind!r} is not supported by the runtime yet: evaluate this model "
-                "with --engine transformers"
+                f"{kind} {getattr(adapter, kind)!r} is not supported by the runtime yet (it "
+                f"runs {runs}): evaluate this model with --engine transformers"
             )
-        heads = config["num_attention_heads"]
-        return cls(
-            hidden=config["hidden_size"],
-            heads=heads,
-            kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            layers=config["num_hidden_layers"],
-            vocab=config["vocab_size"],
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            eps=float(config.get("rms_norm_eps", 1e-6)),
-            max_positions=config.get("max_position_embeddings", 2048),
+    if shape.rope_type != "default":
+        raise LlmpressError(
+            f"rope type {shape.rope_type!r} is not supported by the runtime yet: evaluate "
+            "this model with --engine transformers"
         )
 
 
@@ -178,7 +161,8 @@ def load_weights(
     if kernels not in ("c", "triton") or (kernels == "c" and torch.device(device).type != "cpu"):
         raise LlmpressError(f"kernels {kernels!r} on {device}: use c on cpu, triton on cuda")
     adapter = adapter_for(ckpt.config)
-    shape = ModelShape.of(ckpt.config)
+    shape = adapter.shape(ckpt.config)
+    check_runnable(adapter, shape)
     tensors = read_tensors(ckpt)
     layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
