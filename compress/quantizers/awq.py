@@ -113,16 +113,16 @@ class AWQ:
 
     def __init__(self, config: AWQConfig):
         self.config = config
-
-    @property
-    def scheme(self) -> QuantScheme:
-        return self.config.scheme
         self.groups: dict[str, int] = {}
         self.alphas: dict[str, float] = {}
         self.skipped: list[str] = []
         self.seconds = {"scale search": 0.0, "clip search and quantize": 0.0}
         self._stats: dict[str, torch.Tensor] = {}
         self._inputs: dict[str, torch.Tensor] = {}
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.config.scheme
 
     def preflight(self, ws: Workspace) -> None:
         check_layers(ws, self.config.scheme)

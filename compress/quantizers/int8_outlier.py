@@ -88,6 +88,9 @@ class Int8Outlier:
 
     def __init__(self, config: Int8OutlierConfig):
         self.config = config
+        self.outliers: dict[str, list[int]] = {}
+        self.columns = 0
+        self._amax: dict[str, torch.Tensor] = {}
 
     @property
     def scheme(self) -> QuantScheme:
@@ -96,9 +99,6 @@ class Int8Outlier:
     @property
     def activations(self) -> str | None:
         return "int8-token" if self.config.activations == "int8" else None
-        self.outliers: dict[str, list[int]] = {}
-        self.columns = 0
-        self._amax: dict[str, torch.Tensor] = {}
 
     def preflight(self, ws: Workspace) -> None:
         check_layers(ws, self.config.scheme)

@@ -43,11 +43,11 @@ class RTN:
 
     def __init__(self, config: RTNConfig):
         self.config = config
+        self.groups: dict[str, int] = {}
 
     @property
     def scheme(self) -> QuantScheme:
         return self.config.scheme
-        self.groups: dict[str, int] = {}
 
     def preflight(self, ws: Workspace) -> None:
         check_layers(ws, self.config.scheme)
