@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from compress import __version__
+from compress.artifact.codecs import EXPORTS
 from compress.errors import EXIT_CRASH, EXIT_GATE, EXIT_INPUT, LlmpressError, explain_os_error
 
 
@@ -77,7 +78,7 @@ def cli() -> None:
 )
 @click.option(
     "--export",
-    type=click.Choice(["compressed-tensors", "awq-gemm"]),
+    type=click.Choice([e for e in EXPORTS if e != "auto"]),
     help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
 )
 @click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")

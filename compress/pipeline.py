@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from compress.artifact.codecs import codec
 from compress.artifact.ct_format import LayerFormat
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
@@ -34,8 +35,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 def storage_dtype(requested: str, config: dict, export: str = "compressed-tensors") -> torch.dtype:
     """`auto` keeps the checkpoint's own dtype (fp32 when it names none we store)."""
-    if export == "awq-gemm":  # AutoAWQ's kernels read float16 scales
-        return torch.float16
+    forced = codec(export).storage_dtype
+    if forced is not None:
+        return forced
     if requested != "auto":
         return _DTYPES[requested]
     return _DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.float32)

@@ -34,13 +34,13 @@ from typing import Any
 
 import yaml
 
+from compress.artifact.codecs import codec
 from compress.calib_data.config import CalibConfig
 from compress.errors import LlmpressError
 from compress.methods import STAGES
 from compress.stage import Stage
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-EXPORTS = ("auto", "compressed-tensors", "awq-gemm")
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,8 @@ def parse_recipe(data: Any) -> Recipe:
         params = {} if params is None else params
         fields = {f.name for f in dataclasses.fields(STAGES[name].config_type)}
         unset = fields - set(params) if isinstance(params, dict) else set()
-        if export == "awq-gemm" and "zero_point" in unset:
-            params = {**params, "zero_point": True}  # the only kind that layout holds
+        implied = {k: v for k, v in codec(export).scheme_defaults.items() if k in unset}
+        params = {**params, **implied}  # what the export's layout requires
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
         for need, why in getattr(STAGES[name].factory, "requires", ()):
             if not any(n == need for n, _ in stages[:-1]):
@@ -198,15 +198,15 @@ def parse_recipe(data: Any) -> Recipe:
     dtype = data.get("dtype", "auto")
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    if export not in EXPORTS:
-        raise LlmpressError(f"recipe: export {export!r} is not one of {', '.join(EXPORTS)}")
-    if export == "awq-gemm" and dtype not in ("auto", "float16"):
+    layout = codec(export)
+    forced = layout.storage_dtype and str(layout.storage_dtype).removeprefix("torch.")
+    if forced and dtype not in ("auto", forced):
         raise LlmpressError(
-            "recipe: the awq-gemm export stores float16; drop `dtype` or set float16"
+            f"recipe: the {export} export stores {forced}; drop `dtype` or set {forced}"
         )
     lm_head = data.get("lm_head")
-    if export == "awq-gemm" and lm_head is not None:
-        raise LlmpressError("recipe: the awq-gemm export cannot hold a quantized lm_head")
+    if not layout.holds_lm_head and lm_head is not None:
+        raise LlmpressError(f"recipe: the {export} export cannot hold a quantized lm_head")
     recipe = Recipe(
         stages=tuple(stages),
         calib=calib,

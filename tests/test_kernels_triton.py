@@ -38,7 +38,7 @@ def test_dequant_matmul_matches_reference(bits, group, zp, k, n, m):
 
 
 def test_triton_linear_reads_the_artifact_tensors(artifacts):
-    from compress.artifact.ct_format import decode
+    from compress.artifact.codecs import CODECS
     from compress.model.loading import read_tensors, resolve
 
     ckpt = resolve(str(artifacts["rtn:w4g64zp"]))
@@ -53,7 +53,7 @@ def test_triton_linear_reads_the_artifact_tensors(artifacts):
         t[f"{prefix}.weight_packed"], t[f"{prefix}.weight_scale"], zp, 64, 4, 1536
     )
     x = torch.randn(2, 1536)
-    dense = decode(prefix, t, args, "pack-quantized")
+    dense = CODECS["auto"].decode(prefix, t, {**args, "format": "pack-quantized"}).dense()
     torch.testing.assert_close(lin(x), x @ dense.T, rtol=1e-4, atol=1e-4)
 
 

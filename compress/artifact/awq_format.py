@@ -17,9 +17,10 @@ from __future__ import annotations
 import torch
 
 from compress.errors import LlmpressError
-from compress.quantizers.scheme import QuantizedWeight, dequantize
+from compress.quantizers.scheme import QuantizedWeight
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+SUFFIXES = ("qweight", "qzeros", "scales")
 
 
 def pack_awq(values: torch.Tensor) -> torch.Tensor:
@@ -63,10 +64,6 @@ def awq_codes(prefix: str, tensors: dict[str, torch.Tensor], group_size: int):
     zeros = unpack_awq(tensors[f"{prefix}.qzeros"]).T - 8  # [out, in/g]
     scales = tensors[f"{prefix}.scales"].T.float()
     return q.to(torch.int8), scales, zeros.to(torch.int8), group_size
-
-
-def decode_awq(prefix: str, tensors: dict[str, torch.Tensor], group_size: int) -> torch.Tensor:
-    return dequantize(*awq_codes(prefix, tensors, group_size))
 
 
 def awq_config(group_size: int, not_converted: list[str]) -> dict:

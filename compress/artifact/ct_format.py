@@ -26,12 +26,16 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.errors import LlmpressError
 from compress.quantizers.packing import pack, unpack
-from compress.quantizers.scheme import QuantizedWeight, dequantize
+from compress.quantizers.scheme import QuantizedWeight
 
 PACKED = "pack-quantized"
 INT = "int-quantized"
 MIXED = "mixed-precision"
+SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
+OUTLIER_INDEX, OUTLIER_WEIGHT = "weight_outlier_index", "weight_outlier"
+OUTLIER_SUFFIXES = (OUTLIER_INDEX, OUTLIER_WEIGHT)
 
 
 def storage_format(activations: str | None) -> str:
@@ -108,8 +112,8 @@ def encode(prefix: str, qw: QuantizedWeight, outliers: bool = True) -> dict[str,
         if qw.zero_point is not None:
             out[f"{prefix}.weight_zero_point"] = qw.zero_point.contiguous()
     if outliers and qw.outlier_index is not None:
-        out[f"{prefix}.weight_outlier_index"] = qw.outlier_index.to(torch.int32).contiguous()
-        out[f"{prefix}.weight_outlier"] = qw.outlier_weight.contiguous()
+        out[f"{prefix}.{OUTLIER_INDEX}"] = qw.outlier_index.to(torch.int32).contiguous()
+        out[f"{prefix}.{OUTLIER_WEIGHT}"] = qw.outlier_weight.contiguous()
     return out
 
 
@@ -129,10 +133,47 @@ def decode_codes(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt:
     return q, scale, zp, args.get("group_size") or q.shape[1]
 
 
-def decode(prefix: str, tensors: dict[str, torch.Tensor], args: dict, fmt: str) -> torch.Tensor:
-    """The dequantized fp32 weight of `prefix` from its stored tensors."""
-    q, scale, zp, group = decode_codes(prefix, tensors, args, fmt)
-    return dequantize(q, scale, zp, group)
+def device_tensors(prefix: str, tensors: dict[str, torch.Tensor], args: dict):
+    """The stored tensors as GPU kernels read them: (weight, scale, zero point, group,
+    bits, in_features), the weight as packed int32 words (int4) or bytes (int8); None where
+    they cannot (outlier columns, other bit widths)."""
+    if f"{prefix}.{OUTLIER_INDEX}" in tensors:
+        return None  # outlier columns: the dense path keeps them exact
+    bits = args["num_bits"]
+    scale = tensors[f"{prefix}.weight_scale"]
+    zp = tensors.get(f"{prefix}.weight_zero_point")
+    if args["format"] == PACKED:
+        if bits not in (4, 8):
+            return None
+        weight = tensors[f"{prefix}.weight_packed"]
+        shape = tuple(int(s) for s in tensors[f"{prefix}.weight_shape"].tolist())
+        in_features = shape[1]
+        if zp is not None:
+            zp = unpack(zp, bits, (shape[0], scale.shape[1]), dim=0)
+        if bits == 8:  # the int8 kernel reads one byte per weight
+            weight = unpack(weight, 8, shape, dim=1)
+    else:
+        weight = tensors[f"{prefix}.weight"]
+        in_features = weight.shape[1]
+    return weight, scale, zp, args.get("group_size") or in_features, bits, in_features
+
+
+def stored_layers(qc: dict, tensors: dict[str, torch.Tensor]) -> dict[str, dict]:
+    """{prefix: weight args + the group's storage `format`} for every linear with
+    quantized tensors, matched to its config group."""
+    prefixes = sorted(k[: -len(".weight_scale")] for k in tensors if k.endswith(".weight_scale"))
+    layers = {}
+    for prefix in prefixes:
+        for group in qc["config_groups"].values():
+            if target_matches(prefix, group["targets"]):
+                layers[prefix] = {**group["weights"], "format": group.get("format") or qc["format"]}
+                break
+        else:
+            raise LlmpressError(
+                f"{prefix} has quantized tensors but no config group targets it: config.json "
+                "does not match the weights; re-export the artifact"
+            )
+    return layers
 
 
 def _compact_targets(names: list[str], block_names: dict[str, list[str]]) -> list[str]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from compress.artifact.ct_format import OUTLIER_SUFFIXES
+
 VLLM = {
     # weight-only integer layers run as WNA16: only the pack-quantized format; an
     # int-quantized weight-only group trips an assertion that only float weights may
@@ -37,7 +39,7 @@ VLLM = {
     # only linears, so packed lm_head tensors find no parameter
     "quantized_lm_head": False,
     # llama.load_weights raises KeyError on a tensor name the model has no parameter for
-    "unknown_tensor_suffixes": ("weight_outlier_index", "weight_outlier"),
+    "unknown_tensor_suffixes": OUTLIER_SUFFIXES,
 }
 
 TRANSFORMERS = {

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from compress.artifact.awq_format import awq_config, encode_awq
-from compress.artifact.ct_format import encode, quantization_config
+from compress.artifact.codecs import codec
 from compress.artifact.stream_safetensors import merge
 from compress.artifact.target import (
     OWNER,
@@ -57,29 +56,7 @@ class ExportState:
 def preflight_export(export: str, widths: Iterable[int], schemes: list) -> None:
     """Refuse, before calibration, a recipe whose result the chosen layout cannot hold
     (`widths`: the input widths of the linears to quantize)."""
-    if export != "awq-gemm":
-        return
-    groups = set()
-    for scheme in schemes:
-        if scheme.bits != 4 or not scheme.zero_point:
-            raise LlmpressError(
-                f"the awq-gemm export holds only 4-bit weights with a zero point, not "
-                f"{scheme.label()}; use the default compressed-tensors export"
-            )
-        groups |= {scheme.group_for(width) for width in widths}
-    if len(groups) > 1:
-        raise LlmpressError(
-            f"layers would use group sizes {sorted(groups)} (widths the requested group does "
-            "not divide) but the awq-gemm layout has one group size: pick one that divides "
-            "every layer (e.g. 64 or 32) or use the compressed-tensors export"
-        )
-
-
-def _encode(qw: QuantizedWeight, prefix: str, export: str) -> dict[str, torch.Tensor]:
-    if export == "awq-gemm":
-        return encode_awq(prefix, qw)
-    # `compressed-tensors`: exactly that; `auto`: plus int8 outlier columns, if any
-    return encode(prefix, qw, outliers=export == "auto")
+    codec(export).preflight(widths, schemes)
 
 
 def _to_meta(qw: QuantizedWeight) -> None:
@@ -102,17 +79,14 @@ def artifact_config(
     config.pop("_name_or_path", None)
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
     unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in layers]
-    if layers and export == "awq-gemm":
-        (group,) = {qw.group_size for qw in layers.values()}
-        config["quantization_config"] = awq_config(group, [ws.adapter.lm_head, *unquantized])
-    elif layers:
+    if layers:
         block_names: dict[str, list[str]] = {}
         for i in range(ws.num_layers):
             for kind in ws.adapter.block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
         head = ws.adapter.lm_head
         ignore = unquantized if head in layers else [head, *unquantized]
-        config["quantization_config"] = quantization_config(layers, block_names, ignore)
+        config["quantization_config"] = codec(export).config(layers, block_names, ignore)
     if ws.adapter.lm_head in layers:
         config["tie_word_embeddings"] = False
     return config
@@ -138,6 +112,7 @@ class ArtifactWriter:
         extra_config: dict | None = None,
     ):
         self.ws, self.out, self.export = ws, Path(out), export
+        self.codec = codec(export)
         self.extra_config = extra_config
         check_output(self.out, overwrite)
         needed = sum(f.stat().st_size for f in ws.ckpt.files) + (64 << 20)
@@ -174,7 +149,7 @@ class ArtifactWriter:
         for name in names:
             prefix, _, leaf = name.rpartition(".")
             if prefix in ws.quantized and leaf == "weight":
-                out.update(_encode(ws.quantized[prefix], prefix, self.export))
+                out.update(self.codec.encode(prefix, ws.quantized[prefix]))
                 _to_meta(ws.quantized[prefix])
                 ws.updated.pop(name, None)  # a producer AWQ rescaled, then quantized
             elif name in ws.updated:

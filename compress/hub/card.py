@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from compress.artifact.codecs import codec
 from compress.calib_data.sources import data_name
 
 _STAGE_TAGS = {
@@ -23,8 +24,8 @@ _STAGE_TAGS = {
 
 
 def card_tags(m: dict) -> list[str]:
-    awq_layout = m["recipe"].get("export") == "awq-gemm"
-    tags = ["llmpress", "awq" if awq_layout else "compressed-tensors"]
+    family = codec(m["recipe"].get("export") or "auto").family
+    tags = ["llmpress", "awq" if family == "awq-gemm" else family]
     bits = set()
     for stage in m["recipe"]["stages"]:
         for name, cfg in stage.items():
@@ -114,7 +115,7 @@ def _loading(m: dict) -> list[str]:
     path = '"path/to/this/folder"'
     hf = engines.get("transformers") or []
     route = m.get("transformers_kwargs", {}) if hf else {}
-    if m["recipe"].get("export") == "awq-gemm":
+    if codec(m["recipe"].get("export") or "auto").family == "awq-gemm":
         code = [
             "# AutoAWQ's GEMM layout: transformers reads it through gptqmodel",
             "# pip install gptqmodel",

@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from compress.artifact.awq_format import awq_codes
-from compress.artifact.ct_format import decode_codes
-from compress.artifact.reader import AWQ_GEMM, quantized_layers
+from compress.artifact.reader import quantized_layers
 from compress.errors import LlmpressError
 from compress.kernels.cpu import PackedLinear
 from compress.model.adapters import Adapter, ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
-from compress.quantizers.scheme import dequantize
 from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear, fuse
 
 # What the runtime (torch ops, the C kernels, the Triton kernels) implements.
@@ -84,69 +81,34 @@ class ModelWeights:
         yield self.norm
 
 
-def _triton_linear(prefix, tensors, args, fmt, bias, device):
-    """GPU path: the stored tensors themselves, moved to the device."""
-    from compress.artifact.ct_format import PACKED
-    from compress.quantizers.packing import unpack
-
-    if f"{prefix}.weight_outlier_index" in tensors:
-        return None  # outlier columns: the dense path below keeps them exact
-    bits = args["num_bits"]
-    scale = tensors[f"{prefix}.weight_scale"]
-    zp = tensors.get(f"{prefix}.weight_zero_point")
-    if fmt == PACKED:
-        if bits not in (4, 8):
-            return None
-        weight = tensors[f"{prefix}.weight_packed"]
-        shape = tuple(int(s) for s in tensors[f"{prefix}.weight_shape"].tolist())
-        in_features = shape[1]
-        if zp is not None:
-            zp = unpack(zp, bits, (shape[0], scale.shape[1]), dim=0)
-        if bits == 8:  # the int8 kernel reads one byte per weight
-            weight = unpack(weight, 8, shape, dim=1)
-    else:
-        weight = tensors[f"{prefix}.weight"]
-        in_features = weight.shape[1]
-    group = args.get("group_size") or in_features
-    on = (weight, scale, zp, bias)
-    weight, scale, zp, bias = (None if t is None else t.to(device) for t in on)
-    return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias)
-
-
-def _linear(prefix, tensors, layers, fallbacks, device="cpu", kernels="c"):
+def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
     if prefix not in layers:
         return DenseLinear(tensors[f"{prefix}.weight"].to(device, torch.float32), bias)
-    args, fmt = layers[prefix]
-    if kernels == "triton" and fmt != AWQ_GEMM:
-        lin = _triton_linear(prefix, tensors, args, fmt, bias, device)
-        if lin is not None:
-            return lin
-    if fmt == AWQ_GEMM:
-        q, scale, zp, group = awq_codes(prefix, tensors, args["group_size"])
-        bits = 4
-    else:
-        q, scale, zp, group = decode_codes(prefix, tensors, args, fmt)
-        bits = args["num_bits"]
-    index = tensors.get(f"{prefix}.weight_outlier_index")
+    if kernels == "triton":  # the stored layout itself, where the GPU kernels read it
+        stored = codec.device_tensors(prefix, tensors, layers[prefix])
+        if stored is not None:
+            weight, scale, zp, group, bits, in_features = stored
+            on = (weight, scale, zp, bias)
+            weight, scale, zp, bias_d = (None if t is None else t.to(device) for t in on)
+            return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias_d)
+    s = codec.decode(prefix, tensors, layers[prefix])
+    q, index = s.q, s.outlier_index
     if index is not None:  # those columns run in 16-bit: their int8 codes must add nothing
         q = q.clone()
-        q[:, index.long()] = 0 if zp is None else zp.repeat_interleave(group, 1)[:, index.long()]
+        zp = s.zero_point
+        q[:, index.long()] = 0 if zp is None else zp.repeat_interleave(s.group, 1)[:, index.long()]
     try:
-        if bits not in (4, 8):
-            raise ValueError(f"{bits}-bit")
+        if s.bits not in (4, 8):
+            raise ValueError(f"{s.bits}-bit")
         if kernels != "c":
             raise ValueError(f"no {kernels} kernel for this layout")
-        packed = PackedLinear(q, scale, zp, group, bits)
+        packed = PackedLinear(q, s.scale, s.zero_point, s.group, s.bits)
     except ValueError as e:
         fallbacks.append(f"{prefix} ({e})")
-        w = dequantize(q, scale, zp, group)
-        if index is not None:
-            w[:, index.long()] = tensors[f"{prefix}.weight_outlier"].float()
-        return DenseLinear(w.to(device), None if bias is None else bias.to(device))
-    outlier = tensors.get(f"{prefix}.weight_outlier")
-    return QuantLinear(packed, bias, index, outlier)
+        return DenseLinear(s.dense().to(device), None if bias is None else bias.to(device))
+    return QuantLinear(packed, bias, index, s.outlier_weight)
 
 
 def load_weights(
@@ -164,14 +126,14 @@ def load_weights(
     shape = adapter.shape(ckpt.config)
     check_runnable(adapter, shape)
     tensors = read_tensors(ckpt)
-    layers = quantized_layers(ckpt.config, tensors)
+    codec, layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
     blocks = []
     for i in range(shape.layers):
         p = adapter.block_prefix(i)
 
         def lin(name, p=p):
-            return _linear(f"{p}.{name}", tensors, layers, fallbacks, device, kernels)
+            return _linear(f"{p}.{name}", tensors, codec, layers, fallbacks, device, kernels)
 
         blocks.append(
             Layer(
@@ -186,7 +148,7 @@ def load_weights(
     embed = tensors[f"{adapter.embed}.weight"].to(device, torch.float32)
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
-        lm_head = _linear(head, tensors, layers, fallbacks, device, kernels)
+        lm_head = _linear(head, tensors, codec, layers, fallbacks, device, kernels)
     else:  # tied: the embedding matrix is the output projection
         lm_head = DenseLinear(embed)
     return ModelWeights(

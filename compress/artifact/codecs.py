@@ -1,0 +1,176 @@
+"""Storage formats as codecs, registered once by the name a recipe's `export` uses.
+
+A codec owns everything about its format: what it refuses before any work, the tensors
+it writes per quantized linear and their names, the config.json block, how a reader
+recognizes it, and how the stored tensors decode, to integer codes for the runtime and to
+floats for the dense loader. The layouts themselves are written out in ct_format.py
+(compressed-tensors) and awq_format.py (AutoAWQ GEMM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from compress.artifact import awq_format, ct_format
+from compress.errors import LlmpressError
+from compress.quantizers.scheme import QuantizedWeight, dequantize
+
+
+@dataclass
+class StoredLinear:
+    """One quantized linear as a reader finds it: int8 codes [out, in] (signed, as
+    llmpress keeps them), scale [out, groups], zero point or None, group size, bits, and
+    the LLM.int8()-style 16-bit columns (index, weights) where some were kept."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None
+    group: int
+    bits: int
+    outlier_index: torch.Tensor | None = None
+    outlier_weight: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        """The fp32 weight, the 16-bit columns in place of their int8 values."""
+        w = dequantize(self.q, self.scale, self.zero_point, self.group)
+        if self.outlier_index is not None:
+            w[:, self.outlier_index.long()] = self.outlier_weight.float()
+        return w
+
+
+class CompressedTensors:
+    """What transformers and vLLM read (ct_format.py). With `outliers` (export `auto`),
+    LLM.int8()-style layers also store their 16-bit columns, which llmpress runs and
+    other readers ignore or refuse (engines.py says which)."""
+
+    family = "compressed-tensors"
+    storage_dtype: torch.dtype | None = None  # the recipe's dtype is kept
+    scheme_defaults: ClassVar[dict] = {}
+    holds_lm_head = True
+    suffixes = (*ct_format.SUFFIXES, *ct_format.OUTLIER_SUFFIXES)
+
+    def __init__(self, name: str, outliers: bool):
+        self.name, self.outliers = name, outliers
+
+    def preflight(self, widths: Iterable[int], schemes: list) -> None:
+        """Every scheme and width fits."""
+
+    def encode(self, prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
+        return ct_format.encode(prefix, qw, outliers=self.outliers)
+
+    def config(self, layers: dict, block_names: dict, ignore: list[str]) -> dict:
+        return ct_format.quantization_config(layers, block_names, ignore)
+
+    @staticmethod
+    def reads(qc: dict) -> bool:
+        return qc.get("quant_method") == "compressed-tensors"
+
+    @staticmethod
+    def layers(config: dict, tensors: dict) -> dict[str, dict]:
+        """{prefix: weight args, with the group's storage `format`} of every quantized linear."""
+        return ct_format.stored_layers(config["quantization_config"], tensors)
+
+    @staticmethod
+    def decode(prefix: str, tensors: dict, args: dict) -> StoredLinear:
+        q, scale, zp, group = ct_format.decode_codes(prefix, tensors, args, args["format"])
+        return StoredLinear(
+            q, scale, zp, group, args["num_bits"],
+            tensors.get(f"{prefix}.{ct_format.OUTLIER_INDEX}"),
+            tensors.get(f"{prefix}.{ct_format.OUTLIER_WEIGHT}"),
+        )  # fmt: skip
+
+    @staticmethod
+    def device_tensors(prefix: str, tensors: dict, args: dict):
+        """For the GPU kernels, which read this layout as stored: (weight, scale, zero
+        point, group, bits, in_features), or None where they cannot (outlier columns, bits
+        other than 4 and 8)."""
+        return ct_format.device_tensors(prefix, tensors, args)
+
+
+class AwqGemm:
+    """AutoAWQ's GEMM layout (awq_format.py), for engines that read only that: 4-bit with
+    zero points, float16 scales, one group size, no quantized lm_head."""
+
+    name = family = "awq-gemm"
+    storage_dtype = torch.float16  # AutoAWQ's kernels read float16 scales
+    scheme_defaults: ClassVar[dict] = {"zero_point": True}  # the only kind it holds
+    holds_lm_head = False
+    suffixes = awq_format.SUFFIXES
+
+    def preflight(self, widths: Iterable[int], schemes: list) -> None:
+        groups = set()
+        widths = list(widths)
+        for scheme in schemes:
+            if scheme.bits != 4 or not scheme.zero_point:
+                raise LlmpressError(
+                    f"the awq-gemm export holds only 4-bit weights with a zero point, not "
+                    f"{scheme.label()}; use the default compressed-tensors export"
+                )
+            groups |= {scheme.group_for(width) for width in widths}
+        if len(groups) > 1:
+            raise LlmpressError(
+                f"layers would use group sizes {sorted(groups)} (widths the requested group "
+                "does not divide) but the awq-gemm layout has one group size: pick one that "
+                "divides every layer (e.g. 64 or 32) or use the compressed-tensors export"
+            )
+
+    def encode(self, prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
+        return awq_format.encode_awq(prefix, qw)
+
+    def config(self, layers: dict, block_names: dict, ignore: list[str]) -> dict:
+        (group,) = {qw.group_size for qw in layers.values()}
+        return awq_format.awq_config(group, ignore)
+
+    @staticmethod
+    def reads(qc: dict) -> bool:
+        return qc.get("quant_method") == "awq"
+
+    @staticmethod
+    def layers(config: dict, tensors: dict) -> dict[str, dict]:
+        qc = config["quantization_config"]
+        if qc.get("version", "gemm").lower() != "gemm" or qc.get("bits") != 4:
+            raise LlmpressError("llmpress reads AWQ checkpoints in the 4-bit GEMM layout only")
+        prefixes = sorted(k[: -len(".qweight")] for k in tensors if k.endswith(".qweight"))
+        return {p: {"group_size": qc["group_size"]} for p in prefixes}
+
+    @staticmethod
+    def decode(prefix: str, tensors: dict, args: dict) -> StoredLinear:
+        return StoredLinear(*awq_format.awq_codes(prefix, tensors, args["group_size"]), bits=4)
+
+    @staticmethod
+    def device_tensors(prefix: str, tensors: dict, args: dict):
+        return None  # the GPU kernels read compressed-tensors words; decode for them
+
+
+CODECS = {
+    "auto": CompressedTensors("auto", outliers=True),
+    "compressed-tensors": CompressedTensors("compressed-tensors", outliers=False),
+    "awq-gemm": AwqGemm(),
+}
+EXPORTS = tuple(CODECS)
+ALL_SUFFIXES = frozenset(s for c in CODECS.values() for s in c.suffixes)
+
+
+def codec(export: str):
+    """The codec a recipe's `export` names."""
+    if export not in CODECS:
+        raise LlmpressError(f"recipe: export {export!r} is not one of {', '.join(EXPORTS)}")
+    return CODECS[export]
+
+
+def reading_codec(config: dict):
+    """The codec that reads a checkpoint's config.json (None: a dense checkpoint)."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    for c in (CODECS["auto"], CODECS["awq-gemm"]):
+        if c.reads(qc):
+            return c
+    raise LlmpressError(
+        f"quantization method {qc.get('quant_method')!r} is not supported: llmpress reads "
+        "compressed-tensors checkpoints and dense ones"
+    )
