@@ -143,12 +143,39 @@ def parse_recipe(data: Any) -> Recipe:
                 f"recipe: unknown key {key!r}{_suggest(str(key), allowed)}; "
                 f"valid keys: {', '.join(allowed)}"
             )
-    raw_stages = data.get("stages")
-    if not isinstance(raw_stages, list) or not raw_stages:
-        raise LlmpressError("recipe: `stages` must be a non-empty list, e.g. [{rtn: {bits: 4}}]")
     export = data.get("export", "auto")
-    stages = []
-    for i, entry in enumerate(raw_stages):
+    stages = _parse_stages(data.get("stages"), export)
+    calib = build_config(CalibConfig, data.get("calib"), "calib")
+    ignore = _parse_ignore(data.get("ignore") or [])
+    dtype, lm_head = data.get("dtype", "auto"), data.get("lm_head")
+    _check_layout(export, dtype, lm_head)
+    recipe = Recipe(
+        stages=stages,
+        calib=calib,
+        ignore=ignore,
+        dtype=dtype,
+        export=export,
+        lm_head=None if lm_head is None else str(lm_head),
+        kv_cache=None if data.get("kv_cache") is None else str(data["kv_cache"]),
+    )
+    if recipe.kv_cache is not None:
+        from compress.runtime.kv_cache import parse_kv
+
+        parse_kv(recipe.kv_cache)
+    try:
+        recipe.lm_head_scheme()
+    except LlmpressError as e:
+        raise LlmpressError(f"recipe: lm_head {lm_head!r}: {e} (use e.g. w8 or w4g64)") from e
+    return recipe
+
+
+def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
+    """Each `name: {settings}` entry as (name, its config), in an order the stages accept:
+    whole-model stages first, each after the stages it requires, one quantizing stage."""
+    if not isinstance(raw, list) or not raw:
+        raise LlmpressError("recipe: `stages` must be a non-empty list, e.g. [{rtn: {bits: 4}}]")
+    stages: list[tuple[str, Any]] = []
+    for i, entry in enumerate(raw):
         if isinstance(entry, str):
             entry = {entry: {}}
         if not isinstance(entry, dict) or len(entry) != 1:
@@ -165,25 +192,30 @@ def parse_recipe(data: Any) -> Recipe:
         implied = {k: v for k, v in codec(export).scheme_defaults.items() if k in unset}
         params = {**params, **implied}  # what the export's layout requires
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
-        for need, why in getattr(STAGES[name].factory, "requires", ()):
-            if not any(n == need for n, _ in stages[:-1]):
-                raise LlmpressError(
-                    f"recipe: stage {i} ({name}) {why}: put a {need} stage before it"
-                )
-        quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]
-        if len(quantizing) > 1:
-            raise LlmpressError(
-                f"recipe: stages {quantizing[0]!r} and {quantizing[-1]!r} both quantize the "
-                "block linears; keep one (the second would re-quantize the first's result)"
-            )
-        whole = STAGES[name].factory.whole_model
-        if whole and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
-            raise LlmpressError(
-                f"recipe: stage {i} ({name}) works on the whole model and must come before "
-                "the quantizing stages (e.g. prune → distill → awq)"
-            )
-    calib = build_config(CalibConfig, data.get("calib"), "calib")
-    ignore = data.get("ignore") or []
+        _check_order(stages, i)
+    return tuple(stages)
+
+
+def _check_order(stages: list[tuple[str, Any]], i: int) -> None:
+    """Refuse stage i (the last of `stages`) where it cannot stand."""
+    name, factory = stages[-1][0], STAGES[stages[-1][0]].factory
+    for need, why in getattr(factory, "requires", ()):
+        if not any(n == need for n, _ in stages[:-1]):
+            raise LlmpressError(f"recipe: stage {i} ({name}) {why}: put a {need} stage before it")
+    quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]
+    if len(quantizing) > 1:
+        raise LlmpressError(
+            f"recipe: stages {quantizing[0]!r} and {quantizing[-1]!r} both quantize the "
+            "block linears; keep one (the second would re-quantize the first's result)"
+        )
+    if factory.whole_model and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
+        raise LlmpressError(
+            f"recipe: stage {i} ({name}) works on the whole model and must come before "
+            "the quantizing stages (e.g. prune → distill → awq)"
+        )
+
+
+def _parse_ignore(ignore: Any) -> tuple[str, ...]:
     if not isinstance(ignore, list) or not all(isinstance(p, str) for p in ignore):
         raise LlmpressError("recipe: `ignore` must be a list of module-name patterns")
     for pattern in ignore:
@@ -195,7 +227,11 @@ def parse_recipe(data: Any) -> Recipe:
                     f"ignore pattern {pattern!r} is not a valid regular expression ({e}); "
                     "fix it, or use a glob such as 'model.layers.0.*'"
                 ) from None
-    dtype = data.get("dtype", "auto")
+    return tuple(ignore)
+
+
+def _check_layout(export: str, dtype: str, lm_head: Any) -> None:
+    """The dtype and lm_head the export's layout can hold."""
     if dtype not in DTYPES:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     layout = codec(export)
@@ -204,27 +240,8 @@ def parse_recipe(data: Any) -> Recipe:
         raise LlmpressError(
             f"recipe: the {export} export stores {forced}; drop `dtype` or set {forced}"
         )
-    lm_head = data.get("lm_head")
     if not layout.holds_lm_head and lm_head is not None:
         raise LlmpressError(f"recipe: the {export} export cannot hold a quantized lm_head")
-    recipe = Recipe(
-        stages=tuple(stages),
-        calib=calib,
-        ignore=tuple(ignore),
-        dtype=dtype,
-        export=export,
-        lm_head=None if lm_head is None else str(lm_head),
-        kv_cache=None if data.get("kv_cache") is None else str(data["kv_cache"]),
-    )
-    if recipe.kv_cache is not None:
-        from compress.runtime.kv_cache import parse_kv
-
-        parse_kv(recipe.kv_cache)
-    try:
-        recipe.lm_head_scheme()
-    except LlmpressError as e:
-        raise LlmpressError(f"recipe: lm_head {lm_head!r}: {e} (use e.g. w8 or w4g64)") from e
-    return recipe
 
 
 def load_recipe(path: Path) -> dict:

@@ -45,8 +45,8 @@ class CutGroup:
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """The sizes config.json describes, read once (`Adapter.shape`)."""
+class Widths:
+    """The sizes pruning changes, and the parameter count they imply."""
 
     hidden: int
     heads: int
@@ -54,6 +54,35 @@ class ModelShape:
     head_dim: int
     intermediate: int
     layers: int
+
+    @classmethod
+    def of(cls, config: dict) -> Widths:
+        m = adapter_for(config).shape(config)
+        return Widths(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
+
+    def non_embedding_params(self) -> int:
+        """Block weights plus the final norm: what pruning targets are measured against."""
+        attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+
+    def apply(self, config: dict) -> dict:
+        """`config` with these widths (head_dim written out: it no longer follows from hidden)."""
+        return {
+            **config,
+            "hidden_size": self.hidden,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate,
+            "num_hidden_layers": self.layers,
+        }
+
+
+@dataclass(frozen=True)
+class ModelShape(Widths):
+    """The sizes config.json describes, read once (`Adapter.shape`)."""
+
     vocab: int
     rope_theta: float
     rope_type: str  # "default", or a scaling type (llama3, yarn, ...)

@@ -14,47 +14,15 @@ each, the fraction found by search over the discrete widths.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from compress.errors import LlmpressError
-from compress.model.adapters import adapter_for
+from compress.model.adapters import Widths
 
 AXES = ("mlp", "heads", "hidden", "layers")
 HEAD_MODES = ("within_groups", "kv_groups")
 
 
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    layers: int
-
-    @classmethod
-    def of(cls, config: dict) -> Shape:
-        """The prunable widths of the adapter's shape of `config`."""
-        m = adapter_for(config).shape(config)
-        return cls(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
-
-    def non_embedding_params(self) -> int:
-        """Block weights plus the final norm: what pruning targets are measured against."""
-        attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
-        return self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
-
-    def apply(self, config: dict) -> dict:
-        """`config` with this shape (head_dim written out: it no longer follows from hidden)."""
-        return {
-            **config,
-            "hidden_size": self.hidden,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
-            "num_hidden_layers": self.layers,
-        }
+Shape = Widths  # the widths a pruning plan changes
 
 
 def _round(width: int, keep: float, multiple: int) -> int:
