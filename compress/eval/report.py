@@ -15,8 +15,10 @@ import torch
 
 from compress.calib_data.sources import data_name
 from compress.eval.drift import Drift
+from compress.model.adapters import LLAMA
 
-KINDS_ORDER = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# block linears in execution order, by their last name (the adapters share llama's names)
+KINDS_ORDER = tuple(n.rsplit(".", 1)[-1] for n in LLAMA.block_linears)
 
 
 def _plt():
@@ -225,9 +227,34 @@ def write_report(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = Path(artifact).name or artifact
-    images: list[tuple[str, str]] = []
+    stages = (manifest or {}).get("stages", [])
+    images = _plots(folder, name, drift, token_kl, errors, stages)
+    quant = _kl_quantiles(token_kl)
+    report = {
+        "artifact": artifact,
+        "recipe": (manifest or {}).get("label"),
+        "command": command,
+        "drift": drift.to_dict(),
+        "sizes": sizes,
+        "token_kl_quantiles": quant,
+        "layer_error": errors,
+        "gates": [v.to_dict() for v in verdicts or []],
+        "images": [f for _, f in images],
+    }
+    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = _summary(name, report, drift, sizes, quant, errors, verdicts)
+    for title, file in images:
+        lines += [f"## {title}", "", f"![{title}]({file})", ""]
+    if command:
+        lines += ["Made with:", "", "```", command, "```", ""]
+    (folder / "report.md").write_text("\n".join(lines))
+    return folder
+
+
+def _plots(folder, name, drift, token_kl, errors, stages) -> list[tuple[str, str]]:
+    """The report's figures, each as (title, file)."""
+    images = [("Quality against the original", "drift.png")]
     plot_drift(folder / "drift.png", drift, name)
-    images.append(("Quality against the original", "drift.png"))
     if token_kl is not None:
         plot_token_kl(folder / "token_kl.png", token_kl)
         images.append(("Distribution of per-token KL", "token_kl.png"))
@@ -241,7 +268,6 @@ def write_report(
             zero_label="original (0%)",
         )
         images.append(("Per-layer quantization error", "layer_error.png"))
-    stages = (manifest or {}).get("stages", [])
     outliers = next((s for s in stages if s.get("stage") == "int8"), None)
     if outliers and outliers.get("outliers"):
         counts = {k: len(v) for k, v in outliers["outliers"].items()}
@@ -257,27 +283,18 @@ def write_report(
     if prune:
         plot_pruning(folder / "pruning.png", prune)
         images.append(("Pruning importance", "pruning.png"))
+    return images
 
-    q = torch.tensor([0.5, 0.9, 0.99]).double()
-    quant = (
-        {}
-        if token_kl is None
-        else dict(
-            zip(["p50", "p90", "p99"], torch.quantile(token_kl.double(), q).tolist(), strict=True)
-        )
-    )
-    report = {
-        "artifact": artifact,
-        "recipe": (manifest or {}).get("label"),
-        "command": command,
-        "drift": drift.to_dict(),
-        "sizes": sizes,
-        "token_kl_quantiles": quant,
-        "layer_error": errors,
-        "gates": [v.to_dict() for v in verdicts or []],
-        "images": [f for _, f in images],
-    }
-    (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+
+def _kl_quantiles(token_kl: torch.Tensor | None) -> dict[str, float]:
+    if token_kl is None:
+        return {}
+    q = torch.quantile(token_kl.double(), torch.tensor([0.5, 0.9, 0.99]).double())
+    return dict(zip(["p50", "p90", "p99"], q.tolist(), strict=True))
+
+
+def _summary(name, report, drift, sizes, quant, errors, verdicts) -> list[str]:
+    """report.md up to the figures: the drift table, KL tail, worst layers, gates."""
     lines = [
         f"# llmpress report: {name}",
         "",
@@ -308,9 +325,4 @@ def write_report(
         ]
     if verdicts:
         lines += ["## Gates", "", *[f"- {v.line()}" for v in verdicts], ""]
-    for title, file in images:
-        lines += [f"## {title}", "", f"![{title}]({file})", ""]
-    if command:
-        lines += ["Made with:", "", "```", command, "```", ""]
-    (folder / "report.md").write_text("\n".join(lines))
-    return folder
+    return lines

@@ -95,8 +95,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i]
     lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, p]
     lib.llmp_decode_attention.restype = None
-    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, p, p, p, p, p]
+    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, p, p, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
+    lib.llmp_decode_workspace.argtypes = [i] * 6
+    lib.llmp_decode_workspace.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
     for name in (
         "llmp_quantize_rows",

@@ -344,6 +344,7 @@ class FusedDecoder:
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
         self.eps, self.cos, self.sin = eps, cos, sin
         self.n = len(layers)
+        self.work: dict[int, torch.Tensor] = {}  # the C step's workspace, per batch size
 
     def __call__(self, h, cache, slots, positions) -> torch.Tensor:
         """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
@@ -354,6 +355,9 @@ class FusedDecoder:
             raise TypeError("slots and positions must be int64")
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
+        if b not in self.work:
+            floats = library().llmp_decode_workspace(b, hidden, heads, kv_heads, d, inter)
+            self.work[b] = torch.empty(floats, dtype=torch.float32)
         status = library().llmp_decode_layers(
             self.table,
             self.n,
@@ -370,7 +374,8 @@ class FusedDecoder:
             ctypes.byref(kv_struct(cache)),
             _ptr(slots),
             _ptr(positions),
+            _ptr(self.work[b]),
         )
         if status != 0:
-            raise MemoryError("the CPU decoder could not allocate its step workspace")
+            raise MemoryError("the CPU decoder could not allocate the outlier columns' buffer")
         return h

@@ -917,19 +917,28 @@ static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, f
     }
 }
 
+static int widest_row(int hidden, int heads, int D, int inter) {
+    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
+    int widest = hp > ap ? hp : ap;
+    return widest > ip ? widest : ip;
+}
+
+/* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
+ * scales and sums, projections, int8 codes. The caller owns it (allocated once per batch
+ * size, not once per step: a fresh megabyte each step is an mmap and its page faults). */
+int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter) {
+    int widest = widest_row(hidden, heads, D, inter), nqkv = (heads + 2 * kv_heads) * D;
+    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
+           + (int64_t)B * widest / 4 + 16;
+}
+
 int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps,
                         const float *cos_t, const float *sin_t, const KVC *cache,
-                        const int64_t *slots, const int64_t *positions) {
+                        const int64_t *slots, const int64_t *positions, float *work) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
-    int widest = hp > ap ? hp : ap;
-    widest = widest > ip ? widest : ip;
+    int widest = widest_row(hidden, heads, D, inter);
     int nqkv = (heads + 2 * kv_heads) * D;
-    /* one workspace for the step: fp32 rows, block scales and sums, projections, int8 codes */
-    int64_t floats = (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
-                     + (int64_t)B * widest / 4 + 16;
-    float *work = (float *)malloc((size_t)floats * sizeof(float));
-    if (work == NULL) return -1; /* out of memory: the caller raises */
     float *pad = work;
     float *dx = pad + (int64_t)B * widest;
     float *bs = dx + (int64_t)B * (widest / 32);
@@ -964,6 +973,5 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
         if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
-    free(work);
     return l < n_layers ? -1 : 0;
 }
