@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 from compress.artifact.manifest import read_manifest
+from compress.methods import STAGES
 from compress.model.loading import resolve
 
 
@@ -49,20 +50,10 @@ def describe(artifact: str, as_json: bool = False) -> str:
             f"{w['bits_per_quantized_weight']}"
         )
         for record in manifest.get("stages", []):
-            if "outliers" in record:
-                lines.append(_outlier_summary(record))
-            if record.get("stage") == "prune":
-                a, n = record["shape_after"], record["non_embedding_params"]
-                lines.append(
-                    f"pruned: hidden {a['hidden']}, heads {a['heads']} (KV {a['kv_heads']}), "
-                    f"MLP {a['intermediate']}, layers {a['layers']}; non-embedding parameters "
-                    f"{n['before']:,} → {n['after']:,}"
-                )
-            if record.get("stage") == "distill":
-                lines.append(
-                    f"distilled: {record['steps']} steps, {record['tokens']:,} tokens, "
-                    f"final KL {record['loss_history'][-1][1] if record['loss_history'] else '?'}"
-                )
+            entry = STAGES.get(record.get("stage"))
+            line = entry.factory.summary(record) if entry else None
+            if line:
+                lines.append(line)
         d = manifest.get("drift")
         if d:
             lines.append(
@@ -72,13 +63,3 @@ def describe(artifact: str, as_json: bool = False) -> str:
         else:
             lines.append("drift: not measured (run `llmpress eval`)")
     return "\n".join(lines)
-
-
-def _outlier_summary(record: dict) -> str:
-    """Outlier input channels kept in 16-bit, in total and for the layers with the most."""
-    per_layer = sorted(record["outliers"].items(), key=lambda kv: -len(kv[1]))
-    top = ", ".join(f"{name} {len(idx)}" for name, idx in per_layer[:5])
-    return (
-        f"int8 outliers: {record['outlier_columns']} input columns kept in 16-bit "
-        f"({100 * record['outlier_share']:.2f}%); most in: {top}"
-    )

@@ -121,6 +121,44 @@ class BlockContext:
             self.ws.updated[key] = param.detach().to(self.ws.storage_dtype).clone()
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A plot a stage asks the eval report for, drawn from its manifest record. `kind`
+    says how: "per_layer" (`data` maps module names to values, one line per projection
+    kind over the layers) or "pruning" (`data` is the prune record)."""
+
+    title: str
+    file: str
+    kind: str
+    data: Any
+    ylabel: str = ""
+    zero_label: str = ""
+    plot_title: str = ""  # the figure's own title (default: `title`)
+
+
+class Described:
+    """What a stage says about itself to the report, `inspect` and the model card, read
+    from its manifest record or its recipe settings; by default nothing. Stages inherit it
+    and override what applies, so no consumer reads a record by the stage's name."""
+
+    tags: ClassVar[tuple[str, ...]] = ()  # the model card's hub tags
+    changes_architecture: ClassVar[bool] = False  # the hub relation is then "finetune"
+
+    @staticmethod
+    def weight_bits(settings: dict) -> int | None:
+        """Bits of the weights it writes, from its recipe settings (card tags)."""
+        return None
+
+    @staticmethod
+    def summary(record: dict) -> str | None:
+        """One line for `llmpress inspect`."""
+        return None
+
+    @staticmethod
+    def figures(record: dict) -> list[Figure]:
+        return []
+
+
 class Stage(Protocol):
     """One step of a recipe. `needs_calibration` tells the pipeline to carry activations;
     `scheme` is the weight scheme the stage writes to its target linears and

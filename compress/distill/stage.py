@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
 from compress.errors import LlmpressError
-from compress.stage import ModelContext, register_stage
+from compress.stage import Described, ModelContext, register_stage
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,18 @@ class DistillConfig:
 
 
 @register_stage("distill", DistillConfig)
-class Distill:
+class Distill(Described):
+    tags = ("distillation",)
+    changes_architecture = True  # the weights are trained
+
+    @staticmethod
+    def summary(record: dict) -> str | None:
+        history = record["loss_history"]
+        return (
+            f"distilled: {record['steps']} steps, {record['tokens']:,} tokens, "
+            f"final KL {history[-1][1] if history else '?'}"
+        )
+
     needs_calibration = True
     whole_model = True
     requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why

@@ -15,6 +15,7 @@ import torch
 
 from compress.calib_data.sources import data_name
 from compress.eval.drift import Drift
+from compress.methods import STAGES
 from compress.model.adapters import LLAMA
 
 # block linears in execution order, by their last name (the adapters share llama's names)
@@ -268,21 +269,22 @@ def _plots(folder, name, drift, token_kl, errors, stages) -> list[tuple[str, str
             zero_label="original (0%)",
         )
         images.append(("Per-layer quantization error", "layer_error.png"))
-    outliers = next((s for s in stages if s.get("stage") == "int8"), None)
-    if outliers and outliers.get("outliers"):
-        counts = {k: len(v) for k, v in outliers["outliers"].items()}
-        plot_per_layer(
-            folder / "outliers.png",
-            _by_layer(counts),
-            "input channels kept in 16-bit",
-            "LLM.int8() outlier channels per layer",
-            zero_label="none",
-        )
-        images.append(("Outlier channels per layer", "outliers.png"))
-    prune = next((s for s in stages if s.get("stage") == "prune"), None)
-    if prune:
-        plot_pruning(folder / "pruning.png", prune)
-        images.append(("Pruning importance", "pruning.png"))
+    for record in stages:  # what each stage asks to show of its record
+        entry = STAGES.get(record.get("stage"))
+        for fig in entry.factory.figures(record) if entry else []:
+            if fig.kind == "per_layer":
+                plot_per_layer(
+                    folder / fig.file,
+                    _by_layer(fig.data),
+                    fig.ylabel,
+                    fig.plot_title or fig.title,
+                    zero_label=fig.zero_label,
+                )
+            elif fig.kind == "pruning":
+                plot_pruning(folder / fig.file, fig.data)
+            else:
+                continue
+            images.append((fig.title, fig.file))
     return images
 
 

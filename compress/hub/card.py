@@ -13,14 +13,7 @@ import json
 
 from compress.artifact.codecs import codec
 from compress.calib_data.sources import data_name
-
-_STAGE_TAGS = {
-    "awq": ["awq"],
-    "rtn": [],
-    "int8": ["int8", "llm.int8"],
-    "prune": ["pruned", "minitron"],
-    "distill": ["distillation"],
-}
+from compress.methods import STAGES
 
 
 def card_tags(m: dict) -> list[str]:
@@ -28,12 +21,14 @@ def card_tags(m: dict) -> list[str]:
     tags = ["llmpress", "awq" if family == "awq-gemm" else family]
     bits = set()
     for stage in m["recipe"]["stages"]:
-        for name, cfg in stage.items():
-            tags += _STAGE_TAGS.get(name, [name])
-            if name in ("awq", "rtn"):
-                bits.add(cfg.get("bits"))
-            if name == "int8":
-                bits.add(8)
+        for name, settings in stage.items():
+            entry = STAGES.get(name)
+            if entry is None:  # a stage this version does not know: its name as the tag
+                tags.append(name)
+                continue
+            tags += entry.factory.tags
+            if entry.factory.weight_bits(settings) is not None:
+                bits.add(entry.factory.weight_bits(settings))
     if bits:
         tags += ["quantized", *[f"{b}-bit" for b in sorted(b for b in bits if b)]]
     if m["recipe"].get("kv_cache"):
@@ -44,7 +39,8 @@ def card_tags(m: dict) -> list[str]:
 def relation(m: dict) -> str:
     """The hub's base_model_relation: `quantized` when only quantization changed weights."""
     names = {name for stage in m["recipe"]["stages"] for name in stage}
-    return "finetune" if names & {"prune", "distill"} else "quantized"
+    changed = any(n in STAGES and STAGES[n].factory.changes_architecture for n in names)
+    return "finetune" if changed else "quantized"
 
 
 def model_card(m: dict) -> str:

@@ -20,7 +20,7 @@ from compress.model.loading import build_model
 from compress.pruning.importance import activation_importance, random_importance
 from compress.pruning.plan import Shape, check_targets, split_params, target_shape
 from compress.pruning.surgery import choose, prune_state, pruned_config
-from compress.stage import ModelContext, register_stage
+from compress.stage import Described, Figure, ModelContext, register_stage
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,23 @@ AUTO_SPLITS = (
 
 
 @register_stage("prune", PruneConfig)
-class Prune:
+class Prune(Described):
+    tags = ("pruned", "minitron")
+    changes_architecture = True
+
+    @staticmethod
+    def summary(record: dict) -> str | None:
+        a, n = record["shape_after"], record["non_embedding_params"]
+        return (
+            f"pruned: hidden {a['hidden']}, heads {a['heads']} (KV {a['kv_heads']}), "
+            f"MLP {a['intermediate']}, layers {a['layers']}; non-embedding parameters "
+            f"{n['before']:,} → {n['after']:,}"
+        )
+
+    @staticmethod
+    def figures(record: dict) -> list[Figure]:
+        return [Figure("Pruning importance", "pruning.png", "pruning", record)]
+
     needs_calibration = True
     whole_model = True
 

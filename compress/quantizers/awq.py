@@ -34,7 +34,7 @@ from compress.quantizers.scheme import (
     quantize_with,
     resolve_auto,
 )
-from compress.stage import BlockContext, Workspace, register_stage
+from compress.stage import BlockContext, Described, Workspace, register_stage
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,13 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
 
 
 @register_stage("awq", AWQConfig)
-class AWQ:
+class AWQ(Described):
+    tags = ("awq",)
+
+    @staticmethod
+    def weight_bits(settings: dict) -> int | None:
+        return settings.get("bits")
+
     activations = None
     needs_calibration = True
 

@@ -30,7 +30,7 @@ from compress.quantizers.scheme import (
     quantize_weight,
     resolve_auto,
 )
-from compress.stage import BlockContext, Workspace, register_stage
+from compress.stage import BlockContext, Described, Figure, Workspace, register_stage
 
 DEFAULT_FRACTION = 0.01  # the best measured: top 1% of input channels per layer
 ACTIVATIONS = ("none", "int8")
@@ -83,7 +83,36 @@ def outlier_dtype(storage: torch.dtype) -> torch.dtype:
 
 
 @register_stage("int8", Int8OutlierConfig)
-class Int8Outlier:
+class Int8Outlier(Described):
+    tags = ("int8", "llm.int8")
+
+    @staticmethod
+    def weight_bits(settings: dict) -> int | None:
+        return 8
+
+    @staticmethod
+    def summary(record: dict) -> str | None:
+        """Outlier input channels kept in 16-bit, in total and for the layers with the most."""
+        per_layer = sorted(record["outliers"].items(), key=lambda kv: -len(kv[1]))
+        top = ", ".join(f"{name} {len(idx)}" for name, idx in per_layer[:5])
+        return (
+            f"int8 outliers: {record['outlier_columns']} input columns kept in 16-bit "
+            f"({100 * record['outlier_share']:.2f}%); most in: {top}"
+        )
+
+    @staticmethod
+    def figures(record: dict) -> list[Figure]:
+        if not record.get("outliers"):
+            return []
+        counts = {k: len(v) for k, v in record["outliers"].items()}
+        return [
+            Figure(
+                "Outlier channels per layer", "outliers.png", "per_layer", counts,
+                ylabel="input channels kept in 16-bit", zero_label="none",
+                plot_title="LLM.int8() outlier channels per layer",
+            )
+        ]  # fmt: skip
+
     needs_calibration = True
 
     def __init__(self, config: Int8OutlierConfig):

@@ -13,7 +13,7 @@ from compress.quantizers.scheme import (
     quantize_weight,
     resolve_auto,
 )
-from compress.stage import BlockContext, Workspace, register_stage
+from compress.stage import BlockContext, Described, Workspace, register_stage
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,11 @@ def adjusted_groups(groups: dict[str, int], scheme: QuantScheme) -> dict[str, in
 
 
 @register_stage("rtn", RTNConfig)
-class RTN:
+class RTN(Described):
+    @staticmethod
+    def weight_bits(settings: dict) -> int | None:
+        return settings.get("bits")
+
     activations = None
     needs_calibration = False
 
