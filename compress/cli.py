@@ -108,33 +108,16 @@ def compress(
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
     from compress.pipeline import compress as run
-    from compress.recipe import load_recipe, parse_quant, parse_recipe
+    from compress.recipe import recipe_from_flags
 
-    if bool(recipe_file) == bool(quant):
-        raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
-    data = load_recipe(recipe_file) if recipe_file else {"stages": [parse_quant(quant)]}
-    if not isinstance(data, dict):
-        raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
-    overrides = {
+    calib_flags = {
         "source": calib,
         "samples": calib_samples,
         "length": calib_len,
         "text_field": text_field,
     }
-    calib_cfg = dict(data.get("calib") or {})
-    calib_cfg.update({k: v for k, v in overrides.items() if v is not None})
-    data = {**data, "calib": calib_cfg}
-    if dtype:
-        data["dtype"] = dtype
-    if export:
-        data["export"] = export
-    if lm_head:
-        data["lm_head"] = lm_head
-    if kv_cache:
-        data["kv_cache"] = kv_cache
-    if ignore:
-        data["ignore"] = [*(data.get("ignore") or []), *ignore]
-    recipe = parse_recipe(data)
+    flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv_cache}
+    recipe = recipe_from_flags(recipe_file, quant, calib_flags, flags, ignore)
     run(
         model,
         recipe,
@@ -202,20 +185,12 @@ def eval_cmd(
     """Measure ARTIFACT's quality drift against the original; gate it; report it."""
     from compress.artifact.manifest import read_manifest
     from compress.eval.drift import format_table
-    from compress.eval.gates import check_gates, load_gate_file, parse_gates
+    from compress.eval.gates import check_gates
     from compress.eval.report import layer_errors, size_metrics, write_report
     from compress.eval.run import evaluate
     from compress.model.loading import resolve
 
-    # bad input fails before an hour of evaluation
-    gates = (parse_gates(gate) if gate else []) + (load_gate_file(gate_file) if gate_file else [])
-    if ctx < 2:
-        raise LlmpressError(f"--ctx {ctx}: a window needs at least 2 tokens (e.g. 512)")
-    if windows < 0:
-        raise LlmpressError(f"--windows {windows}: give a count >= 1, or 0 for all windows")
-    for path, what in ((json_out, "--json"), (report_dir and report_dir / "report.md", "--report")):
-        if path is not None:
-            writable_parent(path, what)
+    gates = _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir)
     token_kl: dict | None = {} if report_dir else None
     drift = evaluate(
         artifact,
@@ -253,18 +228,37 @@ def eval_cmd(
         click.echo(f"report written to {report_dir / 'report.md'}")
     failed = [v for v in verdicts if not v.passed]
     if json_out:
-        result = {
-            "artifact": artifact,
-            **drift.to_dict(),
-            **sizes,
-            "gates": [v.to_dict() for v in verdicts],
-            "passed": not failed,
-        }
-        json_out.write_text(json.dumps(result, indent=2) + "\n")
+        _write_eval_json(json_out, artifact, drift, sizes, verdicts)
     if failed:
         names = ", ".join(v.gate.metric for v in failed)
         click.echo(f"quality gate failed: {names}", err=True)
         sys.exit(EXIT_GATE)
+
+
+def _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir) -> list:
+    """The gates, and every refusal of bad input, before an hour of evaluation."""
+    from compress.eval.gates import load_gate_file, parse_gates
+
+    gates = (parse_gates(gate) if gate else []) + (load_gate_file(gate_file) if gate_file else [])
+    if ctx < 2:
+        raise LlmpressError(f"--ctx {ctx}: a window needs at least 2 tokens (e.g. 512)")
+    if windows < 0:
+        raise LlmpressError(f"--windows {windows}: give a count >= 1, or 0 for all windows")
+    for path, what in ((json_out, "--json"), (report_dir and report_dir / "report.md", "--report")):
+        if path is not None:
+            writable_parent(path, what)
+    return gates
+
+
+def _write_eval_json(path: Path, artifact: str, drift, sizes: dict, verdicts: list) -> None:
+    result = {
+        "artifact": artifact,
+        **drift.to_dict(),
+        **sizes,
+        "gates": [v.to_dict() for v in verdicts],
+        "passed": all(v.passed for v in verdicts),
+    }
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 @cli.command()

@@ -113,26 +113,12 @@ def compress(
     model_stages = [st for st in stages if st.whole_model]
     stages = [st for st in stages if not st.whole_model]
     started = time.perf_counter()
-    ckpt = source = resolve(model)
-    check_not_source(output, ckpt.path)
-    if ckpt.is_quantized:
-        raise LlmpressError(
-            f"{model} is already quantized: compress the original checkpoint it was made from"
-        )
+    ckpt = source = _source(model, output)
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)
         planned = stage.planned_config(planned)
-
-    def workspace(ckpt: Checkpoint) -> Workspace:
-        return Workspace(
-            store=BlockStore(ckpt),
-            tokenizer=None,
-            storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
-            ignore=recipe.ignore,
-        )
-
-    ws = workspace(ckpt)
+    ws = _workspace(recipe, ckpt)
     _preflight(recipe, stages, ws, planned["hidden_size"])
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
@@ -152,15 +138,10 @@ def compress(
         ckpt, records = run_model_stages(
             source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing
         )
-        ws = workspace(ckpt)  # again, on the widths the model stages left
+        ws = _workspace(recipe, ckpt)  # again, on the widths the model stages left
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
     ws.tokenizer = tokenizer
-    extra = {}
-    if recipe.kv_cache:
-        from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
-
-        extra[CONFIG_KEY] = parse_kv(recipe.kv_cache).config()
-    writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, extra)
+    writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, _extra(recipe))
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
     try:
         _run_stages(run, samples)
@@ -171,6 +152,35 @@ def compress(
         shutil.rmtree(work_dir(output), ignore_errors=True)
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def _source(model: str, output: Path) -> Checkpoint:
+    """The checkpoint to compress: resolved, not the output itself, not already quantized."""
+    ckpt = resolve(model)
+    check_not_source(output, ckpt.path)
+    if ckpt.is_quantized:
+        raise LlmpressError(
+            f"{model} is already quantized: compress the original checkpoint it was made from"
+        )
+    return ckpt
+
+
+def _workspace(recipe: Recipe, ckpt: Checkpoint) -> Workspace:
+    return Workspace(
+        store=BlockStore(ckpt),
+        tokenizer=None,
+        storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
+        ignore=recipe.ignore,
+    )
+
+
+def _extra(recipe: Recipe) -> dict:
+    """config.json keys beyond the weights': the runtime's KV-cache scheme, if any."""
+    if not recipe.kv_cache:
+        return {}
+    from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
+
+    return {CONFIG_KEY: parse_kv(recipe.kv_cache).config()}
 
 
 def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:

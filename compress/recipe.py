@@ -244,6 +244,29 @@ def _check_layout(export: str, dtype: str, lm_head: Any) -> None:
         raise LlmpressError(f"recipe: the {export} export cannot hold a quantized lm_head")
 
 
+def recipe_from_flags(
+    recipe_file: Path | None,
+    quant: str | None,
+    calib_flags: dict,
+    flags: dict,
+    ignore: tuple[str, ...] = (),
+) -> Recipe:
+    """The recipe `llmpress compress` runs: a recipe file or one `--quant` stage, with the
+    flags that were given (not None) overriding its settings and `--ignore` adding to its
+    patterns."""
+    if bool(recipe_file) == bool(quant):
+        raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
+    data = load_recipe(recipe_file) if recipe_file else {"stages": [parse_quant(quant)]}
+    if not isinstance(data, dict):
+        raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
+    calib = dict(data.get("calib") or {})
+    calib.update({k: v for k, v in calib_flags.items() if v is not None})
+    data = {**data, "calib": calib, **{k: v for k, v in flags.items() if v}}
+    if ignore:
+        data["ignore"] = [*(data.get("ignore") or []), *ignore]
+    return parse_recipe(data)
+
+
 def load_recipe(path: Path) -> dict:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
