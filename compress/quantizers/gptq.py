@@ -1,0 +1,196 @@
+"""GPTQ: rounding that compensates its own error (Frantar et al., 2023).
+
+Each linear's columns are rounded one at a time; the error a column's rounding makes on
+the calibration inputs is pushed onto the columns not yet rounded, weighted by the
+inverse Hessian of the layer's least-squares problem, H = 2 XᵀX over the calibration
+tokens. Group scales and zero points are ordinary min-max ones, computed as each group of
+columns is reached (from the weights as the earlier columns' errors left them), so the
+stored layout is the plain uniform int groups RTN writes. With `act_order` the columns are
+visited by decreasing H diagonal and the groups are static (computed from the original
+weights before any update), which keeps the layout unchanged too.
+
+Like AWQ it calibrates block by block on the hidden states the already-quantized blocks
+produce, in the same bounded memory: one H per distinct linear input of the block.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from compress.model.blocks import observe_inputs
+from compress.quantizers.preflight import check_layers
+from compress.quantizers.rtn import adjusted_groups
+from compress.quantizers.scheme import (
+    AUTO,
+    DEFAULT_ZERO_POINT,
+    QuantizedWeight,
+    QuantScheme,
+    compute_qparams,
+    default_group_size,
+    resolve_auto,
+)
+from compress.stage import BlockContext, Described, Workspace, register_stage
+
+BLOCK = 128  # columns updated together (the lazy batch update of the paper)
+
+
+@dataclass(frozen=True)
+class GPTQConfig:
+    bits: int = 4
+    group_size: int | None = AUTO  # 64 below 8 bits, per-channel at 8 (scheme.py)
+    zero_point: bool = DEFAULT_ZERO_POINT
+    act_order: bool = False  # visit columns by decreasing activation energy (static groups)
+    dampening: float = 0.01  # added to H's diagonal, as a fraction of its mean
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return QuantScheme(self.bits, self.group_size, self.zero_point)
+
+    def __post_init__(self) -> None:
+        resolve_auto(self, group_size=default_group_size(self.bits))
+        self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
+        if not 0 < self.dampening < 1:
+            raise ValueError(f"dampening must be in (0, 1), got {self.dampening}")
+
+
+def gptq_quantize(
+    w: torch.Tensor,
+    h: torch.Tensor,
+    scheme: QuantScheme,
+    storage_dtype: torch.dtype,
+    act_order: bool = False,
+    dampening: float = 0.01,
+) -> QuantizedWeight:
+    """GPTQ of one weight [out, in] against the Hessian h [in, in] of its inputs."""
+    w = w.detach().float().clone()
+    rows, cols = w.shape
+    group = scheme.group_for(cols)
+    h = h.double().clone()
+    dead = torch.diagonal(h) == 0  # inputs never seen: their columns cannot matter
+    h[dead, dead] = 1
+    w[:, dead] = 0
+    static = perm = None
+    if act_order:  # groups fixed from the original weights, in stored column order
+        static = compute_qparams(w, scheme, group, storage_dtype)
+        perm = torch.argsort(torch.diagonal(h), descending=True)
+        w, h = w[:, perm], h[perm][:, perm]
+    h += dampening * torch.diagonal(h).mean() * torch.eye(cols, dtype=h.dtype)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    hinv = hinv.float()
+    order = perm if act_order else torch.arange(cols)
+    q = torch.zeros(rows, cols, dtype=torch.int8)
+    scale = torch.zeros(rows, cols // group, dtype=storage_dtype)
+    zp = torch.zeros(rows, cols // group, dtype=torch.int8) if scheme.zero_point else None
+    block = group * max(1, BLOCK // group) if group < cols else BLOCK  # groups never straddle
+    s = z = None
+    for b0 in range(0, cols, block):
+        b1 = min(b0 + block, cols)
+        wb, err = w[:, b0:b1].clone(), torch.zeros(rows, b1 - b0)
+        for j in range(b1 - b0):
+            col = int(order[b0 + j])  # the stored column this one is
+            g = col // group
+            if static is not None:
+                s = static[0][:, g : g + 1].float()
+                z = None if static[1] is None else static[1][:, g : g + 1].float()
+            elif (b0 + j) % group == 0:  # a new group: its parameters from w as it is now
+                span = wb[:, j : j + group] if group < cols else w
+                s16, z8 = compute_qparams(span, scheme, group, storage_dtype)
+                scale[:, g : g + 1] = s16
+                if zp is not None:
+                    zp[:, g : g + 1] = z8
+                s, z = s16.float(), None if z8 is None else z8.float()
+            x = wb[:, j : j + 1]
+            qc = torch.round(x / s)  # as quantize_with rounds
+            if z is not None:
+                qc = qc + z
+            qc = qc.clamp(scheme.qmin, scheme.qmax)
+            q[:, col] = qc[:, 0].to(torch.int8)
+            e = (x - (qc - (0 if z is None else z)) * s) / hinv[b0 + j, b0 + j]
+            wb[:, j + 1 :] -= e @ hinv[b0 + j : b0 + j + 1, b0 + j + 1 : b1]
+            err[:, j : j + 1] = e
+        w[:, b1:] -= err @ hinv[b0:b1, b1:]
+    if static is not None:
+        scale, zp = static
+    return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)
+
+
+def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
+    """Each target linear → the linear whose input H is measured on: linears that read the
+    same input (q/k/v, gate/up: the adapter's input groups) share one H."""
+    targets = ctx.targets()
+    key = {rel: rel for rel in targets}
+    for group in ctx.ws.adapter.input_groups:
+        members = [rel for rel in group.linears if rel in key]
+        for rel in members:
+            key[rel] = members[0]
+    return key
+
+
+@register_stage("gptq", GPTQConfig)
+class GPTQ(Described):
+    activations = None
+    needs_calibration = True
+
+    def __init__(self, config: GPTQConfig):
+        self.config = config
+        self.groups: dict[str, int] = {}
+        self.seconds = {"hessians": 0.0, "rounding": 0.0}
+        self._h: dict[str, torch.Tensor] = {}
+        self._n: dict[str, int] = {}
+        self._key: dict[str, str] = {}
+
+    @property
+    def scheme(self) -> QuantScheme:
+        return self.config.scheme
+
+    @staticmethod
+    def weight_bits(settings: dict) -> int | None:
+        return settings.get("bits")
+
+    def preflight(self, ws: Workspace) -> None:
+        check_layers(ws, self.config.scheme)
+
+    def calibrate(self, ctx: BlockContext) -> None:
+        started = time.perf_counter()
+        self._h, self._n = {}, {}
+
+        def observe(rel: str, x: torch.Tensor) -> None:
+            x = x.reshape(-1, x.shape[-1]).float()
+            if rel not in self._h:
+                self._h[rel] = torch.zeros(x.shape[1], x.shape[1])
+                self._n[rel] = 0
+            self._h[rel] += 2 * x.T @ x
+            self._n[rel] += x.shape[0]
+
+        self._key = _shared_inputs(ctx)
+        observed = sorted(set(self._key.values()))
+        observe_inputs(ctx.module, ctx.inputs, ctx.rope, observed, observe)
+        self.seconds["hessians"] += time.perf_counter() - started
+
+    @torch.no_grad()
+    def transform(self, ctx: BlockContext) -> None:
+        started = time.perf_counter()
+        cfg = self.config
+        hessians = {k: h / self._n[k] for k, h in self._h.items()}
+        self._h, self._n = {}, {}
+        for rel in ctx.targets():
+            h = hessians[self._key[rel]]
+            w = ctx.sub(rel).weight
+            qw = gptq_quantize(w, h, cfg.scheme, ctx.ws.storage_dtype, cfg.act_order, cfg.dampening)
+            ctx.set_quantized(rel, qw)
+            self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
+        self.seconds["rounding"] += time.perf_counter() - started
+
+    def export(self, ws: Workspace) -> dict:
+        return {
+            "stage": "gptq",
+            "scheme": self.config.scheme.label(),
+            "act_order": self.config.act_order,
+            "dampening": self.config.dampening,
+            "layers": len(self.groups),
+            "group_size_adjusted": adjusted_groups(self.groups, self.config.scheme),
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
