@@ -96,3 +96,12 @@ def test_the_gptq_stage_writes_an_ordinary_artifact(tmp_path, wikitext, tokenize
     dense = load_model(resolve(str(out)))(ids).logits
     served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits
     torch.testing.assert_close(served, dense, rtol=1e-4, atol=1e-4)
+
+
+def test_bad_gptq_settings_fail_in_one_line():
+    from compress.errors import LlmpressError
+
+    with pytest.raises(LlmpressError, match=r"gptq: dampening must be in \(0, 1\)"):
+        parse_recipe({"stages": [{"gptq": {"dampening": 2}}]})
+    with pytest.raises(LlmpressError, match="act_ordr"):
+        parse_recipe({"stages": [{"gptq": {"act_ordr": True}}]})

@@ -20,17 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.errors import LlmpressError
 from compress.model.blocks import observe_inputs
 from compress.quantizers.preflight import check_layers
-from compress.quantizers.rtn import adjusted_groups
+from compress.quantizers.rtn import RTNConfig, adjusted_groups
 from compress.quantizers.scheme import (
-    AUTO,
-    DEFAULT_ZERO_POINT,
     QuantizedWeight,
     QuantScheme,
     compute_qparams,
-    default_group_size,
-    resolve_auto,
 )
 from compress.stage import BlockContext, Described, Workspace, register_stage
 
@@ -38,22 +35,16 @@ BLOCK = 128  # columns updated together (the lazy batch update of the paper)
 
 
 @dataclass(frozen=True)
-class GPTQConfig:
-    bits: int = 4
-    group_size: int | None = AUTO  # 64 below 8 bits, per-channel at 8 (scheme.py)
-    zero_point: bool = DEFAULT_ZERO_POINT
+class GPTQConfig(RTNConfig):
+    """RTN's scheme settings (bits, group_size, zero_point), plus how GPTQ rounds."""
+
     act_order: bool = False  # visit columns by decreasing activation energy (static groups)
     dampening: float = 0.01  # added to H's diagonal, as a fraction of its mean
 
-    @property
-    def scheme(self) -> QuantScheme:
-        return QuantScheme(self.bits, self.group_size, self.zero_point)
-
     def __post_init__(self) -> None:
-        resolve_auto(self, group_size=default_group_size(self.bits))
-        self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
+        super().__post_init__()
         if not 0 < self.dampening < 1:
-            raise ValueError(f"dampening must be in (0, 1), got {self.dampening}")
+            raise LlmpressError(f"gptq: dampening must be in (0, 1), got {self.dampening}")
 
 
 def gptq_quantize(
