@@ -199,7 +199,7 @@ def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
 def _check_order(stages: list[tuple[str, Any]], i: int) -> None:
     """Refuse stage i (the last of `stages`) where it cannot stand."""
     name, factory = stages[-1][0], STAGES[stages[-1][0]].factory
-    for need, why in getattr(factory, "requires", ()):
+    for need, why in factory.requires:
         if not any(n == need for n, _ in stages[:-1]):
             raise LlmpressError(f"recipe: stage {i} ({name}) {why}: put a {need} stage before it")
     quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]

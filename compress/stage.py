@@ -142,6 +142,7 @@ class Described:
     and override what applies, so no consumer reads a record by the stage's name."""
 
     tags: ClassVar[tuple[str, ...]] = ()  # the model card's hub tags
+    requires: ClassVar[tuple[tuple[str, str], ...]] = ()  # (stage, why) that must come first
     changes_architecture: ClassVar[bool] = False  # the hub relation is then "finetune"
 
     @staticmethod
@@ -212,8 +213,6 @@ class ModelStage(Protocol):
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
     whole_model: ClassVar[bool]
-    # (stage, why) pairs that must come earlier in the recipe; optional
-    requires: ClassVar[tuple[tuple[str, str], ...]]
 
     def preflight(self, config: dict) -> None:
         """Refuse, before any work, what this stage cannot do to a model with `config`."""

@@ -10,36 +10,19 @@ floats for the dense loader. The layouts themselves are written out in ct_format
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from compress.artifact import awq_format, ct_format
 from compress.errors import LlmpressError
-from compress.quantizers.scheme import QuantizedWeight, dequantize
+from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
-@dataclass
-class StoredLinear:
-    """One quantized linear as a reader finds it: int8 codes [out, in] (signed, as
-    llmpress keeps them), scale [out, groups], zero point or None, group size, bits, and
-    the LLM.int8()-style 16-bit columns (index, weights) where some were kept."""
-
-    q: torch.Tensor
-    scale: torch.Tensor
-    zero_point: torch.Tensor | None
-    group: int
-    bits: int
-    outlier_index: torch.Tensor | None = None
-    outlier_weight: torch.Tensor | None = None
-
-    def dense(self) -> torch.Tensor:
-        """The fp32 weight, the 16-bit columns in place of their int8 values."""
-        w = dequantize(self.q, self.scale, self.zero_point, self.group)
-        if self.outlier_index is not None:
-            w[:, self.outlier_index.long()] = self.outlier_weight.float()
-        return w
+def _stored(q, scale, zero_point, group: int, bits: int, index=None, outlier=None):
+    """A stored linear as the quantizers' own QuantizedWeight: what readers decode to."""
+    scheme = QuantScheme(bits, group, zero_point is not None)
+    return QuantizedWeight(q, scale, zero_point, scheme, group, index, outlier)
 
 
 class CompressedTensors:
@@ -75,9 +58,9 @@ class CompressedTensors:
         return ct_format.stored_layers(config["quantization_config"], tensors)
 
     @staticmethod
-    def decode(prefix: str, tensors: dict, args: dict) -> StoredLinear:
+    def decode(prefix: str, tensors: dict, args: dict) -> QuantizedWeight:
         q, scale, zp, group = ct_format.decode_codes(prefix, tensors, args, args["format"])
-        return StoredLinear(
+        return _stored(
             q, scale, zp, group, args["num_bits"],
             tensors.get(f"{prefix}.{ct_format.OUTLIER_INDEX}"),
             tensors.get(f"{prefix}.{ct_format.OUTLIER_WEIGHT}"),
@@ -138,8 +121,8 @@ class AwqGemm:
         return {p: {"group_size": qc["group_size"]} for p in prefixes}
 
     @staticmethod
-    def decode(prefix: str, tensors: dict, args: dict) -> StoredLinear:
-        return StoredLinear(*awq_format.awq_codes(prefix, tensors, args["group_size"]), bits=4)
+    def decode(prefix: str, tensors: dict, args: dict) -> QuantizedWeight:
+        return _stored(*awq_format.awq_codes(prefix, tensors, args["group_size"]), bits=4)
 
     @staticmethod
     def device_tensors(prefix: str, tensors: dict, args: dict):

@@ -26,7 +26,7 @@ def dense_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
             continue
         out[name] = tensor
     for prefix, args in layers.items():
-        out[f"{prefix}.weight"] = codec.decode(prefix, tensors, args).dense()
+        out[f"{prefix}.weight"] = codec.decode(prefix, tensors, args).dequantize()
     return out
 
 

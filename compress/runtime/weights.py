@@ -94,20 +94,20 @@ def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"
             weight, scale, zp, bias_d = (None if t is None else t.to(device) for t in on)
             return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias_d)
     s = codec.decode(prefix, tensors, layers[prefix])
-    q, index = s.q, s.outlier_index
+    q, index, group, bits = s.q, s.outlier_index, s.group_size, s.scheme.bits
     if index is not None:  # those columns run in 16-bit: their int8 codes must add nothing
         q = q.clone()
         zp = s.zero_point
-        q[:, index.long()] = 0 if zp is None else zp.repeat_interleave(s.group, 1)[:, index.long()]
+        q[:, index.long()] = 0 if zp is None else zp.repeat_interleave(group, 1)[:, index.long()]
     try:
-        if s.bits not in (4, 8):
-            raise ValueError(f"{s.bits}-bit")
+        if bits not in (4, 8):
+            raise ValueError(f"{bits}-bit")
         if kernels != "c":
             raise ValueError(f"no {kernels} kernel for this layout")
-        packed = PackedLinear(q, s.scale, s.zero_point, s.group, s.bits)
+        packed = PackedLinear(q, s.scale, s.zero_point, group, bits)
     except ValueError as e:
         fallbacks.append(f"{prefix} ({e})")
-        return DenseLinear(s.dense().to(device), None if bias is None else bias.to(device))
+        return DenseLinear(s.dequantize().to(device), None if bias is None else bias.to(device))
     return QuantLinear(packed, bias, index, s.outlier_weight)
 
 
