@@ -408,7 +408,11 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process is, so `finally` and cleanup run."""
 
 
+_TERMINATED = []  # set once SIGTERM arrived
+
+
 def _terminate(signum, frame):
+    _TERMINATED.append(signum)
     raise Terminated()
 
 
@@ -450,6 +454,9 @@ def main() -> None:
         click.echo("interrupted: nothing was written", err=True)
         sys.exit(130)
     except Exception as e:
+        if _TERMINATED:  # raised inside native code (e.g. safetensors), which surfaced
+            click.echo("terminated: nothing was written", err=True)  # its own error
+            sys.exit(143)
         if os.environ.get("LLMPRESS_DEBUG"):
             raise
         known = explain_os_error(e, "llmpress " + (sys.argv[1] if len(sys.argv) > 1 else ""))
