@@ -193,7 +193,7 @@ def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:
             f"lm_head: no group size fits width {hidden} with "
             f"{head_scheme.label()}: choose another group size or drop lm_head"
         )
-    schemes = [st.scheme for st in stages]
+    schemes = [st.scheme for st in stages if st.scheme is not None]
     widths = [ws.weight_shape(n)[1] for n in ws.target_linears()]
     preflight_export(recipe.export, widths, schemes)
 
@@ -202,7 +202,7 @@ def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, 
     """What vLLM and transformers will refuse in the artifact this recipe will write,
     known before any work from the schemes and the layer widths alone."""
     layers = {}
-    for stage in stages:
+    for stage in (st for st in stages if st.scheme is not None):
         for name in ws.target_linears():
             width = ws.weight_shape(name)[1]
             group = stage.scheme.group_for(width)
@@ -327,11 +327,16 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     if any(stage.needs_calibration for stage in stages):
         hidden = ws.store.embed(samples)
         rope = ws.store.position_embeddings(samples.shape[1])
+    rounders = [k for k, st in enumerate(stages) if st.scheme is not None]
     for i in tqdm(range(ws.num_layers), desc="blocks", unit="block"):
         with clock("read blocks"):
             block = ws.store.block(i)
         ctx = BlockContext(ws, i, block, hidden, rope)
-        for stage in stages:
+        if any(stage.needs_reference for stage in stages):
+            with clock("reference outputs"):
+                ctx.reference = run_block(block, hidden, rope)
+        for k, stage in enumerate(stages):
+            ctx.round_later = k < max(rounders, default=-1)
             with clock(f"{stage.name} calibrate"):
                 stage.calibrate(ctx)
             with clock(f"{stage.name} transform"):

@@ -171,7 +171,7 @@ def parse_recipe(data: Any) -> Recipe:
 
 def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
     """Each `name: {settings}` entry as (name, its config), in an order the stages accept:
-    whole-model stages first, each after the stages it requires, one quantizing stage."""
+    whole-model stages first, each after the stages it requires, then the block stages."""
     if not isinstance(raw, list) or not raw:
         raise LlmpressError("recipe: `stages` must be a non-empty list, e.g. [{rtn: {bits: 4}}]")
     stages: list[tuple[str, Any]] = []
@@ -202,17 +202,47 @@ def _check_order(stages: list[tuple[str, Any]], i: int) -> None:
     for need, why in factory.requires:
         if not any(n == need for n, _ in stages[:-1]):
             raise LlmpressError(f"recipe: stage {i} ({name}) {why}: put a {need} stage before it")
-    quantizing = [n for n, _ in stages if not STAGES[n].factory.whole_model]
-    if len(quantizing) > 1:
-        raise LlmpressError(
-            f"recipe: stages {quantizing[0]!r} and {quantizing[-1]!r} both quantize the "
-            "block linears; keep one (the second would re-quantize the first's result)"
-        )
+    _check_block_stages(stages, i)
     if factory.whole_model and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
         raise LlmpressError(
             f"recipe: stage {i} ({name}) works on the whole model and must come before "
             "the quantizing stages (e.g. prune → distill → awq)"
         )
+
+
+def _check_block_stages(stages: list[tuple[str, Any]], i: int) -> None:
+    """Block stages chain as: quantizers, every one but the last only preparing the weights
+    for the next with the same scheme (awq → gptq), then stages that refine the result."""
+    block = [(n, cfg) for n, cfg in stages if not STAGES[n].factory.whole_model]
+    if not block:
+        return
+    name, config = block[-1]
+    factory = STAGES[name].factory
+    rounding = [(n, cfg) for n, cfg in block[:-1] if not STAGES[n].factory.refines]
+    if factory.refines:
+        if not rounding:
+            raise LlmpressError(
+                f"recipe: stage {i} ({name}) refines a quantization: put a quantizing stage "
+                "(e.g. awq or gptq) before it"
+            )
+        return
+    if len(block) > len(rounding) + 1:
+        raise LlmpressError(
+            f"recipe: stage {i} ({name}) quantizes after a stage that refines the result; "
+            "put the refining stage last"
+        )
+    if rounding:
+        before, cfg = rounding[-1]
+        if not STAGES[before].factory.prepares:
+            raise LlmpressError(
+                f"recipe: stages {before!r} and {name!r} both quantize the block linears; keep "
+                "one, or put awq first to prepare them for the other (awq → gptq)"
+            )
+        if cfg.scheme != config.scheme:
+            raise LlmpressError(
+                f"recipe: {before} prepares the weights for {cfg.scheme.label()} but {name} "
+                f"rounds them to {config.scheme.label()}; give both the same scheme"
+            )
 
 
 def _parse_ignore(ignore: Any) -> tuple[str, ...]:

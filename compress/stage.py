@@ -93,6 +93,12 @@ class BlockContext:
     module: torch.nn.Module
     inputs: torch.Tensor | None = None  # [samples, length, hidden], None if nothing calibrates
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    # the block's output on `inputs` before any stage changed it (when a stage needs_reference)
+    reference: torch.Tensor | None = None
+    # each linear's weight as it was just before it was first rounded (what refiners re-round)
+    unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
+    # set while a stage runs that a later stage will round: it prepares the weights only
+    round_later: bool = False
 
     @property
     def prefix(self) -> str:
@@ -111,6 +117,7 @@ class BlockContext:
         if tuple(qw.shape) != tuple(module.weight.shape):
             raise ValueError(f"{rel}: quantized shape {tuple(qw.shape)} != weight shape")
         self.ws.quantized[f"{self.prefix}.{rel}"] = qw
+        self.unrounded.setdefault(rel, module.weight.detach().clone())
         with torch.no_grad():
             module.weight.copy_(qw.dequantize(module.weight.dtype))
 
@@ -144,6 +151,12 @@ class Described:
     tags: ClassVar[tuple[str, ...]] = ()  # the model card's hub tags
     requires: ClassVar[tuple[tuple[str, str], ...]] = ()  # (stage, why) that must come first
     changes_architecture: ClassVar[bool] = False  # the hub relation is then "finetune"
+    # block stages: `prepares` can leave the linears unrounded for a later quantizing stage
+    # (AWQ's scales before GPTQ's rounding); `refines` changes the quantization an earlier
+    # stage made (scheme None); `needs_reference` wants the block's original output
+    prepares: ClassVar[bool] = False
+    refines: ClassVar[bool] = False
+    needs_reference: ClassVar[bool] = False
 
     @staticmethod
     def weight_bits(settings: dict) -> int | None:
@@ -164,14 +177,15 @@ class Stage(Protocol):
     """One step of a recipe. `needs_calibration` tells the pipeline to carry activations;
     `scheme` is the weight scheme the stage writes to its target linears and
     `activations` how their inputs are quantized at run time ("int8-token" or None), which
-    the pipeline's preflight and the planned artifact's config read."""
+    the pipeline's preflight and the planned artifact's config read. A stage that `refines`
+    has no scheme of its own (None): it keeps the one it found."""
 
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
     activations: ClassVar[str | None]
 
     @property
-    def scheme(self) -> QuantScheme: ...
+    def scheme(self) -> QuantScheme | None: ...
 
     def preflight(self, ws: Workspace) -> None:
         """Refuse, before any work, what this stage cannot do (naming the layer and the fix)."""

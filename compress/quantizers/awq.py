@@ -106,6 +106,21 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
     return None
 
 
+def _clipped(w: torch.Tensor, scheme: QuantScheme, group: int, clip) -> torch.Tensor:
+    """`w` clamped per group to the range min-max quantization with `clip` would cover."""
+    g = w.reshape(w.shape[0], -1, group)
+    clip = torch.as_tensor(clip, dtype=w.dtype)
+    if clip.ndim:
+        clip = clip[..., None]
+    if scheme.zero_point:
+        lo = g.amin(-1, keepdim=True).clamp(max=0) * clip
+        hi = g.amax(-1, keepdim=True).clamp(min=0) * clip
+    else:
+        hi = g.abs().amax(-1, keepdim=True) * clip
+        lo = -hi
+    return torch.maximum(torch.minimum(g, hi), lo).reshape(w.shape)
+
+
 @register_stage("awq", AWQConfig)
 class AWQ(Described):
     tags = ("awq",)
@@ -116,9 +131,11 @@ class AWQ(Described):
 
     activations = None
     needs_calibration = True
+    prepares = True  # before gptq: folds scales and clips, leaves the rounding to it
 
     def __init__(self, config: AWQConfig):
         self.config = config
+        self.deferred = False
         self.groups: dict[str, int] = {}
         self.alphas: dict[str, float] = {}
         self.skipped: list[str] = []
@@ -256,10 +273,14 @@ class AWQ(Described):
         if cfg.clip and rel not in (adapter.q, adapter.k):
             key = next(g.linears[0] for g in adapter.input_groups if rel in g.linears)
             clip = self._search_clip(w, self._inputs[key], group)
+        self.groups[f"{ctx.prefix}.{rel}"] = group
+        if ctx.round_later:  # a later stage rounds: leave it the scaled, clipped weights
+            self.deferred = True
+            ctx.sub(rel).weight.copy_(_clipped(w, scheme, group, clip))
+            return
         scale, zp = compute_qparams(w, scheme, group, dtype, clip=clip)
         q = quantize_with(w, scale, zp, scheme, group)
         ctx.set_quantized(rel, QuantizedWeight(q, scale, zp, scheme, group))
-        self.groups[f"{ctx.prefix}.{rel}"] = group
 
     def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
         """Per (output row, weight group) clipping ratio minimizing that group's output error.
@@ -296,6 +317,7 @@ class AWQ(Described):
             "stage": "awq",
             "scheme": scheme.label(),
             "layers": len(self.groups),
+            "rounded": not self.deferred,  # False: scaled and clipped for a later stage
             "group_size_adjusted": adjusted_groups(self.groups, scheme),
             "alpha": {k: round(v, 3) for k, v in self.alphas.items()},
             "not_scaled": self.skipped,

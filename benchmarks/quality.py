@@ -1,0 +1,114 @@
+"""Quality beyond AWQ (issue 16): every rounding method and their chain, in one run.
+
+Protocol (../shared/guide/MEASURING.md): calibrate on WikiText-2 raw valid.txt
+(128 samples × 512 tokens), evaluate on test.txt read whole, the first 64 windows of 512
+tokens, against the fp32 original; every row compared with the same original logits.
+Each row is one recipe compressed with `llmpress`'s own pipeline; its bits per weight
+count scales and zero points (the manifest's figure), its minutes are the wall time of
+the compression on this machine (loading and writing included).
+
+    python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64]
+                                 [--samples 128] [--windows 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from compress.artifact.dense import load_model
+from compress.calib_data import eval_windows, read_texts, token_stream
+from compress.eval.drift import format_table, measure_drift
+from compress.model.loading import load_tokenizer, resolve
+from compress.pipeline import compress
+from compress.recipe import parse_recipe
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
+
+# Each row: the stages after the scheme is filled in (the scheme keys go to every
+# quantizing stage). Rows build on each other in the order the issue lists them.
+ROWS = {
+    "rtn": ["rtn"],
+    "awq": ["awq"],
+    "gptq": ["gptq"],
+    "awq+gptq": ["awq", "gptq"],
+    "awq+gptq+tune": ["awq", "gptq", "tune"],
+    "awq+tune": ["awq", "tune"],
+}
+SCHEMES = {
+    "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
+    "w3g64": {"bits": 3, "group_size": 64, "zero_point": False},
+}
+
+
+def recipe_for(row: str, scheme: dict, calib: dict):
+    stages = [{name: {} if name == "tune" else dict(scheme)} for name in ROWS[row]]
+    return parse_recipe({"stages": stages, "calib": calib})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--schemes", nargs="+", default=["w4g64"], choices=list(SCHEMES))
+    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--length", type=int, default=512)
+    ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="quality", help="results file stem")
+    args = ap.parse_args()
+    for name in ("valid.txt", "test.txt"):
+        if not (args.data / name).is_file():
+            raise SystemExit(f"wikitext-2 not found: {args.data / name}")
+
+    base_ckpt = resolve("default")
+    tokenizer = load_tokenizer(base_ckpt)
+    calib = {"source": str(args.data / "valid.txt"), "samples": args.samples, "length": args.length}
+    candidates, extra, timing = {}, {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for scheme in args.schemes:
+            for row in args.rows:
+                label = f"{row} {scheme}"
+                out = Path(tmp) / label.replace(" ", "-").replace("+", "_")
+                t0 = time.perf_counter()
+                compress("default", recipe_for(row, SCHEMES[scheme], calib), out, log=print)
+                minutes = (time.perf_counter() - t0) / 60
+                manifest = json.loads((out / "manifest.json").read_text())
+                candidates[label] = load_model(resolve(str(out)))
+                extra[label] = {
+                    "bits/weight": manifest["weights"]["bits_per_quantized_weight"],
+                    "minutes": f"{minutes:.1f}",
+                }
+                timing[label] = {
+                    "pipeline": manifest["timing_s"],
+                    **{r["stage"]: r.get("seconds", {}) for r in manifest["stages"]},
+                }
+                print(label, extra[label], json.dumps(timing[label]), flush=True)
+        base = load_model(base_ckpt)
+        stream = token_stream(tokenizer, read_texts(str(args.data / "test.txt")))
+        windows = eval_windows(stream, 512, args.windows)
+        results = measure_drift(base, candidates, windows, data="test.txt")
+
+    table = format_table(results, extra)
+    print(f"original: ppl {next(iter(results.values())).base_ppl:.3f}")
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "benchmark": "quality",
+        "machine": {"platform": platform.platform()},
+        "calibration": calib | {"source": "valid.txt"},
+        "windows": args.windows,
+        "results": {k: {**v.to_dict(), **extra[k]} for k, v in results.items()},
+        "timing_s": timing,
+    }
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

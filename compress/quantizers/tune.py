@@ -1,0 +1,221 @@
+"""Block-wise tuning of the quantization an earlier stage made (OmniQuant, AutoRound).
+
+Rounding each weight to its nearest level, however well the scales were searched, is
+chosen weight by weight; what matters is the block's output. This stage takes each
+quantized linear of a block as its earlier stage left it (integers q, per-group scales s
+and zero points z, and the unrounded weights w they came from) and trains, against the
+block's original output on the calibration inputs:
+
+- a per-group scale factor (log-parametrized, so s stays positive),
+- a per-group zero-point offset (asymmetric schemes; rounded, straight through),
+- optionally a per-weight rounding offset v, kept within half a level of where the
+  earlier stage rounded (AutoRound's signed rounding), so each integer moves by at most
+  one level.
+
+The weight the block computes with is s·(clamp(⌊w/s + v⌉ + z) − z), the rounding passed
+straight through; at the start v is set so that this equals the earlier stage's result
+exactly (RTN, AWQ's clipped rounding or GPTQ's compensated one alike), so tuning starts
+where that stage ended. The result is the same uniform int groups: the artifact's layout
+does not change. A block whose tuned output error on the calibration inputs is not below
+its starting error keeps the starting quantization.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.func import functional_call
+
+from compress.errors import LlmpressError
+from compress.model.blocks import CHUNK
+from compress.quantizers.scheme import QuantizedWeight
+from compress.stage import BlockContext, Described, Workspace, register_stage
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    steps: int = 100  # optimizer steps per block
+    batch: int = 2  # calibration samples per step
+    lr: float = 5e-3  # Adam, for the rounding offsets (in levels) and log-scales
+    rounding: bool = True  # also learn each weight's rounding direction
+    samples: int | None = None  # calibration samples to tune on (None: all)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch < 1:
+            raise LlmpressError("tune: steps and batch must be >= 1")
+        if not 0 < self.lr < 1:
+            raise LlmpressError(f"tune: lr must be in (0, 1), got {self.lr}")
+        if self.samples is not None and self.samples < 1:
+            raise LlmpressError("tune: samples must be >= 1 (or null for all)")
+
+
+def _round(x: torch.Tensor) -> torch.Tensor:
+    """Round, with the gradient of the identity."""
+    return x + (torch.round(x) - x).detach()
+
+
+class _Tunable:
+    """One linear's quantization as trainable tensors; `weight()` is differentiable."""
+
+    def __init__(self, qw: QuantizedWeight, w: torch.Tensor, rounding: bool):
+        self.qw, self.group = qw, qw.group_size
+        rows, cols = qw.shape
+        self.w = w.float().reshape(rows, cols // self.group, self.group)
+        self.s0 = qw.scale.float()
+        self.z0 = None if qw.zero_point is None else qw.zero_point.float()
+        level = qw.q.float().reshape(self.w.shape)
+        if self.z0 is not None:
+            level = level - self.z0[..., None]
+        self.v0 = level - self.w / self.s0[..., None]  # reproduces the earlier rounding
+        self.log_s = torch.zeros_like(self.s0, requires_grad=True)
+        self.v = self.v0.clone().requires_grad_(rounding)
+        self.dz = None if self.z0 is None else torch.zeros_like(self.z0, requires_grad=True)
+
+    def params(self) -> list[torch.Tensor]:
+        found = [self.log_s, self.v, self.dz]
+        return [p for p in found if p is not None and p.requires_grad]
+
+    def _parts(self, dtype: torch.dtype):
+        exact = self.s0 * self.log_s.exp()
+        s = exact + (exact.to(dtype).float() - exact).detach()  # as it will be stored
+        z = None if self.z0 is None else _round(self.z0 + self.dz)
+        return s, z
+
+    def weight(self, dtype: torch.dtype) -> torch.Tensor:
+        scheme = self.qw.scheme
+        s, z = self._parts(dtype)
+        level = _round(self.w / s[..., None] + self.v)
+        if z is not None:
+            level = torch.clamp(level + z[..., None], scheme.qmin, scheme.qmax) - z[..., None]
+        else:
+            level = torch.clamp(level, scheme.qmin, scheme.qmax)
+        return (level * s[..., None]).reshape(self.qw.shape)
+
+    @torch.no_grad()
+    def clamp_(self) -> None:
+        self.v.copy_(torch.minimum(torch.maximum(self.v, self.v0 - 0.5), self.v0 + 0.5))
+        if self.dz is not None:
+            lo, hi = self.qw.scheme.qmin - self.z0, self.qw.scheme.qmax - self.z0
+            self.dz.copy_(torch.minimum(torch.maximum(self.dz, lo), hi))
+
+    @torch.no_grad()
+    def result(self, dtype: torch.dtype) -> QuantizedWeight:
+        scheme = self.qw.scheme
+        s = (self.s0 * self.log_s.exp()).to(dtype)
+        z = None if self.z0 is None else torch.round(self.z0 + self.dz)
+        level = torch.round(self.w / s.float()[..., None] + self.v)
+        if z is not None:
+            q = torch.clamp(level + z[..., None], scheme.qmin, scheme.qmax)
+        else:
+            q = torch.clamp(level, scheme.qmin, scheme.qmax)
+        return QuantizedWeight(
+            q=q.to(torch.int8).reshape(self.qw.shape),
+            scale=s,
+            zero_point=None if z is None else z.to(torch.int8),
+            scheme=scheme,
+            group_size=self.group,
+        )
+
+
+@register_stage("tune", TuneConfig)
+class Tune(Described):
+    activations = None
+    needs_calibration = True
+    needs_reference = True
+    refines = True
+    scheme = None  # keeps the scheme of the stage before it
+
+    def __init__(self, config: TuneConfig):
+        self.config = config
+        self.loss: dict[str, tuple[float, float]] = {}  # block -> (before, after)
+        self.kept: list[str] = []  # blocks whose tuning did not help
+        self.skipped: list[str] = []  # linears it does not tune (16-bit columns, W8A8)
+        self.seconds = {"tuning": 0.0}
+
+    def preflight(self, ws: Workspace) -> None:
+        """Nothing beyond the quantizing stage before it."""
+
+    def calibrate(self, ctx: BlockContext) -> None:
+        """Trains in `transform`, on the inputs and reference output the pipeline carries."""
+
+    def transform(self, ctx: BlockContext) -> None:
+        started = time.perf_counter()
+        tunables = {}
+        for rel in ctx.targets():
+            qw = ctx.ws.quantized.get(f"{ctx.prefix}.{rel}")
+            if qw is None:
+                continue
+            if qw.outlier_index is not None or qw.activations or rel not in ctx.unrounded:
+                self.skipped.append(f"{ctx.prefix}.{rel}")
+                continue
+            tunables[rel] = _Tunable(qw, ctx.unrounded[rel], self.config.rounding)
+        if tunables:
+            self._tune(ctx, tunables)
+        self.seconds["tuning"] += time.perf_counter() - started
+
+    def _tune(self, ctx: BlockContext, tunables: dict[str, _Tunable]) -> None:
+        cfg, dtype = self.config, ctx.ws.storage_dtype
+        n = ctx.inputs.shape[0] if cfg.samples is None else min(cfg.samples, ctx.inputs.shape[0])
+        x, y = ctx.inputs[:n], ctx.reference[:n]
+        module, rope = ctx.module, ctx.rope
+
+        def run(xb: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+            return functional_call(module, weights, (xb,), {"position_embeddings": rope})
+
+        def weights() -> dict[str, torch.Tensor]:
+            return {f"{rel}.weight": t.weight(dtype) for rel, t in tunables.items()}
+
+        @torch.no_grad()
+        def error() -> float:
+            w = weights()
+            total = sum(
+                (run(x[lo : lo + CHUNK], w) - y[lo : lo + CHUNK]).pow(2).sum().item()
+                for lo in range(0, n, CHUNK)
+            )
+            return total / y[:n].numel()
+
+        before = error()
+        optimizer = torch.optim.Adam([p for t in tunables.values() for p in t.params()], cfg.lr)
+        gen = torch.Generator().manual_seed(cfg.seed + ctx.index)
+        order = torch.randperm(n, generator=gen)
+        module.requires_grad_(False)
+        for step in range(cfg.steps):
+            lo = (step * cfg.batch) % n
+            if lo + cfg.batch > n:
+                order = torch.randperm(n, generator=gen)
+            idx = order[(step * cfg.batch + torch.arange(cfg.batch)) % n]
+            loss = (run(x[idx], weights()) - y[idx]).pow(2).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            for t in tunables.values():
+                t.clamp_()
+        after = error()
+        name = ctx.prefix
+        self.loss[name] = (before, after)
+        if after >= before:
+            self.kept.append(name)
+            return
+        for rel, t in tunables.items():
+            ctx.set_quantized(rel, t.result(dtype))
+
+    def export(self, ws: Workspace) -> dict:
+        return {
+            "stage": "tune",
+            "steps": self.config.steps,
+            "output_mse": {k: [round(a, 6), round(b, 6)] for k, (a, b) in self.loss.items()},
+            "not_improved": self.kept,
+            "not_tuned": self.skipped,
+            "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
+        }
+
+    @staticmethod
+    def summary(record: dict) -> str | None:
+        pairs = list(record.get("output_mse", {}).values())
+        if not pairs:
+            return None
+        gain = sum(b for _, b in pairs) / max(sum(a for a, _ in pairs), 1e-30)
+        return f"tuned {len(pairs)} blocks: output error {gain:.2f}× the untuned"
