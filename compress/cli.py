@@ -60,7 +60,10 @@ def cli() -> None:
     help="Recipe YAML: an ordered list of stages.",
 )
 @click.option(
-    "--quant", "quant", help="Shorthand stage: rtn:w4g64, awq:w4g64, rtn:w8 (per-channel)."
+    "--quant",
+    "quant",
+    help="Shorthand: best:w4g64 (awq → gptq → tune), awq:w4g64, gptq:w4g64, rtn:w4g64, "
+    "rtn:w8 (per-channel), int8.",
 )
 @click.option("--calib", help="Calibration text: .txt/.jsonl/.parquet, a dataset name, or `self`.")
 @click.option("--calib-samples", type=int, help="Number of calibration samples (default 128).")

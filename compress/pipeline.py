@@ -7,7 +7,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -109,15 +109,15 @@ def compress(
     output = Path(output)
     check_output(output, overwrite)
     clean_stale(output, log)
-    stages = recipe.build()
-    model_stages = [st for st in stages if st.whole_model]
-    stages = [st for st in stages if not st.whole_model]
+    model_stages, stages, after = _split(recipe.build())
     started = time.perf_counter()
     ckpt = source = _source(model, output)
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)
         planned = stage.planned_config(planned)
+    for stage in after:
+        stage.preflight(planned)
     ws = _workspace(recipe, ckpt)
     _preflight(recipe, stages, ws, planned["hidden_size"])
     log(
@@ -143,15 +143,28 @@ def compress(
     ws.tokenizer = tokenizer
     writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, _extra(recipe))
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
+    run.after, run.resume = after, resume
     try:
         _run_stages(run, samples)
     except BaseException:
         writer.abort()
         raise
-    if model_stages:
+    if model_stages or after:
         shutil.rmtree(work_dir(output), ignore_errors=True)
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def _split(stages: list) -> tuple[list, list, list]:
+    """(whole-model stages before the block walk, block stages, whole-model stages after
+    it, which repair the quantized model); the recipe has checked this order."""
+    first = next((k for k, st in enumerate(stages) if not st.whole_model), len(stages))
+    rest = stages[first:]
+    return (
+        stages[:first],
+        [st for st in rest if not st.whole_model],
+        [st for st in rest if st.whole_model],
+    )
 
 
 def _source(model: str, output: Path) -> Checkpoint:
@@ -291,6 +304,44 @@ def run_model_stages(source, stages, samples, tokenizer, folder, resume, log, ti
     return resolve(str(out)), records
 
 
+def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
+    """Run the whole-model stages that follow the block walk: the original model as the
+    teacher, the model as quantized so far (AWQ's rescaled norms included) as the student,
+    `ws.quantized` for them to change."""
+    from compress.stage import ModelContext
+
+    ws, clock = run.ws, _Clock(run.timing)
+    with clock("load model"):
+        teacher = load_model(run.source)
+        student = load_model(ws.store.ckpt)
+        with torch.no_grad():
+            for name, tensor in ws.updated.items():
+                student.get_parameter(name).copy_(tensor.float())
+    folder = work_dir(run.writer.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = ModelContext(
+        teacher=teacher,
+        model=student,
+        config=dict(ws.config),
+        adapter=ws.adapter,
+        tokenizer=ws.tokenizer,
+        samples=samples,
+        work_dir=folder,
+        resume=run.resume,
+        load_text=lambda cfg: load_calibration(
+            cfg, ws.tokenizer, lambda: teacher, run.source.sha256
+        ),
+        log=run.log,
+        quantized=ws.quantized,
+        storage_dtype=ws.storage_dtype,
+    )
+    records = []
+    for stage in run.after:
+        with clock(stage.name):
+            records.append(stage.run(ctx))
+    return records
+
+
 def quantize_lm_head(ws: Workspace, scheme) -> dict:
     """Round-to-nearest the output projection (the embedding, when tied): read in full every
     token, it is a fifth of a small model's bytes. A tied embedding stays in full precision
@@ -317,6 +368,8 @@ class _Run:
     command: str | None
     timing: dict[str, float]
     records: list[dict]  # the model stages' records; the block stages' join at the end
+    after: list = field(default_factory=list)  # whole-model stages on the quantized model
+    resume: bool = False
 
 
 def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
@@ -345,9 +398,15 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
             with clock("propagate"):
                 hidden = run_block(block, hidden, rope)
         ws.store.release(i)
-        with clock("write"):
-            run.writer.add_block(i)
+        if not run.after:  # else written once the repair has changed its scales
+            with clock("write"):
+                run.writer.add_block(i)
     run.records = run.records + [stage.export(ws) for stage in stages]
+    if run.after:
+        run.records = run.records + repair_quantized(run, samples)
+        with clock("write"):
+            for i in range(ws.num_layers):
+                run.writer.add_block(i)
     if run.recipe.lm_head:
         with clock("lm_head"):
             run.records.append(quantize_lm_head(ws, run.recipe.lm_head_scheme()))

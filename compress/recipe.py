@@ -199,15 +199,32 @@ def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
 def _check_order(stages: list[tuple[str, Any]], i: int) -> None:
     """Refuse stage i (the last of `stages`) where it cannot stand."""
     name, factory = stages[-1][0], STAGES[stages[-1][0]].factory
-    for need, why in factory.requires:
-        if not any(n == need for n, _ in stages[:-1]):
-            raise LlmpressError(f"recipe: stage {i} ({name}) {why}: put a {need} stage before it")
-    _check_block_stages(stages, i)
-    if factory.whole_model and any(not STAGES[n].factory.whole_model for n, _ in stages[:-1]):
+    trailing = [n for j, (n, _) in enumerate(stages[:-1]) if _after_walk(stages, j)]
+    if trailing:
+        raise LlmpressError(
+            f"recipe: stage {i} ({name}) follows {trailing[0]}, which repairs the quantized "
+            f"model: put {trailing[0]} last"
+        )
+    after_walk = _after_walk(stages, len(stages) - 1)
+    if after_walk and not factory.repairs_quantized:
         raise LlmpressError(
             f"recipe: stage {i} ({name}) works on the whole model and must come before "
             "the quantizing stages (e.g. prune → distill → awq)"
         )
+    if not after_walk:
+        for need, why in factory.requires:
+            if not any(n == need for n, _ in stages[:-1]):
+                raise LlmpressError(
+                    f"recipe: stage {i} ({name}) {why}: put a {need} stage before it"
+                )
+    _check_block_stages(stages, i)
+
+
+def _after_walk(stages: list[tuple[str, Any]], j: int) -> bool:
+    """Whether stage j works on the whole model after a block stage (on the quantized one)."""
+    return STAGES[stages[j][0]].factory.whole_model and any(
+        not STAGES[n].factory.whole_model for n, _ in stages[:j]
+    )
 
 
 def _check_block_stages(stages: list[tuple[str, Any]], i: int) -> None:
@@ -286,7 +303,7 @@ def recipe_from_flags(
     patterns."""
     if bool(recipe_file) == bool(quant):
         raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
-    data = load_recipe(recipe_file) if recipe_file else {"stages": [parse_quant(quant)]}
+    data = load_recipe(recipe_file) if recipe_file else {"stages": quant_stages(quant)}
     if not isinstance(data, dict):
         raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
     calib = dict(data.get("calib") or {})
@@ -315,6 +332,22 @@ _INT8 = re.compile(r"^int8(?::g(?P<group>\d+))?$")
 _QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
 
 
+# Named recipes for `--quant NAME:w<BITS>g<GROUP>`: the stages, each given the scheme
+# (tune keeps it). `best` is the chain with the lowest KL measured by
+# benchmarks/quality.py (README, "Quality beyond AWQ").
+PRESETS = {"best": ("awq", "gptq", "tune")}
+
+
+def quant_stages(spec: str) -> list[dict]:
+    """The stages a `--quant` spec stands for: one stage, or a preset's chain."""
+    m = _QUANT.match(spec.strip())
+    if m and m["method"] in PRESETS:
+        scheme = parse_quant(f"rtn:{spec.strip().split(':', 1)[1]}")["rtn"]
+        return [{name: {} if STAGES[name].factory.refines else dict(scheme)}
+                for name in PRESETS[m["method"]]]  # fmt: skip
+    return [parse_quant(spec)]
+
+
 def parse_quant(spec: str) -> dict:
     """`rtn:w4g64zp` → {"rtn": {bits: 4, group_size: 64, zero_point: true}}; `int8[:g128]`.
 
@@ -328,7 +361,7 @@ def parse_quant(spec: str) -> dict:
     if not m:
         raise LlmpressError(
             f"--quant {spec!r} not understood: use METHOD:w<BITS>[g<GROUP>][zp|sym], "
-            "e.g. awq:w4g64, rtn:w8, or int8 (LLM.int8()-style outliers)"
+            "e.g. best:w4g64, awq:w4g64, rtn:w8, or int8 (LLM.int8()-style outliers)"
         )
     settings: dict[str, Any] = {"bits": int(m["bits"])}
     if m["group"]:

@@ -157,6 +157,8 @@ class Described:
     prepares: ClassVar[bool] = False
     refines: ClassVar[bool] = False
     needs_reference: ClassVar[bool] = False
+    # whole-model stages: may also run after the block walk, on the quantized model
+    repairs_quantized: ClassVar[bool] = False
 
     @staticmethod
     def weight_bits(settings: dict) -> int | None:
@@ -219,10 +221,14 @@ class ModelContext:
     log: Any = print
     layer_map: list[int] = field(default_factory=list)
     hidden_index: torch.Tensor | None = None
+    # after the block walk: the quantized linears (a stage may replace their entries)
+    quantized: dict[str, QuantizedWeight] | None = None
+    storage_dtype: torch.dtype = torch.float32
 
 
 class ModelStage(Protocol):
-    """A stage that works on the whole model before the block walk (`whole_model = True`)."""
+    """A stage that works on the whole model (`whole_model = True`): before the block walk,
+    or after it when it `repairs_quantized` (then `ModelContext.quantized` is set)."""
 
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]

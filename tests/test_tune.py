@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from compress.artifact.dense import load_model
 from compress.calib_data import calibration_samples, read_texts, token_stream
@@ -99,6 +100,7 @@ def test_recipe_chains():
     names = [n for n, _ in _recipe([{"awq": scheme}, {"gptq": scheme}, "tune"]).stages]
     assert names == ["awq", "gptq", "tune"]
     _recipe([{"rtn": scheme}, {"tune": {"steps": 5}}])
+    assert [n for n, _ in _recipe([{"awq": scheme}, "distill"]).stages] == ["awq", "distill"]
     bad = [
         ([{"gptq": scheme}, {"awq": scheme}], "both quantize the block linears"),
         ([{"rtn": scheme}, {"gptq": scheme}], "both quantize the block linears"),
@@ -107,6 +109,9 @@ def test_recipe_chains():
         ([{"rtn": scheme}, "tune", {"gptq": scheme}], "put the refining stage last"),
         ([{"rtn": scheme}, {"tune": {"lr": 3}}], r"tune: lr must be in \(0, 1\)"),
         ([{"rtn": scheme}, {"tune": {"step": 3}}], "step"),
+        ([{"rtn": scheme}, "distill", "tune"], "put distill last"),
+        ([{"rtn": scheme}, {"prune": {"mlp": 0.25}}], "must come before the quantizing"),
+        (["distill", {"rtn": scheme}], "repairs a pruned model"),
     ]
     for stages, message in bad:
         with pytest.raises(LlmpressError, match=message):
@@ -137,6 +142,36 @@ def test_awq_gptq_tune_writes_an_ordinary_artifact(tmp_path, wikitext, tokenizer
         "config_groups"
     ].values()
     assert group["weights"]["group_size"] == 32 and group["weights"]["num_bits"] == 4
+    ids = torch.randint(0, 100, (1, 80))
+    dense = load_model(resolve(str(out)))(ids).logits
+    served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits
+    torch.testing.assert_close(served, dense, rtol=1e-4, atol=1e-4)
+
+
+def test_distill_after_quantization_trains_only_scales(tmp_path, wikitext, tokenizer):
+    """`distill` last in a recipe repairs the quantized model: the integers are exactly
+    RTN's, the scales moved, the training KL fell, and the artifact reads the same in the
+    dense loader and the runtime."""
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
+    tokenizer.save_pretrained(str(folder))
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 64}
+    rtn = {"rtn": {"bits": 2, "group_size": 32, "zero_point": True}}  # an error to repair
+    plain = compress(
+        str(folder), parse_recipe({"stages": [rtn], "calib": calib}), tmp_path / "rtn",
+        log=lambda _: None,
+    )  # fmt: skip
+    distill = {"distill": {"tokens": 64 * 2 * 12, "batch": 2, "scale_lr": 0.005}}
+    recipe = parse_recipe({"stages": [rtn, distill], "calib": calib})
+    out = compress(str(folder), recipe, tmp_path / "repaired", log=lambda _: None)
+    record = json.loads((out / "manifest.json").read_text())["stages"][1]
+    assert record["stage"] == "distill" and record["trained"].startswith("scales and zero")
+    history = [kl for _, kl in record["loss_history"]]
+    assert len(history) == 12 and sum(history[-4:]) < 0.9 * sum(history[:4]), str(history)
+    a, b = load_file(str(plain / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    assert torch.equal(a[f"{name}.weight_packed"], b[f"{name}.weight_packed"])
+    assert not torch.equal(a[f"{name}.weight_scale"], b[f"{name}.weight_scale"])
+    assert not (tmp_path / ".repaired.llmpress-work").exists()
     ids = torch.randint(0, 100, (1, 80))
     dense = load_model(resolve(str(out)))(ids).logits
     served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits

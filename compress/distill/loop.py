@@ -132,14 +132,21 @@ def distill(
     adapter: Adapter = LLAMA,
     layer_map: list[int] | None = None,
     hidden_index: torch.Tensor | None = None,
+    param_groups: list[dict] | None = None,
     log=print,
 ) -> dict:
-    """Train `student` toward `teacher` on token samples `data` [n, length]; returns a record."""
+    """Train `student` toward `teacher` on token samples `data` [n, length]; returns a record.
+    `param_groups` (optimizer groups, each with its lr) trains only those parameters."""
     torch.manual_seed(s.seed)
     teacher.eval().requires_grad_(False)
     student.train()
-    params = _trainable(student, adapter, s.train_embeddings)
-    opt = _adamw(params, s)
+    if param_groups is None:
+        params = _trainable(student, adapter, s.train_embeddings)
+        opt = _adamw(params, s)
+    else:
+        student.requires_grad_(False)
+        params = [p.requires_grad_() for g in param_groups for p in g["params"]]
+        opt = _adamw(param_groups, s)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, s))
     ckpt_path = Path(work_dir) / f"distill-{run_id}.pt"
     start, history = _resume(ckpt_path, resume, student, opt, sched, s.steps, log)

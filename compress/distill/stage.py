@@ -1,9 +1,15 @@
-"""The `distill` stage: repair a pruned (or otherwise changed) model against the original.
+"""The `distill` stage: the original model teaches a pruned or quantized one back.
 
-Recipe form (after `prune`):
+Recipe form, after `prune` (trains every weight but the embeddings):
 
     - distill: {tokens: 300000, lr: 3.0e-4, checkpoint_every: 50}
     - distill: {tokens: 2000000, max_minutes: 30, data: train.txt, samples: 1024}
+
+or last, after the quantizing stages (trains only the quantized linears' scales and zero
+points, the integers fixed: compress/distill/quantized.py):
+
+    - awq: {bits: 4}
+    - distill: {tokens: 65536, scale_lr: 1.0e-3}
 
 It trains on calibration text only: the recipe's calibration samples, or `data`
 (a file, dataset or `self`) cut into `samples` × `length` token samples.
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
+from compress.distill.quantized import param_groups, wrap
 from compress.errors import LlmpressError
 from compress.stage import Described, ModelContext, register_stage
 
@@ -26,6 +33,7 @@ class DistillConfig:
     batch: int = 4  # sequences per step
     length: int | None = None  # tokens per sequence (default: the calibration length)
     lr: float = 2e-4
+    scale_lr: float = 1e-3  # after quantization: Adam lr of the log-scales and zero points
     warmup: float = 0.05  # fraction of the steps spent warming up
     min_lr_ratio: float = 0.1  # cosine decays to lr × this
     weight_decay: float = 0.0
@@ -40,12 +48,18 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if self.tokens < 1 or self.batch < 1 or self.checkpoint_every < 1:
             raise LlmpressError("distill: tokens, batch and checkpoint_every must be >= 1")
-        if self.lr <= 0 or self.temperature <= 0:
-            raise LlmpressError("distill: lr and temperature must be > 0")
+        if self.lr <= 0 or self.scale_lr <= 0 or self.temperature <= 0:
+            raise LlmpressError("distill: lr, scale_lr and temperature must be > 0")
         if not 0 <= self.warmup < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise LlmpressError("distill: warmup must be in [0, 1) and min_lr_ratio in [0, 1]")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise LlmpressError("distill.max_minutes: must be > 0")
+
+
+# Zero points train at the log-scales' rate, rounded straight through: a level moves only
+# under a gradient consistent over hundreds of steps. (At 20× all of them crossed half a
+# level within 5 steps and the KL jumped 6×: Adam moves every one by its lr each step.)
+ZERO_LR_FACTOR = 1
 
 
 @register_stage("distill", DistillConfig)
@@ -64,6 +78,7 @@ class Distill(Described):
     needs_calibration = True
     whole_model = True
     requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why
+    repairs_quantized = True  # may also come last, after the quantizing stages
 
     def __init__(self, config: DistillConfig):
         self.config = config
@@ -78,6 +93,11 @@ class Distill(Described):
         c = self.config
         if ctx.model is ctx.teacher:
             raise LlmpressError("distill: the model equals the original; put it after prune")
+        if ctx.quantized is not None and c.hidden_weight > 0:
+            raise LlmpressError(
+                "distill: hidden_weight applies to repairing a pruned model; set it to 0 "
+                "when distill repairs the quantized one"
+            )
         data = ctx.samples
         if c.data is not None:
             data = ctx.load_text(
@@ -95,10 +115,14 @@ class Distill(Described):
                     "tokens): lower it or raise calib.length"
                 )
             data = data[:, : c.length]
+        groups = wrapped = None
+        if ctx.quantized is not None:  # the integers stay: scales and zero points train
+            wrapped = wrap(ctx.model, ctx.quantized)
+            groups = param_groups(wrapped, c.scale_lr, ZERO_LR_FACTOR * c.scale_lr)
         settings = DistillSettings(
             steps=max(1, c.tokens // (c.batch * data.shape[1])),
             batch=c.batch,
-            lr=c.lr,
+            lr=c.lr if wrapped is None else c.scale_lr,
             warmup=c.warmup,
             min_lr_ratio=c.min_lr_ratio,
             weight_decay=c.weight_decay,
@@ -126,6 +150,12 @@ class Distill(Described):
             layer_map=ctx.layer_map or list(range(ctx.config["num_hidden_layers"])),
             hidden_index=ctx.hidden_index,
             adapter=ctx.adapter,
+            param_groups=groups,
             log=ctx.log,
         )
-        return {"stage": "distill", "samples": int(data.shape[0]), **record}
+        trained = "weights"
+        if wrapped is not None:
+            for name, module in wrapped.items():
+                ctx.quantized[name] = module.result(ctx.storage_dtype)
+            trained = f"scales and zero points of {len(wrapped)} quantized linears"
+        return {"stage": "distill", "samples": int(data.shape[0]), "trained": trained, **record}
