@@ -69,7 +69,10 @@ def gptq_quantize(
         perm = torch.argsort(torch.diagonal(h), descending=True)
         w, h = w[:, perm], h[perm][:, perm]
     h += dampening * torch.diagonal(h).mean() * torch.eye(cols, dtype=h.dtype)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    # H⁻¹ by cholesky_solve: torch's cholesky_inverse takes 11 s at 1536 in float64 here
+    # (0.27 s this way), which was most of GPTQ's time on down_proj
+    eye = torch.eye(cols, dtype=h.dtype)
+    hinv = torch.linalg.cholesky(torch.cholesky_solve(eye, torch.linalg.cholesky(h)), upper=True)
     hinv = hinv.float()
     order = perm if act_order else torch.arange(cols)
     q = torch.zeros(rows, cols, dtype=torch.int8)
