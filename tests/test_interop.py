@@ -41,6 +41,15 @@ def more_artifacts(tmp_path_factory, wikitext):
             "calib": calib,
             "export": "compressed-tensors",
         },
+        # the best:w4g64 chain, with short searches and tuning to keep the suite quick
+        "awq+gptq+tune": {
+            "stages": [
+                {"awq": {"bits": 4, "grid": 4, "clip_grid": 4, "search_samples": 2}},
+                {"gptq": {"bits": 4}},
+                {"tune": {"steps": 4}},
+            ],
+            "calib": calib,
+        },
     }
     out = {}
     for name, recipe in recipes.items():
@@ -78,7 +87,9 @@ def test_transformers_documented_call_gives_runtime_logits(artifacts, kind, ids)
     _same_logits(_transformers_logits(path, ids, **kwargs), _runtime_logits(path, ids))
 
 
-@pytest.mark.parametrize("kind", ["rtn:w4g64+lm_head:w8", "int8+export:compressed-tensors"])
+@pytest.mark.parametrize(
+    "kind", ["rtn:w4g64+lm_head:w8", "int8+export:compressed-tensors", "awq+gptq+tune"]
+)
 def test_transformers_loads_head_and_int8_kinds(more_artifacts, kind, ids):
     path = more_artifacts[kind]
     assert transformers_problems(json.loads((path / "config.json").read_text())) == []
