@@ -8,12 +8,16 @@ count scales and zero points (the manifest's figure), its minutes are the wall t
 the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64]
-                                 [--samples 128] [--windows 64]
+                                 [--samples 128] [--windows 64] [--append]
+
+`--append` adds rows to the results file of an earlier run (same protocol); quality
+figures do not depend on the machine's load, but minutes compare only within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
-from compress.eval.drift import format_table, measure_drift
+from compress.eval.drift import Drift, format_table, measure_drift
 from compress.model.loading import load_tokenizer, resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
@@ -67,6 +71,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="quality", help="results file stem")
+    ap.add_argument(
+        "--append", action="store_true", help="keep the rows already in the results file"
+    )
     args = ap.parse_args()
     for name in ("valid.txt", "test.txt"):
         if not (args.data / name).is_file():
@@ -80,6 +87,9 @@ def main() -> None:
     calib = {"source": str(args.data / "valid.txt"), "samples": args.samples, "length": args.length}
     results, extra, timing = {}, {}, {}
     args.out.mkdir(parents=True, exist_ok=True)
+    previous = args.out / f"{args.name}.json"
+    if args.append and previous.is_file():  # rows of an earlier run of the same protocol
+        results, extra, timing = _read(previous, calib, args.windows)
     for scheme in args.schemes:
         for row in args.rows:
             label = f"{row} {scheme}"
@@ -105,6 +115,18 @@ def main() -> None:
             print(label, results[label].to_dict(), extra[label], json.dumps(timing[label]))
     print(f"original: ppl {next(iter(results.values())).base_ppl:.3f}")
     print(format_table(results, extra))
+
+
+def _read(path: Path, calib: dict, windows: int) -> tuple[dict, dict, dict]:
+    record = json.loads(path.read_text())
+    if record["windows"] != windows or record["calibration"]["samples"] != calib["samples"]:
+        raise SystemExit(f"{path}: another protocol (windows, samples); not appending")
+    fields = {f.name for f in dataclasses.fields(Drift)}
+    results, extra = {}, {}
+    for label, row in record["results"].items():
+        results[label] = Drift(**{k: v for k, v in row.items() if k in fields})
+        extra[label] = {k: row[k] for k in ("bits/weight", "minutes")}
+    return results, extra, record["timing_s"]
 
 
 def _write(args, calib: dict, results: dict, extra: dict, timing: dict) -> None:
