@@ -7,7 +7,7 @@ Each row is one recipe compressed with `llmpress`'s own pipeline; its bits per w
 count scales and zero points (the manifest's figure), its minutes are the wall time of
 the compression on this machine (loading and writing included).
 
-    python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64]
+    python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
                                  [--samples 128] [--windows 64] [--append]
 
 `--append` adds rows to the results file of an earlier run (same protocol); quality
@@ -44,6 +44,7 @@ ROWS = {
     "awq+gptq": ["awq", "gptq"],
     "awq+gptq+tune": ["awq", "gptq", "tune"],
     "awq+gptq+tune+distill": ["awq", "gptq", "tune", "distill"],
+    "mixed+awq+gptq+tune": ["mixed", "awq", "gptq", "tune"],  # to --bits per weight
 }
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
@@ -55,8 +56,8 @@ SCHEMES = {
 REPAIR = {"tokens": 32768, "batch": 2}
 
 
-def recipe_for(row: str, scheme: dict, calib: dict):
-    settings = {"tune": {}, "distill": REPAIR}
+def recipe_for(row: str, scheme: dict, calib: dict, bits: float):
+    settings = {"tune": {}, "distill": REPAIR, "mixed": {"bits_budget": bits}}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib})
 
@@ -65,6 +66,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--schemes", nargs="+", default=["w4g64"], choices=list(SCHEMES))
+    ap.add_argument("--bits", type=float, default=4.5, help="mixed precision's budget")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--length", type=int, default=512)
@@ -92,11 +94,12 @@ def main() -> None:
         results, extra, timing = _read(previous, calib, args.windows)
     for scheme in args.schemes:
         for row in args.rows:
-            label = f"{row} {scheme}"
+            label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "artifact"
                 t0 = time.perf_counter()
-                compress("default", recipe_for(row, SCHEMES[scheme], calib), out, log=print)
+                recipe = recipe_for(row, SCHEMES[scheme], calib, args.bits)
+                compress("default", recipe, out, log=print)
                 minutes = (time.perf_counter() - t0) / 60
                 manifest = json.loads((out / "manifest.json").read_text())
                 model = load_model(resolve(str(out)))

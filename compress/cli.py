@@ -85,6 +85,12 @@ def cli() -> None:
     help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
 )
 @click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")
+@click.option(
+    "--bits",
+    type=float,
+    help="Mixed precision: average bits per weight (scales included) to spend, e.g. 4.6; "
+    "the most sensitive linears get smaller groups or 8 bits.",
+)
 @click.option("--kv", "kv_cache", help="KV-cache scheme for the runtime: int8, int4 (KIVI).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option(
@@ -105,6 +111,7 @@ def compress(
     ignore,
     export,
     lm_head,
+    bits,
     kv_cache,
     overwrite,
     resume,
@@ -120,7 +127,7 @@ def compress(
         "text_field": text_field,
     }
     flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv_cache}
-    recipe = recipe_from_flags(recipe_file, quant, calib_flags, flags, ignore)
+    recipe = recipe_from_flags(recipe_file, quant, calib_flags, flags, ignore, bits)
     run(
         model,
         recipe,

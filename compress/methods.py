@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from compress.distill import stage as distill
 from compress.pruning import stage as prune
-from compress.quantizers import awq, gptq, int8_outlier, rtn, tune
+from compress.quantizers import awq, gptq, int8_outlier, mixed, rtn, tune
 from compress.stage import STAGES
 
-MODULES = (rtn, awq, gptq, tune, int8_outlier, prune, distill)
+MODULES = (rtn, awq, gptq, tune, int8_outlier, mixed, prune, distill)
 
 __all__ = ["MODULES", "STAGES"]

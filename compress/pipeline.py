@@ -135,10 +135,12 @@ def compress(
         with _Clock(timing)("calibration data"):
             samples = load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
     if model_stages:
-        ckpt, records = run_model_stages(
-            source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing
-        )
+        ckpt, records, schemes = run_model_stages(
+            source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing,
+            ws.storage_dtype, recipe.ignore,
+        )  # fmt: skip
         ws = _workspace(recipe, ckpt)  # again, on the widths the model stages left
+        ws.schemes = schemes
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
     ws.tokenizer = tokenizer
     writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, _extra(recipe))
@@ -259,8 +261,11 @@ def work_dir(output: Path) -> Path:
     return output.parent / f".{output.name}.llmpress-work"
 
 
-def run_model_stages(source, stages, samples, tokenizer, folder, resume, log, timing):
-    """Run the whole-model stages and save their result as a checkpoint the block walk reads."""
+def run_model_stages(
+    source, stages, samples, tokenizer, folder, resume, log, timing, storage_dtype, ignore
+):
+    """Run the whole-model stages and save their result as a checkpoint the block walk reads
+    (the source itself when none changed the weights); also the per-linear schemes they chose."""
     import json
 
     from compress.calib_data.prepare import load_calibration as load_text
@@ -283,11 +288,15 @@ def run_model_stages(source, stages, samples, tokenizer, folder, resume, log, ti
         resume=resume,
         load_text=lambda cfg: load_text(cfg, tokenizer, lambda: teacher, source.sha256),
         log=log,
+        storage_dtype=storage_dtype,
+        ignore=ignore,
     )
     records = []
     for stage in stages:
         with clock(stage.name):
             records.append(stage.run(ctx))
+    if not any(stage.changes_model for stage in stages):
+        return source, records, ctx.schemes
     out = folder / "model"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
@@ -301,7 +310,7 @@ def run_model_stages(source, stages, samples, tokenizer, folder, resume, log, ti
     for name in ("generation_config.json", "chat_template.jinja"):
         if (source.path / name).is_file():
             shutil.copy2(source.path / name, out / name)
-    return resolve(str(out)), records
+    return resolve(str(out)), records, ctx.schemes
 
 
 def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:

@@ -193,7 +193,34 @@ def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
         params = {**params, **implied}  # what the export's layout requires
         stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
         _check_order(stages, i)
-    return tuple(stages)
+    return _fill_base_scheme(stages, export)
+
+
+def _fill_base_scheme(stages: list[tuple[str, Any]], export: str) -> tuple[tuple[str, Any], ...]:
+    """Give a stage that plans per-linear schemes (mixed) the quantizing stages' scheme."""
+    out = []
+    for i, (name, cfg) in enumerate(stages):
+        if STAGES[name].factory.plans_schemes:
+            rest = stages[i + 1 :]
+            if rest and STAGES[rest[0][0]].factory.whole_model:
+                raise LlmpressError(
+                    f"recipe: {name} plans the schemes of the model the quantizers see: put "
+                    f"{rest[0][0]} before it"
+                )
+            rounders = [(n, c) for n, c in rest if getattr(c, "scheme", None)]
+            if not rounders or not all(STAGES[n].factory.per_layer_schemes for n, _ in rounders):
+                raise LlmpressError(
+                    f"recipe: {name} chooses each linear's scheme for the quantizing stages "
+                    "after it: follow it with awq, gptq or rtn (not int8)"
+                )
+            if not codec(export).per_layer_schemes:
+                raise LlmpressError(
+                    f"recipe: the {export} export holds one scheme; mixed precision needs "
+                    "the default compressed-tensors export"
+                )
+            cfg = dataclasses.replace(cfg, base=rounders[0][1].scheme.label())
+        out.append((name, cfg))
+    return tuple(out)
 
 
 def _check_order(stages: list[tuple[str, Any]], i: int) -> None:
@@ -297,21 +324,48 @@ def recipe_from_flags(
     calib_flags: dict,
     flags: dict,
     ignore: tuple[str, ...] = (),
+    bits: float | None = None,
 ) -> Recipe:
     """The recipe `llmpress compress` runs: a recipe file or one `--quant` stage, with the
-    flags that were given (not None) overriding its settings and `--ignore` adding to its
-    patterns."""
+    flags that were given (not None) overriding its settings, `--ignore` adding to its
+    patterns and `--bits` setting (or adding) mixed precision's budget."""
     if bool(recipe_file) == bool(quant):
         raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
     data = load_recipe(recipe_file) if recipe_file else {"stages": quant_stages(quant)}
     if not isinstance(data, dict):
         raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
+    if bits is not None:
+        data = {**data, "stages": with_budget(data.get("stages"), bits)}
     calib = dict(data.get("calib") or {})
     calib.update({k: v for k, v in calib_flags.items() if v is not None})
     data = {**data, "calib": calib, **{k: v for k, v in flags.items() if v}}
     if ignore:
         data["ignore"] = [*(data.get("ignore") or []), *ignore]
     return parse_recipe(data)
+
+
+def with_budget(stages: Any, bits: float) -> Any:
+    """The stages with mixed precision to `bits` per weight: the recipe's own mixed stage
+    given that budget, else one put just before the first block stage."""
+    if not isinstance(stages, list):
+        return stages  # parse_recipe says what is wrong
+
+    def entry(e: Any) -> tuple[Any, Any]:
+        if isinstance(e, str):
+            return e, {}
+        return next(iter(e.items())) if isinstance(e, dict) and len(e) == 1 else (None, None)
+
+    names = [entry(e)[0] for e in stages]
+    factories = [STAGES[n].factory if n in STAGES else None for n in names]
+    for k, factory in enumerate(factories):
+        if factory is not None and factory.plans_schemes:
+            params = entry(stages[k])[1]
+            params = params if isinstance(params, dict) else {}
+            return [*stages[:k], {names[k]: {**params, "bits_budget": bits}}, *stages[k + 1 :]]
+    first = next(
+        (k for k, f in enumerate(factories) if f is not None and not f.whole_model), len(stages)
+    )
+    return [*stages[:first], {"mixed": {"bits_budget": bits}}, *stages[first:]]
 
 
 def load_recipe(path: Path) -> dict:

@@ -26,6 +26,17 @@ from compress.model.blocks import BlockStore
 from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
+def matches_ignore(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a recipe's `ignore` patterns (globs, or re:REGEX) name module `name`."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.fullmatch(pattern[3:], name):
+                return True
+        elif fnmatch.fnmatchcase(name, pattern):
+            return True
+    return False
+
+
 @dataclass
 class Workspace:
     """What stages have decided about the model so far (never the whole dense model).
@@ -41,6 +52,8 @@ class Workspace:
     ignore: tuple[str, ...] = ()
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
     updated: dict[str, torch.Tensor] = field(default_factory=dict)
+    # per-linear schemes that replace the quantizing stages' own (mixed precision)
+    schemes: dict[str, QuantScheme] = field(default_factory=dict)
 
     @property
     def adapter(self):
@@ -72,13 +85,7 @@ class Workspace:
         ]
 
     def ignored(self, name: str) -> bool:
-        for pattern in self.ignore:
-            if pattern.startswith("re:"):
-                if re.fullmatch(pattern[3:], name):
-                    return True
-            elif fnmatch.fnmatchcase(name, pattern):
-                return True
-        return False
+        return matches_ignore(name, self.ignore)
 
     def weight_shape(self, name: str) -> tuple[int, ...]:
         return self.store.ckpt.tensors[f"{name}.weight"][1]
@@ -110,6 +117,10 @@ class BlockContext:
 
     def sub(self, rel: str) -> torch.nn.Module:
         return self.module.get_submodule(rel)
+
+    def scheme(self, rel: str, default: QuantScheme) -> QuantScheme:
+        """The scheme linear `rel` takes: a stage's own, unless mixed precision chose another."""
+        return self.ws.schemes.get(f"{self.prefix}.{rel}", default)
 
     def set_quantized(self, rel: str, qw: QuantizedWeight) -> None:
         """Record a quantized linear; the block computes with its dequantized values from now on."""
@@ -156,9 +167,13 @@ class Described:
     # stage made (scheme None); `needs_reference` wants the block's original output
     prepares: ClassVar[bool] = False
     refines: ClassVar[bool] = False
+    per_layer_schemes: ClassVar[bool] = False  # reads ctx.scheme (mixed precision's choice)
     needs_reference: ClassVar[bool] = False
-    # whole-model stages: may also run after the block walk, on the quantized model
+    # whole-model stages: may also run after the block walk, on the quantized model;
+    # one that only plans (mixed precision) leaves the weights as they were
     repairs_quantized: ClassVar[bool] = False
+    changes_model: ClassVar[bool] = True
+    plans_schemes: ClassVar[bool] = False  # chooses per-linear schemes (mixed precision)
 
     @staticmethod
     def weight_bits(settings: dict) -> int | None:
@@ -224,6 +239,10 @@ class ModelContext:
     # after the block walk: the quantized linears (a stage may replace their entries)
     quantized: dict[str, QuantizedWeight] | None = None
     storage_dtype: torch.dtype = torch.float32
+    # before the walk: per-linear schemes for the quantizing stages (Workspace.schemes),
+    # and the recipe's `ignore` patterns (linears no stage quantizes)
+    schemes: dict[str, QuantScheme] = field(default_factory=dict)
+    ignore: tuple[str, ...] = ()
 
 
 class ModelStage(Protocol):

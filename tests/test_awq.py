@@ -63,8 +63,8 @@ def test_clip_search_lowers_the_output_error():
     w[::7, ::13] *= 12  # heavy-tailed groups, where clipping pays
     x = torch.randn(512, 256)
     scheme = QuantScheme(3, 64, True)
-    awq = AWQ(AWQConfig(bits=3))
-    clip = awq._search_clip(w, x, 64)
+    awq = AWQ(AWQConfig(bits=3, zero_point=True))
+    clip = awq._search_clip(w, x, 64, scheme)
     assert clip.shape == (64, 4) and (clip <= 1).all() and (clip >= 0.5).all() and (clip < 1).any()
 
     def out_err(c):

@@ -34,6 +34,7 @@ class CompressedTensors:
     storage_dtype: torch.dtype | None = None  # the recipe's dtype is kept
     scheme_defaults: ClassVar[dict] = {}
     holds_lm_head = True
+    per_layer_schemes = True  # one config group per scheme (mixed precision)
     suffixes = (*ct_format.SUFFIXES, *ct_format.OUTLIER_SUFFIXES)
 
     def __init__(self, name: str, outliers: bool):
@@ -82,6 +83,7 @@ class AwqGemm:
     storage_dtype = torch.float16  # AutoAWQ's kernels read float16 scales
     scheme_defaults: ClassVar[dict] = {"zero_point": True}  # the only kind it holds
     holds_lm_head = False
+    per_layer_schemes = False
     suffixes = awq_format.SUFFIXES
 
     def preflight(self, widths: Iterable[int], schemes: list) -> None:

@@ -129,6 +129,7 @@ class AWQ(Described):
     def weight_bits(settings: dict) -> int | None:
         return settings.get("bits")
 
+    per_layer_schemes = True
     activations = None
     needs_calibration = True
     prepares = True  # before gptq: folds scales and clips, leaves the rounding to it
@@ -237,7 +238,7 @@ class AWQ(Described):
             s = expand(s_produced)
             for rel, m in linears.items():
                 w = originals[rel] * s
-                q = _fake_quant(w, scheme, dtype) if rel in targets else w
+                q = _fake_quant(w, ctx.scheme(rel, scheme), dtype) if rel in targets else w
                 m.weight.copy_(q / s)
             loss = (self._run(parent, x) - target).pow(2).mean().item()
             if loss < best[0]:
@@ -264,7 +265,8 @@ class AWQ(Described):
         return torch.cat([fn(x[lo : lo + CHUNK]) for lo in range(0, x.shape[0], CHUNK)])
 
     def _quantize(self, ctx: BlockContext, rel: str) -> None:
-        cfg, scheme, dtype = self.config, self.config.scheme, ctx.ws.storage_dtype
+        cfg, dtype = self.config, ctx.ws.storage_dtype
+        scheme = ctx.scheme(rel, cfg.scheme)
         w = ctx.sub(rel).weight.detach()
         group = scheme.group_for(w.shape[1])
         clip: torch.Tensor | float = 1.0
@@ -272,7 +274,7 @@ class AWQ(Described):
         # q/k errors act through the attention scores; AWQ found clipping them hurts
         if cfg.clip and rel not in (adapter.q, adapter.k):
             key = next(g.linears[0] for g in adapter.input_groups if rel in g.linears)
-            clip = self._search_clip(w, self._inputs[key], group)
+            clip = self._search_clip(w, self._inputs[key], group, scheme)
         self.groups[f"{ctx.prefix}.{rel}"] = group
         if ctx.round_later:  # a later stage rounds: leave it the scaled, clipped weights
             self.deferred = True
@@ -282,14 +284,16 @@ class AWQ(Described):
         q = quantize_with(w, scale, zp, scheme, group)
         ctx.set_quantized(rel, QuantizedWeight(q, scale, zp, scheme, group))
 
-    def _search_clip(self, w: torch.Tensor, x: torch.Tensor, group: int) -> torch.Tensor:
+    def _search_clip(
+        self, w: torch.Tensor, x: torch.Tensor, group: int, scheme: QuantScheme
+    ) -> torch.Tensor:
         """Per (output row, weight group) clipping ratio minimizing that group's output error.
 
         The error of one group's contribution, mean over tokens of (x_g · δ)², equals
         δ H_g δᵀ with H_g = x_gᵀ x_g / n, so each ratio costs out × g² per group instead
         of out × g × tokens, and every search token counts.
         """
-        cfg, scheme = self.config, self.config.scheme
+        cfg = self.config
         x = x.reshape(-1, x.shape[-1])
         rows, cols = w.shape
         xg = x.reshape(x.shape[0], cols // group, group).transpose(0, 1)  # [G, n, g]
@@ -318,7 +322,7 @@ class AWQ(Described):
             "scheme": scheme.label(),
             "layers": len(self.groups),
             "rounded": not self.deferred,  # False: scaled and clipped for a later stage
-            "group_size_adjusted": adjusted_groups(self.groups, scheme),
+            "group_size_adjusted": adjusted_groups(self.groups, scheme, ws.schemes),
             "alpha": {k: round(v, 3) for k, v in self.alphas.items()},
             "not_scaled": self.skipped,
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},

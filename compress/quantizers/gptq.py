@@ -125,6 +125,7 @@ def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
 
 @register_stage("gptq", GPTQConfig)
 class GPTQ(Described):
+    per_layer_schemes = True
     activations = None
     needs_calibration = True
 
@@ -173,7 +174,8 @@ class GPTQ(Described):
         for rel in ctx.targets():
             h = hessians[self._key[rel]]
             w = ctx.sub(rel).weight
-            qw = gptq_quantize(w, h, cfg.scheme, ctx.ws.storage_dtype, cfg.act_order, cfg.dampening)
+            scheme = ctx.scheme(rel, cfg.scheme)
+            qw = gptq_quantize(w, h, scheme, ctx.ws.storage_dtype, cfg.act_order, cfg.dampening)
             ctx.set_quantized(rel, qw)
             self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
         self.seconds["rounding"] += time.perf_counter() - started
@@ -185,6 +187,6 @@ class GPTQ(Described):
             "act_order": self.config.act_order,
             "dampening": self.config.dampening,
             "layers": len(self.groups),
-            "group_size_adjusted": adjusted_groups(self.groups, self.config.scheme),
+            "group_size_adjusted": adjusted_groups(self.groups, self.config.scheme, ws.schemes),
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
         }

@@ -31,9 +31,17 @@ class RTNConfig:
         self.scheme  # noqa: B018 - validates bits and group size as the recipe is read
 
 
-def adjusted_groups(groups: dict[str, int], scheme: QuantScheme) -> dict[str, int]:
-    """Layers whose input width the requested group size does not divide (see scheme.py)."""
-    return {n: g for n, g in groups.items() if scheme.group_size and g != scheme.group_size}
+def adjusted_groups(
+    groups: dict[str, int], scheme: QuantScheme, schemes: dict[str, QuantScheme]
+) -> dict[str, int]:
+    """Layers whose input width the requested group size does not divide (see scheme.py);
+    `schemes` holds the layers mixed precision gave another scheme."""
+    adjusted = {}
+    for name, g in groups.items():
+        wanted = schemes.get(name, scheme).group_size
+        if wanted and g != wanted:
+            adjusted[name] = g
+    return adjusted
 
 
 @register_stage("rtn", RTNConfig)
@@ -42,6 +50,7 @@ class RTN(Described):
     def weight_bits(settings: dict) -> int | None:
         return settings.get("bits")
 
+    per_layer_schemes = True
     activations = None
     needs_calibration = False
 
@@ -61,9 +70,8 @@ class RTN(Described):
 
     def transform(self, ctx: BlockContext) -> None:
         for rel in ctx.targets():
-            qw = quantize_weight(
-                ctx.sub(rel).weight.detach(), self.config.scheme, ctx.ws.storage_dtype
-            )
+            scheme = ctx.scheme(rel, self.config.scheme)
+            qw = quantize_weight(ctx.sub(rel).weight.detach(), scheme, ctx.ws.storage_dtype)
             ctx.set_quantized(rel, qw)
             self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
 
@@ -73,5 +81,5 @@ class RTN(Described):
             "stage": "rtn",
             "scheme": scheme.label(),
             "layers": len(self.groups),
-            "group_size_adjusted": adjusted_groups(self.groups, scheme),
+            "group_size_adjusted": adjusted_groups(self.groups, scheme, ws.schemes),
         }
