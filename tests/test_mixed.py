@@ -103,6 +103,7 @@ def test_mixed_artifact_meets_its_budget(tmp_path, wikitext, tokenizer):
         ([{"awq": {}}, {"mixed": {}}], "must come before the quantizing stages"),
         ([{"mixed": {"options": ["x4"]}}, "awq"], "'x4' is not a scheme"),
         ([{"mixed": {"bits_budget": 0}}, "awq"], "bits_budget must be > 0"),
+        ([{"mixed": {"bits_budget": 4}}, "awq"], "leaves nothing for scales"),
         ([{"mixed": {}}, {"prune": {"mlp": 0.25}}, "awq"], "put prune before it"),
     ],
 )

@@ -57,6 +57,14 @@ class MixedConfig:
         object.__setattr__(self, "options", tuple(self.options))
         for label in self.options:
             parse_scheme(str(label), QuantScheme())  # refuse a bad label as the recipe is read
+        if self.base is not None:
+            fewest = min(parse_scheme(x, QuantScheme()).bits for x in (self.base, *self.options))
+            if self.bits_budget <= fewest:
+                raise LlmpressError(
+                    f"mixed.bits_budget {self.bits_budget} leaves nothing for scales: every "
+                    f"option stores at least {fewest} bits per weight plus scales; raise it "
+                    f"or add a cheaper option (e.g. w{fewest - 1}g64)"
+                )
 
 
 def parse_scheme(label: str, base: QuantScheme) -> QuantScheme:
@@ -185,30 +193,33 @@ class Mixed(Described):
             for rel in ctx.adapter.block_linears
             if not matches_ignore(f"{ctx.adapter.block_prefix(i)}.{rel}", ctx.ignore)
         ]
+        scale_bits = torch.finfo(ctx.storage_dtype).bits
+        shapes = {n: tuple(ctx.model.get_submodule(n).weight.shape) for n in names}
+        stored = {
+            n: {k: b for k, s in options.items() if (b := stored_bits(s, shape, scale_bits))}
+            for n, shape in shapes.items()
+        }
+        weights = sum(a * b for a, b in shapes.values())
+        least = sum(min(o.values()) for o in stored.values()) / weights
+        if cfg.bits_budget < least:  # known from the shapes: refuse before the Fisher pass
+            raise LlmpressError(
+                f"mixed.bits_budget {cfg.bits_budget} is below the cheapest choice "
+                f"({least:.3f} bits per weight with scales): raise it or add a cheaper option"
+            )
         started = time.perf_counter()
         ctx.log(f"mixed precision: Fisher information on {cfg.samples} calibration samples")
         fisher = fisher_diagonal(ctx.model, ctx.samples[: cfg.samples], names, cfg.seed)
         measured = time.perf_counter()
-        scale_bits = torch.finfo(ctx.storage_dtype).bits
         costs: dict[str, dict[str, tuple[float, int]]] = {}
         with torch.no_grad():
             for name in names:
                 w = ctx.model.get_submodule(name).weight.detach().float()
                 costs[name] = {}
-                for label, scheme in options.items():
-                    b = stored_bits(scheme, tuple(w.shape), scale_bits)
-                    if b is None:
-                        continue
-                    err = quantize_weight(w, scheme, ctx.storage_dtype).dequantize() - w
-                    costs[name][label] = (0.5 * float((fisher[name] * err.square()).sum()), b)
-        weights = sum(ctx.model.get_submodule(n).weight.numel() for n in names)
+                for label, b in stored[name].items():
+                    q = quantize_weight(w, options[label], ctx.storage_dtype).dequantize()
+                    err = 0.5 * float((fisher[name] * (q - w).square()).sum())
+                    costs[name][label] = (err, b)
         choice = allocate(costs, cfg.bits_budget * weights)
-        if not choice:
-            least = sum(min(b for _, b in o.values()) for o in costs.values()) / weights
-            raise LlmpressError(
-                f"mixed.bits_budget {cfg.bits_budget} is below the cheapest choice "
-                f"({least:.3f} bits per weight): raise it or add a cheaper option"
-            )
         ctx.schemes.update({n: options[k] for n, k in choice.items() if k != base.label()})
         total = sum(costs[n][k][1] for n, k in choice.items())
         uniform = sum(o[base.label()][0] for o in costs.values() if base.label() in o)
