@@ -182,6 +182,7 @@ def test_best_preset_is_the_chain():
     from compress.recipe import quant_stages
 
     recipe = parse_recipe({"stages": quant_stages("best:w3g32")})
-    assert [n for n, _ in recipe.stages] == ["awq", "gptq", "tune"]
+    assert [n for n, _ in recipe.stages] == ["awq", "gptq", "tune", "distill"]
+    assert recipe.stages[3][1].tokens == 32768
     assert recipe.stages[0][1].scheme == recipe.stages[1][1].scheme == QuantScheme(3, 32, False)
     assert quant_stages("awq:w4g64") == [{"awq": {"bits": 4, "group_size": 64}}]
