@@ -12,7 +12,8 @@ from compress.artifact.dense import load_model
 from compress.errors import LlmpressError
 from compress.model.loading import resolve
 from compress.pipeline import compress
-from compress.quantizers.mixed import allocate, fisher_diagonal
+from compress.quantizers.mixed import allocate, fisher_diagonal, parse_scheme, stored_bits
+from compress.quantizers.scheme import QuantScheme
 from compress.recipe import parse_recipe, recipe_from_flags
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights
@@ -44,6 +45,18 @@ def test_allocation_is_the_best_choice_within_budget():
         exact += got <= best + 1e-12
     assert exact >= 30, exact
     assert allocate({"a": {"x": (1.0, 10)}}, 5) == {}  # nothing fits
+
+
+def test_options_apply_only_where_their_group_divides():
+    """SmolLM2's 576-wide inputs would take w4g128 as groups of 96, which vLLM has no
+    kernel for: the option is not offered there, but is on 1536-wide down_proj."""
+    g128 = parse_scheme("w4g128", QuantScheme(zero_point=False))
+    assert stored_bits(g128, (576, 576), 32, exact=True) is None
+    assert stored_bits(g128, (576, 576), 32) == 576 * 576 * 4 + 576 * 6 * 32
+    assert stored_bits(g128, (576, 1536), 32, exact=True) == 576 * 1536 * 4 + 576 * 12 * 32
+    assert (
+        stored_bits(parse_scheme("w8", g128), (64, 576), 16, exact=True) == 64 * 576 * 8 + 64 * 16
+    )
 
 
 def test_fisher_predicts_the_kl_of_a_small_change(tmp_path):
@@ -89,6 +102,7 @@ def test_mixed_artifact_meets_its_budget(tmp_path, wikitext, tokenizer):
         for g in groups.values()
     }
     assert len(schemes) > 1 and not (tmp_path / ".mixed.llmpress-work").exists()
+    assert manifest["engines"]["vllm"] == [], manifest["engines"]
     ids = torch.randint(0, 100, (1, 80))
     dense = load_model(resolve(str(out)))(ids).logits
     served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits

@@ -43,7 +43,7 @@ _LABEL = re.compile(r"^w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
 class MixedConfig:
     bits_budget: float = 4.5  # average stored bits per quantized weight, scales included
     # schemes a linear may take besides the quantizers' own (zero point as theirs unless
-    # the label says zp/sym; no group means per-channel)
+    # the label says zp/sym; no group means per-channel), where their group divides it
     options: tuple[str, ...] = ("w4g128", "w4g32", "w8")
     samples: int = 16  # calibration sequences the Fisher information is averaged over
     seed: int = 0
@@ -79,11 +79,15 @@ def parse_scheme(label: str, base: QuantScheme) -> QuantScheme:
     return QuantScheme(int(m["bits"]), group, zero_point)
 
 
-def stored_bits(scheme: QuantScheme, shape: tuple[int, int], scale_bits: int) -> int | None:
-    """Bits one linear of `shape` occupies under `scheme` (None: no group size fits)."""
+def stored_bits(
+    scheme: QuantScheme, shape: tuple[int, int], scale_bits: int, exact: bool = False
+) -> int | None:
+    """Bits one linear of `shape` occupies under `scheme` (None: no group size fits, or
+    with `exact` the requested one does not divide the width: an option is offered only
+    where it stays as named, since vLLM has kernels for groups of 32, 64 and 128 only)."""
     out, width = shape
     group = scheme.group_for(width)
-    if group is None:
+    if group is None or (exact and scheme.group_size and group != min(scheme.group_size, width)):
         return None
     groups = out * (width // group)
     return out * width * scheme.bits + groups * (scale_bits + scheme.bits * scheme.zero_point)
@@ -196,7 +200,11 @@ class Mixed(Described):
         scale_bits = torch.finfo(ctx.storage_dtype).bits
         shapes = {n: tuple(ctx.model.get_submodule(n).weight.shape) for n in names}
         stored = {
-            n: {k: b for k, s in options.items() if (b := stored_bits(s, shape, scale_bits))}
+            n: {
+                k: b
+                for k, s in options.items()
+                if (b := stored_bits(s, shape, scale_bits, exact=s != base))
+            }
             for n, shape in shapes.items()
         }
         weights = sum(a * b for a, b in shapes.values())
