@@ -49,6 +49,10 @@ ROWS = {
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
     "w3g64": {"bits": 3, "group_size": 64, "zero_point": False},
+    # zero points: better quality, but only transformers' dequantize=True path and vLLM
+    # load them (docs/format.md), so they are a comparison, not the default
+    "w4g64zp": {"bits": 4, "group_size": 64, "zero_point": True},
+    "w3g64zp": {"bits": 3, "group_size": 64, "zero_point": True},
 }
 
 
