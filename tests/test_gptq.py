@@ -82,13 +82,13 @@ def test_the_gptq_stage_writes_an_ordinary_artifact(tmp_path, wikitext, tokenize
     tokenizer.save_pretrained(str(folder))
     recipe = parse_recipe(
         {
-            "stages": [{"gptq": {"bits": 4, "group_size": 32, "act_order": True}}],
+            "stages": [{"gptq": {"bits": 4, "group_size": 32, "act_order": False}}],
             "calib": {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 64},
         }
     )
     out = compress(str(folder), recipe, tmp_path / "gptq", log=lambda _: None)
     record = json.loads((out / "manifest.json").read_text())["stages"][0]
-    assert record["stage"] == "gptq" and record["act_order"] and record["layers"] > 0
+    assert record["stage"] == "gptq" and record["act_order"] is False and record["layers"] > 0
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     (group,) = config["config_groups"].values()
     assert group["weights"]["group_size"] == 32 and group["weights"]["num_bits"] == 4
