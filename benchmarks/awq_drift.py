@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from wikitext import DATA, require
+
 from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import format_table, measure_drift
@@ -24,7 +26,6 @@ from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
 SCHEMES = ["rtn:w4g64zp", "rtn:w4g32zp", "awq:w4g64zp", "rtn:w3g64zp", "awq:w3g64zp"]
 
 
@@ -37,9 +38,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    for name in ("valid.txt", "test.txt"):
-        if not (args.data / name).is_file():
-            raise SystemExit(f"wikitext-2 not found: {args.data / name}")
+    require(args.data)
 
     base_ckpt = resolve("default")
     tokenizer = load_tokenizer(base_ckpt)

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from wikitext import DATA, require
+
 from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import Drift, format_table, measure_drift
@@ -33,7 +35,6 @@ from compress.pipeline import compress
 from compress.recipe import parse_recipe
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
 
 # Each row: the stages after the scheme is filled in (the scheme keys go to every
 # quantizing stage). Rows build on each other in the order the issue lists them.
@@ -81,9 +82,7 @@ def main() -> None:
         "--append", action="store_true", help="keep the rows already in the results file"
     )
     args = ap.parse_args()
-    for name in ("valid.txt", "test.txt"):
-        if not (args.data / name).is_file():
-            raise SystemExit(f"wikitext-2 not found: {args.data / name}")
+    require(args.data)
 
     base_ckpt = resolve("default")
     tokenizer = load_tokenizer(base_ckpt)

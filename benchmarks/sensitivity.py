@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from wikitext import DATA, require
 
 from compress.artifact.dense import load_model
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
@@ -28,7 +29,6 @@ from compress.quantizers.mixed import fisher_diagonal, parse_scheme
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 
 HERE = Path(__file__).resolve().parent
-DATA = HERE.parent.parent / "shared" / "data" / "wikitext-2-raw"
 
 
 def ranks(values: list[float]) -> list[float]:
@@ -63,9 +63,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    for name in ("valid.txt", "test.txt"):
-        if not (args.data / name).is_file():
-            raise SystemExit(f"wikitext-2 not found: {args.data / name}")
+    require(args.data)
     scheme = parse_scheme(args.scheme, QuantScheme(zero_point=False))
     ckpt = resolve("default")
     tokenizer = load_tokenizer(ckpt)
