@@ -8,7 +8,7 @@ count scales and zero points (the manifest's figure), its minutes are the wall t
 the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
-                                 [--samples 128] [--windows 64] [--append]
+                                 [--dtype bfloat16] [--samples 128] [--windows 64] [--append]
 
 `--append` adds rows to the results file of an earlier run (same protocol); quality
 figures do not depend on the machine's load, but minutes compare only within one run.
@@ -46,6 +46,7 @@ ROWS = {
     "awq+gptq+tune": ["awq", "gptq", "tune"],
     "awq+gptq+tune+distill": ["awq", "gptq", "tune", "distill"],
     "mixed+awq+gptq+tune": ["mixed", "awq", "gptq", "tune"],  # to --bits per weight
+    "mixed+awq+gptq+tune+distill": ["mixed", "awq", "gptq", "tune", "distill"],
 }
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
@@ -61,10 +62,10 @@ SCHEMES = {
 REPAIR = {"tokens": 32768, "batch": 2}
 
 
-def recipe_for(row: str, scheme: dict, calib: dict, bits: float):
+def recipe_for(row: str, scheme: dict, calib: dict, bits: float, dtype: str = "auto"):
     settings = {"tune": {}, "distill": REPAIR, "mixed": {"bits_budget": bits}}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
-    return parse_recipe({"stages": stages, "calib": calib})
+    return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
 
 
 def main() -> None:
@@ -72,6 +73,12 @@ def main() -> None:
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--schemes", nargs="+", default=["w4g64"], choices=list(SCHEMES))
     ap.add_argument("--bits", type=float, default=4.5, help="mixed precision's budget")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="storage dtype of scales and dense tensors (auto: the checkpoint's, fp32 here; "
+        "bfloat16 is what a bf16 checkpoint gets: 16-bit scales make w4g64 4.25 bits)",
+    )
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--length", type=int, default=512)
@@ -98,10 +105,12 @@ def main() -> None:
     for scheme in args.schemes:
         for row in args.rows:
             label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
+            if args.dtype != "auto":
+                label += f" {args.dtype}"
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "artifact"
                 t0 = time.perf_counter()
-                recipe = recipe_for(row, SCHEMES[scheme], calib, args.bits)
+                recipe = recipe_for(row, SCHEMES[scheme], calib, args.bits, args.dtype)
                 compress("default", recipe, out, log=print)
                 minutes = (time.perf_counter() - t0) / 60
                 manifest = json.loads((out / "manifest.json").read_text())
