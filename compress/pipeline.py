@@ -394,18 +394,21 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         with clock("read blocks"):
             block = ws.store.block(i)
         ctx = BlockContext(ws, i, block, hidden, rope)
-        if any(stage.needs_reference for stage in stages):
-            with clock("reference outputs"):
-                ctx.reference = run_block(block, hidden, rope)
+        ctx.want_reference = any(stage.needs_reference for stage in stages)
         for k, stage in enumerate(stages):
             ctx.round_later = k < max(rounders, default=-1)
             with clock(f"{stage.name} calibrate"):
-                stage.calibrate(ctx)
+                stage.calibrate(ctx)  # the first calibration pass may keep the reference
+            if ctx.want_reference and ctx.reference is None:
+                with clock("reference outputs"):
+                    ctx.reference = run_block(block, hidden, rope)
+            ctx.output = None
             with clock(f"{stage.name} transform"):
                 stage.transform(ctx)
+            ctx.pristine = False
         if hidden is not None:  # the next block calibrates on this one's compressed output
             with clock("propagate"):
-                hidden = run_block(block, hidden, rope)
+                hidden = ctx.output if ctx.output is not None else run_block(block, hidden, rope)
         ws.store.release(i)
         if not run.after:  # else written once the repair has changed its scales
             with clock("write"):

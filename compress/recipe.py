@@ -389,7 +389,7 @@ _QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?
 # Named recipes for `--quant NAME:w<BITS>g<GROUP>`: each stage with its settings; the
 # quantizing ones are also given the scheme (tune and distill keep it). `best` is the
 # chain with the lowest KL measured by benchmarks/quality.py (README, "Quality beyond
-# AWQ"): the repair's 32 steps of 2 × 512 tokens took 5 of its 34 minutes for 11% less KL.
+# AWQ"): the repair's 32 steps of 2 × 512 tokens take 5 of its 26 minutes for 11% less KL.
 PRESETS: dict[str, tuple[tuple[str, dict], ...]] = {
     "best": (
         ("awq", {}),

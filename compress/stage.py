@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from compress.artifact.writer import ExportState
-from compress.model.blocks import BlockStore
+from compress.model.blocks import BlockStore, observe_inputs
 from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
@@ -102,6 +102,12 @@ class BlockContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     # the block's output on `inputs` before any stage changed it (when a stage needs_reference)
     reference: torch.Tensor | None = None
+    want_reference: bool = False
+    # False once a stage has transformed the block
+    pristine: bool = True
+    # the block's output on `inputs` as the stage that just transformed it left it, when that
+    # stage computed it anyway (the pipeline then need not run the block again to propagate)
+    output: torch.Tensor | None = None
     # each linear's weight as it was just before it was first rounded (what refiners re-round)
     unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
     # set while a stage runs that a later stage will round: it prepares the weights only
@@ -114,6 +120,16 @@ class BlockContext:
     def targets(self) -> list[str]:
         """Names relative to the block of the linears stages may compress here."""
         return [n[len(self.prefix) + 1 :] for n in self.ws.target_linears(self.index)]
+
+    def observe(self, names, observe) -> None:
+        """observe_inputs over the calibration inputs. The first such pass over the block as
+        read also keeps its output as `reference` when a stage wants it: one forward of the
+        block over every sample instead of two."""
+        keep = self.want_reference and self.reference is None and self.pristine
+        outputs = torch.empty_like(self.inputs) if keep else None
+        observe_inputs(self.module, self.inputs, self.rope, names, observe, outputs)
+        if keep:
+            self.reference = outputs
 
     def sub(self, rel: str) -> torch.nn.Module:
         return self.module.get_submodule(rel)
@@ -129,11 +145,13 @@ class BlockContext:
             raise ValueError(f"{rel}: quantized shape {tuple(qw.shape)} != weight shape")
         self.ws.quantized[f"{self.prefix}.{rel}"] = qw
         self.unrounded.setdefault(rel, module.weight.detach().clone())
+        self.output = None
         with torch.no_grad():
             module.weight.copy_(qw.dequantize(module.weight.dtype))
 
     def mark_changed(self, rel: str) -> None:
         """Keep the current parameters of sub-module `rel` for export (they differ from source)."""
+        self.output = None
         for pname, param in self.sub(rel).named_parameters():
             key = f"{self.prefix}.{rel}.{pname}"
             self.ws.updated[key] = param.detach().to(self.ws.storage_dtype).clone()

@@ -13,7 +13,7 @@ from compress.model.blocks import BlockStore, run_block
 from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.quantizers.awq import AWQ, AWQConfig
-from compress.quantizers.gptq import gptq_quantize
+from compress.quantizers.gptq import GPTQ, GPTQConfig, gptq_quantize
 from compress.quantizers.rtn import RTN, RTNConfig
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 from compress.quantizers.tune import Tune, TuneConfig, _Tunable
@@ -75,6 +75,29 @@ def test_tuning_lowers_a_real_blocks_error_on_unseen_text(default_ckpt, tokenize
     assert pair[1] < pair[0] and not tune.kept
     for qw in ws.quantized.values():
         assert int(qw.q.min()) >= -8 and int(qw.q.max()) <= 7
+
+
+def test_shared_passes_are_the_forwards_they_replace(default_ckpt, tokenizer, wikitext):
+    """The first calibration pass over a block as read keeps its output as tune's
+    reference, and tune hands on the output it measured last for propagation: both are
+    exactly what a separate run of the block gives, so sharing them (two forwards of each
+    block over every sample fewer) changes no result."""
+    ws, block, hidden, rope = _block3(default_ckpt, tokenizer, wikitext, 4, 64)
+    original = run_block(block, hidden, rope)
+    ctx = BlockContext(ws, 3, block, hidden, rope, want_reference=True)
+    gptq = GPTQ(GPTQConfig(bits=4, group_size=64))
+    gptq.calibrate(ctx)
+    assert torch.equal(ctx.reference, original)
+    kept = ctx.reference
+    RTN(RTNConfig(bits=4, group_size=64)).transform(ctx)  # an error tuning surely reduces
+    ctx.pristine = False
+    ctx.observe(["mlp.down_proj"], lambda *_: None)  # the block changed: nothing kept
+    assert ctx.reference is kept and ctx.output is None
+    tune = Tune(TuneConfig(steps=20, lr=1e-2))
+    tune.transform(ctx)
+    assert not tune.kept  # tuning helped: its output is the block's new output
+    assert torch.equal(ctx.output, run_block(block, hidden, rope))
+    assert not torch.equal(ctx.output, original)
 
 
 def test_awq_before_gptq_only_scales_and_clips(default_ckpt, tokenizer, wikitext):

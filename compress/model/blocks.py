@@ -75,9 +75,17 @@ def run_block(block: torch.nn.Module, hidden: torch.Tensor, rope) -> torch.Tenso
 
 
 @torch.no_grad()
-def observe_inputs(block: torch.nn.Module, hidden: torch.Tensor, rope, names, observe) -> None:
+def observe_inputs(
+    block: torch.nn.Module,
+    hidden: torch.Tensor,
+    rope,
+    names,
+    observe,
+    outputs: torch.Tensor | None = None,
+) -> None:
     """Run the block over every sample, calling observe(name, x) with each input x of the
-    named sub-modules (chunk by chunk): how calibrating stages collect statistics."""
+    named sub-modules (chunk by chunk): how calibrating stages collect statistics. The
+    block's outputs go into `outputs` when given (the same values run_block computes)."""
 
     def hook(name):
         return lambda _module, args: observe(name, args[0])
@@ -85,7 +93,9 @@ def observe_inputs(block: torch.nn.Module, hidden: torch.Tensor, rope, names, ob
     handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
     try:
         for lo in range(0, hidden.shape[0], CHUNK):
-            block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+            out = block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+            if outputs is not None:
+                outputs[lo : lo + CHUNK] = out
     finally:
         for h in handles:
             h.remove()

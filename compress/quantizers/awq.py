@@ -20,7 +20,7 @@ import torch
 
 from compress.errors import LlmpressError
 from compress.model.adapters import InputGroup
-from compress.model.blocks import CHUNK, observe_inputs
+from compress.model.blocks import CHUNK
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import adjusted_groups
 from compress.quantizers.scheme import (
@@ -166,7 +166,7 @@ class AWQ(Described):
                 kept[rel].append(x[:room].clone())
 
         first = [g.linears[0] for g in ctx.ws.adapter.input_groups]
-        observe_inputs(ctx.module, ctx.inputs, ctx.rope, first, observe)
+        ctx.observe(first, observe)
         tokens = ctx.inputs.shape[0] * ctx.inputs.shape[1]
         self._stats = {rel: s / tokens for rel, s in sums.items()}
         self._inputs = {rel: torch.cat(v) for rel, v in kept.items()}

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from compress.errors import LlmpressError
-from compress.model.blocks import observe_inputs
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import RTNConfig, adjusted_groups
 from compress.quantizers.scheme import (
@@ -165,7 +164,7 @@ class GPTQ(Described):
 
         self._key = _shared_inputs(ctx)
         observed = sorted(set(self._key.values()))
-        observe_inputs(ctx.module, ctx.inputs, ctx.rope, observed, observe)
+        ctx.observe(observed, observe)
         self.seconds["hessians"] += time.perf_counter() - started
 
     @torch.no_grad()

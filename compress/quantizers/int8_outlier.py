@@ -21,7 +21,6 @@ import torch
 
 from compress.artifact.dense import decompose
 from compress.errors import LlmpressError
-from compress.model.blocks import observe_inputs
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.scheme import (
     AUTO,
@@ -139,7 +138,7 @@ class Int8Outlier(Described):
             m = x.abs().reshape(-1, x.shape[-1]).amax(0)
             amax[rel] = m if rel not in amax else torch.maximum(amax[rel], m)
 
-        observe_inputs(ctx.module, ctx.inputs, ctx.rope, ctx.targets(), observe)
+        ctx.observe(ctx.targets(), observe)
         self._amax = amax
 
     @torch.no_grad()
