@@ -399,13 +399,12 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
             ctx.round_later = k < max(rounders, default=-1)
             with clock(f"{stage.name} calibrate"):
                 stage.calibrate(ctx)  # the first calibration pass may keep the reference
-            if ctx.want_reference and ctx.reference is None:
+            if ctx.want_reference and ctx.reference is None:  # before the block changes
                 with clock("reference outputs"):
                     ctx.reference = run_block(block, hidden, rope)
             ctx.output = None
             with clock(f"{stage.name} transform"):
                 stage.transform(ctx)
-            ctx.pristine = False
         if hidden is not None:  # the next block calibrates on this one's compressed output
             with clock("propagate"):
                 hidden = ctx.output if ctx.output is not None else run_block(block, hidden, rope)

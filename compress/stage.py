@@ -102,9 +102,9 @@ class BlockContext:
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     # the block's output on `inputs` before any stage changed it (when a stage needs_reference)
     reference: torch.Tensor | None = None
+    # a stage needs_reference: the pipeline sets `reference` before the first transform,
+    # unless the first stage's calibration pass (`observe`) kept it already
     want_reference: bool = False
-    # False once a stage has transformed the block
-    pristine: bool = True
     # the block's output on `inputs` as the stage that just transformed it left it, when that
     # stage computed it anyway (the pipeline then need not run the block again to propagate)
     output: torch.Tensor | None = None
@@ -122,10 +122,10 @@ class BlockContext:
         return [n[len(self.prefix) + 1 :] for n in self.ws.target_linears(self.index)]
 
     def observe(self, names, observe) -> None:
-        """observe_inputs over the calibration inputs. The first such pass over the block as
-        read also keeps its output as `reference` when a stage wants it: one forward of the
-        block over every sample instead of two."""
-        keep = self.want_reference and self.reference is None and self.pristine
+        """observe_inputs over the calibration inputs. A pass while `reference` is wanted and
+        still missing is over the block as read (the pipeline fills it before any transform),
+        so it keeps its output as `reference`: one forward of the block instead of two."""
+        keep = self.want_reference and self.reference is None
         outputs = torch.empty_like(self.inputs) if keep else None
         observe_inputs(self.module, self.inputs, self.rope, names, observe, outputs)
         if keep:
