@@ -390,11 +390,16 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         hidden = ws.store.embed(samples)
         rope = ws.store.position_embeddings(samples.shape[1])
     rounders = [k for k, st in enumerate(stages) if st.scheme is not None]
+    # the original model's hidden states, walked beside the compressed ones when asked
+    original = hidden if any(stage.needs_original for stage in stages) else None
     for i in tqdm(range(ws.num_layers), desc="blocks", unit="block"):
         with clock("read blocks"):
             block = ws.store.block(i)
         ctx = BlockContext(ws, i, block, hidden, rope)
         ctx.want_reference = any(stage.needs_reference for stage in stages)
+        if original is not None:  # the block as read, before any stage changes it
+            with clock("original outputs"):
+                original = ctx.original = run_block(block, original, rope)
         for k, stage in enumerate(stages):
             ctx.round_later = k < max(rounders, default=-1)
             with clock(f"{stage.name} calibrate"):

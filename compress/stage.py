@@ -105,6 +105,9 @@ class BlockContext:
     # a stage needs_reference: the pipeline sets `reference` before the first transform,
     # unless the first stage's calibration pass (`observe`) kept it already
     want_reference: bool = False
+    # the original model's output of this block, fed the original's own hidden states (when
+    # a stage needs_original): where the uncompressed model's residual stream is here
+    original: torch.Tensor | None = None
     # the block's output on `inputs` as the stage that just transformed it left it, when that
     # stage computed it anyway (the pipeline then need not run the block again to propagate)
     output: torch.Tensor | None = None
@@ -182,11 +185,13 @@ class Described:
     changes_architecture: ClassVar[bool] = False  # the hub relation is then "finetune"
     # block stages: `prepares` can leave the linears unrounded for a later quantizing stage
     # (AWQ's scales before GPTQ's rounding); `refines` changes the quantization an earlier
-    # stage made (scheme None); `needs_reference` wants the block's original output
+    # stage made (scheme None); `needs_reference` wants the block's output as read on the
+    # compressed inputs, `needs_original` the original model's output of the block
     prepares: ClassVar[bool] = False
     refines: ClassVar[bool] = False
     per_layer_schemes: ClassVar[bool] = False  # reads ctx.scheme (mixed precision's choice)
     needs_reference: ClassVar[bool] = False
+    needs_original: ClassVar[bool] = False
     # whole-model stages: may also run after the block walk, on the quantized model;
     # one that only plans (mixed precision) leaves the weights as they were
     repairs_quantized: ClassVar[bool] = False

@@ -67,7 +67,7 @@ def test_tuning_lowers_a_real_blocks_error_on_unseen_text(default_ckpt, tokenize
     rtn = RTN(RTNConfig(bits=4, group_size=64))
     rtn.transform(ctx)
     before = (run_block(block, held, rope) - reference_held).square().mean()
-    tune = Tune(TuneConfig(steps=60, batch=2, lr=1e-2))
+    tune = Tune(TuneConfig(steps=60, batch=2, lr=1e-2, target="block"))
     tune.transform(ctx)
     after = (run_block(block, held, rope) - reference_held).square().mean()
     assert after < 0.85 * before, (float(after), float(before))
@@ -92,7 +92,7 @@ def test_shared_passes_are_the_forwards_they_replace(default_ckpt, tokenizer, wi
     RTN(RTNConfig(bits=4, group_size=64)).transform(ctx)  # an error tuning surely reduces
     ctx.observe(["mlp.down_proj"], lambda *_: None)  # the block changed: nothing kept
     assert ctx.reference is kept and ctx.output is None
-    tune = Tune(TuneConfig(steps=20, lr=1e-2))
+    tune = Tune(TuneConfig(steps=20, lr=1e-2, target="block"))
     tune.transform(ctx)
     assert not tune.kept  # tuning helped: its output is the block's new output
     assert torch.equal(ctx.output, run_block(block, hidden, rope))
@@ -168,6 +168,44 @@ def test_awq_gptq_tune_writes_an_ordinary_artifact(tmp_path, wikitext, tokenizer
     dense = load_model(resolve(str(out)))(ids).logits
     served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits
     torch.testing.assert_close(served, dense, rtol=1e-4, atol=1e-4)
+
+
+def test_tune_trains_toward_the_original_models_hidden_states(tmp_path, wikitext, tokenizer):
+    """With target "original", the output each block is tuned toward is the original
+    model's own hidden state after that block (what transformers computes on the same
+    calibration tokens), not the block's output on the compressed model's inputs."""
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152, num_hidden_layers=3)
+    tokenizer.save_pretrained(str(folder))
+    seen = {}
+    transform = Tune.transform
+
+    def spy(self, ctx):
+        seen[ctx.index] = (ctx.original.clone(), ctx.inputs.clone(), ctx.reference)
+        transform(self, ctx)
+
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 3, "length": 32}
+    recipe = parse_recipe(
+        {
+            "stages": [{"rtn": {"bits": 4, "group_size": 32}}, {"tune": {"target": "original"}}],
+            "calib": calib,
+        }
+    )
+    Tune.transform = spy
+    try:
+        compress(str(folder), recipe, tmp_path / "out", log=lambda _: None)
+    finally:
+        Tune.transform = transform
+    model = load_model(resolve(str(folder)))
+    ids = calibration_samples(token_stream(tokenizer, read_texts(calib["source"])), 3, 32, 0)
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+    for i in range(3):
+        original, inputs, reference = seen[i]
+        assert reference is None  # the block-as-read output is not computed for nothing
+        if i < 2:  # transformers' last hidden state is after the final norm
+            torch.testing.assert_close(original, states[i + 1], rtol=1e-4, atol=1e-4)
+        if i > 0:  # the compressed stream has drifted from the original one
+            assert not torch.allclose(inputs, states[i], atol=1e-3)
 
 
 def test_distill_after_quantization_trains_only_scales(tmp_path, wikitext, tokenizer):
