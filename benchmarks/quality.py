@@ -8,7 +8,8 @@ count scales and zero points (the manifest's figure), its minutes are the wall t
 the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
-                                 [--dtype bfloat16] [--tune-steps 50] [--samples 128]
+                                 [--dtype bfloat16] [--tune-steps 50] [--repair-steps 128]
+                                 [--samples 128]
                                  [--windows 64] [--append]
 
 `--append` adds rows to the results file of an earlier run (same protocol); quality
@@ -64,9 +65,15 @@ REPAIR = {"tokens": 32768, "batch": 2}
 
 
 def recipe_for(
-    row: str, scheme: dict, calib: dict, bits: float, dtype: str = "auto", tune: dict | None = None
+    row: str,
+    scheme: dict,
+    calib: dict,
+    bits: float,
+    dtype: str = "auto",
+    tune: dict | None = None,
+    repair: dict | None = None,
 ):
-    settings = {"tune": tune or {}, "distill": REPAIR, "mixed": {"bits_budget": bits}}
+    settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": {"bits_budget": bits}}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
 
@@ -83,6 +90,9 @@ def main() -> None:
         "bfloat16 is what a bf16 checkpoint gets: 16-bit scales make w4g64 4.25 bits)",
     )
     ap.add_argument("--tune-steps", type=int, help="tune's steps per block (default: its own)")
+    ap.add_argument(
+        "--repair-steps", type=int, help="the repair's steps of 2 × 512 tokens (default: 32)"
+    )
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--length", type=int, default=512)
@@ -114,10 +124,16 @@ def main() -> None:
             tune = {"steps": args.tune_steps} if args.tune_steps else {}
             if tune and "tune" in ROWS[row]:
                 label += f" tune{args.tune_steps}"
+            repair = None
+            if args.repair_steps and "distill" in ROWS[row]:
+                repair = REPAIR | {"tokens": args.repair_steps * REPAIR["batch"] * args.length}
+                label += f" repair{args.repair_steps}"
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "artifact"
                 t0 = time.perf_counter()
-                recipe = recipe_for(row, SCHEMES[scheme], calib, args.bits, args.dtype, tune)
+                recipe = recipe_for(
+                    row, SCHEMES[scheme], calib, args.bits, args.dtype, tune, repair
+                )
                 compress("default", recipe, out, log=print)
                 minutes = (time.perf_counter() - t0) / 60
                 manifest = json.loads((out / "manifest.json").read_text())
