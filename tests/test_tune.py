@@ -67,7 +67,7 @@ def test_tuning_lowers_a_real_blocks_error_on_unseen_text(default_ckpt, tokenize
     rtn = RTN(RTNConfig(bits=4, group_size=64))
     rtn.transform(ctx)
     before = (run_block(block, held, rope) - reference_held).square().mean()
-    tune = Tune(TuneConfig(steps=60, batch=2, lr=1e-2, target="block"))
+    tune = Tune(TuneConfig(steps=60, batch=2, target="block"))  # default lr and schedule
     tune.transform(ctx)
     after = (run_block(block, held, rope) - reference_held).square().mean()
     assert after < 0.85 * before, (float(after), float(before))
@@ -130,6 +130,7 @@ def test_recipe_chains():
         ([{"awq": scheme}, {"gptq": {"bits": 3}}], "give both the same scheme"),
         ([{"rtn": scheme}, "tune", {"gptq": scheme}], "put the refining stage last"),
         ([{"rtn": scheme}, {"tune": {"lr": 3}}], r"tune: lr must be in \(0, 1\)"),
+        ([{"rtn": scheme}, {"tune": {"schedule": "cosine"}}], "not one of linear, constant"),
         ([{"rtn": scheme}, {"tune": {"step": 3}}], "step"),
         ([{"rtn": scheme}, "distill", "tune"], "put distill last"),
         ([{"rtn": scheme}, {"prune": {"mlp": 0.25}}], "must come before the quantizing"),

@@ -42,7 +42,11 @@ from compress.stage import BlockContext, Described, Workspace, register_stage
 class TuneConfig:
     steps: int = 100  # optimizer steps per block
     batch: int = 2  # calibration samples per step
-    lr: float = 5e-3  # Adam, for the rounding offsets (in levels) and log-scales
+    # Adam, for the rounding offsets (in levels) and log-scales, decayed linearly to 0 over
+    # the steps: on the default model's blocks 3 and 11 (RTN w4g64, 16 held-out samples)
+    # 2e-2 decayed left 0.41 and 0.12 of the output error, a constant 5e-3 0.45 and 0.29
+    lr: float = 2e-2
+    schedule: str = "linear"  # or "constant"
     rounding: bool = True  # also learn each weight's rounding direction
     samples: int | None = None  # calibration samples to tune on (None: all)
     # what each block's output is trained toward: "original", the original model's output
@@ -59,6 +63,8 @@ class TuneConfig:
             raise LlmpressError(f"tune: lr must be in (0, 1), got {self.lr}")
         if self.samples is not None and self.samples < 1:
             raise LlmpressError("tune: samples must be >= 1 (or null for all)")
+        if self.schedule not in ("linear", "constant"):
+            raise LlmpressError(f"tune.schedule: {self.schedule!r} is not one of linear, constant")
         if self.target not in ("original", "block"):
             raise LlmpressError(f"tune.target: {self.target!r} is not one of original, block")
 
@@ -193,6 +199,8 @@ class Tune(Described):
 
         before = error(run_block(module, x[:k], rope))
         optimizer = torch.optim.Adam([p for t in tunables.values() for p in t.params()], cfg.lr)
+        decay = (lambda step: 1 - step / cfg.steps) if cfg.schedule == "linear" else None
+        schedule = decay and torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
         gen = torch.Generator().manual_seed(cfg.seed + ctx.index)
         order = torch.randperm(n, generator=gen)
         module.requires_grad_(False)
@@ -205,6 +213,8 @@ class Tune(Described):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
+            if schedule is not None:
+                schedule.step()
             for t in tunables.values():
                 t.clamp_()
         starting = {rel: ctx.ws.quantized[f"{ctx.prefix}.{rel}"] for rel in tunables}
