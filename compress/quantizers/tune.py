@@ -199,8 +199,9 @@ class Tune(Described):
 
         before = error(run_block(module, x[:k], rope))
         optimizer = torch.optim.Adam([p for t in tunables.values() for p in t.params()], cfg.lr)
-        decay = (lambda step: 1 - step / cfg.steps) if cfg.schedule == "linear" else None
-        schedule = decay and torch.optim.lr_scheduler.LambdaLR(optimizer, decay)
+        schedule = None
+        if cfg.schedule == "linear":
+            schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / cfg.steps)
         gen = torch.Generator().manual_seed(cfg.seed + ctx.index)
         order = torch.randperm(n, generator=gen)
         module.requires_grad_(False)
