@@ -10,7 +10,7 @@ fraction of RTN's (relative MSE), on the first 16 training samples and on the he
 ones, and the seconds tuning took.
 
     python benchmarks/tune_block.py [--blocks 3 11] [--samples 128] [--held 16]
-        [--settings lr=0.005,schedule=constant lr=0.01,schedule=constant lr=0.02 ...]
+        [--settings steps=100,batch=2,lr=0.005,schedule=constant steps=200,batch=1 ...]
 """
 
 from __future__ import annotations
@@ -31,15 +31,24 @@ from compress.quantizers.tune import Tune, TuneConfig
 from compress.stage import BlockContext, Workspace
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_SETTINGS = ["lr=0.005,schedule=constant", "lr=0.01,schedule=constant", "lr=0.02"]
+INTS = ("steps", "batch", "samples", "seed")
+DEFAULT_SETTINGS = [  # the defaults last; the others the earlier defaults and neighbours
+    "steps=100,batch=2,lr=0.005,schedule=constant",
+    "steps=100,batch=2,lr=0.01,schedule=constant",
+    "steps=100,batch=2,lr=0.02",
+    "steps=100,batch=2,lr=0.03",
+    "steps=200,batch=2,lr=0.02",
+    "steps=200,batch=1,lr=0.01",
+    "steps=200,batch=1,lr=0.02",
+]
 
 
 def parse_setting(text: str) -> dict:
-    """`lr=0.02,schedule=linear,steps=100` → TuneConfig keyword arguments."""
+    """`lr=0.02,schedule=linear,steps=100,batch=2` → TuneConfig keyword arguments."""
     out = {}
     for part in filter(None, text.split(",")):
         key, value = part.split("=", 1)
-        out[key] = value if key == "schedule" else (int(value) if key == "steps" else float(value))
+        out[key] = value if key == "schedule" else (int(value) if key in INTS else float(value))
     return out
 
 
