@@ -1,0 +1,147 @@
+"""The quantized-model repair's settings on one pre-repair state (issue 16).
+
+A chain row of benchmarks/quality.py costs half an hour, most of it before the repair.
+This runs the chain's block stages once (mixed precision, AWQ, GPTQ, tune, as
+quality.py builds them), then, in place of the pipeline's repair, trains each setting of
+`distill` on its own copy of the same quantized state and evaluates the student as the
+artifact would store it (scales and dense tensors rounded to the storage dtype) with the
+protocol of ../shared/guide/MEASURING.md. No artifact is written. With the default
+settings the first variant equals quality.py's chain row exactly.
+
+    python benchmarks/repair_sweep.py [--bits 4.6] [--dtype bfloat16] [--scheme w4g64]
+        [--variants scale_lr=0.001 scale_lr=0.003 tokens=65536 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from quality import REPAIR, SCHEMES, recipe_for
+from wikitext import DATA, require
+
+import compress.pipeline as pipeline
+from compress.artifact.dense import load_model
+from compress.calib_data import eval_windows, read_texts, token_stream
+from compress.distill.quantized import QuantLinear
+from compress.distill.stage import Distill
+from compress.eval.drift import measure_drift
+from compress.model.loading import load_tokenizer, resolve
+from compress.stage import ModelContext
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_VARIANTS = ["scale_lr=0.0005", "scale_lr=0.001", "scale_lr=0.003", "tokens=65536"]
+
+
+class _Swept(Exception):
+    """Raised once every variant ran: the pipeline stops before writing an artifact."""
+
+
+def parse_variant(text: str) -> dict:
+    """`scale_lr=0.003,tokens=65536` → DistillConfig overrides."""
+    out = {}
+    for part in filter(None, text.split(",")):
+        key, value = part.split("=", 1)
+        out[key] = int(value) if key in ("tokens", "batch") else float(value)
+    return out
+
+
+@torch.no_grad()
+def as_stored(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Round what the artifact stores in floating point (scales, dense tensors) to `dtype`."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.scale0.copy_(module.scale().to(dtype).float())
+            module.log_scale.zero_()
+    for name, p in model.named_parameters():
+        if not name.endswith("log_scale"):
+            p.copy_(p.to(dtype).float())
+
+
+def sweep(variants: list[str], base, windows, rows: list, work: Path):
+    """A stand-in for pipeline.repair_quantized: every variant on a copy of the state."""
+
+    def run(run, samples):
+        ws = run.ws
+        for text in variants:
+            started = time.perf_counter()
+            student = load_model(ws.store.ckpt)
+            with torch.no_grad():
+                for name, tensor in ws.updated.items():
+                    student.get_parameter(name).copy_(tensor.float())
+            ctx = ModelContext(
+                teacher=load_model(run.source),
+                model=student,
+                config=dict(ws.config),
+                adapter=ws.adapter,
+                tokenizer=ws.tokenizer,
+                samples=samples,
+                work_dir=work,
+                resume=False,
+                load_text=None,
+                log=run.log,
+                quantized=copy.deepcopy(ws.quantized),
+                storage_dtype=ws.storage_dtype,
+            )
+            config = dataclasses.replace(run.after[0].config, **parse_variant(text))
+            Distill(config).run(ctx)
+            seconds = time.perf_counter() - started
+            as_stored(student, ws.storage_dtype)
+            drift = measure_drift(base, {text: student}, windows, data="test.txt")[text]
+            rows.append({"variant": text, **drift.to_dict(), "repair_s": round(seconds)})
+            print(json.dumps(rows[-1]), flush=True)
+        raise _Swept
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bits", type=float, default=4.6, help="mixed precision budget (0: uniform)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--scheme", default="w4g64", choices=list(SCHEMES))
+    ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    ap.add_argument("--windows", type=int, default=64)
+    ap.add_argument("--data", type=Path, default=DATA)
+    args = ap.parse_args()
+    require(args.data)
+    ckpt = resolve("default")
+    base = load_model(ckpt)
+    stream = token_stream(load_tokenizer(ckpt), read_texts(str(args.data / "test.txt")))
+    windows = eval_windows(stream, 512, args.windows)
+    calib = {"source": str(args.data / "valid.txt"), "samples": 128, "length": 512}
+    row = "mixed+awq+gptq+tune+distill" if args.bits else "awq+gptq+tune+distill"
+    recipe = recipe_for(row, SCHEMES[args.scheme], calib, args.bits, args.dtype)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline.repair_quantized = sweep(args.variants, base, windows, rows, Path(tmp))
+        with contextlib.suppress(_Swept):  # raised once the sweep is done
+            pipeline.compress("default", recipe, Path(tmp) / "artifact", log=print)
+    label = f"{'mixed@' + str(args.bits) + '+' if args.bits else ''}awq+gptq+tune {args.scheme}"
+    lines = [
+        f"{label} {args.dtype}, then the repair (defaults: {REPAIR}, scale_lr 1e-3):",
+        "",
+        "| repair setting | ppl | KL | top-1 | repair s |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {r['variant']} | {r['ppl']:.3f} | {r['kl']:.5f} | {r['top1']:.4f} | "
+            f"{r['repair_s']} |"
+            for r in rows
+        ),
+    ]
+    meta = {"chain": label, "dtype": args.dtype, "windows": args.windows, "repair": REPAIR}
+    out = HERE / "results" / "repair_sweep"
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
