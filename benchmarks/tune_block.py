@@ -31,7 +31,7 @@ from compress.quantizers.tune import Tune, TuneConfig
 from compress.stage import BlockContext, Workspace
 
 HERE = Path(__file__).resolve().parent
-INTS = ("steps", "batch", "samples", "seed")
+INTS = ("steps", "batch", "samples", "seed", "positions")
 DEFAULT_SETTINGS = [  # the defaults last; the others the earlier defaults and neighbours
     "steps=100,batch=2,lr=0.005,schedule=constant",
     "steps=100,batch=2,lr=0.01,schedule=constant",
@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--held", type=int, default=16)
     ap.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS)
+    ap.add_argument("--name", default="tune_block", help="results file stem")
     args = ap.parse_args()
     require(DATA, "valid.txt")
     torch.manual_seed(0)
@@ -114,8 +115,9 @@ def main() -> None:
         ),
     ]
     meta = {"samples": args.samples, "held": args.held, "scheme": "rtn w4g64 symmetric"}
-    (HERE / "results" / "tune_block.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
-    (HERE / "results" / "tune_block.md").write_text("\n".join(lines) + "\n")
+    out = HERE / "results" / args.name
+    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

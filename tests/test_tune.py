@@ -99,6 +99,25 @@ def test_shared_passes_are_the_forwards_they_replace(default_ckpt, tokenizer, wi
     assert not torch.equal(ctx.output, original)
 
 
+def test_tuning_on_a_prefix_reads_only_the_prefix(default_ckpt, tokenizer, wikitext):
+    """`positions: 32` trains on the first 32 tokens of each sample: targets past them can
+    be anything and the tuned integers are the same (causal attention makes the prefix's
+    output exact), while all positions give other integers."""
+    ws, block, hidden, rope = _block3(default_ckpt, tokenizer, wikitext, 4, 64)
+    reference = run_block(block, hidden, rope)
+    noisy = reference.clone()
+    noisy[:, 32:] += torch.randn_like(noisy[:, 32:])
+    found = []
+    for positions, target in ((32, reference), (32, noisy), (None, noisy)):
+        ws.quantized.clear()
+        fresh = ws.store.block(3)
+        ctx = BlockContext(ws, 3, fresh, hidden, rope, reference=target)
+        RTN(RTNConfig(bits=4, group_size=64)).transform(ctx)
+        Tune(TuneConfig(steps=5, target="block", positions=positions)).transform(ctx)
+        found.append(ws.quantized["model.layers.3.mlp.down_proj"].q.clone())
+    assert torch.equal(found[0], found[1]) and not torch.equal(found[0], found[2])
+
+
 def test_awq_before_gptq_only_scales_and_clips(default_ckpt, tokenizer, wikitext):
     """Followed by a stage that rounds, AWQ folds its scales and clips but quantizes
     nothing; the block still computes nearly what it did (clipping is its only loss)."""
@@ -131,6 +150,7 @@ def test_recipe_chains():
         ([{"rtn": scheme}, "tune", {"gptq": scheme}], "put the refining stage last"),
         ([{"rtn": scheme}, {"tune": {"lr": 3}}], r"tune: lr must be in \(0, 1\)"),
         ([{"rtn": scheme}, {"tune": {"schedule": "cosine"}}], "not one of linear, constant"),
+        ([{"rtn": scheme}, {"tune": {"positions": 0}}], "positions must be >= 1"),
         ([{"rtn": scheme}, {"tune": {"step": 3}}], "step"),
         ([{"rtn": scheme}, "distill", "tune"], "put distill last"),
         ([{"rtn": scheme}, {"prune": {"mlp": 0.25}}], "must come before the quantizing"),

@@ -52,6 +52,9 @@ class TuneConfig:
     schedule: str = "linear"  # or "constant"
     rounding: bool = True  # also learn each weight's rounding direction
     samples: int | None = None  # calibration samples to tune on (None: all)
+    # train on the first `positions` tokens of each sample (None: all): causal attention
+    # makes a prefix's output exactly the full sample's, at a fraction of the compute
+    positions: int | None = None
     # what each block's output is trained toward: "original", the original model's output
     # of this block (on the original's own hidden states), so a block also makes up for the
     # error the blocks before it left in the residual stream; or "block", this block as read
@@ -66,6 +69,8 @@ class TuneConfig:
             raise LlmpressError(f"tune: lr must be in (0, 1), got {self.lr}")
         if self.samples is not None and self.samples < 1:
             raise LlmpressError("tune: samples must be >= 1 (or null for all)")
+        if self.positions is not None and self.positions < 1:
+            raise LlmpressError("tune: positions must be >= 1 (or null for all)")
         if self.schedule not in ("linear", "constant"):
             raise LlmpressError(f"tune.schedule: {self.schedule!r} is not one of linear, constant")
         if self.target not in ("original", "block"):
@@ -189,8 +194,11 @@ class Tune(Described):
         x, y = ctx.inputs[:n], target[:n]
         module, rope = ctx.module, ctx.rope
 
+        length = x.shape[1] if cfg.positions is None else min(cfg.positions, x.shape[1])
+        prefix = tuple(r[:, :length] for r in rope)
+
         def run(xb: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(module, weights, (xb,), {"position_embeddings": rope})
+            return functional_call(module, weights, (xb,), {"position_embeddings": prefix})
 
         def weights() -> dict[str, torch.Tensor]:
             return {f"{rel}.weight": t.weight(dtype) for rel, t in tunables.items()}
@@ -213,7 +221,7 @@ class Tune(Described):
             if lo + cfg.batch > n:
                 order = torch.randperm(n, generator=gen)
             idx = order[(step * cfg.batch + torch.arange(cfg.batch)) % n]
-            loss = (run(x[idx], weights()) - y[idx]).pow(2).mean()
+            loss = (run(x[idx, :length], weights()) - y[idx, :length]).pow(2).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
