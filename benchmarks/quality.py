@@ -34,7 +34,7 @@ from compress.calib_data import eval_windows, read_texts, token_stream
 from compress.eval.drift import Drift, format_table, measure_drift
 from compress.model.loading import load_tokenizer, resolve
 from compress.pipeline import compress
-from compress.recipe import parse_recipe
+from compress.recipe import parse_recipe, recipe_from_flags
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,6 +49,8 @@ ROWS = {
     "awq+gptq+tune+distill": ["awq", "gptq", "tune", "distill"],
     "mixed+awq+gptq+tune": ["mixed", "awq", "gptq", "tune"],  # to --bits per weight
     "mixed+awq+gptq+tune+distill": ["mixed", "awq", "gptq", "tune", "distill"],
+    # the preset exactly as `--quant best:<scheme>` runs it (its own budget and dtype)
+    "best": [],
 }
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
@@ -72,7 +74,11 @@ def recipe_for(
     dtype: str = "auto",
     tune: dict | None = None,
     repair: dict | None = None,
+    label: str = "",
 ):
+    if row == "best":  # the preset as the CLI builds it; --dtype still overrides
+        flags = {"dtype": None if dtype == "auto" else dtype}
+        return recipe_from_flags(None, f"best:{label}", calib, flags)
     settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": {"bits_budget": bits}}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
@@ -119,6 +125,8 @@ def main() -> None:
     for scheme in args.schemes:
         for row in args.rows:
             label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
+            if row == "best":
+                label = f"best:{scheme}"
             if args.dtype != "auto":
                 label += f" {args.dtype}"
             tune = {"steps": args.tune_steps} if args.tune_steps else {}
@@ -132,7 +140,7 @@ def main() -> None:
                 out = Path(tmp) / "artifact"
                 t0 = time.perf_counter()
                 recipe = recipe_for(
-                    row, SCHEMES[scheme], calib, args.bits, args.dtype, tune, repair
+                    row, SCHEMES[scheme], calib, args.bits, args.dtype, tune, repair, scheme
                 )
                 compress("default", recipe, out, log=print)
                 minutes = (time.perf_counter() - t0) / 60

@@ -71,8 +71,9 @@ def cli() -> None:
 @click.option("--text-field", help="Text field of .jsonl/.parquet/dataset rows (default: text).")
 @click.option(
     "--dtype",
-    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-    help="Storage dtype of unquantized tensors and scales (default: the source's).",
+    type=click.Choice(["auto", "auto16", "float32", "bfloat16", "float16"]),
+    help="Storage dtype of unquantized tensors and scales (default: the source's; best:* "
+    "presets: auto16, the source's if 16-bit, else bfloat16).",
 )
 @click.option(
     "--ignore",

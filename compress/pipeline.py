@@ -34,13 +34,15 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def storage_dtype(requested: str, config: dict, export: str = "compressed-tensors") -> torch.dtype:
-    """`auto` keeps the checkpoint's own dtype (fp32 when it names none we store)."""
+    """`auto` keeps the checkpoint's own dtype (fp32 when it names none we store); `auto16`
+    keeps a 16-bit one and stores a float32 checkpoint in bfloat16."""
     forced = codec(export).storage_dtype
     if forced is not None:
         return forced
-    if requested != "auto":
+    if requested in _DTYPES:
         return _DTYPES[requested]
-    return _DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.float32)
+    own = _DTYPES.get(str(config.get("dtype") or config.get("torch_dtype")), torch.float32)
+    return torch.bfloat16 if requested == "auto16" and own.itemsize > 2 else own
 
 
 def source_info(ckpt: Checkpoint) -> dict:

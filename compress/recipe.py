@@ -11,7 +11,9 @@ YAML form:
     lm_head: w8                  # also quantize the output projection (RTN; w8, w4g64...);
                                  # a tied embedding is then stored untied, in full
     kv_cache: int8               # KV-cache scheme the runtime uses (KIVI int8 / int4)
-    dtype: auto                  # storage dtype of unquantized tensors and scales
+    dtype: auto                  # storage dtype of unquantized tensors and scales (auto:
+                                 # the checkpoint's; auto16: the same, but bfloat16 for
+                                 # a float32 checkpoint)
     export: auto                 # compressed-tensors (+ int8 outlier columns, if kept);
                                  # compressed-tensors: exactly, nothing extra;
                                  # awq-gemm: AutoAWQ's layout (4-bit, zero point)
@@ -40,7 +42,8 @@ from compress.errors import LlmpressError
 from compress.methods import STAGES
 from compress.stage import Stage
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+# auto: the checkpoint's own; auto16: the checkpoint's when it is 16-bit, else bfloat16
+DTYPES = ("auto", "auto16", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,7 @@ def _check_layout(export: str, dtype: str, lm_head: Any) -> None:
         raise LlmpressError(f"recipe: dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     layout = codec(export)
     forced = layout.storage_dtype and str(layout.storage_dtype).removeprefix("torch.")
-    if forced and dtype not in ("auto", forced):
+    if forced and dtype not in ("auto", "auto16", forced):
         raise LlmpressError(
             f"recipe: the {export} export stores {forced}; drop `dtype` or set {forced}"
         )
@@ -331,7 +334,7 @@ def recipe_from_flags(
     patterns and `--bits` setting (or adding) mixed precision's budget."""
     if bool(recipe_file) == bool(quant):
         raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
-    data = load_recipe(recipe_file) if recipe_file else {"stages": quant_stages(quant)}
+    data = load_recipe(recipe_file) if recipe_file else quant_recipe(quant, flags.get("export"))
     if not isinstance(data, dict):
         raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
     if bits is not None:
@@ -386,30 +389,53 @@ _INT8 = re.compile(r"^int8(?::g(?P<group>\d+))?$")
 _QUANT = re.compile(r"^(?P<method>[a-z0-9_]+):w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
 
 
-# Named recipes for `--quant NAME:w<BITS>g<GROUP>`: each stage with its settings; the
-# quantizing ones are also given the scheme (tune and distill keep it). `best` is the
-# chain with the lowest KL measured by benchmarks/quality.py (README, "Quality beyond
-# AWQ"): the repair's 32 steps of 2 × 512 tokens take 5 of its 26 minutes for 11% less KL.
-PRESETS: dict[str, tuple[tuple[str, dict], ...]] = {
-    "best": (
-        ("awq", {}),
-        ("gptq", {}),
-        ("tune", {}),
-        ("distill", {"tokens": 32768, "batch": 2}),
+@dataclass(frozen=True)
+class Preset:
+    """A named recipe for `--quant NAME:w<BITS>g<GROUP>`.
+
+    `stages`: each with its settings; the quantizing ones are also given the scheme (tune
+    and distill keep it). `extra_bits`: mixed precision to the scheme's bits plus this many
+    per weight (scales counted), spent on the linears the Fisher estimate finds most
+    sensitive. `dtype`: the recipe's storage dtype unless `--dtype` is given."""
+
+    stages: tuple[tuple[str, dict], ...]
+    extra_bits: float | None = None
+    dtype: str = "auto"
+
+
+# `best` is the recipe with the lowest KL measured by benchmarks/quality.py (README,
+# "Quality beyond AWQ"): mixed precision within w4g64's class of 4.6 bits per weight, with
+# 16-bit scales (32-bit ones take 0.5 of w4g64's 4.5 bits, 16-bit ones 0.25, and every
+# engine computes in 16 bits anyway), then AWQ, GPTQ, block tuning and a 32-step repair.
+PRESETS: dict[str, Preset] = {
+    "best": Preset(
+        stages=(
+            ("awq", {}),
+            ("gptq", {}),
+            ("tune", {}),
+            ("distill", {"tokens": 32768, "batch": 2}),
+        ),
+        extra_bits=0.6,
+        dtype="auto16",
     )
 }
 
 
-def quant_stages(spec: str) -> list[dict]:
-    """The stages a `--quant` spec stands for: one stage, or a preset's chain."""
+def quant_recipe(spec: str, export: str | None = None) -> dict:
+    """The recipe a `--quant` spec stands for: one stage, or a preset's whole recipe (its
+    mixed precision left out where the export's layout holds one scheme)."""
     m = _QUANT.match(spec.strip())
-    if m and m["method"] in PRESETS:
-        scheme = parse_quant(f"rtn:{spec.strip().split(':', 1)[1]}")["rtn"]
-        return [
-            {name: {**settings, **({} if _keeps_scheme(name) else scheme)}}
-            for name, settings in PRESETS[m["method"]]
-        ]
-    return [parse_quant(spec)]
+    if not (m and m["method"] in PRESETS):
+        return {"stages": [parse_quant(spec)]}
+    preset = PRESETS[m["method"]]
+    scheme = parse_quant(f"rtn:{spec.strip().split(':', 1)[1]}")["rtn"]
+    stages = [
+        {name: {**settings, **({} if _keeps_scheme(name) else scheme)}}
+        for name, settings in preset.stages
+    ]
+    if preset.extra_bits is not None and codec(export or "auto").per_layer_schemes:
+        stages = with_budget(stages, round(scheme["bits"] + preset.extra_bits, 4))
+    return {"stages": stages, "dtype": preset.dtype}
 
 
 def _keeps_scheme(name: str) -> bool:

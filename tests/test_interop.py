@@ -96,6 +96,28 @@ def test_transformers_loads_head_and_int8_kinds(more_artifacts, kind, ids):
     _same_logits(_transformers_logits(path, ids), _runtime_logits(path, ids))
 
 
+def test_best_presets_layout_opens_in_plain_transformers(tmp_path, wikitext, ids):
+    """What `best:w4g64` writes for the default model (float32): one config group per
+    scheme that mixed precision chose, scales and embedding in bfloat16. The plain call
+    computes in the config's bfloat16, so it agrees with the runtime to bf16 rounding;
+    asked for float32, it gives the runtime's logits."""
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 128}
+    stages = [{"mixed": {"bits_budget": 4.6, "samples": 4}}, {"rtn": {"bits": 4}}]
+    recipe = parse_recipe({"stages": stages, "calib": calib, "dtype": "auto16"})
+    out = compress("default", recipe, tmp_path / "best", log=lambda _: None)
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == "bfloat16" and len(config["quantization_config"]["config_groups"]) > 1
+    assert transformers_problems(config) == [] and vllm_problems(config, _names(out)) == []
+    served = _runtime_logits(out, ids)
+    model = AutoModelForCausalLM.from_pretrained(str(out))
+    assert model.dtype == torch.bfloat16
+    with torch.no_grad():
+        plain = model(ids).logits.float()
+    assert (plain.argmax(-1) == served.argmax(-1)).float().mean() > 0.9
+    assert (plain - served).abs().mean() < 0.1 * served.abs().mean()
+    _same_logits(_transformers_logits(out, ids, dtype=torch.float32), served)
+
+
 def test_default_artifact_config_is_what_loaders_dispatch_on(artifacts):
     config = json.loads((artifacts["rtn:w4g64"] / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]

@@ -74,3 +74,16 @@ def test_omitted_recipe_keys_equal_the_bare_shorthand():
 def test_bad_shorthand():
     with pytest.raises(LlmpressError, match="awq:w4g64, rtn:w8"):
         parse_quant("rtn-4bit")
+
+
+def test_auto16_keeps_a_16_bit_checkpoint_and_halves_a_float32_one():
+    import torch
+
+    from compress.pipeline import storage_dtype
+
+    assert storage_dtype("auto16", {"dtype": "float32"}) == torch.bfloat16
+    assert storage_dtype("auto16", {}) == torch.bfloat16
+    assert storage_dtype("auto16", {"torch_dtype": "float16"}) == torch.float16
+    assert storage_dtype("auto16", {"dtype": "bfloat16"}) == torch.bfloat16
+    assert storage_dtype("auto", {"dtype": "float32"}) == torch.float32
+    assert storage_dtype("auto16", {"dtype": "float32"}, "awq-gemm") == torch.float16

@@ -259,11 +259,20 @@ def test_distill_after_quantization_trains_only_scales(tmp_path, wikitext, token
     torch.testing.assert_close(served, dense, rtol=1e-4, atol=1e-4)
 
 
-def test_best_preset_is_the_chain():
-    from compress.recipe import quant_stages
+def test_best_preset_is_the_chain_within_its_class():
+    """best:wBgG is mixed precision to B + 0.6 bits per weight (w4g64's class of 4.6 in
+    issue 16), then the chain, with 16-bit scales; a flag given still wins, and a
+    one-scheme export (AutoAWQ's) gets the chain alone."""
+    from compress.recipe import quant_recipe, recipe_from_flags
 
-    recipe = parse_recipe({"stages": quant_stages("best:w3g32")})
-    assert [n for n, _ in recipe.stages] == ["awq", "gptq", "tune", "distill"]
-    assert recipe.stages[3][1].tokens == 32768
-    assert recipe.stages[0][1].scheme == recipe.stages[1][1].scheme == QuantScheme(3, 32, False)
-    assert quant_stages("awq:w4g64") == [{"awq": {"bits": 4, "group_size": 64}}]
+    data = quant_recipe("best:w3g32")
+    recipe = parse_recipe(data)
+    assert [n for n, _ in recipe.stages] == ["mixed", "awq", "gptq", "tune", "distill"]
+    assert recipe.stages[0][1].bits_budget == 3.6 and recipe.stages[0][1].base == "w3g32sym"
+    assert recipe.stages[4][1].tokens == 32768 and recipe.dtype == "auto16"
+    assert recipe.stages[1][1].scheme == recipe.stages[2][1].scheme == QuantScheme(3, 32, False)
+    assert quant_recipe("awq:w4g64") == {"stages": [{"awq": {"bits": 4, "group_size": 64}}]}
+    flagged = recipe_from_flags(None, "best:w4g64", {}, {"dtype": "float32"}, (), 4.5)
+    assert flagged.dtype == "float32" and flagged.stages[0][1].bits_budget == 4.5
+    awq_layout = recipe_from_flags(None, "best:w4g64zp", {}, {"export": "awq-gemm"})
+    assert [n for n, _ in awq_layout.stages] == ["awq", "gptq", "tune", "distill"]
