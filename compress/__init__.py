@@ -1,3 +1,100 @@
-"""llmpress: compress a language model and measure what the compression cost in quality."""
+"""llmpress: compress a language model and measure what the compression cost in quality.
+
+The commands' work, callable from Python (the CLI's options as keyword arguments):
+
+    import compress
+
+    out = compress.compress("default", "out/smollm2-w4g64", quant="rtn:w4g64")
+    drift = compress.evaluate(out, data="test.txt", windows=8)
+    print(drift.ppl, drift.kl, drift.top1)
+    assert compress.verify(out) == []
+
+Errors a user can fix raise `compress.errors.LlmpressError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from compress.eval.drift import Drift
+    from compress.recipe import Recipe
 
 __version__ = "0.1.0"
+__all__ = ["__version__", "compress", "evaluate", "verify"]
+
+
+def compress(
+    model: str | Path,
+    output: str | Path,
+    *,
+    quant: str | None = None,
+    recipe: str | Path | dict | Recipe | None = None,
+    bits: float | None = None,
+    calib: str | None = None,
+    calib_samples: int | None = None,
+    calib_len: int | None = None,
+    text_field: str | None = None,
+    dtype: str | None = None,
+    ignore: Iterable[str] = (),
+    export: str | None = None,
+    lm_head: str | None = None,
+    kv: str | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    log=print,
+) -> Path:
+    """`llmpress compress MODEL -o OUTPUT ...`: write the artifact, return its folder.
+
+    `model`: a model folder, a .gguf file, a hub id, or "default". Give `quant` (e.g.
+    "rtn:w4g64", "best:w4g64") or `recipe`: a recipe YAML file, or the same recipe as a
+    dict (or a parsed `Recipe`), whose own keys then replace the flag arguments. The other
+    arguments are the CLI's flags of the same names (`kv` is `--kv`)."""
+    from compress.errors import LlmpressError
+    from compress.pipeline import compress as run
+    from compress.recipe import Recipe, parse_recipe, recipe_from_flags
+
+    calib_flags = {
+        "source": calib,
+        "samples": calib_samples,
+        "length": calib_len,
+        "text_field": text_field,
+    }
+    flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv}
+    if isinstance(recipe, dict | Recipe):
+        given = [k for k, v in {**calib_flags, **flags}.items() if v is not None]
+        if quant or bits is not None or tuple(ignore) or given:
+            raise LlmpressError(
+                "compress(recipe=<dict or Recipe>) takes its settings from the recipe: put "
+                f"{', '.join(given) or 'quant/bits/ignore'} in it instead of the arguments"
+            )
+        built = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
+    else:
+        built = recipe_from_flags(recipe, quant, calib_flags, flags, tuple(ignore), bits)
+    return run(str(model), built, Path(output), overwrite=overwrite, resume=resume, log=log)
+
+
+def evaluate(
+    artifact: str | Path,
+    base: str | Path | None = None,
+    data: str | Path = "self",
+    **options: Any,
+) -> Drift:
+    """`llmpress eval ARTIFACT ...`: the drift against the original (`base`, default the
+    source in the manifest) on `data` (a text file, a dataset name or "self"). Returns a
+    `Drift` with `ppl`, `base_ppl`, `ppl_ratio`, `kl`, `top1`, `tokens`; `options` are
+    `compress.eval.run.evaluate`'s (`ctx`, `windows`, `record`, `engine`, `kv`, `log`, ...)
+    and records the result in the manifest unless `record=False`."""
+    from compress.eval.run import evaluate as run
+
+    return run(str(artifact), None if base is None else str(base), str(data), **options)
+
+
+def verify(artifact: str | Path) -> list[str]:
+    """`llmpress verify ARTIFACT`: the files that do not match the sha256 the manifest
+    recorded, one line each; an empty list when every file matches."""
+    from compress.artifact.integrity import problems
+
+    return problems(Path(artifact))
