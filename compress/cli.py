@@ -373,36 +373,47 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--max-batch", default=8, show_default=True, help="Sequences decoded together.")
-@click.option("--max-len", default=2048, show_default=True, help="Context per sequence.")
+@click.option(
+    "--max-len", type=int, help="Context per sequence (default: 2048, or the model's if shorter)."
+)
 @click.option("--max-queue", default=64, show_default=True, help="Waiting requests before 429.")
 @click.option("--kv", help="KV-cache scheme: int8, int4, none (default: the artifact's).")
 @click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
 @click.option("--model-name", help="Name in /v1/models (default: the artifact folder's name).")
-def serve(artifact, host, port, max_batch, max_len, max_queue, kv, threads, model_name):
+@click.option(
+    "--api-key",
+    envvar="LLMPRESS_API_KEY",
+    help="Require `Authorization: Bearer KEY` on /v1 and /metrics (env LLMPRESS_API_KEY).",
+)
+@click.option(
+    "--max-connections", default=256, show_default=True, help="Open connections before 503."
+)
+def serve(artifact: str, **options) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
     from compress.serve.app import run_server
+    from compress.serve.server import check_api_key, is_loopback
 
-    if max_batch < 1 or max_len < 2 or max_queue < 0:
+    batch, max_len, queue = options["max_batch"], options["max_len"], options["max_queue"]
+    if batch < 1 or (max_len is not None and max_len < 2) or queue < 0:
         raise LlmpressError(
-            f"--max-batch {max_batch} --max-len {max_len} --max-queue {max_queue}: the batch "
+            f"--max-batch {batch} --max-len {max_len} --max-queue {queue}: the batch "
             "needs >= 1 sequence, the context >= 2 tokens, the queue >= 0 requests"
         )
-    if not 0 <= port <= 65535:
-        raise LlmpressError(f"--port {port}: give a port from 0 to 65535")
-    check_threads(threads)
-
-    run_server(
-        artifact,
-        host=host,
-        port=port,
-        max_batch=max_batch,
-        max_len=max_len,
-        max_queue=max_queue,
-        kv=kv,
-        threads=threads,
-        model_name=model_name,
-        log=click.echo,
-    )
+    if not 0 <= options["port"] <= 65535:
+        raise LlmpressError(f"--port {options['port']}: give a port from 0 to 65535")
+    if options["max_connections"] < 1:
+        raise LlmpressError(f"--max-connections {options['max_connections']}: give 1 or more")
+    check_api_key(options["api_key"])
+    check_threads(options["threads"])
+    if not options["api_key"] and not is_loopback(options["host"]):
+        click.echo(
+            f"warning: --host {options['host']} without --api-key: anyone who can reach this "
+            "port can use the server; set --api-key or LLMPRESS_API_KEY",
+            err=True,
+        )
+    stopped_by = run_server(artifact, log=click.echo, **options)
+    if stopped_by is not None:  # drained: exit as the signal would have (SIGTERM 143)
+        sys.exit(128 + stopped_by)
 
 
 @cli.command()

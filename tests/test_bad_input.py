@@ -360,6 +360,23 @@ CASES = [
         "nothing",
         _nothing,
     ),
+    # -- issue 32, serve (defects 9, 21): the rest is in tests/test_serve_faults.py --
+    Case(
+        "serve `--max-len 100000000` (was exit 3, an allocation)",
+        lambda t: ["serve", "default", "--port", "0", "--max-len", "100000000"],
+        2,
+        "longer than this model's context of 8192 tokens",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "serve `--api-key ''` (an empty key)",
+        lambda t: ["serve", "default", "--api-key", ""],
+        2,
+        "--api-key (or LLMPRESS_API_KEY) must be a non-empty key",
+        "nothing",
+        _nothing,
+    ),
 ]
 
 

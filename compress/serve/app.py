@@ -10,27 +10,54 @@ from pathlib import Path
 from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
-from compress.runtime.engine import Engine
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
-from compress.serve.scheduler import Scheduler
-from compress.serve.server import App, bind_app, make_server
+from compress.serve.scheduler import Scheduler, ServingEngine
+from compress.serve.server import MAX_CONNECTIONS, App, bind_app, make_server
 
 DRAIN_TIMEOUT_S = 120.0
+DEFAULT_MAX_LEN = 2048
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def build_app(artifact: str, max_batch=8, max_len=2048, max_queue=64, kv=None, model_name=None):
+def context_len(config: dict, max_len: int | None) -> int:
+    """--max-len, checked against the positions the model was trained for
+    (max_position_embeddings); when not given, 2048 or the model's context if shorter."""
+    limit = config.get("max_position_embeddings")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 2:
+        limit = None  # not stated: nothing to check against
+    if max_len is None:
+        return min(DEFAULT_MAX_LEN, limit or DEFAULT_MAX_LEN)
+    if limit is not None and max_len > limit:
+        raise LlmpressError(
+            f"--max-len {max_len} is longer than this model's context of {limit} tokens "
+            f"(max_position_embeddings in config.json): pass --max-len {limit} or less"
+        )
+    return max_len
+
+
+def build_app(
+    artifact: str,
+    max_batch=8,
+    max_len: int | None = None,
+    max_queue=64,
+    kv=None,
+    model_name=None,
+    api_key: str | None = None,
+) -> App:
     ckpt = resolve(artifact)
+    max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
-    engine = Engine(weights, max_batch=max_batch, max_len=max_len, kv=scheme, eos_token_ids=eos)
+    engine = ServingEngine(
+        weights, max_batch=max_batch, max_len=max_len, kv=scheme, eos_token_ids=eos
+    )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
-    return App(scheduler, tokenizer, name, max_len)
+    return App(scheduler, tokenizer, name, max_len, api_key)
 
 
 def run_server(
@@ -45,27 +72,37 @@ def run_server(
     model_name,
     log,
     drain_timeout=DRAIN_TIMEOUT_S,
-):
+    api_key: str | None = None,
+    max_connections: int = MAX_CONNECTIONS,
+) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
-    `drain_timeout` seconds), then exits."""
+    `drain_timeout` seconds), then returns the signal's number (the CLI exits 128 + it,
+    as a process killed by it would)."""
     set_threads(threads)
     try:
-        server = make_server(None, host, port)
+        server = make_server(None, host, port, max_connections)
     except OSError as e:
         raise LlmpressError(f"cannot listen on {host}:{port}: {e.strerror}; pick --port") from e
     try:
-        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name)
+        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name, api_key)
     except BaseException:
         server.server_close()
         raise
     bind_app(server, app)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+    received: list[int] = []
+
+    def on_signal(signum, _frame) -> None:
+        received.append(signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     thread = threading.Thread(target=server.serve_forever, name="llmpress-http", daemon=True)
     thread.start()
     log(f"serving {app.model_name} on http://{host}:{server.server_address[1]}/v1 "
-        f"(batch {max_batch}, context {max_len}, queue {max_queue})")  # fmt: skip
+        f"(batch {max_batch}, context {app.max_len}, queue {max_queue}, "
+        f"{'API key required' if api_key else 'no API key'})")  # fmt: skip
     try:
         while not stop.wait(0.5):
             if not thread.is_alive():
@@ -77,6 +114,7 @@ def run_server(
             signal.signal(sig, handler)
         server.server_close()
         app.scheduler.stop()
+    return received[0] if received else None
 
 
 def drain(server, app: App, timeout: float, log) -> None:

@@ -1,7 +1,8 @@
 """OpenAI-style request validation and response shapes (completions and chat).
 
 Everything a client sends is checked here, before it reaches the engine: unknown fields,
-wrong types and out-of-range values become a 400 with a message naming the field.
+wrong types, out-of-range values and over-deep nesting become a 400 with a message naming
+the field; a `model` other than the one served is a 404 `model_not_found`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,19 @@ COMMON = {
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
+MAX_DEPTH = 32  # a request needs 3 levels (body, messages, message); 100k crashed json
+# Below this a temperature decodes greedily, its limit: the runtime divides float32 logits
+# by it (1e-300 overflowed to inf, then NaN), and for t < 1e-30 sampling and argmax agree
+# unless the top two logits lie within 1e-28 of each other.
+GREEDY_BELOW = 1e-30
 
 
 class BadRequest(ValueError):
-    """A client error: becomes HTTP 400 with this message."""
+    """A client error: becomes an HTTP error (400 unless said) with this message."""
+
+    def __init__(self, message: str, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.status, self.code = status, code
 
 
 @dataclass
@@ -47,19 +57,28 @@ def _number(body, key, default, lo, hi, kind=float):
     return kind(value)
 
 
+def _no_constant(name: str):
+    raise BadRequest(f"request body is not valid JSON: {name} is not a JSON number")
+
+
 def parse_body(raw: bytes) -> dict:
     try:
-        body = json.loads(raw or b"")
+        body = json.loads(raw or b"", parse_constant=_no_constant)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
     _check_strings(body)
     return body
 
 
-def _check_strings(value, where: str = "body") -> None:
-    """JSON may carry lone surrogates (\ud800) that no tokenizer can encode: refuse them."""
+def _check_strings(value, where: str = "body", depth: int = 0) -> None:
+    """JSON may carry lone surrogates (\ud800) that no tokenizer can encode: refuse them.
+    Walks the body, so it also bounds the nesting that later code would recurse into."""
+    if depth > MAX_DEPTH:
+        raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels")
     if isinstance(value, str):
         try:
             value.encode("utf-8")
@@ -67,11 +86,11 @@ def _check_strings(value, where: str = "body") -> None:
             raise BadRequest(f"{where} holds an invalid Unicode string (lone surrogate)") from None
     elif isinstance(value, dict):
         for k, v in value.items():
-            _check_strings(k, where)
-            _check_strings(v, f"`{k}`" if where == "body" else where)
+            _check_strings(k, where, depth + 1)
+            _check_strings(v, f"`{k}`" if where == "body" else where, depth + 1)
     elif isinstance(value, list):
         for v in value:
-            _check_strings(v, where)
+            _check_strings(v, where, depth + 1)
 
 
 def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -> Parsed:
@@ -79,6 +98,7 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
+    _check_model(body, model)
     if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
         raise BadRequest("only n = 1 is supported")
     if body.get("echo") or body.get("suffix") or body.get("logprobs") or body.get("top_logprobs"):
@@ -94,7 +114,7 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     if len(prompt_ids) + max_tokens > max_len:
         raise BadRequest(
             f"prompt is {len(prompt_ids)} tokens and max_tokens {max_tokens}: together more than "
-            f"the context of {max_len} tokens"
+            f"the context of {max_len} tokens; shorten the prompt or lower max_tokens"
         )
     stop = body.get("stop") or []
     if isinstance(stop, str):
@@ -114,15 +134,32 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
         raise BadRequest("`stream_options` must be an object")
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        temperature=_temperature(body),
         top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
         top_k=_number(body, "top_k", 0, 0, 1 << 20, int),
         seed=seed,
     )
-    name = body.get("model", model)
+    return Parsed(prompt_ids, params, stop, stream, bool(options.get("include_usage")), chat, model)
+
+
+def _check_model(body: dict, served: str) -> None:
+    """`model` may be left out (one model is served); any other name is OpenAI's 404."""
+    name = body.get("model")
+    if name is None or name == served:
+        return
     if not isinstance(name, str):
         raise BadRequest("`model` must be a string")
-    return Parsed(prompt_ids, params, stop, stream, bool(options.get("include_usage")), chat, model)
+    raise BadRequest(
+        f"the model `{name}` does not exist: this server serves `{served}` (GET /v1/models)",
+        404,
+        "model_not_found",
+    )
+
+
+def _temperature(body: dict) -> float:
+    """0 to 2 (OpenAI's range); a tiny positive value is served as greedy (GREEDY_BELOW)."""
+    value = _number(body, "temperature", 1.0, 0.0, 2.0)
+    return 0.0 if value < GREEDY_BELOW else value
 
 
 def _prompt_ids(body: dict, tokenizer) -> list[int]:
@@ -162,8 +199,10 @@ def _chat_ids(body: dict, tokenizer) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
-def error_body(message: str, kind: str = "invalid_request_error") -> bytes:
-    return json.dumps({"error": {"message": message, "type": kind, "code": None}}).encode()
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> bytes:
+    """OpenAI's error shape."""
+    error = {"message": message, "type": kind, "param": None, "code": code}
+    return json.dumps({"error": error}).encode()
 
 
 def new_id(chat: bool) -> str:

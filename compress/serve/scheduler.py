@@ -4,11 +4,16 @@ Handlers `submit` (refused with QueueFull beyond the bound) and read tokens from
 Stream; the loop admits new requests at the next step (continuous batching), pushes each
 new token to its stream, and applies cancellations (a client gone) before stepping, so a
 slot is free again within one step.
+
+A failure is confined to the requests it touches: a request whose token choice raises
+fails alone (ServingEngine), a step that raises fails the requests of that step; the
+loop, and every other request, go on.
 """
 
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +32,36 @@ class EngineStopped(RuntimeError):
     pass
 
 
+class GenerationFailed(RuntimeError):
+    """This request could not be generated; `status` is the HTTP answer for it."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+class ServingEngine(Engine):
+    """An Engine whose per-request token choice cannot take the batch down: a request
+    whose sampling raises is finished as failed (its slot freed) and the others go on."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.failures: dict[int, str] = {}  # request id -> why, until the scheduler reads it
+
+    def fail(self, req: Request, why: str) -> None:
+        """End `req` now, freeing its slot, and remember why for its handler."""
+        self.failures[req.id] = why
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self._finish(req, "error")
+
+    def _emit(self, req: Request, logits) -> None:
+        try:
+            super()._emit(req, logits)
+        except Exception as e:
+            self.fail(req, f"{type(e).__name__}: {e}")
+
+
 class Stream:
     """What a handler holds: its request and the tokens arriving for it."""
 
@@ -34,10 +69,11 @@ class Stream:
         self.request = request
         self.tokens: queue.Queue = queue.Queue()
         self.stopped = False  # ended by one of the client's stop strings
+        self.failure: GenerationFailed | None = None  # set before DONE when it failed
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, metrics: Metrics, max_queue: int = 64):
+    def __init__(self, engine: ServingEngine, metrics: Metrics, max_queue: int = 64):
         self.engine, self.metrics, self.max_queue = engine, metrics, max_queue
         self.inbox: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
@@ -85,18 +121,34 @@ class Scheduler:
                 self.streams[stream.request.id] = stream
                 try:
                     self.engine.submit(stream.request)
-                except ValueError:  # validated by the handler; never let one request stop all
-                    self._retire(stream)
+                except ValueError as e:  # validated by the handler; never let one stop all
+                    self._retire(stream, GenerationFailed(f"refused by the engine: {e}", 400))
             elif op == "cancel" and stream.request.id in self.streams:
                 self.engine.cancel(stream.request)
                 self._retire(stream)
 
-    def _retire(self, stream: Stream) -> None:
-        """The request is over (finished, cancelled or refused by the engine): once."""
+    def _retire(self, stream: Stream, failure: GenerationFailed | None = None) -> None:
+        """The request is over (finished, cancelled, refused or failed): once."""
         if self.streams.pop(stream.request.id, None) is not None:
             with self.lock:
                 self.active -= 1
+        stream.failure = failure
         stream.tokens.put(DONE)
+
+    def _step(self) -> None:
+        """One engine step; if it raises, its requests fail and the loop lives on."""
+        before = {r.id for r in self.engine.waiting}
+        try:
+            touched = self.engine.step()
+        except Exception as e:
+            why = f"{type(e).__name__}: {e}"
+            waiting = set(map(id, self.engine.waiting))  # the step never reached these
+            failed = [s.request for s in self.streams.values() if id(s.request) not in waiting]
+            print(f"llmpress serve: a step failed, failing its requests: {why}", file=sys.stderr)
+            for req in failed:
+                self.engine.fail(req, why)
+            touched = failed
+        self._publish(touched, before)
 
     def _run(self) -> None:
         try:
@@ -105,9 +157,7 @@ class Scheduler:
                 if self.engine.idle:
                     self._gauges()  # cancellations may have emptied the engine
                     continue
-                before = {r.id for r in self.engine.waiting}
-                touched = self.engine.step()
-                self._publish(touched, before)
+                self._step()
         except BaseException as e:  # surface to handlers instead of hanging them
             self.error = e
             for stream in list(self.streams.values()):
@@ -117,22 +167,29 @@ class Scheduler:
     def _publish(self, touched: list[Request], was_waiting: set[int]) -> None:
         now = time.perf_counter()
         m = self.metrics
+        published = 0
         with m.lock:
             for req in touched:
                 stream = self.streams.get(req.id)
+                why = self.engine.failures.pop(req.id, None)
                 if stream is None:
+                    continue
+                if why is not None:
+                    print(f"llmpress serve: request {req.id} failed: {why}", file=sys.stderr)
+                    self._retire(stream, GenerationFailed(f"generation failed: {why}"))
                     continue
                 if req.id in was_waiting:  # admitted this step: its first token
                     m.ttft.observe(req.first_token_at - req.submitted)
                     m.counters["requests_total"] += 1
                 stream.tokens.put(req.output[-1])
+                published += 1
                 m.counters["generated_tokens_total"] += 1
                 if req.done:
                     if len(req.output) > 1:
                         per = (req.finished_at - req.first_token_at) / (len(req.output) - 1)
                         m.tpot.observe(per)
                     self._retire(stream)
-            self.recent.append((now, len(touched)))
+            self.recent.append((now, published))
             while self.recent and now - self.recent[0][0] > 5:
                 self.recent.popleft()
             span = max(now - self.recent[0][0], 1e-3) if len(self.recent) > 1 else 5.0

@@ -1,14 +1,20 @@
 """HTTP front end: OpenAI-compatible routes over the scheduler (standard library only).
 
-One thread per connection (ThreadingHTTPServer); each handler validates its request,
-submits it, and either waits for the whole completion or streams server-sent events as
-tokens arrive. A client that goes away (a failed write while streaming, a closed socket
-while waiting for a whole completion) has its request cancelled at once. Sockets time
-out, so a slow or half-sent request cannot hold a thread; every error is JSON.
+One thread per connection (ThreadingHTTPServer), at most `max_connections` at once; each
+handler validates its request, submits it, and either waits for the whole completion or
+streams server-sent events as tokens arrive. A client that goes away (a failed write
+while streaming, a closed socket while waiting for a whole completion) has its request
+cancelled at once. A request must arrive whole within REQUEST_DEADLINE_S of its first
+byte, so a client trickling bytes cannot hold a thread. A response to a request whose
+body was not read closes the connection: leftover bytes are never parsed as a request.
+Every error is JSON.
 """
 
 from __future__ import annotations
 
+import hmac
+import io
+import ipaddress
 import json
 import queue
 import select
@@ -18,6 +24,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from compress.errors import LlmpressError
 from compress.runtime.engine import Request
 from compress.serve.protocol import (
     BadRequest,
@@ -30,34 +37,115 @@ from compress.serve.protocol import (
     parse_request,
     response_body,
 )
-from compress.serve.scheduler import DONE, EngineStopped, QueueFull, Scheduler
+from compress.serve.scheduler import (
+    DONE,
+    EngineStopped,
+    GenerationFailed,
+    QueueFull,
+    Scheduler,
+    Stream,
+)
 
 MAX_BODY = 1 << 20
-SOCKET_TIMEOUT_S = 30  # a request must arrive, and a client read, within this
+SOCKET_TIMEOUT_S = 30  # the longest wait for a request's first byte, or for a client's read
+# From a request's first byte to its last. The largest body (MAX_BODY) arrives in 8 s at
+# 1 Mbit/s; a client that sends a byte every few seconds (slowloris) is cut off here.
+REQUEST_DEADLINE_S = 10.0
+# Threads one server may spend on connections. Requests beyond --max-batch + --max-queue
+# get 429 anyway; the cap bounds idle keep-alive and slow connections.
+MAX_CONNECTIONS = 256
+LINGER_S = 1.0  # after an early error, drop what the client still sends for this long
+LINGER_BYTES = 4 * MAX_BODY
 CHECK_GONE_S = 0.25  # how often a waiting non-streaming request checks its client is there
 _GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError, OSError)
+
+
+class RequestTooSlow(Exception):
+    """The request did not arrive whole within its deadline: answered 408, then closed.
+    Not an OSError, so that handlers do not mistake it for a client that left."""
 
 
 class App:
     """What every handler shares."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, model_name: str, max_len: int):
+    def __init__(
+        self, scheduler: Scheduler, tokenizer, model_name: str, max_len: int, api_key=None
+    ):
         self.scheduler, self.tokenizer = scheduler, tokenizer
         self.model_name, self.max_len = model_name, max_len
+        self.api_key: str | None = api_key
         self.eos = tokenizer.eos_token_id
         self.in_flight = 0  # generation requests being answered (drained before exit)
         self.draining = False
         self.lock = threading.Lock()
 
 
+class _DeadlineReader(io.RawIOBase):
+    """The socket as a handler reads it. Each read waits at most `idle` seconds; from a
+    request's first byte, every byte of it must come before `deadline`."""
+
+    def __init__(self, sock: socket.socket, idle: float, limit: float):
+        self.sock, self.idle, self.limit = sock, idle, limit
+        self.deadline: float | None = None  # None: between requests
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        wait = self.idle
+        if self.deadline is not None:
+            wait = min(wait, self.deadline - time.monotonic())
+            if wait <= 0:
+                raise RequestTooSlow(f"the request did not arrive within {self.limit:g} s")
+        self.sock.settimeout(wait)
+        try:
+            n = self.sock.recv_into(buf)
+        except TimeoutError:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                raise RequestTooSlow(
+                    f"the request did not arrive within {self.limit:g} s"
+                ) from None
+            raise
+        finally:
+            self.sock.settimeout(self.idle)  # writes keep the idle timeout
+        if n and self.deadline is None:
+            self.deadline = time.monotonic() + self.limit
+        return n
+
+    def request_read(self) -> None:
+        """The whole request is in: the next one's clock starts at its first byte."""
+        self.deadline = None
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "llmpress"
     timeout = SOCKET_TIMEOUT_S
+    request_deadline = REQUEST_DEADLINE_S
     app: App  # set on the subclass made by make_server
 
     def log_message(self, format, *args):  # quiet by default
         pass
+
+    def setup(self):
+        super().setup()
+        self.rfile.close()
+        self._reader = _DeadlineReader(self.connection, self.timeout, self.request_deadline)
+        self.rfile = io.BufferedReader(self._reader)
+
+    def handle_one_request(self):
+        # What send_error needs when a request dies before its request line is parsed.
+        self.requestline, self.command = "", ""
+        self.request_version = self.default_request_version
+        self._unread = True  # the body (if any) is not read: an answer now closes
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        lengths = [v.strip() for v in self.headers.get_all("Content-Length") or ["0"]]
+        self._unread = "Transfer-Encoding" in self.headers or lengths != ["0"]
+        return True
 
     def send_error(self, code, message=None, explain=None):
         """The base class answers malformed requests with an HTML page: answer JSON."""
@@ -73,8 +161,15 @@ class Handler(BaseHTTPRequestHandler):
     def handle(self):
         try:
             super().handle()
+        except RequestTooSlow as e:
+            self.send_error(408, f"{e}: send the request at once")
         except _GONE:  # the client left or stalled: nothing to answer, nothing to log
             self.close_connection = True
+
+    def finish(self):
+        super().finish()
+        if self._unread:
+            _linger(self.connection)
 
     # -- plumbing ---------------------------------------------------------------------
     def _send(self, status: int, body: bytes, ctype="application/json", headers=()):
@@ -83,22 +178,59 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         for k, v in headers:
             self.send_header(k, v)
+        if self._unread:  # what follows on this connection cannot be framed: close it
+            self.send_header("Connection", "close")
+            self.close_connection = True
         self.end_headers()
         self.wfile.write(body)
 
     def _json(self, status: int, obj) -> None:
         self._send(status, json.dumps(obj).encode())
 
-    def _error(self, status: int, message: str, kind="invalid_request_error", headers=()):
-        self._send(status, error_body(message, kind), headers=headers)
+    def _error(
+        self, status: int, message: str, kind="invalid_request_error", headers=(), code=None
+    ):
+        self._send(status, error_body(message, kind, code), headers=headers)
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
+    def _authorized(self) -> bool:
+        """With --api-key, /v1 routes and /metrics need `Authorization: Bearer KEY`;
+        answers 401 (OpenAI's shape) when it is missing or wrong."""
+        key = self.app.api_key
+        if key is None or not (self.path.startswith("/v1") or self.path == "/metrics"):
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode("latin-1", "replace"), key.encode()
+        ):
+            return True
+        message = "missing or incorrect API key: send `Authorization: Bearer <--api-key>`"
+        headers = [("WWW-Authenticate", "Bearer")]
+        self._error(401, message, "invalid_request_error", headers, code="invalid_api_key")
+        return False
+
+    def _body_length(self) -> int:
+        """Content-Length, when it alone frames the body; anything ambiguous is refused."""
+        if "Transfer-Encoding" in self.headers:
+            raise BadRequest("Transfer-Encoding is not supported: send a Content-Length")
+        values = self.headers.get_all("Content-Length") or ["0"]
+        if len(values) > 1 or not values[0].strip().isdigit():
+            raise BadRequest("send exactly one Content-Length, a plain number of bytes")
+        length = int(values[0])
+        if length > MAX_BODY:
+            raise BadRequest(f"Content-Length {length} is over the limit of {MAX_BODY} bytes", 413)
+        return length
+
     # -- routes -----------------------------------------------------------------------
     def do_GET(self):
         app = self.app
+        if not self._unread:
+            self._reader.request_read()
+        if not self._authorized():
+            return
         if self.path == "/health":
             ok = app.scheduler.error is None and app.scheduler.thread.is_alive()
             self._json(200 if ok else 503, {"status": "ok" if ok else "engine stopped"})
@@ -120,7 +252,7 @@ class Handler(BaseHTTPRequestHandler):
             app.in_flight += 1
         try:
             self._post()
-        except _GONE:
+        except (*_GONE, RequestTooSlow):
             raise
         except Exception as e:  # a bug must answer 500 as JSON, not drop the connection
             print(f"llmpress serve: {type(e).__name__}: {e}", file=sys.stderr)
@@ -131,22 +263,20 @@ class Handler(BaseHTTPRequestHandler):
 
     def _post(self):
         chat = self.path == "/v1/chat/completions"
+        if not self._authorized():
+            return
         if not chat and self.path != "/v1/completions":
             self._error(404, f"no route {self.path}", "not_found_error")
             return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            self._error(400, f"Content-Length must be between 0 and {MAX_BODY}")
-            return
         app = self.app
         try:
-            body = parse_body(self.rfile.read(length))
+            raw = self.rfile.read(self._body_length())
+            self._unread = False
+            self._reader.request_read()
+            body = parse_body(raw)
             parsed = parse_request(body, app.tokenizer, chat, app.max_len, app.model_name)
         except BadRequest as e:
-            self._error(400, str(e))
+            self._error(e.status, str(e), code=e.code)
             return
         request = Request(parsed.prompt_ids, parsed.params)
         try:
@@ -165,7 +295,7 @@ class Handler(BaseHTTPRequestHandler):
             self._complete(parsed, stream)
 
     # -- generation -------------------------------------------------------------------
-    def _pieces(self, parsed: Parsed, stream):
+    def _pieces(self, parsed: Parsed, stream: Stream):
         """Yield text pieces as tokens arrive; stop strings end the request early."""
         tok, app = self.app.tokenizer, self.app
         ids: list[int] = []
@@ -201,8 +331,10 @@ class Handler(BaseHTTPRequestHandler):
             if len(text) > len(sent):
                 yield text[len(sent) :]
                 sent = text
+        if stream.failure is not None:
+            raise stream.failure
         if app.scheduler.error is not None:
-            raise RuntimeError(f"engine failed: {app.scheduler.error}")
+            raise GenerationFailed(f"engine failed: {app.scheduler.error}")
 
     def _client_gone(self) -> bool:
         """The client closed its socket (readable with nothing to read)."""
@@ -212,16 +344,17 @@ class Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             return True
 
-    def _finish_reason(self, stream) -> str:
+    def _finish_reason(self, stream: Stream) -> str:
         if stream.stopped:
             return "stop"
         return "length" if stream.request.finish_reason == "length" else "stop"
 
-    def _complete(self, parsed: Parsed, stream) -> None:
+    def _complete(self, parsed: Parsed, stream: Stream) -> None:
         try:
             text = "".join(self._pieces(parsed, stream))
-        except RuntimeError as e:
-            self._error(500, str(e), "server_error")
+        except GenerationFailed as e:
+            kind = "invalid_request_error" if e.status < 500 else "server_error"
+            self._error(e.status, str(e), kind)
             return
         req = stream.request
         rid = new_id(parsed.chat)
@@ -230,7 +363,7 @@ class Handler(BaseHTTPRequestHandler):
         )
         self._json(200, out)
 
-    def _stream(self, parsed: Parsed, stream) -> None:
+    def _stream(self, parsed: Parsed, stream: Stream) -> None:
         rid = new_id(parsed.chat)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -256,13 +389,39 @@ class Handler(BaseHTTPRequestHandler):
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 obj = "chat.completion.chunk" if parsed.chat else "text_completion"
                 event({**envelope(parsed, rid, obj, []), "usage": usage})
-            self._chunk(b"data: [DONE]\n\n")
-            self._chunk(b"")
         except _GONE:
             self.app.scheduler.cancel(stream)  # the client left: free its slot now
             self.close_connection = True
-        except RuntimeError:
+            return
+        except GenerationFailed as e:  # the status line is sent: say so in the stream
             self.close_connection = True
+            event(json.loads(error_body(str(e), "server_error")))
+        self._chunk(b"data: [DONE]\n\n")
+        self._chunk(b"")
+
+
+def _linger(sock: socket.socket) -> None:
+    """Stop writing, then drop (never parse) what the client still sends, for at most
+    LINGER_S: closing with unread bytes would reset the connection and could destroy
+    the error answer before the client reads it."""
+    end = time.monotonic() + LINGER_S
+    dropped = 0
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while dropped < LINGER_BYTES and (left := end - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = sock.recv(65536)
+            if not chunk:
+                return
+            dropped += len(chunk)
+    except OSError:
+        pass
+
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
 
 
 class Server(ThreadingHTTPServer):
@@ -270,6 +429,38 @@ class Server(ThreadingHTTPServer):
     # socketserver's default backlog of 5 resets connections when many clients connect at
     # once (seen in the load test): every request must be answered, served or 429.
     request_queue_size = 1024
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.connections = 0
+        self._count_lock = threading.Lock()
+
+    def process_request(self, request, client_address):
+        """A thread per connection, up to max_connections; past it, 503 with no thread."""
+        with self._count_lock:
+            full = self.connections >= self.max_connections
+            if not full:
+                self.connections += 1
+        if not full:
+            super().process_request(request, client_address)
+            return
+        body = error_body(
+            f"server busy: {self.max_connections} connections open; retry later", "server_error"
+        )
+        try:
+            request.setblocking(False)
+            request.send(_BUSY % (len(body), body))
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._count_lock:
+                self.connections -= 1
 
     def handle_error(self, request, client_address):
         """One line, not a traceback, for what escapes a handler."""
@@ -278,11 +469,38 @@ class Server(ThreadingHTTPServer):
             print(f"llmpress serve: {client_address[0]}: {exc!r}", file=sys.stderr)
 
 
-def make_server(app: App | None, host: str, port: int) -> Server:
+def make_server(
+    app: App | None,
+    host: str,
+    port: int,
+    max_connections: int = MAX_CONNECTIONS,
+    request_deadline: float = REQUEST_DEADLINE_S,
+) -> Server:
     """Bind now (a taken port fails before the model loads); `bind_app` attaches the app."""
-    handler = type("BoundHandler", (Handler,), {"app": app})
-    return Server((host, port), handler)
+    handler = type("BoundHandler", (Handler,), {"app": app, "request_deadline": request_deadline})
+    server = Server((host, port), handler)
+    server.max_connections = max_connections
+    return server
 
 
 def bind_app(server: Server, app: App) -> None:
     server.RequestHandlerClass.app = app
+
+
+def check_api_key(key: str | None) -> None:
+    """A key a client can send in a header as given: printable ASCII, no spaces."""
+    if key is not None and not (key and key.isascii() and key.isprintable() and " " not in key):
+        raise LlmpressError(
+            "--api-key (or LLMPRESS_API_KEY) must be a non-empty key of printable ASCII "
+            "without spaces"
+        )
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach `host` (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
