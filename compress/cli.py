@@ -202,6 +202,7 @@ def eval_cmd(
     from compress.model.loading import resolve
 
     gates = _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir)
+    base_is_source = _check_eval_models(artifact, base, ctx)
     token_kl: dict | None = {} if report_dir else None
     drift = evaluate(
         artifact,
@@ -239,7 +240,7 @@ def eval_cmd(
         click.echo(f"report written to {report_dir / 'report.md'}")
     failed = [v for v in verdicts if not v.passed]
     if json_out:
-        _write_eval_json(json_out, artifact, drift, sizes, verdicts)
+        _write_eval_json(json_out, artifact, drift, sizes, verdicts, base_is_source)
     if failed:
         names = ", ".join(v.gate.metric for v in failed)
         click.echo(f"quality gate failed: {names}", err=True)
@@ -250,7 +251,8 @@ def _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir) -> list
     """The gates, and every refusal of bad input, before an hour of evaluation."""
     from compress.eval.gates import load_gate_file, parse_gates
 
-    gates = (parse_gates(gate) if gate else []) + (load_gate_file(gate_file) if gate_file else [])
+    gates = parse_gates(gate) if gate is not None else []
+    gates += load_gate_file(gate_file) if gate_file else []
     if ctx < 2:
         raise LlmpressError(f"--ctx {ctx}: a window needs at least 2 tokens (e.g. 512)")
     if windows < 0:
@@ -261,15 +263,54 @@ def _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir) -> list
     return gates
 
 
-def _write_eval_json(path: Path, artifact: str, drift, sizes: dict, verdicts: list) -> None:
+def _check_eval_models(artifact: str, base: str | None, ctx: int) -> bool | None:
+    """Refuse windows past the artifact's context, and warn in one line when `--base` is
+    not the model the artifact was made from (its manifest records that model's sha256):
+    the drift is then against another model. Whether it is (None: nothing to compare)."""
+    from compress.artifact.manifest import read_manifest
+    from compress.model.loading import check_context, resolve
+
+    cand = resolve(artifact)
+    check_context(cand, ctx, "--ctx")
+    source = (read_manifest(cand.path) or {}).get("source")
+    recorded = source.get("sha256") if isinstance(source, dict) else None
+    if base is None or not isinstance(recorded, str):
+        return None
+    if resolve(base).sha256 == recorded:
+        return True
+    click.echo(
+        f"warning: --base {base} is not the model {artifact} was made from ({source.get('name')}, "
+        f"sha256 {recorded[:12]}...): the drift compares it with another model",
+        err=True,
+    )
+    return False
+
+
+def _write_eval_json(
+    path: Path, artifact: str, drift, sizes: dict, verdicts: list, base_is_source: bool | None
+) -> None:
     result = {
         "artifact": artifact,
         **drift.to_dict(),
+        "base_is_source": base_is_source,
         **sizes,
         "gates": [v.to_dict() for v in verdicts],
         "passed": all(v.passed for v in verdicts),
     }
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(path, result)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write results as strict JSON: a NaN or infinity, which strict parsers reject, is
+    refused in one line instead of written."""
+    try:
+        text = json.dumps(data, indent=2, allow_nan=False)
+    except ValueError:
+        raise LlmpressError(
+            f"{path}: a result is NaN or infinite, which strict JSON cannot hold; nothing "
+            "was written there"
+        ) from None
+    path.write_text(text + "\n")
 
 
 @cli.command()
@@ -290,6 +331,9 @@ def verify(artifact):
     """Check every file of ARTIFACT against the sha256 its manifest recorded."""
     from compress.artifact.integrity import file_hashes, problems
 
+    if not artifact.is_dir():
+        what = "is a file, not" if artifact.exists() else "does not exist: pass"
+        raise LlmpressError(f"{artifact} {what} an artifact folder (what `compress -o` wrote)")
     found = problems(artifact)
     if found:
         for line in found:
@@ -318,7 +362,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, swee
     """Decode speed of ARTIFACT in llmpress's runtime: TTFT, time per token, tokens/s, MBU."""
 
     from compress.kernels.cpu import set_threads
-    from compress.model.loading import resolve
+    from compress.model.loading import check_context, resolve
     from compress.runtime.bench import format_bench, run_bench
     from compress.runtime.kv_cache import kv_scheme
     from compress.runtime.weights import load_weights
@@ -343,6 +387,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, swee
     check_threads(threads)
     set_threads(threads)
     ckpt = resolve(artifact)
+    check_context(ckpt, prompt_len + output_len, "--prompt-len + --output-len")
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
     for note in weights.dense_fallbacks:
@@ -353,7 +398,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, swee
     record["artifact"] = artifact
     click.echo(format_bench(record))
     if json_out:
-        json_out.write_text(json.dumps(record, indent=2) + "\n")
+        write_json(json_out, record)
 
 
 def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
@@ -450,13 +495,23 @@ def _crash_report(exc: BaseException) -> str:
     return path
 
 
+def _usage_line(e: click.UsageError) -> str:
+    """A bad flag, value or command as one line with where to look, instead of click's
+    usage block (CI logs and scripts read one line)."""
+    message = " ".join(e.format_message().split())
+    command = e.ctx.command_path if e.ctx is not None else "llmpress"
+    if e.ctx is not None and e.ctx.command is cli and "No such command" in message:
+        message += f" Commands: {', '.join(sorted(cli.commands))}."
+    return f"{message} (see `{command} --help`)"
+
+
 def main() -> None:
     """Run the CLI. Exit codes: 0 ok, 1 gate or verify failed, 2 bad input (one line),
     3 internal error (one line; the traceback goes to a file, or to stderr with
     LLMPRESS_DEBUG=1)."""
     signal.signal(signal.SIGTERM, _terminate)  # unwind, so temporary folders are removed
     try:
-        cli(standalone_mode=False)
+        cli(standalone_mode=False, prog_name="llmpress")
     except Terminated:
         click.echo("terminated: nothing was written", err=True)
         sys.exit(143)
@@ -469,6 +524,12 @@ def main() -> None:
             sys.exit(143)
         click.echo("aborted", err=True)
         sys.exit(130)
+    except click.exceptions.NoArgsIsHelpError as e:  # bare `llmpress`: the help, as asked
+        e.show()
+        sys.exit(EXIT_INPUT)
+    except click.UsageError as e:
+        click.echo(f"error: {_usage_line(e)}", err=True)
+        sys.exit(EXIT_INPUT)
     except click.ClickException as e:
         e.show()
         sys.exit(EXIT_INPUT if e.exit_code == 2 else e.exit_code)

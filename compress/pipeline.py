@@ -25,7 +25,13 @@ from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
-from compress.model.loading import Checkpoint, load_tokenizer, read_tensors, resolve
+from compress.model.loading import (
+    Checkpoint,
+    check_context,
+    load_tokenizer,
+    read_tensors,
+    resolve,
+)
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe
 from compress.stage import BlockContext, Workspace
@@ -133,6 +139,7 @@ def compress(
     timing: dict[str, float] = defaultdict(float)
     if recipe.needs_calibration:
         c = recipe.calib
+        check_context(ckpt, c.length, "calibration length (--calib-len)")
         log(f"calibration: {c.samples} × {c.length} tokens from {c.source}")
         with _Clock(timing)("calibration data"):
             samples = load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -34,13 +35,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from compress.artifact.codecs import codec
 from compress.calib_data.config import CalibConfig
 from compress.errors import LlmpressError
 from compress.methods import STAGES
 from compress.stage import Stage
+from compress.strict_yaml import load_yaml
 
 # auto: the checkpoint's own; auto16: the checkpoint's when it is 16-bit, else bfloat16
 DTYPES = ("auto", "auto16", "float32", "bfloat16", "float16")
@@ -130,10 +130,46 @@ def build_config(config_type: type, params: Any, where: str):
             )
         if not _type_ok(value, hints[key]):
             raise LlmpressError(f"{where}.{key}: {value!r} is not a valid {hints[key]}")
+        _check_value(f"{where}.{key}", value)
     try:
         return config_type(**params)
     except LlmpressError as e:
         raise LlmpressError(f"{where}: {e}") from e
+
+
+# Settings whose value must be above a floor, whatever the stage: (name, floor, why).
+_FLOORS = {
+    "threshold": (0, "an outlier threshold <= 0 keeps every column in 16 bits"),
+    "top_k": (-1, "a count of outlier columns cannot be negative"),
+}
+MIN_GROUP = 32
+
+
+def check_group_size(value: Any, where: str) -> None:
+    """Refuse a group size that is not a power of two of at least MIN_GROUP: each group
+    stores a 16- or 32-bit scale, so groups of 1-16 spend more bits on scales than 4-bit
+    weights save, and engines' kernels (vLLM: 32, 64, 128) take powers of two."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int):
+        return
+    if value < MIN_GROUP or value & (value - 1):
+        raise LlmpressError(
+            f"{where}: group size {value} is not a power of two >= {MIN_GROUP}: smaller groups "
+            "spend more bits on scales than they save, and engines take powers of two; use "
+            "32, 64 or 128 (or null: one scale per output channel)"
+        )
+
+
+def _check_value(where: str, value: Any) -> None:
+    """Refuse a setting's value that no stage can mean: NaN or infinity, a group size the
+    engines cannot take, or a value under its floor (_FLOORS)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise LlmpressError(f"{where}: {value} is not a finite number")
+    key = where.rpartition(".")[2]
+    if key == "group_size":
+        check_group_size(value, where)
+    floor = _FLOORS.get(key)
+    if floor and isinstance(value, (int, float)) and value <= floor[0]:
+        raise LlmpressError(f"{where}: {value} is too small: {floor[1]}")
 
 
 def parse_recipe(data: Any) -> Recipe:
@@ -338,6 +374,8 @@ def recipe_from_flags(
     if not isinstance(data, dict):
         raise LlmpressError(f"recipe {recipe_file}: expected a mapping with a `stages` list")
     if bits is not None:
+        if not math.isfinite(bits) or bits <= 0:
+            raise LlmpressError(f"--bits {bits}: give a positive average bits per weight, e.g. 4.6")
         data = {**data, "stages": with_budget(data.get("stages"), bits)}
     calib = dict(data.get("calib") or {})
     calib.update({k: v for k, v in calib_flags.items() if v is not None})
@@ -371,18 +409,10 @@ def with_budget(stages: Any, bits: float) -> Any:
     return [*stages[:first], {"mixed": {"bits_budget": bits}}, *stages[first:]]
 
 
-def load_recipe(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise LlmpressError(f"cannot read recipe {path}: {e.strerror}") from e
-    except UnicodeDecodeError:
-        raise LlmpressError(f"recipe {path} is not text (UTF-8 YAML): pass a YAML file") from None
-    except yaml.YAMLError as e:
-        line = getattr(getattr(e, "problem_mark", None), "line", None)
-        where = f" at line {line + 1}" if line is not None else ""
-        raise LlmpressError(f"recipe {path} is not valid YAML{where}") from e
-    return data
+def load_recipe(path: Path) -> Any:
+    """The recipe file's data, read strictly (strict_yaml: no aliases, deep nesting or
+    duplicate keys)."""
+    return load_yaml(path, "recipe")
 
 
 _INT8 = re.compile(r"^int8(?::g(?P<group>\d+))?$")
@@ -451,7 +481,10 @@ def parse_quant(spec: str) -> dict:
     """
     int8 = _INT8.match(spec.strip())
     if int8:
-        return {"int8": {"group_size": int(int8["group"])} if int8["group"] else {}}
+        if not int8["group"]:
+            return {"int8": {}}
+        check_group_size(int(int8["group"]), spec)
+        return {"int8": {"group_size": int(int8["group"])}}
     m = _QUANT.match(spec.strip())
     if not m:
         raise LlmpressError(
@@ -461,6 +494,7 @@ def parse_quant(spec: str) -> dict:
     settings: dict[str, Any] = {"bits": int(m["bits"])}
     if m["group"]:
         settings["group_size"] = int(m["group"])
+        check_group_size(settings["group_size"], spec)
     if m["zp"]:
         settings["zero_point"] = m["zp"] == "zp"
     return {m["method"]: settings}

@@ -142,6 +142,86 @@ def _nothing(tmp: Path) -> bool:
     return listing(tmp) == []
 
 
+# -- issue 32, input validation (defects 6, 16, 18, 19, 21, 23, 24): helpers --
+# "Billion laughs": 9 aliases a level, 9 levels: 1 KB of YAML, 387 million strings.
+_LAUGHS = 'l0: &l0 "lol"\n' + "".join(
+    f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+
+
+def _tiny_config(tmp: Path, edit: Callable[[dict], object]) -> list[str]:
+    """The tiny llama with config.json changed by `edit` (which may return a new one)."""
+    model = tiny(tmp)
+    config = json.loads((model / "config.json").read_text())
+    config = edit(config) or config
+    (model / "config.json").write_text(json.dumps(config))
+    return ["compress", str(model), "-o", str(tmp / "out"), "--quant", "rtn:w4g32"]
+
+
+def _set(**values) -> Callable[[dict], None]:
+    return lambda c: c.update(values)
+
+
+def _tiny_tensors(tmp: Path, edit: Callable[[dict], None]) -> list[str]:
+    """The tiny llama with its tensors changed by `edit`."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny(tmp)
+    tensors = load_file(str(model / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(model / "model.safetensors"))
+    return ["compress", str(model), "-o", str(tmp / "out"), "--quant", "rtn:w4g32"]
+
+
+def _drop(name: str) -> Callable[[dict], None]:
+    def drop(config: dict) -> None:
+        del config[name]
+
+    return drop
+
+
+def _int32_norm(tensors: dict) -> None:
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].int()
+
+
+def _junk_index(tmp: Path) -> list[str]:
+    args = _tiny_config(tmp, lambda c: None)
+    (tmp / "model" / "model.safetensors.index.json").write_text("{ junk")
+    return args
+
+
+_CONFIG_DEFECTS = [  # (what, edit, message): each exited 3 before, or worked on nonsense
+    ("without hidden_size", _drop("hidden_size"), "config.json: hidden_size is missing"),
+    ("hidden_size 0", _set(hidden_size=0), "hidden_size is 0, not a positive integer"),
+    ("hidden_size -64", _set(hidden_size=-64), "hidden_size is -64, not a positive"),
+    ('hidden_size "64"', _set(hidden_size="64"), "hidden_size is '64', not a positive"),
+    (
+        "3 heads for width 64",
+        lambda c: c.update(num_attention_heads=3, num_key_value_heads=1, head_dim=None),
+        "num_attention_heads 3 does not divide hidden_size 64",
+    ),
+    ("num_key_value_heads 0", _set(num_key_value_heads=0), "num_key_value_heads is 0"),
+    ("a list", lambda c: [c], "is not a JSON object of settings"),
+    ("num_hidden_layers 3 (2 stored)", _set(num_hidden_layers=3), "layers.2.input_layernorm"),
+    ("num_hidden_layers -2", _set(num_hidden_layers=-2), "num_hidden_layers is -2, not a"),
+    ("intermediate_size 100 (96 stored)", _set(intermediate_size=100), "implies [100, 64]"),
+    ("vocab_size 10^12", _set(vocab_size=10**12), "implies [1000000000000, 64]"),
+    ("max_position_embeddings 0", _set(max_position_embeddings=0), "max_position_embeddings is 0"),
+]
+
+
+def _no_out(tmp: Path) -> bool:
+    return not (tmp / "out").exists() and not (tmp / "o").exists()
+
+
+def _fifo_calib(tmp: Path) -> list[str]:
+    os.mkfifo(tmp / "calib.txt")
+    return ["compress", "default", "-o", str(tmp / "o"), "--quant", "awq:w4g64"] + [
+        "--calib",
+        str(tmp / "calib.txt"),
+    ]
+
+
 CASES = [
     Case(
         '`-o ""`',
@@ -376,6 +456,241 @@ CASES = [
         "--api-key (or LLMPRESS_API_KEY) must be a non-empty key",
         "nothing",
         _nothing,
+    ),
+    # -- issue 32, input validation (defects 6, 16, 18, 19, 21, 23, 24) --
+    Case(
+        "recipe: YAML alias bomb in `stages[0].rtn.bits` (grew without bound)",
+        lambda t: _recipe(t, _LAUGHS + "stages: [{rtn: {bits: *l9}}]\n"),
+        2,
+        "YAML anchors and aliases (&name, *name) are not allowed",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "recipe: YAML alias bomb in `calib.source`",
+        lambda t: _recipe(t, _LAUGHS + "stages: [awq]\ncalib: {source: *l9}\n"),
+        2,
+        "YAML anchors and aliases (&name, *name) are not allowed",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "eval: YAML alias bomb in the gate file",
+        lambda t: (
+            (t / "g.yaml").write_text(_LAUGHS + "kl: {max: *l9}\n")
+            and _eval(t, "--gate-file", str(t / "g.yaml"))
+        ),
+        2,
+        "YAML anchors and aliases (&name, *name) are not allowed",
+        "the gate file only",
+        lambda t: listing(t) == ["g.yaml"],
+    ),
+    Case(
+        "recipe: `stages` nested 5,000 deep (was RecursionError, exit 3)",
+        lambda t: _recipe(t, "stages: " + "[" * 5000 + "]" * 5000 + "\n"),
+        2,
+        "nested deeper than 50 levels",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "recipe: two top-level `stages:` keys (the last won silently)",
+        lambda t: _recipe(t, "stages: [{rtn: {bits: 4}}]\nstages: [{rtn: {bits: 8}}]\n"),
+        2,
+        "key 'stages' is given twice",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "recipe: `int8: {threshold: -1}` (kept every column 16-bit)",
+        lambda t: _recipe(t, "stages:\n  - int8: {threshold: -1}\n"),
+        2,
+        "stages[0].int8.threshold: -1 is too small",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "recipe: `group_size: 1` (36 bits per weight)",
+        lambda t: _recipe(t, "stages:\n  - rtn: {bits: 4, group_size: 1}\n"),
+        2,
+        "group size 1 is not a power of two >= 32",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "`--quant rtn:w4g48` (not a power of two)",
+        lambda t: _compress_argv(t)[:-1] + ["rtn:w4g48"],
+        2,
+        "group size 48 is not a power of two >= 32",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "recipe: `mixed: {bits_budget: .nan}`",
+        lambda t: _recipe(t, "stages:\n  - mixed: {bits_budget: .nan}\n  - rtn: {bits: 4}\n"),
+        2,
+        "stages[0].mixed.bits_budget: nan is not a finite number",
+        "nothing new",
+        _no_out,
+    ),
+    *[
+        Case(
+            f"config.json {what} (was exit 3, or compressed)",
+            lambda t, edit=edit: _tiny_config(t, edit),
+            2,
+            message,
+            "the model, untouched; nothing new",
+            _no_out,
+        )
+        for what, edit, message in _CONFIG_DEFECTS
+    ],
+    Case(
+        "an int32 norm weight (compressed, then eval exited 3)",
+        lambda t: _tiny_tensors(t, _int32_norm),
+        2,
+        "tensor model.norm.weight is I32, not floating point",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "a tensor missing from the checkpoint",
+        lambda t: _tiny_tensors(t, lambda w: w.pop("model.layers.1.mlp.up_proj.weight")),
+        2,
+        "tensor model.layers.1.mlp.up_proj.weight is missing",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "a junk `model.safetensors.index.json`",
+        _junk_index,
+        2,
+        "model.safetensors.index.json is not valid JSON",
+        "nothing new",
+        _no_out,
+    ),
+    Case(
+        "`--calib-len 9000` past the model's 8192 (a 13 h ETA)",
+        lambda t: (
+            _compress_argv(t)[:-1]
+            + ["awq:w4g64", "--calib-len", "9000"]
+            + ["--calib-samples", "16"]
+        ),
+        2,
+        "9000 tokens exceed the context of default (8192 tokens",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "`--calib-samples 100000000000` (was exit 3, a 51 TB allocation)",
+        lambda t: _compress_argv(t)[:-1] + ["awq:w4g64", "--calib-samples", "100000000000"],
+        2,
+        "over the 1,048,576 calibration can hold",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "`--bits nan` (wrote NaN into manifest.json)",
+        lambda t: _compress_argv(t, "--bits", "nan"),
+        2,
+        "--bits nan: give a positive average bits per weight",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "`--bits inf`",
+        lambda t: _compress_argv(t, "--bits", "inf"),
+        2,
+        "--bits inf: give a positive average bits per weight",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "eval `--ctx 9000` past the model's context",
+        lambda t: _eval(t, "--ctx", "9000"),
+        2,
+        "--ctx: 9000 tokens exceed the context of default (8192 tokens",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "bench `--prompt-len 9000` past the model's context",
+        lambda t: ["bench", "default", "--prompt-len", "9000"],
+        2,
+        "9128 tokens exceed the context of default (8192 tokens",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "bench `--output-len 100000000` (was exit 3, an allocation)",
+        lambda t: ["bench", "default", "--output-len", "100000000"],
+        2,
+        "--prompt-len + --output-len: 100000032 tokens exceed the context",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "push `--repo org/näme --dry-run` (a non-ASCII hub id)",
+        lambda t: ["push", str(t / "a"), "--repo", "org/näme", "--dry-run"],
+        2,
+        "--repo 'org/näme' is not a hub id",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "eval `--gate ''` (silently gated nothing)",
+        lambda t: _eval(t, "--gate", ""),
+        2,
+        "--gate '' is empty, so nothing would be gated",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "verify a folder that does not exist (was exit 1)",
+        lambda t: ["verify", str(t / "nonexistent")],
+        2,
+        "does not exist: pass an artifact folder",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "`--calib-samples abc` (printed click's 4-line usage)",
+        lambda t: _compress_argv(t, "--calib-samples", "abc"),
+        2,
+        "Invalid value for '--calib-samples': 'abc' is not a valid integer",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "eval `--engine foo`",
+        lambda t: _eval(t, "--engine", "foo"),
+        2,
+        "'foo' is not one of 'runtime', 'transformers'. (see `llmpress eval --help`)",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "serve `--port abc`",
+        lambda t: ["serve", "default", "--port", "abc"],
+        2,
+        "Invalid value for '--port': 'abc' is not a valid integer",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "an unknown command",
+        lambda t: ["frobnicate"],
+        2,
+        "No such command 'frobnicate'. Commands: bench, compress, eval",
+        "nothing",
+        _nothing,
+    ),
+    Case(
+        "a FIFO as `--calib` (was called a folder)",
+        _fifo_calib,
+        2,
+        "calib.txt is not a regular file (a pipe, socket or device)",
+        "the FIFO only",
+        lambda t: listing(t) == ["calib.txt"],
     ),
 ]
 

@@ -30,8 +30,13 @@ def read_texts(source: str, text_field: str = "text") -> list[str]:
     path = Path(source).expanduser()
     if path.is_file():
         return _read_file(path, text_field)
-    if path.exists():
+    if path.is_dir():
         raise LlmpressError(f"{source} is a folder: pass a .txt, .jsonl or .parquet file")
+    if path.exists():  # a FIFO, socket or device: reading it could block or never end
+        raise LlmpressError(
+            f"{source} is not a regular file (a pipe, socket or device): save the text to "
+            "a .txt, .jsonl or .parquet file and pass that"
+        )
     if source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES:
         raise LlmpressError(f"no such text file: {source}")
     return _read_dataset(source, text_field)

@@ -20,9 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from compress.errors import LlmpressError
+from compress.strict_yaml import load_yaml
 
 METRICS = ("ppl", "base_ppl", "ppl_ratio", "kl", "top1", "size_mb", "bits_per_weight")
 # The original's value of each metric: what relative rules are measured from.
@@ -47,6 +46,13 @@ class Gate:
 
 
 def parse_gates(expr: str) -> list[Gate]:
+    """The tests in `--gate EXPR`; an empty EXPR is refused, since it would silently gate
+    nothing (a CI variable that expanded to nothing)."""
+    if not expr.strip():
+        raise LlmpressError(
+            f"--gate {expr!r} is empty, so nothing would be gated: give tests like "
+            "'kl<=0.05,top1>=0.9', or leave --gate out"
+        )
     gates = []
     for part in expr.split(","):
         m = _GATE.match(part)
@@ -98,16 +104,7 @@ class FileGate:
 
 def load_gate_file(path: Path) -> list[FileGate]:
     """Read and check a gates YAML before any evaluation runs."""
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise LlmpressError(f"cannot read gate file {path}: {e.strerror}") from e
-    except UnicodeDecodeError:
-        raise LlmpressError(
-            f"gate file {path} is not text (UTF-8 YAML): pass a YAML file"
-        ) from None
-    except yaml.YAMLError as e:
-        raise LlmpressError(f"gate file {path} is not valid YAML") from e
+    data = load_yaml(path, "gate file")
     if isinstance(data, dict) and set(data) == {"gates"}:
         data = data["gates"]
     if not isinstance(data, dict) or not data:

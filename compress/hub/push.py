@@ -14,14 +14,28 @@ from compress.artifact.manifest import read_manifest
 from compress.errors import LlmpressError
 from compress.hub.card import model_card
 
-_REPO = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+# The Hub's rule for each half of ORG/NAME: ASCII letters, digits, `.`, `_` and `-`, at
+# most 96 characters, starting and ending with a letter or digit, no `--` or `..`.
+_PART = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?", re.ASCII)
+
+
+def check_repo_id(repo: str) -> None:
+    """Refuse, before any upload, a repo id the Hub would reject (a non-ASCII letter, a
+    missing ORG, a name over 96 characters)."""
+    parts = repo.split("/")
+    if len(parts) != 2 or not all(
+        _PART.fullmatch(p) and "--" not in p and ".." not in p for p in parts
+    ):
+        raise LlmpressError(
+            f"--repo {repo!r} is not a hub id: write ORG/NAME, each of ASCII letters, digits, "
+            "'.', '_' or '-' (at most 96, no '--' or '..'), e.g. me/model-w4"
+        )
 
 
 def plan(folder: Path, repo: str, private: bool) -> tuple[list[tuple[str, int, str]], str]:
     """The files to upload (name, bytes, sha256) and the model card, after every check."""
     folder = Path(folder)
-    if not _REPO.match(repo):
-        raise LlmpressError(f"--repo {repo!r} is not a hub id: write ORG/NAME, e.g. me/model-w4")
+    check_repo_id(repo)
     manifest = read_manifest(folder) if folder.is_dir() else None
     if manifest is None:
         raise LlmpressError(

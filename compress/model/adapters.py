@@ -10,6 +10,7 @@ a consumer that cannot run some kind (the runtime) refuses it by reading the dec
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from compress.errors import LlmpressError
@@ -187,6 +188,77 @@ ADAPTERS: dict[str, Adapter] = {
     # qwen2: q/k/v carry biases; cuts slice them too
     "qwen2": replace(LLAMA, families=("qwen2",), architecture="Qwen2ForCausalLM"),
 }
+
+
+_SIZES = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+_POSITIVE_NUMBERS = ("rms_norm_eps", "rope_theta")
+
+
+def check_config(config: dict, where: str) -> ModelShape:
+    """The sizes config.json (`where`) describes, each refused in one line when it is
+    missing, not a positive integer, or inconsistent with another (heads that do not
+    divide the width), so that no malformed config reaches the tensor arithmetic."""
+    fix = "fix it or re-download the model"
+    for key in (*_SIZES, "vocab_size", *_OPTIONAL_SIZES):
+        value = config.get(key)
+        if value is None and key in _OPTIONAL_SIZES:
+            continue
+        if value is None:
+            raise LlmpressError(f"{where}: {key} is missing; {fix}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LlmpressError(f"{where}: {key} is {value!r}, not a positive integer; {fix}")
+    for key in _POSITIVE_NUMBERS:
+        value = config.get(key)
+        if value is not None and not _positive_number(value):
+            raise LlmpressError(f"{where}: {key} is {value!r}, not a positive number; {fix}")
+    heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    if config.get("head_dim") is None and hidden % heads:
+        raise LlmpressError(
+            f"{where}: num_attention_heads {heads} does not divide hidden_size {hidden}; {fix}"
+        )
+    if heads % kv_heads:
+        raise LlmpressError(
+            f"{where}: num_key_value_heads {kv_heads} does not divide num_attention_heads "
+            f"{heads}; {fix}"
+        )
+    return adapter_for(config).shape(config)
+
+
+def _positive_number(value: object) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """Each tensor name a checkpoint of `shape` holds in full (as `.weight`, unless a
+    quantized linear), with the shape config.json implies for it."""
+    q_out, kv_out = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    per_block = {
+        adapter.attn_norm: (shape.hidden,),
+        adapter.mlp_norm: (shape.hidden,),
+        adapter.q: (q_out, shape.hidden),
+        adapter.k: (kv_out, shape.hidden),
+        adapter.v: (kv_out, shape.hidden),
+        adapter.o: (shape.hidden, q_out),
+        adapter.gate: (shape.intermediate, shape.hidden),
+        adapter.up: (shape.intermediate, shape.hidden),
+        adapter.down: (shape.hidden, shape.intermediate),
+    }
+    out = {
+        f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
+        f"{adapter.final_norm}.weight": (shape.hidden,),
+        f"{adapter.lm_head}.weight": (shape.vocab, shape.hidden),
+    }
+    for i in range(shape.layers):
+        for module, dims in per_block.items():
+            out[f"{adapter.block_prefix(i)}.{module}.weight"] = dims
+    return out
 
 
 def adapter_for(config: dict) -> Adapter:

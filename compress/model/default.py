@@ -11,7 +11,10 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import tempfile
+import time
+import zlib
 from pathlib import Path
 
 from compress.artifact.integrity import file_sha256
@@ -25,8 +28,14 @@ SUPPORTED_GGUF_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"
 
 def cache_dir() -> Path:
     """Where converted checkpoints live: $LLMPRESS_CACHE, else ~/.cache/llmpress."""
-    root = os.environ.get("LLMPRESS_CACHE") or Path.home() / ".cache" / "llmpress"
-    return Path(root)
+    root = Path(os.environ.get("LLMPRESS_CACHE") or Path.home() / ".cache" / "llmpress")
+    if root.exists() and not root.is_dir():
+        where = "LLMPRESS_CACHE" if os.environ.get("LLMPRESS_CACHE") else "the cache folder"
+        raise LlmpressError(
+            f"{where} {root} is a file, not a folder: point LLMPRESS_CACHE at a folder "
+            "(or unset it to use ~/.cache/llmpress)"
+        )
+    return root
 
 
 def default_gguf() -> Path:
@@ -63,6 +72,7 @@ def convert_gguf(path: Path) -> Path:
     target = cache_dir() / f"gguf-{digest[:16]}"
     if (target / "config.json").is_file():
         return target
+    remove_stale_conversions(target.parent)
     arch = gguf_architecture(path)
     if arch not in SUPPORTED_GGUF_ARCHS:
         supported = ", ".join(sorted(SUPPORTED_GGUF_ARCHS))
@@ -70,7 +80,7 @@ def convert_gguf(path: Path) -> Path:
             f"unsupported architecture {arch!r} in {path.name}: llmpress supports {supported}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_convert_prefix(os.getpid()), dir=target.parent))
     try:
         _write_dequantized(path, tmp)
         (tmp / "llmpress_source.json").write_text(
@@ -85,6 +95,44 @@ def convert_gguf(path: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+STALE_S = 2 * 3600  # a conversion's temporary folder is older than any conversion takes
+
+
+def _convert_prefix(pid: int) -> str:
+    """`.convert-<pid>-<host>-`: which process on which machine owns the folder."""
+    return f".convert-{pid}-{zlib.crc32(socket.gethostname().encode()):08x}-"
+
+
+def remove_stale_conversions(cache: Path, log=print) -> None:
+    """Remove conversion folders a killed run left in `cache`: older than STALE_S and
+    named for a process of this machine that is gone (never a live conversion's, nor one
+    another machine sharing the cache may still be writing)."""
+    now = time.time()
+    for folder in cache.glob(".convert-*-*-*"):
+        pid = folder.name.removeprefix(".convert-").partition("-")[0]
+        if not pid.isdigit() or not folder.name.startswith(_convert_prefix(int(pid))):
+            continue
+        try:
+            if folder.is_symlink() or now - folder.stat().st_mtime < STALE_S:
+                continue
+        except OSError:
+            continue
+        if _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        log(f"removed {folder}, left by an interrupted conversion")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _write_dequantized(path: Path, out: Path) -> None:

@@ -16,7 +16,13 @@ import torch
 
 from compress.artifact.integrity import check_artifact, file_sha256
 from compress.errors import LlmpressError
-from compress.model.adapters import Adapter, adapter_for
+from compress.model.adapters import (
+    Adapter,
+    ModelShape,
+    adapter_for,
+    check_config,
+    dense_shapes,
+)
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.safetensors_check import check_safetensors
 
@@ -90,21 +96,41 @@ def _open_folder(path: Path, source: str) -> Checkpoint:
     config_path = path / "config.json"
     if not config_path.is_file():
         raise LlmpressError(f"{path} has no config.json: pass a Hugging Face model folder")
-    try:
-        config = json.loads(config_path.read_text())
-    except json.JSONDecodeError as e:
-        raise LlmpressError(f"{config_path} is not valid JSON ({e}); re-download it") from e
+    config = _read_json(config_path, "re-download it")
+    if not isinstance(config, dict):
+        raise LlmpressError(f"{config_path} is not a JSON object of settings; re-download it")
     adapter = adapter_for(config)
-    files = _weight_files(path)
-    for f in files:
-        check_safetensors(f)
-    return Checkpoint(source=source, path=path, config=config, adapter=adapter, files=files)
+    shape = check_config(config, str(config_path))
+    files, index = _weight_files(path)
+    ckpt = Checkpoint(source=source, path=path, config=config, adapter=adapter, files=files)
+    _check_index(path, index, ckpt.tensors)  # reading the headers checks every file
+    _check_tensors(ckpt, shape)
+    return ckpt
 
 
-def _weight_files(path: Path) -> list[Path]:
+def check_context(ckpt: Checkpoint, tokens: int, what: str) -> None:
+    """Refuse `tokens` positions past the model's context (max_position_embeddings): its
+    rotary positions end there, and the memory of a longer run grows without bound."""
+    limit = ckpt.adapter.shape(ckpt.config).max_positions
+    if tokens > limit:
+        raise LlmpressError(
+            f"{what}: {tokens} tokens exceed the context of {ckpt.source} "
+            f"({limit} tokens, max_position_embeddings); give at most {limit}"
+        )
+
+
+def _read_json(path: Path, fix: str) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise LlmpressError(f"{path} is not valid JSON ({e}); {fix}") from None
+
+
+def _weight_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files (and the index's tensor → file map, if there is an index)."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = _read_index(index)
         files = sorted({path / name for name in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -112,7 +138,7 @@ def _weight_files(path: Path) -> list[Path]:
                 f"{path} is missing shard(s) {', '.join(missing)} listed in its index; "
                 "download the whole checkpoint"
             )
-        return files
+        return files, weight_map
     files = sorted(path.glob("*.safetensors"))
     if not files:
         bins = list(path.glob("*.bin")) + list(path.glob("*.pt"))
@@ -120,7 +146,86 @@ def _weight_files(path: Path) -> list[Path]:
             " (it has PyTorch .bin weights: re-save them with safe_serialization)" if bins else ""
         )
         raise LlmpressError(f"{path} has no .safetensors weights{hint}")
-    return files
+    return files, None
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The index's weight_map, refused unless it maps tensor names to shard files that
+    lie in the folder itself."""
+    data = _read_json(index, "re-download the checkpoint")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    fix = "re-download the checkpoint (or delete the index of a single-file one)"
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise LlmpressError(f"{index} has no `weight_map` of tensor names to files; {fix}")
+    for name, file in weight_map.items():
+        if (
+            not isinstance(file, str)
+            or Path(file).name != file
+            or not file.endswith(".safetensors")
+        ):
+            raise LlmpressError(
+                f"{index} maps {name!r} to {file!r}, not a .safetensors file in the folder; {fix}"
+            )
+    return weight_map
+
+
+def _check_index(path: Path, weight_map: dict[str, str] | None, tensors: dict) -> None:
+    """Every tensor the index lists is in the shard it names."""
+    for name, file in (weight_map or {}).items():
+        if name not in tensors or tensors[name][0].name != file:
+            raise LlmpressError(
+                f"{path}: the index puts tensor {name!r} in {file}, which does not hold it; "
+                "re-download the checkpoint"
+            )
+
+
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_BLOCK = re.compile(r"\.(\d+)\.")
+
+
+def _check_tensors(ckpt: Checkpoint, shape: ModelShape) -> None:
+    """Refuse a checkpoint whose tensors disagree with its config.json: a missing tensor,
+    a shape the sizes do not imply, an integer norm or embedding, or more blocks than the
+    config names, before any work trips over them."""
+    fix = "the checkpoint does not match its config.json: re-export it or fix config.json"
+    adapter, tensors = ckpt.adapter, ckpt.tensors
+    linears = {f"{n}.weight" for n in adapter.linear_names(shape.layers)}
+    linears.add(f"{adapter.lm_head}.weight")
+    for name, dims in dense_shapes(adapter, shape).items():
+        quantized = ckpt.is_quantized and name in linears  # may be integers, or packed
+        if name not in tensors:
+            if not _stored_otherwise(ckpt, name, quantized):
+                raise LlmpressError(f"{ckpt.path}: tensor {name} is missing; {fix}")
+            continue
+        _, got, dtype = tensors[name]
+        if got != dims:
+            raise LlmpressError(
+                f"{ckpt.path}: tensor {name} has shape {list(got)}, config.json implies "
+                f"{list(dims)}; {fix}"
+            )
+        if dtype not in _FLOAT_DTYPES and not quantized:
+            raise LlmpressError(f"{ckpt.path}: tensor {name} is {dtype}, not floating point; {fix}")
+    prefix = adapter.blocks + "."
+    blocks = {
+        int(m[1])
+        for n in tensors
+        if n.startswith(prefix) and (m := _BLOCK.match(n, len(prefix) - 1))
+    }
+    extra = sorted(i for i in blocks if i >= shape.layers)
+    if extra:
+        raise LlmpressError(
+            f"{ckpt.path}: holds block {extra[0]} but config.json's num_hidden_layers is "
+            f"{shape.layers}; {fix}"
+        )
+
+
+def _stored_otherwise(ckpt: Checkpoint, name: str, quantized_linear: bool) -> bool:
+    """Whether a tensor absent as `name` is legitimately so: a tied lm_head, or a quantized
+    linear stored as integers and scales under the same module name."""
+    if name == f"{ckpt.adapter.lm_head}.weight" and ckpt.config.get("tie_word_embeddings", True):
+        return True
+    module = name.removesuffix("weight")
+    return quantized_linear and any(n.startswith(module) for n in ckpt.tensors)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
