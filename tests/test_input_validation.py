@@ -105,3 +105,14 @@ def test_results_json_never_holds_nan(tmp_path):
     with pytest.raises(LlmpressError, match="NaN or infinite"):
         write_json(tmp_path / "r.json", {"kl": float("nan")})
     assert not (tmp_path / "r.json").exists()
+
+
+def test_manifest_is_never_written_with_nan(tmp_path):
+    """`--bits nan` once wrote NaN into manifest.json; the writer itself now refuses it,
+    leaving the manifest as it was."""
+    from compress.artifact.manifest import write_manifest
+
+    (tmp_path / "manifest.json").write_text('{"llmpress_manifest": 1}\n')
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        write_manifest(tmp_path, {"llmpress_manifest": 1, "drift": {"kl": float("inf")}})
+    assert (tmp_path / "manifest.json").read_text() == '{"llmpress_manifest": 1}\n'

@@ -108,5 +108,6 @@ def _atomic_write(path: Path, text: str) -> None:
 
 def write_manifest(folder: Path, manifest: dict) -> None:
     """Write manifest.json and regenerate the model card from it."""
-    _atomic_write(Path(folder) / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    text = json.dumps(manifest, indent=2, allow_nan=False)  # strict JSON: never a NaN
+    _atomic_write(Path(folder) / MANIFEST, text + "\n")
     _atomic_write(Path(folder) / CARD, model_card(manifest))
