@@ -1,0 +1,675 @@
+#!/usr/bin/env python3
+"""Write docs/results.md from benchmarks/results/*.json: every measured figure the
+documentation gives, each table beside the command that measured it.
+
+    python scripts/results_doc.py            # rewrite docs/results.md
+    python scripts/results_doc.py --check    # exit 1 when docs/results.md is out of date
+
+tests/test_readme.py runs the check, so the page cannot drift from the results files.
+A results file with no section of its own below still gets one, its tables read from
+the JSON's shape: a new benchmark appears once this script is rerun. Only the standard
+library: it runs before any install.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "results.md"
+HOWTO = ROOT / "docs" / "vllm-check.md"  # the vLLM check's own page, where there is one
+PY = ".venv/bin/python"
+
+HEADER = """\
+# Measured results
+
+Every figure below is read from a file in
+[benchmarks/results/](../benchmarks/results/) by `scripts/results_doc.py`, which writes
+this page (do not edit it by hand: rerun the script; a test fails when the page and the
+files disagree). Each section names the command that wrote its file.
+
+Unless a section says otherwise: the model is the default one (SmolLM2-135M-Instruct,
+dequantized from its GGUF to float32, 538 MB); quality is measured with `llmpress`'s
+drift evaluation on WikiText-2 raw `test.txt` read whole, the first 64 windows of 512
+tokens (32,704 scored tokens), against the float32 original, every row of a table
+compared with the same original logits; calibration text is WikiText-2 raw `valid.txt`,
+never the test text. KL is the mean KL(original ‖ candidate) per token in nats, top-1
+the fraction of tokens whose most likely next token agrees with the original's; bits
+per weight count the scales and zero points of the quantized linears. Times and speeds
+are from one run on a 2-core x86_64 CPU (AMD EPYC, AVX2, no AVX-512); where the machine
+was shared with other work, times are upper bounds.
+"""
+
+
+def load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def f(x, digits: int) -> str:
+    return "" if x is None else f"{x:.{digits}f}"
+
+
+def table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def drift_cells(d: dict, kl_digits: int = 5) -> list[str]:
+    """ppl, base ppl, ppl ratio, KL, top-1 of one drift record."""
+    kl = 0.0 if abs(d["kl"]) < 1e-8 else d["kl"]  # float noise around an exact zero
+    return [
+        f(d["ppl"], 3),
+        f(d["base_ppl"], 3),
+        f(d["ppl_ratio"], 4),
+        f(kl, kl_digits),
+        f(d["top1"], 4),
+    ]
+
+
+DRIFT = ["ppl", "base ppl", "ppl ratio", "KL", "top-1"]
+
+
+def source(stem: str) -> str:
+    files = [f"[{stem}.json](../benchmarks/results/{stem}.json)"]
+    if (RESULTS / f"{stem}.md").is_file():
+        files.append(f"[{stem}.md](../benchmarks/results/{stem}.md)")
+    return "Files: " + ", ".join(files) + "."
+
+
+# --- one function per results file -------------------------------------------------
+
+
+def quality(d: dict) -> list[str]:
+    rows = sorted(d["results"].items(), key=lambda kv: (-int(kv[1]["bits/weight"]), kv[1]["kl"]))
+    body = [[f"`{name}`", *drift_cells(r), r["bits/weight"], r["minutes"]] for name, r in rows]
+    c = d["calibration"]
+    return [
+        f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`; evaluation: "
+        f"{d['windows']} windows. Rows sorted by weight class, then KL.",
+        "",
+        *table(["recipe", *DRIFT, "bits/weight", "minutes"], body),
+        "",
+        "How to read a row's name: `a+b+…` are the recipe's stages in order (`rtn`, `awq`, "
+        "`gptq`, `tune`: block-wise tuning, `distill`: the quantized model's repair, 32 "
+        "steps of 2 × 512 tokens); `mixed@B`: mixed precision within B bits per weight; "
+        "`w4g64`: 4-bit, groups of 64, symmetric, `zp`: with a zero point per group; "
+        "`bfloat16`: scales and unquantized tensors stored in bfloat16 (otherwise float32, "
+        "the default model's dtype); `(act_order off)`: GPTQ visiting columns in their "
+        "natural order; `tune50`: 50 tune steps per block; `repair128`: a 128-step repair. "
+        "`--quant best:w4g64` builds the recipe of the row "
+        "`mixed@4.6+awq+gptq+tune+distill w4g64 bfloat16`; `best:w3g64` is the preset as "
+        "the CLI builds it. Each row is the recipe as the code stood when it was measured; "
+        "to measure a row again with the current code: "
+        f"`{PY} benchmarks/quality.py --rows ROW --schemes SCHEME --append` "
+        "(`--rows best` runs a preset).",
+        "",
+        *quality_timing(d),
+    ]
+
+
+def quality_timing(d: dict) -> list[str]:
+    """Where the time of the lowest-KL 4-bit row went, from its manifest's timing."""
+    results = d["results"]
+    four = [n for n, r in results.items() if int(r["bits/weight"]) == 4 and n in d["timing_s"]]
+    if not four:
+        return []
+    name = min(four, key=lambda n: results[n]["kl"])
+    parts = d["timing_s"][name]
+    pipeline = parts.get("pipeline", {})
+    rows = [
+        [step, f(sec, 0)]
+        for step, sec in sorted(pipeline.items(), key=lambda kv: -kv[1])
+        if sec >= 0.5
+    ]
+    inside = "; ".join(
+        f"{stage}: " + ", ".join(f"{k} {f(v, 0)}" for k, v in detail.items())
+        for stage, detail in parts.items()
+        if stage != "pipeline" and detail
+    )
+    return [
+        f"Where the {results[name]['minutes']} minutes of `{name}` went (seconds, the "
+        "manifest's `timing_s`):",
+        "",
+        *table(["step", "seconds"], rows),
+        "",
+        f"Inside the stages: {inside}.",
+    ]
+
+
+def rtn_drift(d: dict) -> list[str]:
+    body = []
+    for name, r in d["results"].items():
+        label = name if name.endswith(("zp", "w8")) else name + "zp"
+        body.append(
+            [f"`{label}`", *drift_cells(r), r["bits/weight"], r["compress s"], r["size MB"]]
+        )
+    return [
+        "The 4-bit rows carry a zero point per group; `rtn:w8` is 8-bit per-channel, "
+        "symmetric. `rtn:w4g128zp` uses groups of 96 on the 576-wide layers (the group-size "
+        "rule of [format.md](format.md#group-sizes-that-do-not-divide-a-layer)) and 128 on "
+        "`down_proj`. Sizes are the whole safetensors file, the float32 tied embedding "
+        "(113 MB) included; the time to compress includes loading the checkpoint.",
+        "",
+        *table(["scheme", *DRIFT, "bits/weight", "compress s", "size MB"], body),
+    ]
+
+
+def awq_drift(d: dict) -> list[str]:
+    body = [
+        [f"`{n}`", *drift_cells(r), r["bits/weight"], r["compress s"]]
+        for n, r in d["results"].items()
+    ]
+    c = d["calibration"]
+    timing = [
+        [f"`{n}`", ", ".join(f"{k} {f(v, 0)}" for k, v in t.items() if v >= 0.5)]
+        for n, t in d["timing_s"].items()
+        if n.startswith("awq")
+    ]
+    return [
+        f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`. Every row "
+        "carries a zero point; `compress s` is wall time, loading and writing included.",
+        "",
+        *table(["scheme", *DRIFT, "bits/weight", "compress s"], body),
+        "",
+        "Where AWQ's time went (seconds, the manifest's `timing_s`):",
+        "",
+        *table(["scheme", "seconds"], timing),
+    ]
+
+
+def awq_memory(d: dict) -> list[str]:
+    body = [[r["blocks"], r["checkpoint_mb"], r["peak_rss_mb"], r["seconds"]] for r in d["rows"]]
+    return [
+        f"AWQ w4 g64 with a coarse search on {d['samples']} × {d['length']} calibration tokens; "
+        "the 30-block row is the default model, deeper ones are synthetic llama-family models "
+        "of the same width with random weights; each run is its own `llmpress compress` "
+        "process, and the figure is its peak resident memory.",
+        "",
+        *table(["blocks", "checkpoint (fp32) MB", "peak RSS MB", "seconds"], body),
+    ]
+
+
+def int8_outliers(d: dict) -> list[str]:
+    body = [[n, *drift_cells(r), r.get("16-bit columns", "")] for n, r in d["results"].items()]
+    c = d["calibration"]
+    a = d["amplified"]
+    return [
+        f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`. The "
+        f"amplified model is the default model with hidden channels {a['channels']} of every "
+        f"norm's output multiplied by {a['factor']:g} and the weight columns reading them "
+        "divided by it (compress/model/amplify.py): the same function, with the activation "
+        "outliers of large models. `t=6`: channels whose calibration activations exceed 6 "
+        "are outliers; `top 1%`: the 1% largest of each layer; `g64`: int8 in groups of 64 "
+        "instead of one scale per row; `W8A8`: the regular columns' activations are int8 "
+        "per token too.",
+        "",
+        *table(["model", *DRIFT, "16-bit columns"], body),
+    ]
+
+
+def sensitivity(d: dict) -> list[str]:
+    s = d["summary"]
+    return [
+        f"For {s['linears']} linears (every projection of several layers), each quantized "
+        f"alone ({d['scheme']}, RTN), mixed precision's estimate of the KL it adds "
+        f"(½ Σ F (W − Q(W))², F the Fisher diagonal on {d['fisher_samples']} calibration "
+        f"sequences) against the KL measured on {d['windows']} windows:",
+        "",
+        *table(
+            ["linears", "Spearman", "Pearson (log)", "median estimate / measured", "Fisher s"],
+            [
+                [
+                    s["linears"],
+                    s["spearman"],
+                    s["pearson_log"],
+                    s["median_ratio"],
+                    s["fisher_seconds"],
+                ]
+            ],
+        ),
+    ]
+
+
+def storage_dtype(d: dict) -> list[str]:
+    body = [[n, *drift_cells(r, 6)] for n, r in d["results"].items()]
+    return [
+        "Every parameter of the float32 original rounded to a 16-bit dtype, nothing "
+        "quantized: what `dtype: auto16` (the `best:*` presets) costs by itself.",
+        "",
+        *table(["stored as", *DRIFT], body),
+    ]
+
+
+def tune_rows(d: dict) -> list[str]:
+    body = [
+        [r["block"], f"`{r['setting']}`", r["train"], r["held_out"], r["seconds"]]
+        for r in d["rows"]
+    ]
+    return [
+        f"Block-wise tuning of single blocks after {d['scheme']}, toward the block as "
+        f"read (`target: block`), on {d['samples']} calibration samples; the error left is "
+        f"the block's output error after tuning as a fraction of RTN's, on training samples "
+        f"and on {d['held']} held-out ones.",
+        "",
+        *table(
+            ["block", "setting", "error left (train)", "error left (held out)", "seconds"], body
+        ),
+    ]
+
+
+def tune_step(d: dict) -> list[str]:
+    body = [[part, f(ms, 1)] for part, ms in d["ms"].items()]
+    return [
+        f"One tune step on block 0 after RTN w4g64, {d['threads']} threads (milliseconds, "
+        f"mean of repeats after a warm-up); the block's forward and backward compute "
+        f"{f(d['gflop'], 2)} GFLOP at {f(d['gflop_s'], 1)} GFLOP/s.",
+        "",
+        *table(["part", "ms"], body),
+    ]
+
+
+def repair_sweep(d: dict) -> list[str]:
+    body = [[f"`{r['variant']}`", *drift_cells(r), r["seconds_with_eval"]] for r in d["rows"]]
+    return [
+        f"The repair's settings, each trained on its own copy of one pre-repair state of "
+        f"`{d['chain']}` ({d['dtype']}); default repair {d['repair']['tokens']:,} tokens, "
+        f'batch {d["repair"]["batch"]}. The file\'s note: "{d["note"]}".',
+        "",
+        *table(["variant", *DRIFT, "seconds with eval"], body),
+    ]
+
+
+def pruning(d: dict) -> list[str]:
+    a = d["args"]
+    body = [
+        [
+            name,
+            d["rows"][name]["shape (hidden/heads/mlp/layers)"],
+            d["rows"][name]["kept non-emb params"],
+            *drift_cells(r),
+            d["rows"][name].get("repair", "none"),
+        ]
+        for name, r in d["drift"].items()
+    ]
+    splits = [
+        [", ".join(f"{k} {v}" for k, v in s["cuts"].items()), s["kl"]] for s in d["splits_tried"]
+    ]
+    decode = [
+        [n, r["tokens_per_s"], r["tpot_ms"], r["ttft_ms"], r["weight_mb"]]
+        for n, r in d["decode_batch1"].items()
+    ]
+    gap = d["kl_gap_closed"]
+    return [
+        f"Pruned to {float(a['params']):.0%} of the non-embedding parameters. Importance on "
+        f"{a['calib_samples']} × 512 tokens of valid; repair on {a['distill_samples']} windows "
+        f"of valid, at most {int(a['tokens']):,} tokens and {float(a['max_minutes']):g} "
+        f"minutes, lr {a['lr']}, batch {a['batch']}; evaluation through the runtime. "
+        "`activation`: llmpress's importance (`split: auto`); `random`: random importance, "
+        "the same shape; `depth only`: whole layers removed by the KL of removing each.",
+        "",
+        *table(["model", "shape (hidden/heads/MLP/layers)", "kept", *DRIFT, "repair"], body),
+        "",
+        f"Share of the KL gap pruning opened that the repair closed: activation-based "
+        f"{gap['activation']:.1%}, random {gap['random']:.1%}.",
+        "",
+        "The splits `split: auto` tried (KL on two calibration samples; it keeps the lowest):",
+        "",
+        *table(["cuts", "KL"], splits),
+        "",
+        f"Decode at batch 1 (prompt 32, 128 tokens; memory bandwidth "
+        f"{d['bandwidth_gb_s']} GB/s in the same run):",
+        "",
+        *table(["model", "tok/s", "ms per token", "TTFT ms", "weights MB read per token"], decode),
+    ]
+
+
+def kv_cache_drift(d: dict) -> list[str]:
+    body = [[n, *drift_cells(r), r["KV bytes/token"]] for n, r in d["results"].items()]
+    return [
+        f"{d['windows']} windows of {d['ctx']} tokens, each fed in chunks of {d['chunk']} so "
+        "that every chunk reads the cache as stored; reference: the float32 original through "
+        "transformers; the w4 artifact is RTN g64 with a zero point. KV bytes per token over "
+        "the 30 layers.",
+        "",
+        *table(["weights, KV cache", *DRIFT, "KV bytes/token"], body),
+    ]
+
+
+SPEED_LABELS = {
+    "w4 prompt 512 before (exact, all logits)": (
+        "w4 prompt 512, weights dequantized to fp32, every position's logits"
+    ),
+    "w4 prompt 512 packed": "w4 prompt 512, packed int8 kernels, the reply's logits (served)",
+    "prompt 512: packed / before": "prompt 512: served path / weights dequantized to fp32",
+}
+
+
+def runtime_speed(d: dict) -> list[str]:
+    c = d["ceilings"]
+    body = [
+        [SPEED_LABELS.get(k, k), f(v, 1), ", ".join(f(x, 1) for x in d["runs"].get(k, []))]
+        for k, v in d["medians"].items()
+    ]
+    ratios = [[SPEED_LABELS.get(k, k), f(v, 2)] for k, v in d["ratios"].items()]
+    return [
+        f"CPU: {d['cpu']}; {d['threads']} threads; {d['output_len']} generated tokens per "
+        f"sequence; medians of {d['rounds']} rounds ({d['long_rounds']} for 1024-token "
+        "prompts), each round running llmpress and llama.cpp back to back. llmpress: "
+        "`llmpress compress default --quant rtn:w4g64 --lm-head w8` (`w4`) and the float32 "
+        f"original, dense (`fp32`); ceilings measured in the same run: memory read "
+        f"{c['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 matmul "
+        f"{c['matmul_flops'] / 1e9:.0f} GFLOP/s. llama.cpp: {d['llama_cpp']['version']}, "
+        "built with `-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON`, run as `llama-bench -t 2 "
+        "-p 512 -n 64 -r 1` and `llama-batched-bench -t 2 -npp 32 -ntg 64 -npl 1,8,32` on "
+        f"the default model's GGUF requantized to Q4_0 (`{d['llama_cpp']['gguf']}`): a speed "
+        "anchor, not a quality one. Decode figures are tokens/s of all sequences together.",
+        "",
+        *table(["case", "median", "runs"], body),
+        "",
+        *table(["ratio (of medians, same run)", ""], ratios),
+    ]
+
+
+def batched_decode(d: dict) -> list[str]:
+    c = d["ceilings_before_after"]
+    body = [
+        [k, f(v, 1), ", ".join(f(r["tokens_per_s"], 0) for r in d["runs"][k])]
+        for k, v in d["median_tokens_per_s"].items()
+    ]
+    ratios = [[k, f(v, 2)] for k, v in d["ratios"].items()]
+    return [
+        f"`{d['artifact']}`; CPU: {d['cpu']}; {d['threads']} threads; {d['output_len']} "
+        f"generated tokens per sequence; memory bandwidth {f(c['bandwidth'][0] / 1e9, 1)} / "
+        f"{f(c['bandwidth'][1] / 1e9, 1)} GB/s before / after. `none KV` is the fp32 cache.",
+        "",
+        *table(["case", "decode tok/s (median)", "runs"], body),
+        "",
+        *table(["ratio (of medians, same run)", ""], ratios),
+    ]
+
+
+def serve_load(d: dict) -> list[str]:
+    body = [
+        [
+            r["capacity"],
+            r["clients"],
+            r["served"],
+            r["refused_429"],
+            r["hung"],
+            f(r["requests_per_s"], 2),
+            f(r["output_tokens_per_s"], 1),
+            f"{r['ttft_p50'] * 1e3:.0f}/{r['ttft_p99'] * 1e3:.0f}",
+            f"{r['tpot_p50'] * 1e3:.0f}/{r['tpot_p99'] * 1e3:.0f}",
+        ]
+        for r in d["rows"]
+    ]
+    x = d["disconnect_run"]
+    g = d["batching_gain"]
+    return [
+        f"`llmpress serve` on loopback, {d['machine']['threads']} threads; the w4 g64 "
+        "artifact (zero point) with an int8 lm_head, context 256; queue bound = capacity; "
+        f"each client sends one streaming completion of {d['tokens']} tokens; p50/p99 over "
+        "the served requests.",
+        "",
+        *table(
+            [
+                "capacity",
+                "clients",
+                "served",
+                "429",
+                "hung",
+                "req/s",
+                "out tok/s",
+                "TTFT p50/p99 ms",
+                "TPOT p50/p99 ms",
+            ],
+            body,
+        ),
+        "",
+        f"Disconnect run: {x['clients']} clients at capacity {x['capacity']}, "
+        f"{x['disconnected']} closing the connection mid-stream; afterwards "
+        f"{x['running_after']:g} requests running and {x['slots_in_use_after']:g} KV slots in "
+        f"use. {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
+        "tokens/s of one stream in the same run.",
+    ]
+
+
+def vllm_check(d: dict) -> list[str]:
+    """vLLM's CPU build on each artifact kind: loads or not, and greedy tokens against
+    transformers in the same dtype (scripts/vllm_check.py writes the file)."""
+    v, host, cfg = d.get("vllm", {}), d.get("host", {}), d.get("settings", {})
+    body = []
+    for k in d.get("kinds", []):
+        m, t = k.get("measured") or {}, k.get("transformers") or {}
+        outcome = m.get("outcome", "not run") + (f" ({m['dtype']})" if m.get("dtype") else "")
+        error = (m.get("error") or "").split(" [at ")[0]
+        if len(error) > 120:
+            error = error[:117] + "..."
+        tokens = "–"
+        if "match" in t:
+            same = t.get("identical_prompts", "?")
+            tokens = f"{same}/{len(cfg.get('prompts', []))} prompts identical ({t.get('dtype')})"
+        body.append([f"`{k.get('kind')}`", outcome, error or "–", tokens])
+    return [
+        f"`{v.get('package')}` (torch {v.get('torch')}) in its own venv, with the CUDA "
+        f"builds of {', '.join(v.get('removed_cuda_extras', []))} removed; each artifact "
+        f"loaded with `vllm.LLM(model=dir)` and {cfg.get('max_tokens')} greedy tokens "
+        f"generated for each of {len(cfg.get('prompts', []))} prompts, compared with "
+        f"transformers in the dtype vLLM computed in. Host: {host.get('cpu')}, "
+        f"{host.get('cores')} cores, ISA {', '.join(host.get('isa', []))}; {d.get('date')}."
+        + (" How the check works: [vllm-check.md](vllm-check.md)." if HOWTO.is_file() else ""),
+        "",
+        *table(["artifact", "vLLM CPU", "vLLM's error", "tokens vs transformers"], body),
+    ]
+
+
+def roofline(folder: str) -> Callable[[dict], list[str]]:
+    def render(d: dict) -> list[str]:
+        c = d["ceilings"]
+        kv = d["kv_cache"]
+        kv_name = f"int{kv['num_bits']}" if kv else "fp32"
+        body = [
+            [
+                p["sweep"],
+                p["batch"],
+                p["context"],
+                f(p["tokens_per_s"], 1),
+                f(p["gbytes_per_s"], 1),
+                f(p["gflops_per_s"], 1),
+                f(p["intensity"], 2),
+                f(p["mbu"], 2),
+            ]
+            for p in d["points"]
+        ]
+        return [
+            f"`llmpress bench {d['artifact']} --kv {kv_name.replace('fp32', 'none')} "
+            f"--threads {d['threads']} --sweep benchmarks/results/{folder}` on the artifact "
+            "of `llmpress compress default -o out/w4g64-lm8 --quant rtn:w4g64 --lm-head w8`; "
+            f"ceilings in the same run: {c['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"{c['matmul_flops'] / 1e9:.0f} GFLOP/s.",
+            "",
+            f"![decode roofline, KV {kv_name}](../benchmarks/results/{folder}/roofline.png)",
+            "",
+            *table(
+                ["sweep", "batch", "context", "tok/s", "GB/s", "GFLOP/s", "FLOP/byte", "MBU"],
+                body,
+            ),
+        ]
+
+    return render
+
+
+# (results file, title, command that wrote it, renderer)
+SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
+    ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
+    ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
+    ("awq_drift.json", "AWQ against RTN", "benchmarks/awq_drift.py", awq_drift),
+    (
+        "int8_outliers.json",
+        "LLM.int8()-style outliers",
+        "benchmarks/int8_outliers.py",
+        int8_outliers,
+    ),
+    (
+        "kv_cache_drift.json",
+        "KV-cache quantization",
+        "benchmarks/kv_cache_drift.py --windows 4",
+        kv_cache_drift,
+    ),
+    ("pruning.json", "Structured pruning and repair", "benchmarks/pruning.py", pruning),
+    (
+        "sensitivity.json",
+        "Mixed precision's sensitivity estimate",
+        "benchmarks/sensitivity.py",
+        sensitivity,
+    ),
+    (
+        "storage_dtype.json",
+        "Storing the original in 16 bits",
+        "benchmarks/storage_dtype.py",
+        storage_dtype,
+    ),
+    ("tune_block.json", "Tune's settings on single blocks", "benchmarks/tune_block.py", tune_rows),
+    (
+        "tune_positions.json",
+        "Tune on a prefix of each sample",
+        "benchmarks/tune_block.py --name tune_positions --settings SETTING ...",
+        tune_rows,
+    ),
+    ("tune_step.json", "One tune step", "benchmarks/tune_step.py", tune_step),
+    ("repair_sweep.json", "The repair's settings", "benchmarks/repair_sweep.py", repair_sweep),
+    ("awq_memory.json", "Compression memory against depth", "benchmarks/awq_memory.py", awq_memory),
+    (
+        "runtime_speed.json",
+        "Decode and prompt speed against llama.cpp",
+        "benchmarks/runtime_speed.py --llama-cpp LLAMA_BIN --gguf smol-q4_0.gguf",
+        runtime_speed,
+    ),
+    (
+        "batched_decode.json",
+        "Batched decode and the quantized KV cache",
+        "benchmarks/batched_decode.py",
+        batched_decode,
+    ),
+    (
+        "roofline-w4-kv-int8/roofline.json",
+        "Roofline, int8 KV cache",
+        "",
+        roofline("roofline-w4-kv-int8"),
+    ),
+    (
+        "roofline-w4-kv-none/roofline.json",
+        "Roofline, fp32 KV cache",
+        "",
+        roofline("roofline-w4-kv-none"),
+    ),
+    ("serve_load.json", "Serving under load", "benchmarks/serve_load.py", serve_load),
+    (
+        "vllm_check.json",
+        "vLLM's CPU build on each artifact kind",
+        "scripts/vllm_check.py",
+        vllm_check,
+    ),
+]
+
+
+# --- results files without a section of their own ----------------------------------
+
+
+DRIFT_KEYS = {"ppl", "base_ppl", "kl", "top1", "ctx", "data"}
+
+
+def is_drift(x) -> bool:
+    return isinstance(x, dict) and x.keys() >= DRIFT_KEYS
+
+
+def scalar(x) -> bool:
+    return isinstance(x, str | int | float | bool) or x is None
+
+
+def cell(x) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def generic(d) -> list[str]:
+    """Tables from the shape of an unknown results file: drift records, lists of flat
+    rows, and its scalar settings."""
+    out: list[str] = []
+    if not isinstance(d, dict):
+        return [f"(a {type(d).__name__}; read the file)"]
+    settings = {k: v for k, v in d.items() if scalar(v)}
+    if settings:
+        out += ["Settings: " + "; ".join(f"{k} {cell(v)}" for k, v in settings.items()) + ".", ""]
+    for key, value in d.items():
+        if isinstance(value, dict) and value and all(is_drift(v) for v in value.values()):
+            seen = {k for v in value.values() for k, x in v.items() if scalar(x)}
+            extra = sorted(seen - {*DRIFT_KEYS, "base_ppl", "ppl_ratio", "tokens", "windows"})
+            rows = [
+                [n, *drift_cells({"ppl_ratio": v["ppl"] / v["base_ppl"], **v})]
+                + [cell(v.get(k, "")) for k in extra]
+                for n, v in value.items()
+            ]
+            out += [f"`{key}`:", "", *table([key, *DRIFT, *extra], rows), ""]
+        elif isinstance(value, list) and value and all(isinstance(r, dict) for r in value):
+            cols = [k for k in value[0] if scalar(value[0][k])]
+            rows = [[cell(r.get(k, "")) for k in cols] for r in value]
+            out += [f"`{key}`:", "", *table(cols, rows), ""]
+    return out[:-1] if out and out[-1] == "" else out
+
+
+def render() -> str:
+    known = {name for name, *_ in SECTIONS}
+    extra = sorted(
+        str(p.relative_to(RESULTS))
+        for p in RESULTS.rglob("*.json")
+        if str(p.relative_to(RESULTS)) not in known
+    )
+    parts = [HEADER]
+    contents = []
+    for name, title, command, renderer in SECTIONS + [(n, n, "", generic) for n in extra]:
+        if not (RESULTS / name).is_file():
+            continue
+        contents.append(title)
+        stem = name.removesuffix(".json")
+        lines = [f"## {title}", ""]
+        if command:
+            lines += [f"`{PY} {command}`", ""]
+        lines += renderer(load(name))
+        lines += [
+            "",
+            source(stem) if "/" not in stem else f"File: [{name}](../benchmarks/results/{name}).",
+        ]
+        parts.append("\n".join(lines) + "\n")
+    toc = "\n".join(f"- [{t}](#{anchor(t)})" for t in contents) + "\n"
+    return "\n".join([parts[0], toc, *parts[1:]])
+
+
+def anchor(title: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    kept = "".join(ch for ch in title.lower() if ch.isalnum() or ch in " -_")
+    return kept.replace(" ", "-")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/results.md differs")
+    args = ap.parse_args()
+    text = render()
+    if args.check:
+        if DOC.is_file() and DOC.read_text() == text:
+            return 0
+        print(f"{DOC.relative_to(ROOT)} is out of date: run {PY} scripts/results_doc.py")
+        return 1
+    DOC.write_text(text)
+    print(f"wrote {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
