@@ -26,6 +26,9 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "compress", "evaluate", "verify"]
 
 
+_NOT_FLAGS = {"model", "output", "recipe", "overwrite", "resume", "log"}
+
+
 def compress(
     model: str | Path,
     output: str | Path,
@@ -52,27 +55,25 @@ def compress(
     "rtn:w4g64", "best:w4g64") or `recipe`: a recipe YAML file, or the same recipe as a
     dict (or a parsed `Recipe`), whose own keys then replace the flag arguments. The other
     arguments are the CLI's flags of the same names (`kv` is `--kv`)."""
+    ignore = tuple(ignore)
+    flags_given = {k: v for k, v in locals().items() if k not in _NOT_FLAGS}
     from compress.errors import LlmpressError
     from compress.pipeline import compress as run
     from compress.recipe import Recipe, parse_recipe, recipe_from_flags
 
-    calib_flags = {
-        "source": calib,
-        "samples": calib_samples,
-        "length": calib_len,
-        "text_field": text_field,
-    }
-    flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv}
     if isinstance(recipe, dict | Recipe):
-        given = [k for k, v in {**calib_flags, **flags}.items() if v is not None]
-        if quant or bits is not None or tuple(ignore) or given:
+        given = [name for name, value in flags_given.items() if value not in (None, ())]
+        if given:
             raise LlmpressError(
-                "compress(recipe=<dict or Recipe>) takes its settings from the recipe: put "
-                f"{', '.join(given) or 'quant/bits/ignore'} in it instead of the arguments"
+                f"compress(recipe=<a dict>) takes its settings from the recipe: put "
+                f"{', '.join(given)} into the recipe instead of passing them beside it"
             )
         built = recipe if isinstance(recipe, Recipe) else parse_recipe(recipe)
     else:
-        built = recipe_from_flags(recipe, quant, calib_flags, flags, tuple(ignore), bits)
+        calib_flags = {"source": calib, "samples": calib_samples, "length": calib_len,
+                       "text_field": text_field}  # fmt: skip
+        flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv}
+        built = recipe_from_flags(recipe, quant, calib_flags, flags, ignore, bits)
     return run(str(model), built, Path(output), overwrite=overwrite, resume=resume, log=log)
 
 

@@ -214,6 +214,29 @@ def test_results_doc_gives_a_section_to_an_unknown_results_file(tmp_path, monkey
     assert "| 1.5 | b |" in doc and "## RTN" not in doc
 
 
+def test_python_api_takes_a_recipe_dict(tmp_path):
+    """`compress.compress(recipe={...})`, as docs/commands.md shows, on a tiny model; flags
+    beside a dict recipe are refused, naming them, before any work."""
+    import compress
+    from compress.errors import LlmpressError
+    from compress.model.loading import resolve
+    from tests.conftest import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "model")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(resolve("default").path / name, model / name)
+    recipe = {"stages": [{"rtn": {"bits": 4, "group_size": 32}}], "kv_cache": "int8"}
+    with pytest.raises(LlmpressError, match="put calib, kv into the recipe"):
+        compress.compress(model, tmp_path / "out", recipe=recipe, calib="self", kv="int8")
+    out = compress.compress(model, tmp_path / "out", recipe=recipe, log=lambda _: None)
+    assert out == tmp_path / "out" and compress.verify(out) == []
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["recipe"]["stages"] == [
+        {"rtn": {"bits": 4, "group_size": 32, "zero_point": False}}
+    ]
+    assert manifest["recipe"]["kv_cache"] == "int8"
+
+
 # --- the commands, run -------------------------------------------------------------
 
 
