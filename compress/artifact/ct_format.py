@@ -21,8 +21,9 @@ readers see an ordinary int8 weight (and, at most, warn about the two extra tens
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -54,10 +55,22 @@ class LayerFormat:
     group_size: int | None
     format: str
     activations: str | None = None
+    # not part of the format: layers of any width share a config group
+    in_features: int = field(default=0, compare=False)
 
     @classmethod
     def of(cls, qw: QuantizedWeight) -> LayerFormat:
         return cls.planned(qw.scheme, qw.group_size, qw.shape[1], qw.activations)
+
+    @classmethod
+    def of_any(cls, layer: QuantizedWeight | LayerFormat) -> LayerFormat:
+        """A quantized weight's format, or a planned one as it is."""
+        return layer if isinstance(layer, LayerFormat) else cls.of(layer)
+
+    @property
+    def stored_group(self) -> int:
+        """Inputs per scale: the group, or the whole row for a per-channel layer."""
+        return self.group_size or self.in_features
 
     @classmethod
     def planned(cls, scheme, group_size: int, in_features: int, activations: str | None):
@@ -70,6 +83,7 @@ class LayerFormat:
             group_size=None if channel else group_size,
             format=storage_format(activations),
             activations=activations,
+            in_features=in_features,
         )
 
     def weight_args(self) -> dict:
@@ -167,6 +181,7 @@ def stored_layers(qc: dict, tensors: dict[str, torch.Tensor]) -> dict[str, dict]
         for group in qc["config_groups"].values():
             if target_matches(prefix, group["targets"]):
                 layers[prefix] = {**group["weights"], "format": group.get("format") or qc["format"]}
+                check_shapes(prefix, tensors, layers[prefix])
                 break
         else:
             raise LlmpressError(
@@ -174,6 +189,48 @@ def stored_layers(qc: dict, tensors: dict[str, torch.Tensor]) -> dict[str, dict]
                 "does not match the weights; re-export the artifact"
             )
     return layers
+
+
+def check_shapes(prefix: str, tensors: dict[str, torch.Tensor], args: dict) -> None:
+    """Refuse stored tensors that do not hold the matrix the config describes: a truncated
+    `weight_packed` would otherwise be padded with zeros and compute a different model."""
+    bits = args["num_bits"]
+
+    def need(name: str) -> torch.Tensor:
+        t = tensors.get(f"{prefix}.{name}")
+        if t is None:
+            raise LlmpressError(f"{prefix}.{name} is missing: the artifact is damaged; re-make it")
+        return t
+
+    if args["format"] == PACKED:
+        shape = need("weight_shape").tolist()
+        if len(shape) != 2 or min(shape) < 1:
+            raise LlmpressError(
+                f"{prefix}.weight_shape is {shape}, not a matrix's [rows, columns]: the "
+                "artifact is damaged; re-create it"
+            )
+        rows, cols = shape
+        _expect(prefix, "weight_packed", need("weight_packed"), (rows, _words(cols, bits)))
+    else:
+        rows, cols = need("weight").shape
+    groups = math.ceil(cols / (args.get("group_size") or cols))
+    _expect(prefix, "weight_scale", need("weight_scale"), (rows, groups))
+    zp = tensors.get(f"{prefix}.weight_zero_point")
+    if zp is not None:
+        zp_rows = _words(rows, bits) if args["format"] == PACKED else rows
+        _expect(prefix, "weight_zero_point", zp, (zp_rows, groups))
+
+
+def _words(values: int, bits: int) -> int:
+    return math.ceil(values * bits / 32)
+
+
+def _expect(prefix: str, name: str, t: torch.Tensor, shape: tuple[int, int]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise LlmpressError(
+            f"{prefix}.{name} has shape {list(t.shape)} where its weight_shape and group "
+            f"size need {list(shape)}: the artifact is damaged; re-create it"
+        )
 
 
 def _compact_targets(names: list[str], block_names: dict[str, list[str]]) -> list[str]:
@@ -200,7 +257,7 @@ def quantization_config(
     """
     by_format: dict[LayerFormat, list[str]] = {}
     for name, qw in layers.items():
-        lf = qw if isinstance(qw, LayerFormat) else LayerFormat.of(qw)
+        lf = LayerFormat.of_any(qw)
         by_format.setdefault(lf, []).append(name)
     formats = {lf.format for lf in by_format}
     groups = {}

@@ -17,13 +17,18 @@ import torch
 from safetensors.torch import save_file
 
 from compress.artifact.codecs import codec
+from compress.artifact.integrity import user_entries
 from compress.artifact.stream_safetensors import merge
 from compress.artifact.target import (
     OWNER,
     check_output,
+    divert,
     existing_ancestor,
+    identity,
+    is_artifact,
     mark_owner,
     publish_permissions,
+    rename_noreplace,
 )
 from compress.errors import LlmpressError, explain_os_error
 from compress.model.adapters import Adapter
@@ -73,11 +78,12 @@ def artifact_config(
     """config.json for the quantized linears `layers` (default: the run's; a plan of
     LayerFormats gives the config before any work)."""
     layers = ws.quantized if layers is None else layers
-    config = {**ws.config, **(extra or {})}
-    # what the loaders dispatch on; never a path of the machine that made the artifact
+    config = {**_model_keys(ws.config), **(extra or {})}
+    # what the loaders dispatch on
     config["architectures"] = config.get("architectures") or [ws.adapter.architecture]
-    config.pop("_name_or_path", None)
     config["dtype"] = str(ws.storage_dtype).removeprefix("torch.")
+    if "torch_dtype" in config:  # the older name, which some readers still prefer
+        config["torch_dtype"] = config["dtype"]
     unquantized = [n for n in ws.adapter.linear_names(ws.num_layers) if n not in layers]
     if layers:
         block_names: dict[str, list[str]] = {}
@@ -90,6 +96,30 @@ def artifact_config(
     if ws.adapter.lm_head in layers:
         config["tie_word_embeddings"] = False
     return config
+
+
+_KEPT = ("architectures", "dtype", "model_type", "transformers_version")
+
+
+def _model_keys(config: dict) -> dict:
+    """The source's config.json without what a `to_dict()` dump adds to every model (a
+    GGUF-converted source has it): private keys (`_name_or_path`, a path of the machine
+    that made it; `_model_name_or_path`, a GGUF's title) and transformers' generic keys
+    for task heads and outputs (`id2label`, `return_dict`...) where they hold the default
+    every loader fills in itself, so dropping them changes nothing a reader sees."""
+    from transformers import PretrainedConfig
+
+    generic = PretrainedConfig().to_dict()
+
+    def default(key: str, value) -> bool:
+        same = json.dumps(value, sort_keys=True) == json.dumps(generic[key], sort_keys=True)
+        return key not in _KEPT and same
+
+    return {
+        k: v
+        for k, v in config.items()
+        if not k.startswith("_") and not (k in generic and default(k, v))
+    }
 
 
 class ArtifactWriter:
@@ -115,6 +145,7 @@ class ArtifactWriter:
         self.codec = codec(export)
         self.extra_config = extra_config
         check_output(self.out, overwrite)
+        self.replaces = identity(self.out)  # what --overwrite was checked against
         needed = sum(f.stat().st_size for f in ws.ckpt.files) + (64 << 20)
         free = shutil.disk_usage(existing_ancestor(self.out.parent)).free
         if free < needed:
@@ -185,11 +216,10 @@ class ArtifactWriter:
             for name in _COPIED:
                 if (source_folder / name).is_file() and not (self.tmp / name).exists():
                     shutil.copy2(source_folder / name, self.tmp / name)
-            (self.tmp / OWNER).unlink()
             finish(self.tmp)
             publish_permissions(self.tmp)
-            _replace(self.tmp, self.out)
-        return self.out
+            (self.tmp / OWNER).unlink()
+            return _replace(self.tmp, self.out, self.replaces)
 
     def abort(self) -> None:
         tmp = getattr(self, "tmp", None)
@@ -210,12 +240,54 @@ class ArtifactWriter:
             raise known from e
 
 
-def _replace(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.replace(tmp, out)
-        return
+def _replace(tmp: Path, out: Path, replaces: tuple[int, int] | None) -> Path:
+    """Move the finished artifact to `out`, replacing only what was checked at the start
+    (`replaces`: nothing, or that artifact or empty folder). Whatever appeared at `out`
+    during the run is left untouched and the artifact goes beside it; a user's own files
+    in a replaced artifact move into the new one."""
+    now = identity(out)
+    ours = now is not None and now == replaces and out.is_dir() and not out.is_symlink()
+    if now is not None and not (ours and (is_artifact(out) or not any(out.iterdir()))):
+        raise _diverted(tmp, out)
+    if now is None:
+        try:
+            rename_noreplace(tmp, out)
+        except FileExistsError:
+            raise _diverted(tmp, out) from None
+        return out
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     mark_owner(old)
-    os.replace(out, old / "artifact")
-    os.replace(tmp, out)
+    previous = old / "artifact"
+    os.replace(out, previous)
+    _carry_user_entries(previous, tmp)
+    try:
+        rename_noreplace(tmp, out)
+    except FileExistsError:
+        raise _diverted(tmp, out) from None
     shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _carry_user_entries(previous: Path, new: Path) -> list[str]:
+    """Move what a user added to the replaced artifact (notes, folders) into the new one;
+    a name the new artifact also uses gets the suffix `.user`."""
+    try:
+        manifest = json.loads((previous / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = {}
+    moved = []
+    for entry in user_entries(previous, manifest if isinstance(manifest, dict) else {}):
+        target = new / entry.name
+        if target.exists():
+            target = new / f"{entry.name}.user"
+        os.replace(entry, target)
+        moved.append(target.name)
+    return moved
+
+
+def _diverted(tmp: Path, out: Path) -> LlmpressError:
+    alt = divert(tmp, out)
+    return LlmpressError(
+        f"{out} was created or changed by someone else while this run worked: it is left "
+        f"untouched, and the artifact was written to {alt} instead; move it where you want"
+    )

@@ -23,7 +23,7 @@ def self_generated(
     if cache_key:
         path = cache_dir() / "calib" / f"self-{cache_key[:16]}-{n}x{length}-s{seed}.pt"
         if path.is_file():
-            return torch.load(path)
+            return torch.load(path, weights_only=True)
     out = generate_samples(load_model(), tokenizer, n, length, seed)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

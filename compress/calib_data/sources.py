@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from compress.errors import LlmpressError
+from compress.errors import LlmpressError, first_line
 
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw")
 SELF = "self"
@@ -66,7 +66,7 @@ def _read_file(path: Path, field: str) -> list[str]:
         try:
             table = pq.read_table(path)
         except Exception as e:  # pyarrow raises several kinds on a damaged file
-            first = (str(e).strip().splitlines() or [""])[0][:120]
+            first = first_line(e, 120)
             raise LlmpressError(
                 f"{path} is not a readable parquet file ({first}); re-export it"
             ) from None

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from compress.errors import LlmpressError, first_line
 from compress.model.adapters import LLAMA, Adapter
 
 
@@ -194,7 +195,11 @@ def _state(run_id, step, student, opt, sched, history) -> dict:
 def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log):
     """(first step, loss history): from this run's last checkpoint when resuming."""
     if resume and ckpt_path.is_file():
-        state = torch.load(ckpt_path, weights_only=False)
+        state = _load_checkpoint(ckpt_path)
+        if state.get("run_id") != ckpt_path.stem.removeprefix("distill-"):
+            raise LlmpressError(
+                f"{ckpt_path} is not a checkpoint of this run: delete it, or run without --resume"
+            )
         student.load_state_dict(state["student"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
@@ -203,6 +208,22 @@ def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log)
     if resume:
         log(f"distill: no checkpoint of this run in {ckpt_path.parent}; starting from step 0")
     return 0, []
+
+
+def _load_checkpoint(path: Path) -> dict:
+    """A checkpoint holds tensors and plain numbers only: load it as data
+    (weights_only), never as a pickle that could run code planted beside the output."""
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as e:
+        first = first_line(e, 120)
+        raise LlmpressError(
+            f"{path} is not a readable llmpress checkpoint ({type(e).__name__}: {first}): "
+            "delete it, or run without --resume"
+        ) from None
+    if not isinstance(state, dict):
+        raise LlmpressError(f"{path} is not an llmpress checkpoint: delete it")
+    return state
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from compress.artifact.integrity import file_hashes, problems
+from compress.artifact.integrity import check_artifact, recorded_hashes
 from compress.artifact.manifest import read_manifest
 from compress.errors import LlmpressError
 from compress.hub.card import model_card
@@ -42,10 +42,13 @@ def plan(folder: Path, repo: str, private: bool) -> tuple[list[tuple[str, int, s
             f"{folder} is not an llmpress artifact (no manifest.json): push what "
             "`llmpress compress` wrote"
         )
-    bad = [p for p in problems(folder, manifest) if "not listed" not in p]
-    if bad:
-        raise LlmpressError(f"{folder} is damaged: {bad[0]}; nothing was uploaded")
-    hashes = file_hashes(folder)
+    check_artifact(folder)  # damaged, or an unlisted file a loader would read: refused
+    hashes, _ = recorded_hashes(manifest)  # a user's own notes stay home
+    if not hashes:
+        raise LlmpressError(
+            f"{folder}/manifest.json lists no file hashes: re-create the artifact with this "
+            "llmpress; nothing was uploaded"
+        )
     files = [(name, (folder / name).stat().st_size, digest) for name, digest in hashes.items()]
     files += [("manifest.json", (folder / "manifest.json").stat().st_size, "")]
     card = model_card(manifest)

@@ -67,8 +67,15 @@ class Checkpoint:
         info: dict[str, tuple[Path, tuple[int, ...], str]] = {}
         for f in self.files:
             for name, entry in check_safetensors(f).items():
-                if name != "__metadata__":
-                    info[name] = (f, tuple(entry["shape"]), entry["dtype"])
+                if name == "__metadata__":
+                    continue
+                if name in info:  # which copy a loader takes depends on file order
+                    raise LlmpressError(
+                        f"tensor {name} is in both {info[name][0].name} and {f.name} of "
+                        f"{self.path}: remove the stray file (or add the checkpoint's "
+                        "model.safetensors.index.json)"
+                    )
+                info[name] = (f, tuple(entry["shape"]), entry["dtype"])
         return info
 
 
