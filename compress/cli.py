@@ -13,7 +13,14 @@ import click
 
 from compress import __version__
 from compress.artifact.codecs import EXPORTS
-from compress.errors import EXIT_CRASH, EXIT_GATE, EXIT_INPUT, LlmpressError, explain_os_error
+from compress.errors import (
+    EXIT_CRASH,
+    EXIT_GATE,
+    EXIT_INPUT,
+    LlmpressError,
+    explain_os_error,
+    first_line,
+)
 
 
 def writable_parent(path: Path, what: str) -> None:
@@ -178,6 +185,13 @@ def compress(
 @click.option(
     "--kv", help="KV-cache scheme for the runtime: int8, int4, none (default: artifact's)."
 )
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Measure (and gate) the weights alone: fp32 activations, dequantized weights. By "
+    "default the runtime measures what bench and serve run (int8 activations on CPU), with "
+    "the exact figure beside it.",
+)
 def eval_cmd(
     artifact,
     base,
@@ -192,10 +206,11 @@ def eval_cmd(
     no_record,
     engine,
     kv,
+    exact,
 ):
     """Measure ARTIFACT's quality drift against the original; gate it; report it."""
     from compress.artifact.manifest import read_manifest
-    from compress.eval.drift import format_table
+    from compress.eval.drift import drift_rows, format_table
     from compress.eval.gates import check_gates
     from compress.eval.report import layer_errors, size_metrics, write_report
     from compress.eval.run import evaluate
@@ -211,17 +226,18 @@ def eval_cmd(
         ctx,
         windows or None,
         text_field,
-        record=not no_record,
+        record=False,  # after the results are out: a read-only artifact still gets them
         log=click.echo,
         engine=engine,
         kv=kv,
         token_kl=token_kl,
+        exact=exact,
     )
     cand = resolve(artifact)
     manifest = read_manifest(cand.path)
     base_ckpt = resolve(base or manifest["source"]["source"])
     sizes = size_metrics(cand, base_ckpt, manifest)
-    click.echo(format_table({artifact: drift}))
+    click.echo(format_table(drift_rows(artifact, drift)))
     verdicts = check_gates(gates, {**drift.metrics(), **sizes})
     for v in verdicts:
         click.echo(f"gate {v.line()}")
@@ -241,10 +257,28 @@ def eval_cmd(
     failed = [v for v in verdicts if not v.passed]
     if json_out:
         _write_eval_json(json_out, artifact, drift, sizes, verdicts, base_is_source)
+    if not no_record and manifest is not None:
+        _record(cand.path, manifest, drift, base or manifest["source"]["source"], engine, kv)
     if failed:
         names = ", ".join(v.gate.metric for v in failed)
         click.echo(f"quality gate failed: {names}", err=True)
         sys.exit(EXIT_GATE)
+
+
+def _record(folder: Path, manifest: dict, drift, base: str, engine: str, kv) -> None:
+    """Record the drift in the manifest; where that cannot be written, say so after the
+    results and verdicts, which stand."""
+    from compress.eval.run import record_drift
+
+    try:
+        record_drift(folder, manifest, drift, base, engine, kv)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        click.echo(
+            f"warning: could not record the drift in {folder / 'manifest.json'} ({why}); the "
+            "results above stand: pass --no-record to skip recording",
+            err=True,
+        )
 
 
 def _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir) -> list:
@@ -546,7 +580,7 @@ def main() -> None:
         if known is not None:
             click.echo(f"error: {known}", err=True)
             sys.exit(EXIT_INPUT)
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+        first = first_line(e)
         click.echo(
             f"internal error: {type(e).__name__}: {first} (a bug in llmpress; traceback in "
             f"{_crash_report(e)}, or rerun with LLMPRESS_DEBUG=1)",

@@ -57,9 +57,16 @@ def describe(artifact: str, as_json: bool = False) -> str:
         d = manifest.get("drift")
         if d:
             lines.append(
-                f"drift on {d['data']} ({d['windows']}×{d['ctx']}): ppl {d['ppl']:.3f} "
+                f"drift on {d['data']} ({d['windows']}×{d['ctx']}), "
+                f"{d.get('kernels') or 'exact'}: ppl {d['ppl']:.3f} "
                 f"(original {d['base_ppl']:.3f}), KL {d['kl']:.5f}, top-1 {d['top1']:.4f}"
             )
+            if d.get("weights_only"):
+                e = d["weights_only"]
+                lines.append(
+                    f"  weights only (exact): ppl {e['ppl']:.3f}, KL {e['kl']:.5f}, "
+                    f"top-1 {e['top1']:.4f}"
+                )
         else:
             lines.append("drift: not measured (run `llmpress eval`)")
     return "\n".join(lines)

@@ -10,7 +10,7 @@ Per window of L tokens, the L-1 next-token predictions are scored:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 from tqdm.auto import tqdm
@@ -26,6 +26,12 @@ class Drift:
     windows: int
     ctx: int
     data: str = ""
+    # what computed the candidate's logits: "served" (the kernels bench and serve run),
+    # "exact" (fp32 activations, dequantized weights), or "transformers"
+    kernels: str = ""
+    activations: str = ""
+    # the exact figure measured beside the served one: {ppl, kl, top1, ...}
+    weights_only: dict | None = None
 
     @property
     def ppl_ratio(self) -> float:
@@ -119,3 +125,22 @@ def format_table(results: dict[str, Drift], extra: dict[str, dict] | None = None
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+_LABELS = {
+    "served": "as served (int8 activations)",
+    "exact": "weights only (exact)",
+    "transformers": "transformers",
+}
+
+
+def drift_rows(name: str, drift: Drift) -> dict[str, Drift]:
+    """Table rows for one evaluation: the gated figure, and the weights-only one beside it
+    when both were measured, each labelled with what computed it."""
+    rows = {f"{name}, {_LABELS.get(drift.kernels, drift.kernels)}".rstrip(", "): drift}
+    if drift.weights_only:
+        other = {k: v for k, v in drift.weights_only.items() if k != "ppl_ratio"}
+        rows[f"{name}, {_LABELS['exact']}"] = replace(
+            drift, **other, kernels="exact", weights_only=None
+        )
+    return rows

@@ -11,7 +11,7 @@ from compress.artifact.manifest import read_manifest, write_manifest
 from compress.calib_data.generated import self_generated
 from compress.calib_data.samples import eval_windows, token_stream
 from compress.calib_data.sources import SELF, read_texts
-from compress.errors import LlmpressError
+from compress.errors import LlmpressError, first_line
 from compress.eval.drift import Drift, measure_drift
 from compress.model.loading import load_tokenizer, resolve
 
@@ -32,11 +32,14 @@ def windows_for(
     return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
 
 
-def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
+def _candidates(ckpt, engine: str, kv: str | None, ctx: int, exact: bool) -> dict:
+    """{name: model} to measure: "served" (the kernels serve runs) and, where that is not
+    already exact, "exact" (the weights alone) beside it; or the one `exact`/transformers
+    asks for."""
     if engine == "transformers":
         if kv not in (None, "none"):
             raise LlmpressError("--kv needs the runtime engine: drop --engine transformers")
-        return load_with_transformers(ckpt)
+        return {"transformers": load_with_transformers(ckpt)}
     if engine != "runtime":
         raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
     from compress.runtime.kv_cache import kv_scheme
@@ -44,7 +47,14 @@ def _candidate(ckpt, engine: str, kv: str | None, ctx: int):
     from compress.runtime.weights import load_weights
 
     scheme = kv_scheme(kv, ckpt.config)
-    return RuntimeLM(load_weights(ckpt), max_len=ctx, kv=scheme)
+    weights = load_weights(ckpt)
+    exact_lm = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=True)
+    if exact:
+        return {"exact": exact_lm}
+    served = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=False)
+    if served.activations == exact_lm.activations:  # e.g. the GPU kernels: one computation
+        return {"served": served}
+    return {"served": served, "exact": exact_lm}
 
 
 def load_with_transformers(ckpt):
@@ -70,7 +80,7 @@ def load_with_transformers(ckpt):
     try:
         model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32, **kwargs)
     except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0][:200]
+        first = first_line(e)
         raise LlmpressError(
             f"transformers failed to load {ckpt.path} ({type(e).__name__}: {first}); "
             "use --engine runtime"
@@ -90,11 +100,14 @@ def evaluate(
     engine: str = "runtime",
     kv: str | None = None,
     token_kl: dict | None = None,
+    exact: bool = False,
 ) -> Drift:
-    """Drift of `artifact` against its original. `engine`: "runtime" runs the artifact
-    through llmpress's own decode runtime (the kernels that serve it); "transformers" loads
-    it as a transformers model. `kv`: KV-cache scheme for the runtime ("int8", "int4",
-    "none"; default: the artifact's own, see kv_cache.py)."""
+    """Drift of `artifact` against its original, as served: `engine` "runtime" runs it
+    through the kernels `bench` and `serve` run (int8 activations on CPU) and measures the
+    weights alone (`exact`) beside it; `exact=True` measures only that. "transformers"
+    loads it as a transformers model. `kv`: KV-cache scheme for the runtime ("int8",
+    "int4", "none"; default: the artifact's own, see kv_cache.py). The figure returned (and
+    gated) is the served one unless `exact`; `weights_only` holds the other."""
     cand_ckpt = resolve(artifact)
     manifest = read_manifest(cand_ckpt.path)
     if base is None:
@@ -108,12 +121,26 @@ def evaluate(
     base_model = load_model(base_ckpt)
     tokenizer = load_tokenizer(base_ckpt)
     wins = windows_for(data, base_model, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
-    candidate = _candidate(cand_ckpt, engine, kv, ctx)
-    drift = measure_drift(base_model, {"artifact": candidate}, wins, data=data, token_kl=token_kl)
-    result = drift["artifact"]
+    candidates = _candidates(cand_ckpt, engine, kv, ctx, exact)
+    kl_of = {} if token_kl is not None else None
+    drift = measure_drift(base_model, candidates, wins, data=data, token_kl=kl_of)
+    name = next(iter(drift))
+    result = drift[name]
+    result.kernels = name
+    result.activations = getattr(candidates[name], "activations", "as transformers computes")
+    if "exact" in drift and name != "exact":
+        other = drift["exact"]
+        result.weights_only = {k: other.to_dict()[k] for k in ("ppl", "ppl_ratio", "kl", "top1")}
+    if token_kl is not None:
+        token_kl["artifact"] = kl_of[name]
     if record and manifest is not None:
-        manifest["drift"] = {**result.to_dict(), "base": base, "engine": engine}
-        if kv:
-            manifest["drift"]["kv_cache"] = kv
-        write_manifest(cand_ckpt.path, manifest)
+        record_drift(cand_ckpt.path, manifest, result, base, engine, kv)
     return result
+
+
+def record_drift(folder, manifest: dict, result: Drift, base: str, engine: str, kv) -> None:
+    """Write the drift into the artifact's manifest (and so its card)."""
+    manifest["drift"] = {**result.to_dict(), "base": base, "engine": engine}
+    if kv:
+        manifest["drift"]["kv_cache"] = kv
+    write_manifest(folder, manifest)

@@ -91,10 +91,9 @@ def model_card(m: dict) -> str:
             f"({drift['windows']} windows of "
             f"{drift['ctx']} tokens, {drift['tokens']:,} scored tokens).",
             "",
-            "| perplexity | original perplexity | KL(original‖this) | top-1 agreement |",
-            "|---|---|---|---|",
-            f"| {drift['ppl']:.3f} | {drift['base_ppl']:.3f} | {drift['kl']:.5f} | "
-            f"{drift['top1']:.4f} |",
+            "| computed | perplexity | original perplexity | KL(original‖this) | top-1 agreement |",
+            "|---|---|---|---|---|",
+            *_drift_rows(drift),
             "",
         ]
     else:
@@ -139,4 +138,25 @@ def _loading(m: dict) -> list[str]:
         if not vllm
         else ["", f"# vLLM will not load this artifact: {'; '.join(vllm)}"]
     )
+    if engines.get("vllm-cpu"):  # older manifests have no CPU verdict
+        code += [f"# vLLM's CPU build will not run it: {'; '.join(engines['vllm-cpu'])}"]
     return ["```python", *code, "```", "", "llmpress runs it as is: `llmpress serve .`"]
+
+
+_COMPUTED = {
+    "served": "as served by llmpress (int8 activations)",
+    "exact": "weights only (fp32 activations)",
+    "transformers": "transformers",
+}
+
+
+def _drift_rows(drift: dict) -> list[str]:
+    """One row per figure eval measured: as served, and the weights alone beside it."""
+    rows = [(drift.get("kernels") or "exact", drift)]
+    if drift.get("weights_only"):
+        rows.append(("exact", {**drift, **drift["weights_only"]}))
+    return [
+        f"| {_COMPUTED.get(k, k)} | {d['ppl']:.3f} | {d['base_ppl']:.3f} | {d['kl']:.5f} | "
+        f"{d['top1']:.4f} |"
+        for k, d in rows
+    ]

@@ -14,11 +14,24 @@ from compress.runtime.weights import ModelWeights
 class RuntimeLM:
     """`lm(input_ids=[1, T]).logits` through the runtime. With a quantized KV cache the
     window is fed in chunks of `chunk` tokens, so each chunk attends to the cache as stored
-    (what a served sequence sees) and not only to its own full-precision keys."""
+    (what a served sequence sees) and not only to its own full-precision keys.
 
-    def __init__(self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, chunk=None):
+    `exact=False` runs every chunk through the kernels `serve` runs (int8 activations on
+    CPU): the model as served. `exact=True` multiplies fp32 activations by the dequantized
+    weights: the weights' own drift, what transformers computes."""
+
+    def __init__(
+        self,
+        weights: ModelWeights,
+        max_len: int,
+        kv: KVScheme = FP32,
+        chunk=None,
+        exact: bool = True,
+    ):
         s = weights.shape
-        self.model = Model(weights, max_len + 1, exact=True)
+        self.model = Model(weights, max_len + 1, exact=exact)
+        int8 = self.model.backend.int8_activations and not exact
+        self.activations = "int8 per block of 32 (as served)" if int8 else "fp32"
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
 
