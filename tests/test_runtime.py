@@ -170,3 +170,21 @@ def test_one_call_decoder_with_outlier_columns_matches_the_per_op_path(tmp_path,
     p, q = torch.log_softmax(logits[0], -1), torch.log_softmax(logits[1], -1)
     assert (p.exp() * (p - q)).sum(-1).mean() < 0.005
     assert (p.argmax(-1) == q.argmax(-1)).float().mean() >= 0.85
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-20])
+def test_a_tiny_temperature_samples_the_greedy_token(temperature):
+    """Its limit is greedy: no NaN from dividing by a temperature float32 cannot hold."""
+    from compress.runtime.sampling import SamplingParams, sample
+
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    got = sample(logits, SamplingParams(temperature=temperature), torch.Generator())
+    assert got == int(logits.argmax())
+
+
+@pytest.mark.parametrize("bad", [{"temperature": float("nan")}, {"top_p": float("inf")}])
+def test_non_finite_sampling_parameters_are_refused(bad):
+    from compress.runtime.sampling import SamplingParams
+
+    with pytest.raises(ValueError, match="out of range"):
+        SamplingParams(**bad)

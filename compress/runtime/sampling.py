@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -18,9 +19,16 @@ class SamplingParams:
     ignore_eos: bool = False  # benchmarks generate exactly max_tokens
 
     def __post_init__(self):
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 1:
+        finite = math.isfinite(self.temperature) and math.isfinite(self.top_p)
+        if (
+            not finite
+            or self.temperature < 0
+            or not 0 < self.top_p <= 1
+            or self.top_k < 0
+            or self.max_tokens < 1
+        ):
             raise ValueError(
-                "sampling parameters out of range: temperature >= 0, 0 < top_p <= 1, "
+                "sampling parameters out of range: finite temperature >= 0, 0 < top_p <= 1, "
                 "top_k >= 0, max_tokens >= 1"
             )
 
@@ -29,7 +37,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     """One token from logits [vocab]."""
     if params.temperature == 0:
         return int(logits.argmax())
-    logits = logits.float() / params.temperature
+    # in float64, less the max: a tiny temperature (1e-300 is 0 in float32) then sends
+    # every other logit to -inf and never makes inf - inf (NaN): the limit, greedy
+    logits = logits.double()
+    logits = (logits - logits.max()) / params.temperature
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
