@@ -102,6 +102,12 @@ def test_mixed_artifact_meets_its_budget(tmp_path, wikitext, tokenizer):
         for g in groups.values()
     }
     assert len(schemes) > 1 and not (tmp_path / ".mixed.llmpress-work").exists()
+    chosen = plan["layers"]  # the linears that left the base scheme, and what they took
+    for i in range(2):  # vLLM loads q/k/v and gate/up as one fused tensor each: one scheme
+        block = f"model.layers.{i}"
+        for fused in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            kind = "self_attn" if "q_proj" in fused else "mlp"
+            assert len({chosen.get(f"{block}.{kind}.{rel}") for rel in fused}) == 1, chosen
     assert manifest["engines"]["vllm"] == [], manifest["engines"]
     ids = torch.randint(0, 100, (1, 80))
     dense = load_model(resolve(str(out)))(ids).logits

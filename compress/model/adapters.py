@@ -155,6 +155,12 @@ class Adapter:
         )
 
     @property
+    def fused_linears(self) -> tuple[tuple[str, ...], ...]:
+        """Linears that serving engines load as one fused tensor (vLLM's qkv_proj and
+        gate_up_proj): they must share one quantization scheme."""
+        return ((self.q, self.k, self.v), (self.gate, self.up))
+
+    @property
     def cut_groups(self) -> tuple[CutGroup, ...]:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         return (

@@ -19,6 +19,10 @@ and zero points counted as the manifest counts them — within the budget: a Lag
 search on the price of a bit, then the leftover bits spent greedily. Cheaper options
 (larger groups) pay for dearer ones (smaller groups, 8 bits). The artifact stays standard
 per-layer schemes: one compressed-tensors config group per scheme.
+
+Linears an engine loads fused (q/k/v as vLLM's qkv_proj, gate/up as gate_up_proj: the
+adapter's `fused_linears`) are one choice: they take the same scheme, since a fused
+tensor has one. Their costs and bits add up.
 """
 
 from __future__ import annotations
@@ -91,6 +95,37 @@ def stored_bits(
         return None
     groups = out * (width // group)
     return out * width * scheme.bits + groups * (scale_bits + scheme.bits * scheme.zero_point)
+
+
+def choice_units(adapter, layers: int, ignore) -> dict[str, list[str]]:
+    """{unit: its linears}: each fused group of a block (adapter.fused_linears) is one
+    unit, every other block linear its own; ignored linears are left out."""
+    fused = {rel: group for group in adapter.fused_linears for rel in group}
+    units: dict[str, list[str]] = {}
+    for i in range(layers):
+        prefix = adapter.block_prefix(i)
+        for rel in adapter.block_linears:
+            name = f"{prefix}.{rel}"
+            if matches_ignore(name, ignore):
+                continue
+            key = f"{prefix}.{fused[rel][0]}" if rel in fused else name
+            units.setdefault(key, []).append(name)
+    return units
+
+
+def unit_costs(
+    units: dict[str, list[str]], single: dict[str, dict[str, tuple[float, int]]]
+) -> dict[str, dict[str, tuple[float, int]]]:
+    """(cost, bits) of each option for a unit: summed over its linears, offered only where
+    every linear can take it."""
+    out = {}
+    for unit, members in units.items():
+        common = set.intersection(*(set(single[n]) for n in members))
+        out[unit] = {
+            k: (sum(single[n][k][0] for n in members), sum(single[n][k][1] for n in members))
+            for k in sorted(common)
+        }
+    return out
 
 
 def fisher_diagonal(model, samples: torch.Tensor, names: list[str], seed: int) -> dict:
@@ -190,13 +225,8 @@ class Mixed(Described):
         for label in cfg.options:
             scheme = parse_scheme(label, base)
             options.setdefault(scheme.label(), scheme)
-        layers = ctx.config["num_hidden_layers"]
-        names = [
-            f"{ctx.adapter.block_prefix(i)}.{rel}"
-            for i in range(layers)
-            for rel in ctx.adapter.block_linears
-            if not matches_ignore(f"{ctx.adapter.block_prefix(i)}.{rel}", ctx.ignore)
-        ]
+        units = choice_units(ctx.adapter, ctx.config["num_hidden_layers"], ctx.ignore)
+        names = [n for members in units.values() for n in members]
         scale_bits = torch.finfo(ctx.storage_dtype).bits
         shapes = {n: tuple(ctx.model.get_submodule(n).weight.shape) for n in names}
         stored = {
@@ -218,19 +248,21 @@ class Mixed(Described):
         ctx.log(f"mixed precision: Fisher information on {cfg.samples} calibration samples")
         fisher = fisher_diagonal(ctx.model, ctx.samples[: cfg.samples], names, cfg.seed)
         measured = time.perf_counter()
-        costs: dict[str, dict[str, tuple[float, int]]] = {}
+        single: dict[str, dict[str, tuple[float, int]]] = {}
         with torch.no_grad():
             for name in names:
                 w = ctx.model.get_submodule(name).weight.detach().float()
-                costs[name] = {}
+                single[name] = {}
                 for label, b in stored[name].items():
                     q = quantize_weight(w, options[label], ctx.storage_dtype).dequantize()
                     err = 0.5 * float((fisher[name] * (q - w).square()).sum())
-                    costs[name][label] = (err, b)
-        choice = allocate(costs, cfg.bits_budget * weights)
+                    single[name][label] = (err, b)
+        costs = unit_costs(units, single)
+        unit_choice = allocate(costs, cfg.bits_budget * weights)
+        choice = {n: k for unit, k in unit_choice.items() for n in units[unit]}
         ctx.schemes.update({n: options[k] for n, k in choice.items() if k != base.label()})
-        total = sum(costs[n][k][1] for n, k in choice.items())
-        uniform = sum(o[base.label()][0] for o in costs.values() if base.label() in o)
+        total = sum(single[n][k][1] for n, k in choice.items())
+        uniform = sum(o[base.label()][0] for o in single.values() if base.label() in o)
         counts: dict[str, int] = {}
         for k in choice.values():
             counts[k] = counts.get(k, 0) + 1
@@ -243,7 +275,7 @@ class Mixed(Described):
             # the Fisher estimate of the KL all the rounding adds, before and after choosing
             "estimated_kl": {
                 base.label(): round(uniform, 5),
-                "mixed": round(sum(costs[n][k][0] for n, k in choice.items()), 5),
+                "mixed": round(sum(single[n][k][0] for n, k in choice.items()), 5),
             },
             "seconds": {
                 "fisher": round(measured - started, 1),
