@@ -21,6 +21,7 @@ from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
 from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
+from compress.calib_data.cost import calibration_passes, calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, run_block
@@ -145,7 +146,8 @@ def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
     if recipe.needs_calibration:
         c = recipe.calib
         check_context(ckpt, c.length, "calibration length (--calib-len)")
-        log(f"calibration: {c.samples} × {c.length} tokens from {c.source}")
+        passes = calibration_passes([*model_stages, *stages, *after])
+        log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
         with _Clock(timing)("calibration data"):
             samples = load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
     if model_stages:

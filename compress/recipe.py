@@ -225,12 +225,9 @@ def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
                 f"recipe: unknown stage {name!r}{_suggest(str(name), STAGES)}; "
                 f"available: {', '.join(sorted(STAGES))}"
             )
-        params = {} if params is None else params
-        fields = {f.name for f in dataclasses.fields(STAGES[name].config_type)}
-        unset = fields - set(params) if isinstance(params, dict) else set()
-        implied = {k: v for k, v in codec(export).scheme_defaults.items() if k in unset}
-        params = {**params, **implied}  # what the export's layout requires
-        stages.append((name, build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")))
+        config = build_config(STAGES[name].config_type, params, f"stages[{i}].{name}")
+        codec(export).check_scheme(name, getattr(config, "scheme", None))
+        stages.append((name, config))
         _check_order(stages, i)
     return _fill_base_scheme(stages, export)
 
@@ -459,6 +456,7 @@ def quant_recipe(spec: str, export: str | None = None) -> dict:
         return {"stages": [parse_quant(spec)]}
     preset = PRESETS[m["method"]]
     scheme = parse_quant(f"rtn:{spec.strip().split(':', 1)[1]}")["rtn"]
+    codec(export or "auto").check_scheme(m["method"], _rtn_scheme(scheme))  # in its own name
     stages = [
         {name: {**settings, **({} if _keeps_scheme(name) else scheme)}}
         for name, settings in preset.stages
@@ -466,6 +464,13 @@ def quant_recipe(spec: str, export: str | None = None) -> dict:
     if preset.extra_bits is not None and codec(export or "auto").per_layer_schemes:
         stages = with_budget(stages, round(scheme["bits"] + preset.extra_bits, 4))
     return {"stages": stages, "dtype": preset.dtype}
+
+
+def _rtn_scheme(settings: dict):
+    """The QuantScheme that shorthand `settings` stand for, defaults filled in."""
+    from compress.quantizers.rtn import RTNConfig
+
+    return RTNConfig(**settings).scheme
 
 
 def _keeps_scheme(name: str) -> bool:

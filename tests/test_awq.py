@@ -169,7 +169,10 @@ def test_awq_gemm_export_round_trip(tmp_path, wikitext):
         compress(
             "default",
             parse_recipe(
-                {"stages": [{"rtn": {"bits": 4, "group_size": 128}}], "export": "awq-gemm"}
+                {
+                    "stages": [{"rtn": {"bits": 4, "group_size": 128, "zero_point": True}}],
+                    "export": "awq-gemm",
+                }
             ),
             tmp_path / "x",
         )

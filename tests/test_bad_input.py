@@ -692,6 +692,15 @@ CASES = [
         "the FIFO only",
         lambda t: listing(t) == ["calib.txt"],
     ),
+    # -- issue 32, no silent changes: a symmetric scheme for the zero-point-only layout --
+    Case(
+        "`--quant rtn:w4g64 --export awq-gemm` (was silently given a zero point)",
+        lambda t: _compress_argv(t, "--export", "awq-gemm"),
+        2,
+        "rtn:w4g64sym is symmetric: ask for rtn:w4g64zp",
+        "nothing",
+        _nothing,
+    ),
 ]
 
 

@@ -10,7 +10,6 @@ floats for the dense loader. The layouts themselves are written out in ct_format
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import ClassVar
 
 import torch
 
@@ -32,13 +31,15 @@ class CompressedTensors:
 
     family = "compressed-tensors"
     storage_dtype: torch.dtype | None = None  # the recipe's dtype is kept
-    scheme_defaults: ClassVar[dict] = {}
     holds_lm_head = True
     per_layer_schemes = True  # one config group per scheme (mixed precision)
     suffixes = (*ct_format.SUFFIXES, *ct_format.OUTLIER_SUFFIXES)
 
     def __init__(self, name: str, outliers: bool):
         self.name, self.outliers = name, outliers
+
+    def check_scheme(self, stage: str, scheme: QuantScheme | None) -> None:
+        """Every scheme fits."""
 
     def preflight(self, widths: Iterable[int], schemes: list) -> None:
         """Every scheme and width fits."""
@@ -52,6 +53,11 @@ class CompressedTensors:
     @staticmethod
     def reads(qc: dict) -> bool:
         return qc.get("quant_method") == "compressed-tensors"
+
+    @staticmethod
+    def bits(qc: dict) -> set[int]:
+        """The weight bit widths of the config groups written."""
+        return {g["weights"]["num_bits"] for g in qc["config_groups"].values()}
 
     @staticmethod
     def layers(config: dict, tensors: dict) -> dict[str, dict]:
@@ -81,10 +87,27 @@ class AwqGemm:
 
     name = family = "awq-gemm"
     storage_dtype = torch.float16  # AutoAWQ's kernels read float16 scales
-    scheme_defaults: ClassVar[dict] = {"zero_point": True}  # the only kind it holds
     holds_lm_head = False
     per_layer_schemes = False
     suffixes = awq_format.SUFFIXES
+
+    def check_scheme(self, stage: str, scheme: QuantScheme | None) -> None:
+        """Refuse, when the recipe is read, a scheme this layout cannot hold, rather than
+        store another one than was asked for (a symmetric request silently given a zero
+        point would leave the card's command naming a scheme the artifact does not have)."""
+        if scheme is None or (scheme.bits == 4 and scheme.zero_point):
+            return
+        if scheme.bits == 4:
+            problem = "is symmetric"
+            fix = f"{stage}:{QuantScheme(4, scheme.group_size, True).label()}"
+        else:
+            problem, fix = f"is {scheme.bits}-bit", "a 4-bit one such as awq:w4g64zp"
+        raise LlmpressError(
+            f"the awq-gemm export holds only 4-bit weights with a zero point, and "
+            f"{stage}:{scheme.label()} {problem}: ask for {fix} (in a recipe: bits: 4, "
+            "zero_point: true), or drop --export awq-gemm to keep this scheme in the "
+            "compressed-tensors layout"
+        )
 
     def preflight(self, widths: Iterable[int], schemes: list) -> None:
         groups = set()
@@ -107,12 +130,24 @@ class AwqGemm:
         return awq_format.encode_awq(prefix, qw)
 
     def config(self, layers: dict, block_names: dict, ignore: list[str]) -> dict:
-        (group,) = {qw.group_size for qw in layers.values()}
-        return awq_format.awq_config(group, ignore)
+        """One group size for every layer (preflight refused others). A layer whose width
+        equals the group has one group per row: per-channel in compressed-tensors' terms,
+        the same group here."""
+        groups = {ct_format.LayerFormat.of_any(qw).stored_group for qw in layers.values()}
+        if len(groups) != 1:
+            raise LlmpressError(
+                f"layers use group sizes {sorted(groups)} but the awq-gemm layout has one: "
+                "pick a group size that divides every layer, or use the compressed-tensors export"
+            )
+        return awq_format.awq_config(groups.pop(), ignore)
 
     @staticmethod
     def reads(qc: dict) -> bool:
         return qc.get("quant_method") == "awq"
+
+    @staticmethod
+    def bits(qc: dict) -> set[int]:
+        return {qc["bits"]}
 
     @staticmethod
     def layers(config: dict, tensors: dict) -> dict[str, dict]:
@@ -159,3 +194,9 @@ def reading_codec(config: dict):
         f"quantization method {qc.get('quant_method')!r} is not supported: llmpress reads "
         "compressed-tensors checkpoints and dense ones"
     )
+
+
+def stored_bits(config: dict) -> list[int]:
+    """The weight bit widths a checkpoint's config.json says it stores (none: dense)."""
+    c = reading_codec(config)
+    return sorted(c.bits(config["quantization_config"])) if c else []

@@ -7,8 +7,11 @@ import importlib.metadata
 import json
 import os
 import platform
+import shlex
 from pathlib import Path
+from typing import Any
 
+from compress.artifact.codecs import stored_bits
 from compress.artifact.integrity import file_hashes
 from compress.errors import LlmpressError
 from compress.hub.card import model_card
@@ -60,6 +63,10 @@ def folder_sizes(folder: Path) -> dict:
     return {"weights_bytes": weights, "files": files}
 
 
+def _config(folder: Path) -> dict:
+    return json.loads((Path(folder) / "config.json").read_text())
+
+
 def build_manifest(
     *,
     ws: Workspace,
@@ -77,7 +84,8 @@ def build_manifest(
         "source": source,
         "recipe": recipe,
         "stages": stages,
-        "weights": weight_stats(ws),
+        # the bit widths config.json's groups declare: what the card's tags say
+        "weights": {**weight_stats(ws), "bits": stored_bits(_config(folder))},
         "sizes": folder_sizes(folder),
         "sha256": file_hashes(folder),
         "compress_seconds": round(seconds, 2),
@@ -106,8 +114,62 @@ def _atomic_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def portable_path(text: str) -> str:
+    """A path as a file meant to be shared records it: relative to the working directory
+    when it lies under it, else its name alone; never where it sits on this machine."""
+    path = Path(os.path.abspath(os.path.expanduser(text)))
+    here = Path.cwd()
+    for p, base in ((path, here), (path.resolve(), here.resolve())):
+        if p.is_relative_to(base):
+            rel = str(p.relative_to(base))
+            # `./a/b`, never `a/b`: that would read as a hub id (ORG/NAME) to `eval`
+            return f"./{rel}" if "/" in rel else rel
+    return path.name or text
+
+
+def _is_machine_path(text: str) -> bool:
+    return "\n" not in text and os.path.isabs(os.path.expanduser(text))
+
+
+def portable_command(command: str) -> str:
+    """A command line with every absolute path argument (`-o /x`, `--calib=/x`) made
+    portable (portable_path)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # unbalanced quotes: words as typed
+        words = command.split()
+    out = []
+    for word in words:
+        flag, eq, value = word.partition("=")
+        if eq and flag.startswith("-") and _is_machine_path(value):
+            word = f"{flag}={portable_path(value)}"
+        elif _is_machine_path(word):
+            word = portable_path(word)
+        out.append(word)
+    return " ".join(shlex.quote(w) for w in out)
+
+
+def portable(value: Any, key: str | None = None) -> Any:
+    """`value` (a manifest, or any part of it) with every absolute path made portable: the
+    source folder, the `--calib`, `--data` and `--base` files, the command line's `-o`
+    and `--recipe`. A shared artifact should not say where it was made (user names,
+    folder layout), and the relative form is what a reader in that folder can use."""
+    if isinstance(value, dict):
+        return {k: portable(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, str):
+        if key == "command":
+            return portable_command(value)
+        if _is_machine_path(value):
+            return portable_path(value)
+    return value
+
+
 def write_manifest(folder: Path, manifest: dict) -> None:
-    """Write manifest.json and regenerate the model card from it."""
+    """Write manifest.json and regenerate the model card from it, paths made portable
+    relative to where the command runs (`compress`, or a later `eval`)."""
+    manifest = portable(manifest)
     text = json.dumps(manifest, indent=2, allow_nan=False)  # strict JSON: never a NaN
     _atomic_write(Path(folder) / MANIFEST, text + "\n")
     _atomic_write(Path(folder) / CARD, model_card(manifest))

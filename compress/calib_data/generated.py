@@ -8,22 +8,33 @@ hash and settings, since generating 128 × 512 tokens takes minutes on a CPU.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
 from compress.model.default import cache_dir
 
+BATCH = 16  # samples generated together
+
+
+def cache_path(cache_key: str, n: int, length: int, seed: int) -> Path:
+    return cache_dir() / "calib" / f"self-{cache_key[:16]}-{n}x{length}-s{seed}.pt"
+
+
+def cached_samples(cache_key: str | None, n: int, length: int, seed: int) -> Path | None:
+    """The cached samples' file, if these were generated before (nothing to generate)."""
+    path = cache_path(cache_key, n, length, seed) if cache_key else None
+    return path if path is not None and path.is_file() else None
+
 
 def self_generated(
     load_model: Callable, tokenizer, n: int, length: int, seed: int, cache_key: str | None
 ) -> torch.Tensor:
     """Cached `generate_samples`; the model is loaded only when the cache misses."""
-    path = None
-    if cache_key:
-        path = cache_dir() / "calib" / f"self-{cache_key[:16]}-{n}x{length}-s{seed}.pt"
-        if path.is_file():
-            return torch.load(path, weights_only=True)
+    path = cache_path(cache_key, n, length, seed) if cache_key else None
+    if path is not None and path.is_file():
+        return torch.load(path, weights_only=True)
     out = generate_samples(load_model(), tokenizer, n, length, seed)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -35,7 +46,7 @@ def self_generated(
 
 @torch.no_grad()
 def generate_samples(
-    model, tokenizer, n: int, length: int, seed: int, batch_size: int = 16
+    model, tokenizer, n: int, length: int, seed: int, batch_size: int = BATCH
 ) -> torch.Tensor:
     """[n, length] token ids sampled from `model` (temperature 1), seeded."""
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id

@@ -17,9 +17,12 @@ from compress.methods import STAGES
 
 
 def card_tags(m: dict) -> list[str]:
+    """Hub tags: the layout, each stage's own, and every weight bit width the artifact's
+    config groups declare (the manifest's `weights.bits`: an 8-bit lm_head or the 8-bit
+    linears mixed precision chose are tagged, not only the recipe's scheme)."""
     family = codec(m["recipe"].get("export") or "auto").family
     tags = ["llmpress", "awq" if family == "awq-gemm" else family]
-    bits = set()
+    planned = set()  # manifests written before `weights.bits`: the stages' own settings
     for stage in m["recipe"]["stages"]:
         for name, settings in stage.items():
             entry = STAGES.get(name)
@@ -27,20 +30,35 @@ def card_tags(m: dict) -> list[str]:
                 tags.append(name)
                 continue
             tags += entry.factory.tags
-            if entry.factory.weight_bits(settings) is not None:
-                bits.add(entry.factory.weight_bits(settings))
+            planned.add(entry.factory.weight_bits(settings))
+    stored = m["weights"].get("bits")
+    bits = set(stored) if stored is not None else planned - {None}
     if bits:
-        tags += ["quantized", *[f"{b}-bit" for b in sorted(b for b in bits if b)]]
+        tags += ["quantized", *[f"{b}-bit" for b in sorted(bits)]]
     if m["recipe"].get("kv_cache"):
         tags.append("kv-cache-quantization")
     return list(dict.fromkeys(tags))
 
 
-def relation(m: dict) -> str:
-    """The hub's base_model_relation: `quantized` when only quantization changed weights."""
-    names = {name for stage in m["recipe"]["stages"] for name in stage}
-    changed = any(n in STAGES and STAGES[n].factory.changes_architecture for n in names)
-    return "finetune" if changed else "quantized"
+def relation(m: dict) -> str | None:
+    """The hub's base_model_relation (one of adapter, merge, quantized, finetune; the
+    field is optional), or None where none of them is true.
+
+    The block stages (awq, gptq, tune...) and a distillation after them only fit the
+    quantization to the original's own outputs: the weights are still the base model's,
+    quantized. Whole-model stages before them changed the model first: a pruned model
+    trained afterwards (a distill stage, which trains weights) is a finetune of the base;
+    a pruned model not trained is neither a quantization of the base (its shape differs)
+    nor a finetune (nothing was trained), so the card names only `base_model`.
+    """
+    names = [name for stage in m["recipe"]["stages"] for name in stage]
+    factories = [STAGES[n].factory for n in names if n in STAGES]
+    walk = next((k for k, f in enumerate(factories) if not f.whole_model), len(factories))
+    before = [f for f in factories[:walk] if f.changes_model]
+    if not before:
+        return "quantized"
+    # a stage that can repair a quantized model trains weights (distill)
+    return "finetune" if any(f.repairs_quantized for f in before) else None
 
 
 def model_card(m: dict) -> str:
@@ -53,7 +71,7 @@ def model_card(m: dict) -> str:
         "---",
         "library_name: transformers",
         f"base_model: {base}",
-        f"base_model_relation: {relation(m)}",
+        *([f"base_model_relation: {relation(m)}"] if relation(m) else []),
         f"license: {license_}",
         "pipeline_tag: text-generation",
         "tags:",

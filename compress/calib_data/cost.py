@@ -1,0 +1,108 @@
+"""What calibration will cost, said in one line before any of it starts.
+
+Calibrating on self-generated text (the default) first has the model write
+samples × length tokens one step at a time, which on a CPU can take an hour for a 135M
+model: a user should know that before it starts, and that a text file of their own skips
+it. The estimate is the work (2 FLOPs per weight per token, plus attention) over this
+machine's matrix-multiply rate, measured now in a fraction of a second at the shapes the
+work runs at:
+
+- generation multiplies 16 rows (the batch generate_samples decodes) by every weight, so
+  it streams the weights from memory; the probe's 64 MB matrix does too. The model's
+  other per-step work (30 layers of small operations, sampling over the vocabulary) makes
+  generation run at about a quarter of that rate: measured on the default model on
+  2 cores, 3-7 tokens/s against a probe of 4-7 GFLOP/s (GENERATION_EFFICIENCY).
+- calibrating runs every sample through every block: full rows, compute-bound, at about
+  the probe's rate (on the default model, one pass over 2,048 tokens took 35 s against a
+  predicted 13-33 s on a loaded machine). Each block stage that calibrates makes one
+  pass, and the walk one more to feed each block's output onward; GPTQ's per-layer
+  solve, tuning's steps and distillation come on top, so this part is a lower bound.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from compress.calib_data.config import CalibConfig
+from compress.calib_data.generated import BATCH, cached_samples
+from compress.calib_data.sources import SELF, data_name
+
+GENERATION_EFFICIENCY = 0.25  # generate_samples' tokens/s over the batch-16 probe's rate
+LONG_GENERATION_S = 300  # past this, say how to skip generation with a text file
+
+
+def matmul_rate(rows: int, width: int, seconds: float = 0.1) -> float:
+    """FLOP/s of a float32 [rows, width] × [width, width] product on this machine now."""
+    a, b = torch.randn(rows, width), torch.randn(width, width)
+    a @ b  # warm-up: threads started, memory touched
+    done, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        done += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return done * 2 * rows * width * width / elapsed
+
+
+def model_flops(ckpt, tokens: int, length: int, with_head: bool) -> float:
+    """FLOPs of `tokens` tokens through the blocks (and the output projection) in
+    sequences of `length`: 2 per weight, plus attention over half the sequence on average."""
+    prefix = ckpt.adapter.blocks + "."
+    block_weights = sum(_numel(shape) for name, (_, shape, _) in ckpt.tensors.items()
+                        if name.startswith(prefix))  # fmt: skip
+    config = ckpt.config
+    attention = 2 * length * config["hidden_size"] * ckpt.num_layers
+    head = config["vocab_size"] * config["hidden_size"] if with_head else 0
+    return tokens * (2 * (block_weights + head) + attention)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def duration(seconds: float) -> str:
+    minutes = seconds / 60
+    if minutes < 1:
+        return "<1 min"
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
+
+
+def calibration_passes(stages) -> int:
+    """Passes of every sample through the model the recipe's `stages` make at least: one
+    per stage that calibrates, and one more when the block walk feeds each block's output
+    to the next."""
+    walk = any(s.needs_calibration and not s.whole_model for s in stages)
+    return sum(bool(s.needs_calibration) for s in stages) + walk
+
+
+def calibration_plan(cfg: CalibConfig, ckpt, passes: int) -> str:
+    """The line `compress` prints before calibrating: the source, samples × length, and
+    the estimated time to generate the text (`self`, unless cached) and to calibrate
+    (`passes` passes of every sample through the model)."""
+    tokens = cfg.samples * cfg.length
+    parts = [f"calibration: {cfg.samples} × {cfg.length} tokens"]
+    long_generation = False
+    if cfg.source == SELF:
+        if cached_samples(ckpt.sha256, cfg.samples, cfg.length, cfg.seed) is not None:
+            parts[0] += " of self-generated text (cached)"
+        else:
+            rate = matmul_rate(BATCH, 4096) * GENERATION_EFFICIENCY
+            seconds = model_flops(ckpt, tokens, cfg.length, with_head=True) / rate
+            speed = tokens / seconds
+            parts[0] += " of text the model generates itself"
+            parts.append(f"generating it: ~{duration(seconds)} (~{speed:.0f} tokens/s here)")
+            long_generation = seconds > LONG_GENERATION_S
+    else:
+        parts[0] += f" from {data_name(cfg.source)}"
+    seconds = passes * model_flops(ckpt, tokens, cfg.length, with_head=False)
+    seconds /= matmul_rate(512, 1024)
+    parts.append(f"calibrating: ≥ {duration(seconds)} ({passes} passes through the model)")
+    line = "; ".join(parts)
+    if long_generation:
+        line += "; to skip generating, calibrate on your own text: --calib FILE.txt"
+    return line
