@@ -19,6 +19,7 @@ LAYERS = [
         "base",
         [
             "compress.errors",
+            "compress.strict_yaml",
             "compress.quantizers.scheme",
             "compress.quantizers.packing",
             "compress.artifact.integrity",

@@ -116,7 +116,16 @@ def evaluate(
                 f"{artifact} has no manifest naming its original: pass --base MODEL"
             )
         base = manifest["source"]["source"]
-    base_ckpt = resolve(base)
+        try:
+            base_ckpt = resolve(base)
+        except LlmpressError as e:
+            raise LlmpressError(
+                f"the artifact's original {base!r} (as its manifest records it, relative to "
+                f"where `compress` ran) cannot be opened here ({e}): run from that folder or "
+                "pass --base MODEL"
+            ) from None
+    else:
+        base_ckpt = resolve(base)
     log(f"eval {artifact} against {base} on {data} (ctx {ctx}, windows {windows or 'all'})")
     base_model = load_model(base_ckpt)
     tokenizer = load_tokenizer(base_ckpt)
