@@ -505,6 +505,37 @@ def roofline(folder: str) -> Callable[[dict], list[str]]:
     return render
 
 
+def served_drift(d: dict) -> list[str]:
+    body = [
+        [f"`{spec}`", f(r["served"]["kl"], 4), f(r["exact"]["kl"], 4),
+         f(r["served"]["top1"], 4), f(r["exact"]["top1"], 4)]
+        for spec, r in d["results"].items()
+    ]  # fmt: skip
+    return [
+        f"The default model, {d['protocol']}. As served: the runtime's CPU kernels, int8 "
+        "activations per block of 32 (what `eval` gates by default); weights only: fp32 "
+        "activations (`eval --exact`, what transformers computes).",
+        "",
+        *table(["recipe", "KL as served", "KL weights only", "top-1 as served",
+                "top-1 weights only"], body),
+    ]  # fmt: skip
+
+
+def mixed_fused(d: dict) -> list[str]:
+    body = [
+        [name, r["bits_per_weight"], f(r["estimated_kl"], 4), f(r["kl"], 4), f(r["top1"], 4),
+         "loads" if not r["vllm_problems"] else "refused: " + r["vllm_problems"][0]]
+        for name, r in d["results"].items()
+    ]  # fmt: skip
+    return [
+        f"Mixed precision to {d['bits']} bits over RTN w4g64 (bfloat16 scales) on the default "
+        f"model, {d['protocol']}: one scheme per linear, or one per fused group (q/k/v, "
+        "gate/up), as vLLM's fused loaders need.",
+        "",
+        *table(["plan", "bits/weight", "Fisher estimate", "KL", "top-1", "vLLM rules"], body),
+    ]
+
+
 # (results file, title, command that wrote it, renderer)
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
@@ -570,6 +601,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         roofline("roofline-w4-kv-none"),
     ),
     ("serve_load.json", "Serving under load", "benchmarks/serve_load.py", serve_load),
+    (
+        "served_drift.json",
+        "Drift as served and of the weights alone",
+        "benchmarks/served_drift.py --recipes rtn:w4g64,rtn:w8 --windows 16",
+        served_drift,
+    ),
+    (
+        "mixed_fused.json",
+        "Mixed precision with one scheme per fused group",
+        "benchmarks/mixed_fused.py",
+        mixed_fused,
+    ),
     (
         "vllm_check.json",
         "vLLM's CPU build on each artifact kind",
