@@ -1,17 +1,61 @@
-"""engines.py's vLLM rules, each checked on a hand-made config (no compression, no vLLM:
-these run in milliseconds)."""
+"""engines.py's vLLM rules: held to the last real run of vLLM's CPU build on every artifact
+kind (scripts/vllm_check.py, committed in benchmarks/results/vllm_check.json), and each
+rule checked on a hand-made config (no compression, no vLLM: these run in milliseconds)."""
 
 import copy
+import json
+import re
+from pathlib import Path
 
 import pytest
 
 from compress.artifact.engines import (
     CPU,
     GPU,
+    VLLM_VERSION,
     engine_problems,
     vllm_problems,
     vllm_verdict,
 )
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "vllm_check.json"
+
+
+def _measured():
+    report = json.loads(RESULTS.read_text())
+    return report, [pytest.param(r, id=r["kind"]) for r in report["kinds"]]
+
+
+REPORT, ROWS = _measured()
+
+
+def test_the_committed_run_is_of_the_version_the_rules_cite():
+    assert REPORT["vllm"]["vllm"] == VLLM_VERSION
+    kinds = {r["kind"] for r in REPORT["kinds"]}
+    for kind in ("rtn:w4g64", "rtn:w8", "rtn:w4g64 --lm-head w8", "rtn:w4g64 --bits 4.6 (mixed)"):
+        assert kind in kinds
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_engines_predicts_what_vllm_did(row):
+    """For every kind vLLM's CPU build was run on: the predicted outcome (runs, refused at
+    load, fails at the first forward) is the measured one, and when it did not run, one of
+    the predicted reasons names vLLM's own error."""
+    names = [f"x.{s}" for s in row["tensor_suffixes"]]
+    verdict = vllm_verdict(
+        row["config"],
+        names,
+        CPU,
+        dtype=row["vllm_dtype_asked"],
+        host_isa=REPORT["host"]["isa"],
+    )
+    measured = row["measured"]
+    assert verdict.outcome == measured["outcome"], (verdict, measured.get("error"))
+    if verdict.outcome != "runs":
+        assert any(re.search(p.signature, measured["error"]) for p in verdict.problems), (
+            verdict,
+            measured["error"],
+        )
 
 
 def _llama(groups: dict, *, ignore=("lm_head",), **sizes) -> dict:
