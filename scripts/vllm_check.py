@@ -109,16 +109,17 @@ def kinds(args) -> list[dict]:
         },
         {
             # the preset's chain and layout (mixed precision, 16-bit scales) at a fraction of
-            # its 30 minutes: fewer Fisher samples, 8 tune steps, a 4096-token repair
+            # its 30 minutes: fewer Fisher samples, coarser AWQ grids, 8 tune steps, a
+            # 2048-token repair
             "name": "best:w4g64 chain (shortened)",
             "args": [],
             "recipe": {
                 "stages": [
                     {"mixed": {"bits_budget": 4.6, "samples": 4}},
-                    {"awq": {"bits": 4, "group_size": 64}},
+                    {"awq": {"bits": 4, "group_size": 64, "grid": 4, "clip_grid": 4}},
                     {"gptq": {"bits": 4, "group_size": 64}},
                     {"tune": {"steps": 8}},
-                    {"distill": {"tokens": 4096, "batch": 2}},
+                    {"distill": {"tokens": 2048, "batch": 2}},
                 ],
                 "dtype": "auto16",
                 "calib": calib,
@@ -270,6 +271,16 @@ def make_artifact(kind: dict, args) -> tuple[Path, str, float | None]:
     return out, shown, time.perf_counter() - started
 
 
+def shown_recipe(kind: dict, args) -> dict | None:
+    """The kind's recipe as written to its YAML file, with no machine path in it."""
+    if not kind.get("recipe"):
+        return None
+    text = json.dumps(kind["recipe"]).replace(
+        json.dumps(str(args.calib))[1:-1], os.path.relpath(args.calib, ROOT)
+    )
+    return json.loads(text)
+
+
 def run_vllm(folder: Path, prompt_ids: list[list[int]], dtype: str, log: Path, args) -> dict:
     result = log.with_suffix(".json")
     result.unlink(missing_ok=True)
@@ -390,6 +401,7 @@ def check_kind(kind: dict, args, machine: dict, tokenizer_ids) -> dict:
     row = {
         "kind": kind["name"],
         "command": command,
+        "recipe": shown_recipe(kind, args),
         "vllm_dtype_asked": dtype,
         "compress_s": round(made_s, 1) if made_s else None,
         "config": config,
@@ -496,7 +508,9 @@ def markdown(report: dict) -> str:
             f"{'yes' if p['agrees'] else '**no**'} | {gpu.replace('|', '/')} |"
         )
     lines += ["", "Commands (from the repository root):", ""]
-    lines += [f"- {r['kind']}: `{r['command']}`" for r in report["kinds"]]
+    for r in report["kinds"]:
+        recipe = f" with the recipe `{json.dumps(r['recipe'])}`" if r.get("recipe") else ""
+        lines.append(f"- {r['kind']}: `{r['command']}`{recipe}")
     return "\n".join(lines) + "\n"
 
 
@@ -549,9 +563,13 @@ def main() -> None:
     if args.predict_only:
         path = args.out.with_suffix(".json")
         report = json.loads(path.read_text())
+        by_name = {k["name"]: k for k in every}
         for row in report["kinds"]:
             row["predicted"] = predict(row, report["host"]["isa"])
-        return write(report, args.out)
+            if row["kind"] in by_name:
+                row["recipe"] = shown_recipe(by_name[row["kind"]], args)
+        write(report, args.out)
+        return disagree(report)
     if not args.calib.is_file():
         sys.exit(f"no calibration text at {args.calib}: pass --calib FILE")
     WORK.mkdir(parents=True, exist_ok=True)
@@ -565,10 +583,44 @@ def main() -> None:
         tok = AutoTokenizer.from_pretrained(str(folder))
         return [tok(p).input_ids for p in PROMPTS]
 
-    rows = []
+    def save(rows: list[dict]) -> dict:
+        """Write the results (after every kind: a run that is killed keeps what it
+        measured); with --kinds, the rows of other kinds are kept from the file."""
+        report = {
+            "vllm": vllm,
+            "host": machine,
+            "model": args.model,
+            "model_name": model_name(args.model),
+            "settings": {
+                "max_tokens": args.max_tokens,
+                "max_model_len": args.max_model_len,
+                "threads": args.threads,
+                "prompts": list(PROMPTS),
+                "calibration": f"{args.calib.name}, 8 samples × 128 tokens",
+            },
+            "date": time.strftime("%Y-%m-%d"),
+            "kinds": rows,
+        }
+        if args.kinds and args.out.with_suffix(".json").exists():
+            old = json.loads(args.out.with_suffix(".json").read_text())
+            ran = {r["kind"] for r in rows}
+            order = [k["name"] for k in every]
+            merged = [r for r in old["kinds"] if r["kind"] not in ran] + rows
+            report["kinds"] = sorted(
+                merged, key=lambda r: order.index(r["kind"]) if r["kind"] in order else 99
+            )
+        write(report, args.out)
+        return report
+
+    rows, skipped = [], []
     for kind in chosen:
         print(f"\n== {kind['name']}", flush=True)
-        row = check_kind(kind, args, machine, tokenizer_ids)
+        try:
+            row = check_kind(kind, args, machine, tokenizer_ids)
+        except RuntimeError as e:  # compress failed: there is no artifact to run
+            print(f"   skipped: {e}", flush=True)
+            skipped.append(kind["name"])
+            continue
         m = row["measured"]
         print(
             f"   {m['outcome']} in {m['seconds']} s; "
@@ -578,37 +630,24 @@ def main() -> None:
             flush=True,
         )
         rows.append(row)
-    report = {
-        "vllm": vllm,
-        "host": machine,
-        "model": args.model,
-        "model_name": model_name(args.model),
-        "settings": {
-            "max_tokens": args.max_tokens,
-            "max_model_len": args.max_model_len,
-            "threads": args.threads,
-            "prompts": list(PROMPTS),
-            "calibration": f"{args.calib.name}, 8 samples × 128 tokens",
-        },
-        "date": time.strftime("%Y-%m-%d"),
-        "kinds": rows,
-    }
-    if args.kinds and args.out.with_suffix(".json").exists():  # update the rows run now
-        old = json.loads(args.out.with_suffix(".json").read_text())
-        ran = {r["kind"] for r in rows}
-        order = [k["name"] for k in every]
-        merged = [r for r in old["kinds"] if r["kind"] not in ran] + rows
-        report["kinds"] = sorted(
-            merged, key=lambda r: order.index(r["kind"]) if r["kind"] in order else 99
-        )
-    write(report, args.out)
+        report = save(rows)
+    if skipped:
+        print(f"not measured (compress failed): {', '.join(skipped)}")
+    if rows:
+        disagree(report)
+    if skipped:
+        sys.exit(1)
 
 
 def write(report: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    print(f"\nwrote {out.with_suffix('.json')} and .md")
+    # committed files: no folder of this machine (the source's config names its own)
+    out.with_suffix(".json").write_text(no_paths(json.dumps(report, indent=1)) + "\n")
+    out.with_suffix(".md").write_text(no_paths(markdown(report)))
+    print(f"wrote {out.with_suffix('.json')} and .md")
+
+
+def disagree(report: dict) -> None:
     bad = [r["kind"] for r in report["kinds"] if not r["predicted"]["agrees"]]
     if bad:
         print(f"engines.py disagrees with vLLM on: {', '.join(bad)}")
