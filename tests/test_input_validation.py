@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -38,32 +37,33 @@ def _dead_pid() -> int:
 
 def test_stale_conversion_folders_are_removed_at_the_next_conversion(tmp_path, monkeypatch):
     """A conversion killed with SIGKILL left `.convert-*` in the cache forever. The next
-    conversion removes those older than STALE_S whose process is gone, and nothing else."""
-    from compress.model.default import STALE_S, _convert_prefix
+    conversion removes those whose owner marker names a process that is gone, and
+    nothing else (a live conversion, another machine's, a user's look-alike)."""
+    import socket
+
+    from compress.artifact.target import OWNER
 
     cache = tmp_path / "cache"
-    dead, old = _dead_pid(), time.time() - STALE_S - 60
-    folders = {
-        "stale": _convert_prefix(dead) + "abc",
-        "young": _convert_prefix(dead) + "young",  # a run that may be just starting
-        "live": _convert_prefix(os.getpid()) + "live",  # a conversion under way
-        "other host": f".convert-{dead}-00000000-x",  # a machine sharing the cache
-        "user": ".convert-notes",
+    dead, host = _dead_pid(), socket.gethostname()
+    owners = {
+        ".convert-stale": f"{dead} {host}",
+        ".convert-live": f"{os.getpid()} {host}",  # a conversion under way
+        ".convert-other": f"{dead} another-machine",  # a machine sharing the cache
+        ".convert-notes": None,  # a user's folder: no marker
     }
-    for key, name in folders.items():
+    for name, owner in owners.items():
         (cache / name).mkdir(parents=True)
         (cache / name / "model.safetensors").write_bytes(b"0" * 100)
-        if key != "young":
-            os.utime(cache / name, (old, old))
+        if owner:
+            (cache / name / OWNER).write_text(owner + "\n")
     (tmp_path / "bad.gguf").write_bytes(b"GGUF not really")
     monkeypatch.setenv("LLMPRESS_CACHE", str(cache))
     code, out, err = run_cli(
         ["compress", str(tmp_path / "bad.gguf"), "-o", str(tmp_path / "o"), "--quant", "rtn:w4g64"]
     )
     assert code == 2 and "cannot read GGUF file" in error_lines(err)[0]
-    assert f"removed {cache / folders['stale']}, left by an interrupted conversion" in out
-    left = sorted(p.name for p in cache.iterdir())
-    assert left == sorted(name for key, name in folders.items() if key != "stale")
+    assert f"removed {cache / '.convert-stale'}, left by an interrupted conversion" in out
+    assert sorted(p.name for p in cache.iterdir()) == sorted(set(owners) - {".convert-stale"})
 
 
 def _same_vocab_model(tmp: Path, default_ckpt) -> Path:

@@ -91,8 +91,21 @@ def existing_ancestor(path: Path) -> Path:
     return path
 
 
+def _owner_line() -> str:
+    return f"{os.getpid()} {socket.gethostname()}\n"
+
+
 def mark_owner(folder: Path) -> None:
-    (Path(folder) / OWNER).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    (Path(folder) / OWNER).write_text(_owner_line())
+
+
+def is_stale(folder: Path) -> bool:
+    """A temporary folder a killed llmpress run left: it carries llmpress's owner marker
+    and its process is gone. A look-alike without the marker is a user's, never stale."""
+    folder = Path(folder)
+    if not folder.is_dir() or folder.is_symlink() or not (folder / OWNER).is_file():
+        return False
+    return not _owner_alive(folder / OWNER)
 
 
 def _owner_alive(marker: Path) -> bool:
@@ -120,10 +133,8 @@ def clean_stale(out: Path, log=print) -> None:
         return
     for prefix in (f".{Path(out).name}.partial-", f".{Path(out).name}.old-"):
         for folder in parent.glob(prefix + "*"):
-            if not folder.is_dir() or folder.is_symlink():
+            if not is_stale(folder):
                 continue
-            if not (folder / OWNER).is_file() or _owner_alive(folder / OWNER):
-                continue  # a user's folder with a look-alike name, or a live run's
             previous = folder / "artifact"  # killed mid-swap: the old artifact comes back
             if ".old-" in folder.name and previous.is_dir() and not Path(out).exists():
                 os.replace(previous, out)
@@ -151,7 +162,7 @@ def claim(out: Path) -> Iterator[None]:
     rather than both finishing and the later one silently replacing the first."""
     lock = lock_path(out)
     lock.parent.mkdir(parents=True, exist_ok=True)
-    mine = f"{os.getpid()} {socket.gethostname()}\n"
+    mine = _owner_line()
     for _ in range(2):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -268,21 +268,16 @@ def _replace(tmp: Path, out: Path, replaces: tuple[int, int] | None) -> Path:
     return out
 
 
-def _carry_user_entries(previous: Path, new: Path) -> list[str]:
+def _carry_user_entries(previous: Path, new: Path) -> None:
     """Move what a user added to the replaced artifact (notes, folders) into the new one;
     a name the new artifact also uses gets the suffix `.user`."""
     try:
         manifest = json.loads((previous / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         manifest = {}
-    moved = []
     for entry in user_entries(previous, manifest if isinstance(manifest, dict) else {}):
         target = new / entry.name
-        if target.exists():
-            target = new / f"{entry.name}.user"
-        os.replace(entry, target)
-        moved.append(target.name)
-    return moved
+        os.replace(entry, new / f"{entry.name}.user" if target.exists() else target)
 
 
 def _diverted(tmp: Path, out: Path) -> LlmpressError:

