@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from compress.artifact.writer import ExportState
-from compress.model.blocks import BlockStore, observe_inputs
+from compress.model.blocks import BlockStore, Positions, observe_inputs
 from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
@@ -99,7 +99,7 @@ class BlockContext:
     index: int
     module: torch.nn.Module
     inputs: torch.Tensor | None = None  # [samples, length, hidden], None if nothing calibrates
-    rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    rope: Positions | None = None  # rope and window mask, by block (model/blocks.py)
     # the block's output on `inputs` before any stage changed it (when a stage needs_reference)
     reference: torch.Tensor | None = None
     # a stage needs_reference: the pipeline sets `reference` before the first transform,

@@ -46,7 +46,10 @@ def test_unknown_architecture_refused(tmp_path, model_type):
     config = json.loads((folder / "config.json").read_text())
     config["model_type"] = model_type
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(LlmpressError, match=r"unsupported architecture .*llama, mistral, qwen2"):
+    with pytest.raises(
+        LlmpressError,
+        match=r"unsupported architecture .*gemma3_text, llama, mistral, phi3, qwen2, qwen3",
+    ):
         resolve(str(folder))
     with pytest.raises(LlmpressError):
         adapter_for({"model_type": model_type})

@@ -281,18 +281,9 @@ def _linears(config: dict) -> list[_Linear]:
         adapter = LLAMA
     try:
         s = adapter.shape(config)
-        q, kv, hidden = s.heads * s.head_dim, s.kv_heads * s.head_dim, s.hidden
-        widths = {
-            adapter.q: (hidden, q),
-            adapter.k: (hidden, kv),
-            adapter.v: (hidden, kv),
-            adapter.o: (q, hidden),
-            adapter.gate: (hidden, s.intermediate),
-            adapter.up: (hidden, s.intermediate),
-            adapter.down: (s.intermediate, hidden),
-        }
+        widths = {rel: (k, n) for rel, (n, k) in adapter.linear_shapes(s).items()}
         pad = VLLM["vocab_padding"]
-        head = _Linear(adapter.lm_head, (adapter.lm_head,), hidden, -(-s.vocab // pad) * pad)
+        head = _Linear(adapter.lm_head, (adapter.lm_head,), s.hidden, -(-s.vocab // pad) * pad)
         layers = s.layers
     except (KeyError, TypeError, ZeroDivisionError):
         widths, head, layers = {}, _Linear(adapter.lm_head, (adapter.lm_head,), None, None), 0

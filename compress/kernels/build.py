@@ -91,11 +91,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p]
     f = ctypes.c_float
     lib.llmp_rmsnorm_quant.argtypes = [p, p, f, i, i, i, p, p, p, p]
-    lib.llmp_silu_mul_quant.argtypes = [p, i, i, i, p, p, p, p]
-    lib.llmp_rope.argtypes = [p, p, p, p, i, i, i]
-    lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, p]
+    lib.llmp_act_mul_quant.argtypes = [p, i, i, i, i, p, p, p, p]
+    lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]
+    lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, f, i, p]
     lib.llmp_decode_attention.restype = None
-    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, p, p, p, p, p, p]
+    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
     lib.llmp_decode_workspace.argtypes = [i] * 6
     lib.llmp_decode_workspace.restype = ctypes.c_int64
@@ -106,6 +106,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         "llmp_gemm_q8",
         "llmp_set_threads",
         "llmp_rmsnorm_quant",
-        "llmp_silu_mul_quant",
+        "llmp_act_mul_quant",
     ):
         getattr(lib, name).restype = None

@@ -80,24 +80,28 @@ def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Qua
     return QuantizedInput(out[:, :k], x8, dx, bsum)
 
 
-def silu_mul_quantized(gate_up: torch.Tensor) -> QuantizedInput:
-    """silu(gate) * up from the fused [gate | up] output, quantized, in one call."""
+ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # qgemm.c's ACT_* codes
+
+
+def act_mul_quantized(gate_up: torch.Tensor, act: str = "silu") -> QuantizedInput:
+    """act(gate) * up from the fused [gate | up] output, quantized, in one call."""
     gate_up = gate_up.contiguous()
     m, two_i = gate_up.shape
     i = two_i // 2
     ip = math.ceil(i / 32) * 32
     out, x8, dx, bsum = _quantized_buffers(m, ip)
-    library().llmp_silu_mul_quant(
-        _ptr(gate_up), m, i, ip, _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
+    library().llmp_act_mul_quant(
+        _ptr(gate_up), m, i, ip, ACTIVATIONS[act], _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
     )
     return QuantizedInput(out[:, :i], x8, dx, bsum)
 
 
 def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotary embedding of x [T, heads, D] (contiguous fp32) in place."""
+    """Rotary embedding of x [T, heads, D] (contiguous fp32) in place, over the first
+    2 * cos.shape[1] values of each head (all of them unless partial rotary)."""
     t, heads, d = x.shape
     lib = library()
-    lib.llmp_rope(_ptr(x), _ptr(positions), _ptr(cos), _ptr(sin), t, heads, d)
+    lib.llmp_rope(_ptr(x), _ptr(positions), _ptr(cos), _ptr(sin), t, heads, d, 2 * cos.shape[1])
     return x
 
 
@@ -153,20 +157,24 @@ def kv_struct(cache) -> _KVC:
     return cache.native
 
 
-def decode_attention(q, k, v, cache, layer: int, slots, positions) -> torch.Tensor:
+def decode_attention(
+    q, k, v, cache, layer: int, slots, positions, scale: float | None = None, window: int = 0
+) -> torch.Tensor:
     """Write k/v [B, kv_heads, D] into `layer` of `cache` (fp32 or KIVI int8/int4) at
-    `positions`, then attend q [B, heads, D] over 0..position of each sequence, in C."""
+    `positions`, then attend q [B, heads, D] over the last `window` positions up to each
+    sequence's own (0: all of them), scores times `scale` (default D**-0.5), in C."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_f32(t, name)
     slots, positions = slots.contiguous(), positions.contiguous()
     if slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise TypeError("slots and positions must be int64")
-    b, heads, _ = q.shape
+    b, heads, d = q.shape
     out = torch.empty_like(q)
+    scale = d**-0.5 if scale is None else scale
     library().llmp_decode_attention(
         ctypes.byref(kv_struct(cache)), layer, _ptr(q), _ptr(k), _ptr(v), _ptr(slots),
-        _ptr(positions), b, heads, _ptr(out),
+        _ptr(positions), b, heads, scale, window or 0, _ptr(out),
     )  # fmt: skip
     return out
 
@@ -295,6 +303,7 @@ class _QLin(ctypes.Structure):
         ("oidx", ctypes.c_void_p),
         ("ow", ctypes.c_void_p),
         ("n_out", ctypes.c_int),
+        ("bias", ctypes.c_void_p),
     ]
 
 
@@ -303,46 +312,79 @@ class _QLayer(ctypes.Structure):
         ("attn_norm", ctypes.c_void_p),
         ("mlp_norm", ctypes.c_void_p),
         *((name, _QLin) for name in ("qkv", "o", "gate_up", "down")),
+        *((name, ctypes.c_void_p) for name in ("q_norm", "k_norm", "post_attn_norm")),
+        *((name, ctypes.c_void_p) for name in ("post_mlp_norm", "cos", "sin")),
+        ("window", ctypes.c_int),
     ]
 
 
-def _qlin(p: PackedLinear, outliers=None) -> _QLin:
-    """`outliers`: (int32 column indices [k], fp32 weights [n, k]) or None."""
-    idx, w = outliers if outliers is not None else (None, None)
+def _opt(t):
+    return None if t is None else _ptr(t)
+
+
+def _qlin(lin: FusedLinear) -> _QLin:
+    p = lin.packed
+    idx, w = lin.outliers if lin.outliers is not None else (None, None)
     return _QLin(
-        _ptr(p.packed),
-        _ptr(p.scale),
-        _ptr(p.zs),
-        p.out_features,
-        p.kp,
-        p.group,
-        p.bits,
-        None if idx is None else _ptr(idx),
-        None if w is None else _ptr(w),
-        0 if idx is None else idx.numel(),
-    )
+        _ptr(p.packed), _ptr(p.scale), _ptr(p.zs), p.out_features, p.kp, p.group, p.bits,
+        _opt(idx), _opt(w), 0 if idx is None else idx.numel(), _opt(lin.bias),
+    )  # fmt: skip
 
 
-def _pair(x):
-    return x if isinstance(x, tuple) else (x, None)
+@dataclass
+class FusedLinear:
+    """A packed weight as the one-call decoder takes it: outlier columns as (int32
+    indices, contiguous fp32 weights [n, k]) and a bias [n], each or None."""
+
+    packed: PackedLinear
+    outliers: tuple[torch.Tensor, torch.Tensor] | None = None
+    bias: torch.Tensor | None = None
+
+
+@dataclass
+class FusedLayer:
+    """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
+    added), its linears, optional q/k and sandwich norms, rope tables, sliding window."""
+
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    qkv: FusedLinear
+    o: FusedLinear
+    gate_up: FusedLinear
+    down: FusedLinear
+    cos: torch.Tensor
+    sin: torch.Tensor
+    window: int = 0
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
+
+    def native(self) -> _QLayer:
+        lins = (_qlin(x) for x in (self.qkv, self.o, self.gate_up, self.down))
+        norms = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
+        for t in (self.attn_norm, self.mlp_norm, self.cos, self.sin, *norms):
+            if t is not None:
+                _check_f32(t, "decoder layer tensor")
+        return _QLayer(
+            _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
+            _ptr(self.cos), _ptr(self.sin), self.window or 0,
+        )  # fmt: skip
 
 
 class FusedDecoder:
     """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
-    llmp_decode_layers): for stacks whose linears are all plain packed weights and whose
-    KV cache is fp32. `layers`: (attn_norm, mlp_norm, qkv, o, gate_up, down) per block,
-    each linear a PackedLinear or (PackedLinear, (outlier columns, their weights))."""
+    llmp_decode_layers), for stacks whose linears are all packed weights."""
 
-    def __init__(self, layers, hidden, heads, kv_heads, head_dim, inter, eps, cos, sin):
-        self.table = (_QLayer * len(layers))(
-            *(
-                _QLayer(_ptr(an), _ptr(mn), *(_qlin(*_pair(x)) for x in lins))
-                for an, mn, *lins in layers
-            )
-        )
+    def __init__(self, layers: list[FusedLayer], hidden, heads, kv_heads, head_dim, inter,
+                 eps, scale: float, act: str):  # fmt: skip
+        self.table = (_QLayer * len(layers))(*(layer.native() for layer in layers))
         self.keep = layers  # the tensors the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
-        self.eps, self.cos, self.sin = eps, cos, sin
+        self.rotary = 2 * layers[0].cos.shape[1]
+        if any(2 * layer.cos.shape[1] != self.rotary for layer in layers):
+            raise ValueError("every layer must rotate the same number of dimensions")
+        self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
         self.work: dict[int, torch.Tensor] = {}  # the C step's workspace, per batch size
 
@@ -359,23 +401,10 @@ class FusedDecoder:
             floats = library().llmp_decode_workspace(b, hidden, heads, kv_heads, d, inter)
             self.work[b] = torch.empty(floats, dtype=torch.float32)
         status = library().llmp_decode_layers(
-            self.table,
-            self.n,
-            _ptr(h),
-            b,
-            hidden,
-            heads,
-            kv_heads,
-            d,
-            inter,
-            self.eps,
-            _ptr(self.cos),
-            _ptr(self.sin),
-            ctypes.byref(kv_struct(cache)),
-            _ptr(slots),
-            _ptr(positions),
-            _ptr(self.work[b]),
-        )
+            self.table, self.n, _ptr(h), b, hidden, heads, kv_heads, d, inter, self.eps,
+            self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), _ptr(slots),
+            _ptr(positions), _ptr(self.work[b]),
+        )  # fmt: skip
         if status != 0:
             raise MemoryError("the CPU decoder could not allocate the outlier columns' buffer")
         return h

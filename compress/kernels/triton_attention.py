@@ -28,10 +28,11 @@ def _load_codes(ptr, rows, cols, row_stride, mask, BITS: tl.constexpr):
 @triton.jit
 def _online_softmax(s, v, m_i, l_i, acc):
     """Fold one block of scores s [L] and values v [L, D] into the running max, sum and
-    weighted sum."""
+    weighted sum. A block with every key masked (outside a sliding window) adds nothing."""
     m_new = tl.maximum(m_i, tl.max(s, axis=0))
-    p = tl.exp(s - m_new)
-    alpha = tl.exp(m_i - m_new)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - m_safe)
+    alpha = tl.exp(m_i - m_safe)
     return m_new, l_i * alpha + tl.sum(p, axis=0), acc * alpha + tl.sum(p[:, None] * v, axis=0)
 
 
@@ -61,6 +62,7 @@ def _decode_attention(
     H,
     REP,
     sm_scale,
+    window,  # keys within the last `window` positions (0: all)
     D: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
@@ -70,6 +72,7 @@ def _decode_attention(
     g = h // REP
     slot = tl.load(slot_ptr + b)
     length = tl.load(len_ptr + b)  # tokens to attend to, the current one included
+    lo = tl.where(window > 0, tl.maximum(length - window, 0), 0)  # the first visible key
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (b * H + h) * D + d).to(tl.float32)
     m_i = float("-inf")
@@ -92,13 +95,14 @@ def _decode_attention(
             vscale = tl.load(vs_ptr + vs_base + r, mask=r < done, other=0.0)
             vmin = tl.load(vm_ptr + vs_base + r, mask=r < done, other=0.0)
             v = _load_codes(vq, r, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
-            s = tl.where(r < done, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+            seen = (r < done) & (r >= lo)
+            s = tl.where(seen, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     kr = kr_ptr + slot * s_slot_r + g * s_head_r
     vr = vr_ptr + slot * s_slot_r + g * s_head_r
     for start in range(0, length - done, GROUP):  # full-precision tokens
         r = start + rows
-        valid = r < length - done
+        valid = (r < length - done) & (done + r >= lo)
         mask = valid[:, None] & (d[None, :] < D)
         k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
@@ -108,10 +112,17 @@ def _decode_attention(
 
 
 def decode_attention(
-    q: torch.Tensor, cache, layer: int, slots: torch.Tensor, lengths: torch.Tensor
+    q: torch.Tensor,
+    cache,
+    layer: int,
+    slots: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float | None = None,
+    window: int = 0,
 ):
     """o [B, H, D] for queries q [B, H, D] of sequences in cache `slots`, each attending to
-    its first `lengths[b]` cached tokens (its current token already written)."""
+    its first `lengths[b]` cached tokens (its current token already written), only the
+    last `window` of them when given; scores times `scale` (default D**-0.5)."""
     b, heads, dim = q.shape
     q = q.contiguous().float()
     out = torch.empty_like(q)
@@ -153,7 +164,8 @@ def decode_attention(
         kr.stride(1),
         heads,
         heads // kv_heads,
-        dim**-0.5,
+        dim**-0.5 if scale is None else scale,
+        window or 0,
         D=dim,
         BITS=bits,
         GROUP=group,

@@ -91,14 +91,16 @@ class ModelShape(Widths):
     max_positions: int
 
     @classmethod
-    def of(cls, config: dict) -> ModelShape:
+    def of(cls, config: dict, head_dim: int | None = None) -> ModelShape:
+        """`head_dim`: the family's class default when config.json has none (qwen3's 128,
+        gemma3's 256); otherwise hidden / heads."""
         rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
         heads = config["num_attention_heads"]
         return cls(
             hidden=config["hidden_size"],
             heads=heads,
             kv_heads=config.get("num_key_value_heads") or heads,
-            head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+            head_dim=config.get("head_dim") or head_dim or config["hidden_size"] // heads,
             intermediate=config["intermediate_size"],
             layers=config["num_hidden_layers"],
             vocab=config["vocab_size"],
@@ -132,21 +134,59 @@ class Adapter:
     down: str = "mlp.down_proj"
     # Modules whose buffers are computed from the config, not stored in a checkpoint.
     derived_modules: tuple[str, ...] = ("model.rotary_emb",)
-    # What the blocks compute, for consumers that implement them (the runtime).
-    norm: str = "rms"  # RMSNorm with a weight, no bias
-    activation: str = "silu"  # the MLP: down(act(gate(x)) * up(x))
-    rope: str = "rotate-half"  # rotary embedding on the two halves of each head
+    # Where the family's optional parts are (None: it has none).
+    q_norm: str | None = None  # per-head RMSNorm of q and k before rope (qwen3, gemma3)
+    k_norm: str | None = None
+    post_attn_norm: str | None = None  # sandwich norms on the branch outputs (gemma3)
+    post_mlp_norm: str | None = None
+    qkv: str | None = None  # q/k/v stored as one tensor, rows q then k then v (phi3)
+    gate_up: str | None = None  # gate/up stored as one tensor, gate rows first (phi3)
+    # Facts the BlockSpec (compress/model/spec.py) reads with the config.
+    norm: str = "rms"  # "rms": x·w; "rms1p": x·(1+w)
+    biased: tuple[str, ...] = ()  # roles whose linears always carry a bias
+    bias_options: tuple[tuple[str, tuple[str, ...]], ...] = (
+        ("attention_bias", ("q", "k", "v", "o")),
+        ("mlp_bias", ("gate", "up", "down")),
+    )  # (config key, the roles it gives a bias)
+    query_pre_attn_scalar: bool = False  # the attention scale is that key's ** -0.5
+    scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
+    moe: object = None  # hf config -> MoeSpec, for Mixture-of-Experts families
+    head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
 
     def shape(self, config: dict) -> ModelShape:
-        return ModelShape.of(config)
+        return ModelShape.of(config, self.head_dim)
+
+    def spec(self, config: dict):
+        """What the blocks compute (compress/model/spec.py's BlockSpec)."""
+        from compress.model.spec import describe
+
+        return describe(config, self)
+
+    def role(self, role: str) -> str:
+        """The module name of a role (q, k, v, o, gate, up, down)."""
+        return getattr(self, role)
 
     @property
     def block_linears(self) -> tuple[str, ...]:
-        """Every linear in a block, in execution order."""
-        return (self.q, self.k, self.v, self.o, self.gate, self.up, self.down)
+        """Every linear in a block, in execution order (as the checkpoint stores them)."""
+        attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+        return (*attn, self.o, *mlp, self.down)
+
+    @property
+    def block_norms(self) -> tuple[str, ...]:
+        """Every hidden-width norm of a block."""
+        optional = (self.post_attn_norm, self.post_mlp_norm)
+        return (self.attn_norm, self.mlp_norm, *(n for n in optional if n))
 
     @property
     def input_groups(self) -> tuple[InputGroup, ...]:
+        """Fused checkpoint tensors (phi3) keep only the norm-fed groups: their v and up
+        rows are a slice of one tensor, which no producer fold addresses."""
+        if self.qkv or self.gate_up:
+            attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+            mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+            return (InputGroup(self.attn_norm, attn), InputGroup(self.mlp_norm, mlp))
         return (
             InputGroup(self.attn_norm, (self.q, self.k, self.v)),
             InputGroup(self.v, (self.o,)),
@@ -157,8 +197,20 @@ class Adapter:
     @property
     def fused_linears(self) -> tuple[tuple[str, ...], ...]:
         """Linears that serving engines load as one fused tensor (vLLM's qkv_proj and
-        gate_up_proj): they must share one quantization scheme."""
-        return ((self.q, self.k, self.v), (self.gate, self.up))
+        gate_up_proj): they must share one quantization scheme. A tensor the checkpoint
+        already stores fused is one linear, so one scheme by construction."""
+        groups = []
+        if not self.qkv:
+            groups.append((self.q, self.k, self.v))
+        if not self.gate_up:
+            groups.append((self.gate, self.up))
+        return tuple(groups)
+
+    @property
+    def prunable(self) -> bool:
+        """Structured pruning slices rows of each role's own tensor: fused tensors would
+        need slices within one tensor, which the surgery does not do."""
+        return not (self.qkv or self.gate_up)
 
     @property
     def cut_groups(self) -> tuple[CutGroup, ...]:
@@ -169,10 +221,33 @@ class Adapter:
             CutGroup("mlp", rows=(self.gate, self.up), cols=(self.down,)),
             CutGroup(
                 "hidden",
-                rows=(self.o, self.down, self.attn_norm, self.mlp_norm),
+                rows=(self.o, self.down, *self.block_norms),
                 cols=(self.q, self.k, self.v, self.gate, self.up),
             ),
         )
+
+    def linear_shapes(self, shape: ModelShape) -> dict[str, tuple[int, int]]:
+        """Each block linear (as block_linears names them) with its [out, in] shape."""
+        q, kv, hidden, inter = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+            shape.hidden,
+            shape.intermediate,
+        )
+        every = {
+            self.q: (q, hidden),
+            self.k: (kv, hidden),
+            self.v: (kv, hidden),
+            self.o: (hidden, q),
+            self.gate: (inter, hidden),
+            self.up: (inter, hidden),
+            self.down: (hidden, inter),
+        }
+        if self.qkv:
+            every[self.qkv] = (q + 2 * kv, hidden)
+        if self.gate_up:
+            every[self.gate_up] = (2 * inter, hidden)
+        return {name: every[name] for name in self.block_linears}
 
     def block_prefix(self, index: int) -> str:
         return f"{self.blocks}.{index}"
@@ -188,11 +263,52 @@ class Adapter:
 
 LLAMA = Adapter(families=("llama",))
 
+_ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
+_QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
-    "mistral": replace(LLAMA, families=("mistral",), architecture="MistralForCausalLM"),
-    # qwen2: q/k/v carry biases; cuts slice them too
-    "qwen2": replace(LLAMA, families=("qwen2",), architecture="Qwen2ForCausalLM"),
+    "mistral": replace(
+        LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
+    ),
+    # qwen2: q/k/v always carry biases; cuts slice them too
+    "qwen2": replace(
+        LLAMA,
+        families=("qwen2",),
+        architecture="Qwen2ForCausalLM",
+        biased=("q", "k", "v"),
+        bias_options=(),
+    ),
+    "qwen3": replace(
+        LLAMA,
+        families=("qwen3",),
+        architecture="Qwen3ForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        **_QK_NORMS,
+        head_dim=128,
+    ),
+    "gemma3_text": replace(
+        LLAMA,
+        families=("gemma3_text",),
+        architecture="Gemma3ForCausalLM",
+        mlp_norm="pre_feedforward_layernorm",
+        post_attn_norm="post_attention_layernorm",
+        post_mlp_norm="post_feedforward_layernorm",
+        norm="rms1p",
+        bias_options=_ATTENTION_BIAS,
+        query_pre_attn_scalar=True,
+        scaled_embedding=True,
+        head_dim=256,
+        **_QK_NORMS,
+    ),
+    "phi3": replace(
+        LLAMA,
+        families=("phi3",),
+        architecture="Phi3ForCausalLM",
+        qkv="self_attn.qkv_proj",
+        gate_up="mlp.gate_up_proj",
+        bias_options=(),
+    ),
 }
 
 
@@ -244,18 +360,11 @@ def _positive_number(value: object) -> bool:
 def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
     """Each tensor name a checkpoint of `shape` holds in full (as `.weight`, unless a
     quantized linear), with the shape config.json implies for it."""
-    q_out, kv_out = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    per_block = {
-        adapter.attn_norm: (shape.hidden,),
-        adapter.mlp_norm: (shape.hidden,),
-        adapter.q: (q_out, shape.hidden),
-        adapter.k: (kv_out, shape.hidden),
-        adapter.v: (kv_out, shape.hidden),
-        adapter.o: (shape.hidden, q_out),
-        adapter.gate: (shape.intermediate, shape.hidden),
-        adapter.up: (shape.intermediate, shape.hidden),
-        adapter.down: (shape.hidden, shape.intermediate),
-    }
+    per_block = {n: (shape.hidden,) for n in adapter.block_norms}
+    per_block.update(adapter.linear_shapes(shape))
+    for norm in (adapter.q_norm, adapter.k_norm):
+        if norm:
+            per_block[norm] = (shape.head_dim,)
     out = {
         f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
         f"{adapter.final_norm}.weight": (shape.hidden,),
@@ -274,7 +383,7 @@ def adapter_for(config: dict) -> Adapter:
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))
         raise LlmpressError(
-            f"unsupported architecture {model_type!r}: llmpress supports the llama family "
-            f"({supported}); convert the model to one of these or open an issue for it"
+            f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
+            "open an issue with the model's config.json"
         )
     return adapter

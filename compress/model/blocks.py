@@ -8,9 +8,14 @@ carried from block to block. Peak memory is one block plus the activations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
 import torch
 
 from compress.model.loading import Checkpoint, read_tensors
+from compress.model.rope import RopeSpec, tables
+from compress.model.spec import BlockSpec
 
 # Samples pushed through a block at once: bounds the MLP intermediates to a few hundred MB.
 CHUNK = 8
@@ -27,7 +32,7 @@ class BlockStore:
         self.hf_config._attn_implementation = "sdpa"
         with torch.device("meta"):
             self.skeleton = AutoModelForCausalLM.from_config(self.hf_config)
-        self._rotary = None
+        self.spec = self.adapter.spec(ckpt.config)
 
     @property
     def num_layers(self) -> int:
@@ -55,14 +60,37 @@ class BlockStore:
         weight = self.read([name])[name].float()
         return torch.nn.functional.embedding(ids, weight)
 
-    def position_embeddings(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._rotary is None:
-            parent, _, child = self.adapter.derived_modules[0].rpartition(".")
-            meta = getattr(self.skeleton.get_submodule(parent), child)
-            self._rotary = type(meta)(config=self.hf_config)
-        positions = torch.arange(length)[None]
-        dummy = torch.zeros(1, length, 1)
-        return self._rotary(dummy, positions)
+    def position_embeddings(self, length: int) -> Positions:
+        return Positions(self.spec, length)
+
+
+@dataclass(frozen=True)
+class Positions:
+    """What a block's forward takes besides its input, for sequences of `length` tokens:
+    the rope of the block's layer type (from the BlockSpec, the tables the runtime uses)
+    and, on a sliding-window layer shorter than the sequence, the window's mask."""
+
+    spec: BlockSpec
+    length: int
+
+    def kwargs(self, block: torch.nn.Module) -> dict:
+        i = block.self_attn.layer_idx
+        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length)
+
+    def prefix(self, length: int) -> Positions:
+        return replace(self, length=length)
+
+
+@lru_cache(maxsize=16)
+def _block_kwargs(rope: RopeSpec, window: int | None, length: int) -> dict:
+    cos, sin = tables(rope, length)
+    rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
+    mask = None  # plain causal attention
+    if window is not None and length > window:
+        q, k = torch.arange(length)[:, None], torch.arange(length)[None]
+        hidden = (k > q) | (k <= q - window)
+        mask = torch.zeros(length, length).masked_fill(hidden, float("-inf"))[None, None]
+    return {"position_embeddings": rotary, "attention_mask": mask}
 
 
 @torch.no_grad()
@@ -70,7 +98,7 @@ def run_block(block: torch.nn.Module, hidden: torch.Tensor, rope) -> torch.Tenso
     """The block's output for every sample (causal attention), computed in chunks."""
     out = torch.empty_like(hidden)
     for lo in range(0, hidden.shape[0], CHUNK):
-        out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+        out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK], **rope.kwargs(block))
     return out
 
 
@@ -93,7 +121,7 @@ def observe_inputs(
     handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
     try:
         for lo in range(0, hidden.shape[0], CHUNK):
-            out = block(hidden[lo : lo + CHUNK], position_embeddings=rope)
+            out = block(hidden[lo : lo + CHUNK], **rope.kwargs(block))
             if outputs is not None:
                 outputs[lo : lo + CHUNK] = out
     finally:

@@ -229,7 +229,7 @@ def _check_tensors(ckpt: Checkpoint, shape: ModelShape) -> None:
 def _stored_otherwise(ckpt: Checkpoint, name: str, quantized_linear: bool) -> bool:
     """Whether a tensor absent as `name` is legitimately so: a tied lm_head, or a quantized
     linear stored as integers and scales under the same module name."""
-    if name == f"{ckpt.adapter.lm_head}.weight" and ckpt.config.get("tie_word_embeddings", True):
+    if name == f"{ckpt.adapter.lm_head}.weight" and ckpt.adapter.spec(ckpt.config).tied:
         return True
     module = name.removesuffix("weight")
     return quantized_linear and any(n.startswith(module) for n in ckpt.tensors)

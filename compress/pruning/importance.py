@@ -147,15 +147,15 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
     finally:
         for h in handles:
             h.remove()
-    positions = torch.arange(samples.shape[1])[None]
-    rotary = model.get_submodule(adapter.derived_modules[0])
-    rope = rotary(entering[0], positions)
+    from compress.model.blocks import Positions
+
+    rope = Positions(adapter.spec(model.config.to_dict()), samples.shape[1])
     norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.lm_head)
     out = torch.zeros(len(layers))
     for i in tqdm(range(len(layers)), desc="layer removal", unit="layer"):
         h = entering[i]
         for layer in layers[i + 1 :]:
-            h = layer(h, position_embeddings=rope)
+            h = layer(h, **rope.kwargs(layer))
             h = h[0] if isinstance(h, tuple) else h
         logp = torch.log_softmax(head(norm(h)).float(), -1)
         out[i] = (base.exp() * (base - logp)).sum(-1).mean()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from compress.errors import LlmpressError
+from compress.model.adapters import adapter_for
 from compress.model.loading import build_model
 from compress.pruning.importance import activation_importance, random_importance
 from compress.pruning.plan import Shape, check_targets, split_params, target_shape
@@ -106,6 +107,7 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
+        _check_family(config)
         full = Shape.of(config)
         if full.heads % full.kv_heads:
             raise LlmpressError(
@@ -114,7 +116,8 @@ class Prune(Described):
         if c.params is None:
             cuts = {"mlp": c.mlp, "heads": c.heads, "hidden": c.hidden, "layers": c.layers}
             check_targets(cuts, (), c.head_mode, full)
-            return full, target_shape(full, cuts, head_mode=c.head_mode, multiple=c.multiple), cuts
+            shape = target_shape(full, cuts, head_mode=c.head_mode, multiple=c.multiple)
+            return full, _check_hidden(config, full, shape), cuts
         before = full.non_embedding_params()
         goal = int(c.params * before) if c.params <= 1 else int(c.params)
         if goal >= before:
@@ -125,7 +128,7 @@ class Prune(Described):
         cuts, shape = split_params(
             full, goal, split or c.splits()[0], head_mode=c.head_mode, multiple=c.multiple
         )
-        return full, shape, cuts
+        return full, _check_hidden(config, full, shape), cuts
 
     def preflight(self, config: dict) -> None:
         """Every candidate split is planned now, so an impossible target fails at once."""
@@ -203,3 +206,24 @@ def output_kl(reference, model, samples: torch.Tensor) -> float:
 def _compose(previous, kept: list[int]):
     kept_t = torch.tensor(kept)
     return kept_t if previous is None else previous[kept_t]
+
+
+def _check_family(config: dict) -> None:
+    """Refuse, in one line, a family whose blocks the surgery cannot cut."""
+    adapter = adapter_for(config)
+    if not adapter.prunable:
+        raise LlmpressError(
+            f"prune: {adapter.families[0]} stores q/k/v and gate/up as one tensor each, which "
+            "the pruning surgery does not slice yet; quantize it without a prune stage"
+        )
+
+
+def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
+    """A family whose embedding is scaled by sqrt(hidden) (gemma3) changes that scale when
+    the hidden width shrinks, which the surgery does not compensate."""
+    if shape.hidden != full.hidden and adapter_for(config).scaled_embedding:
+        raise LlmpressError(
+            "prune: cutting the hidden width of a model whose embedding is scaled by "
+            "sqrt(hidden) (gemma3) is not supported; prune heads, mlp or layers instead"
+        )
+    return shape

@@ -165,7 +165,8 @@ class AWQ(Described):
             if room > 0:
                 kept[rel].append(x[:room].clone())
 
-        first = [g.linears[0] for g in ctx.ws.adapter.input_groups]
+        adapter = ctx.ws.adapter
+        first = sorted({_input_key(adapter, rel) for rel in adapter.block_linears})
         ctx.observe(first, observe)
         tokens = ctx.inputs.shape[0] * ctx.inputs.shape[1]
         self._stats = {rel: s / tokens for rel, s in sums.items()}
@@ -197,7 +198,8 @@ class AWQ(Described):
         adapter = ctx.ws.adapter
         if group.producer == adapter.attn_norm:
             attn = ctx.sub(adapter.attn)
-            return lambda x: attn(hidden_states=x, position_embeddings=ctx.rope)[0]
+            kwargs = ctx.rope.kwargs(ctx.module)
+            return lambda x: attn(hidden_states=x, **kwargs)[0]
         if group.producer == adapter.mlp_norm:
             return ctx.sub(adapter.mlp)
         return ctx.sub(group.linears[0])
@@ -254,6 +256,8 @@ class AWQ(Described):
             producer.weight.div_(s_produced[:, None])
             if producer.bias is not None:
                 producer.bias.div_(s_produced)
+        elif ctx.ws.store.spec.norm == "rms1p":  # gemma's norm multiplies by 1 + w
+            producer.weight.add_(1).div_(s_produced).sub_(1)
         else:
             producer.weight.div_(s_produced)
         ctx.mark_changed(group.producer)
@@ -273,8 +277,7 @@ class AWQ(Described):
         adapter = ctx.ws.adapter
         # q/k errors act through the attention scores; AWQ found clipping them hurts
         if cfg.clip and rel not in (adapter.q, adapter.k):
-            key = next(g.linears[0] for g in adapter.input_groups if rel in g.linears)
-            clip = self._search_clip(w, self._inputs[key], group, scheme)
+            clip = self._search_clip(w, self._inputs[_input_key(adapter, rel)], group, scheme)
         self.groups[f"{ctx.prefix}.{rel}"] = group
         if ctx.round_later:  # a later stage rounds: leave it the scaled, clipped weights
             self.deferred = True
@@ -327,3 +330,9 @@ class AWQ(Described):
             "not_scaled": self.skipped,
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
         }
+
+
+def _input_key(adapter, rel: str) -> str:
+    """The linear whose recorded input `rel` reads: its input group's first member, or
+    itself when no group folds into it (phi3's o and down, behind fused tensors)."""
+    return next((g.linears[0] for g in adapter.input_groups if rel in g.linears), rel)

@@ -195,10 +195,10 @@ class Tune(Described):
         module, rope = ctx.module, ctx.rope
 
         length = x.shape[1] if cfg.positions is None else min(cfg.positions, x.shape[1])
-        prefix = tuple(r[:, :length] for r in rope)
+        prefix = rope.prefix(length).kwargs(module)
 
         def run(xb: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-            return functional_call(module, weights, (xb,), {"position_embeddings": prefix})
+            return functional_call(module, weights, (xb,), prefix)
 
         def weights() -> dict[str, torch.Tensor]:
             return {f"{rel}.weight": t.weight(dtype) for rel, t in tunables.items()}

@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from compress.kernels.cpu import FusedDecoder, decode_attention
+from compress.kernels.cpu import FusedDecoder, FusedLayer, decode_attention
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import QuantLinear
 from compress.runtime.weights import ModelWeights
@@ -23,8 +21,8 @@ class CpuBackend:
     name = "c"
     int8_activations = True  # the packed linears read QuantizedInput
 
-    def __init__(self, weights: ModelWeights, cos: torch.Tensor, sin: torch.Tensor):
-        self.fused = _fused_decoder(weights, cos, sin)
+    def __init__(self, weights: ModelWeights, ropes):
+        self.fused = _fused_decoder(weights, ropes)
 
     def decode_layers(self, h, cache: KVCache, slots, positions) -> bool:
         """Run every block on h [B, hidden] in place, in one C call, when it can."""
@@ -33,44 +31,60 @@ class CpuBackend:
         self.fused(h, cache, slots, positions)
         return True
 
-    def attend(self, q, k, v, cache: KVCache, layer: int, slots, positions) -> torch.Tensor:
+    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
         """Store this step's k/v, then attend over 0..position (one C call)."""
-        return decode_attention(q, k, v, cache, layer, slots, positions)
+        return decode_attention(q, k, v, cache, layer, slots, positions, scale, window)
 
 
 class TritonBackend:
     name = "triton"
     int8_activations = False
 
-    def __init__(self, weights: ModelWeights, cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(self, weights: ModelWeights, ropes):
         pass
 
     def decode_layers(self, h, cache, slots, positions) -> bool:
         return False
 
-    def attend(self, q, k, v, cache: KVCache, layer: int, slots, positions) -> torch.Tensor:
+    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
         from compress.kernels.triton_attention import decode_attention as triton_attention
 
         cache.write_tokens(layer, slots, positions, k, v)
-        return triton_attention(q, cache, layer, slots, positions + 1)
+        return triton_attention(q, cache, layer, slots, positions + 1, scale, window)
 
 
 BACKENDS = {b.name: b for b in (CpuBackend, TritonBackend)}
 
 
-def backend_for(weights: ModelWeights, cos, sin):
-    return BACKENDS[weights.kernels](weights, cos, sin)
+def backend_for(weights: ModelWeights, ropes):
+    """`ropes`: the runtime's Rope of each layer (its cos/sin tables)."""
+    return BACKENDS[weights.kernels](weights, ropes)
 
 
-def _fused_decoder(w: ModelWeights, cos, sin):
+def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
-    columns allowed)."""
+    columns and biases allowed)."""
     rows = []
-    for layer in w.layers:
+    for i, layer in enumerate(w.layers):
         lins = layer.linears()
-        if not all(isinstance(x, QuantLinear) and x.bias is None for x in lins):
+        if not all(isinstance(x, QuantLinear) for x in lins):
             return None
-        rows.append((layer.attn_norm, layer.mlp_norm, *(x.fused_form() for x in lins)))
+        lins = [x.fused_form() for x in lins]
+        r = ropes[i]
+        norms = {
+            "q_norm": layer.q_norm,
+            "k_norm": layer.k_norm,
+            "post_attn_norm": layer.post_attn_norm,
+            "post_mlp_norm": layer.post_mlp_norm,
+        }
+        window = w.spec.windows[i] or 0
+        rows.append(
+            FusedLayer(layer.attn_norm, layer.mlp_norm, *lins, r.cos, r.sin, window, **norms)
+        )
     s = w.shape
     inter = w.layers[0].gate_up.out_features // 2
-    return FusedDecoder(rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, s.eps, cos, sin)
+    spec = w.spec
+    return FusedDecoder(
+        rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,
+        spec.activation,
+    )  # fmt: skip

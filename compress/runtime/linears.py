@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import PackedLinear, QuantizedInput, quantize_input
+from compress.kernels.cpu import FusedLinear, PackedLinear, QuantizedInput, quantize_input
 
 
 class DenseLinear:
@@ -50,14 +50,16 @@ class QuantLinear:
             extra = self.outlier_weight.numel() * 2 + self.outlier_index.numel() * 4
         return self.packed.nbytes + extra
 
-    def fused_form(self):
-        """What the one-call C decoder takes: the packed weight, with its outlier columns
-        as (int32 indices, contiguous fp32 weights) when it has any."""
-        if self.outlier_index is None:
-            return self.packed
+    def fused_form(self) -> FusedLinear:
+        """What the one-call C decoder takes: the packed weight, its outlier columns as
+        (int32 indices, contiguous fp32 weights) and its bias."""
         if self._fused is None:
-            idx = self.outlier_index.to(torch.int32).contiguous()
-            self._fused = (self.packed, (idx, self.outlier_weight.contiguous()))
+            outliers = None
+            if self.outlier_index is not None:
+                idx = self.outlier_index.to(torch.int32).contiguous()
+                outliers = (idx, self.outlier_weight.contiguous())
+            bias = None if self.bias is None else self.bias.float().contiguous()
+            self._fused = FusedLinear(self.packed, outliers, bias)
         return self._fused
 
     def __call__(self, x) -> torch.Tensor:
@@ -119,26 +121,28 @@ class ConcatLinear:
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
+def _joined_bias(parts):
+    """The parts' biases side by side (zeros where a part has none), or None."""
+    if all(p.bias is None for p in parts):
+        return None
+    return torch.cat(
+        [p.bias.float() if p.bias is not None else torch.zeros(p.out_features) for p in parts]
+    )
+
+
 def fuse(parts):
     """One linear for `parts` that read the same input, as fast as their layouts allow."""
-    packed = all(isinstance(p, QuantLinear) and p.bias is None for p in parts)
+    packed = all(isinstance(p, QuantLinear) for p in parts)
     if packed and len({(p.packed.bits, p.packed.group, p.packed.kp) for p in parts}) == 1:
         indices = [p.outlier_index for p in parts]
+        joined, bias = PackedLinear.concat([p.packed for p in parts]), _joined_bias(parts)
         if all(i is None for i in indices):
-            return QuantLinear(PackedLinear.concat([p.packed for p in parts]))
+            return QuantLinear(joined, bias)
         # one input, so one set of outlier columns (same activations, same selection)
         if all(i is not None and torch.equal(i, indices[0]) for i in indices):
             weight = torch.cat([p.outlier_weight for p in parts])
-            return QuantLinear(
-                PackedLinear.concat([p.packed for p in parts]), None, indices[0], weight
-            )
+            return QuantLinear(joined, bias, indices[0], weight)
     dense = all(isinstance(p, DenseLinear) for p in parts)
     if dense and len({p.weight.dtype for p in parts}) == 1:
-        bias = None
-        if any(p.bias is not None for p in parts):
-            zeros = [p.weight.new_zeros(p.out_features, dtype=torch.float32) for p in parts]
-            bias = torch.cat(
-                [p.bias if p.bias is not None else z for p, z in zip(parts, zeros, strict=True)]
-            )
-        return DenseLinear(torch.cat([p.weight for p in parts]), bias)
+        return DenseLinear(torch.cat([p.weight for p in parts]), _joined_bias(parts))
     return ConcatLinear(parts)

@@ -1,6 +1,8 @@
-"""The llama-family forward pass over ModelWeights: prefill one sequence, or decode one
-token for each of a batch of sequences at their own positions (gpt-fast's shape: plain
-torch around the packed linears, no framework model)."""
+"""The decoder forward pass over ModelWeights: prefill one sequence, or decode one token
+for each of a batch of sequences at their own positions (gpt-fast's shape: plain torch
+around the packed linears, no framework model). What differs between families comes from
+the weights' BlockSpec: optional q/k and sandwich norms, activation, rope tables and
+sliding window per layer, attention and embedding scales, logit softcapping."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import torch
 
 from compress.kernels.cpu import (
     EXACT_ABOVE,
+    act_mul_quantized,
     quantize_input,
     rms_norm_quantized,
     rope_,
-    silu_mul_quantized,
 )
+from compress.model.rope import RopeSpec, tables
 from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights
@@ -23,20 +26,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Rope:
-    """cos/sin tables for every position, rotate-half convention (as transformers' llama)."""
+    """cos/sin tables of one layer type for every position, rotate-half convention (as
+    transformers), over the first rotary_dim values of each head."""
 
-    def __init__(self, head_dim: int, theta: float, max_len: int, device="cpu"):
-        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)
-        self.cos, self.sin = angles.cos().float().to(device), angles.sin().float().to(device)
+    def __init__(self, spec: RopeSpec, max_len: int, device="cpu"):
+        self.cos, self.sin = tables(spec, max_len, device)
+        self.rotary = spec.rotary_dim
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd] at positions [T]."""
         if x.device.type == "cpu":
             return rope_(x.contiguous(), positions.contiguous(), self.cos, self.sin)
         cos, sin = self.cos[positions][:, None], self.sin[positions][:, None]
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        rot, rest = x[..., : self.rotary], x[..., self.rotary :]
+        x1, x2 = rot.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, packed: bool):
@@ -44,32 +48,48 @@ def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, packed: bool):
     return rms_norm_quantized(x, weight, eps) if packed else rms_norm(x, weight, eps)
 
 
-def _mlp(layer: Layer, h: torch.Tensor, eps: float, packed: bool) -> torch.Tensor:
-    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, eps, packed))
+ACT = {
+    "silu": torch.nn.functional.silu,
+    "gelu_pytorch_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+}
+
+
+def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.Tensor:
+    spec = w.spec
+    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, spec.eps, packed))
     if packed:
-        return layer.down(silu_mul_quantized(gate_up))
-    gate, up = gate_up.chunk(2, dim=-1)
-    return layer.down(torch.nn.functional.silu(gate) * up)
+        out = layer.down(act_mul_quantized(gate_up, spec.activation))
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        out = layer.down(ACT[spec.activation](gate) * up)
+    return out if layer.post_mlp_norm is None else rms_norm(out, layer.post_mlp_norm, spec.eps)
+
+
+def _attn_out(layer: Layer, att: torch.Tensor, eps: float, packed: bool) -> torch.Tensor:
+    out = layer.o(quantize_input(att) if packed else att)
+    return out if layer.post_attn_norm is None else rms_norm(out, layer.post_attn_norm, eps)
 
 
 def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
-    s = w.shape
+    s, eps = w.shape, w.spec.eps
     t = h.shape[0]
-    qkv = layer.qkv(_norm(h, layer.attn_norm, s.eps, packed))
+    qkv = layer.qkv(_norm(h, layer.attn_norm, eps, packed))
     kv = s.kv_heads * s.head_dim
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
-    q = rope(q.reshape(t, s.heads, s.head_dim), positions)
-    k = rope(k.reshape(t, s.kv_heads, s.head_dim), positions)
-    return q, k, v.reshape(t, s.kv_heads, s.head_dim)
+    q, k = q.reshape(t, s.heads, s.head_dim), k.reshape(t, s.kv_heads, s.head_dim)
+    if layer.q_norm is not None:
+        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+    return rope(q, positions), rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
 
 
-def _decode_attention(q, keys, values, mask):
+def _decode_attention(q, keys, values, mask, scale: float | None = None):
     """One query per sequence against its cached keys; query heads grouped by KV head
     (two small matmuls beat the fused SDPA kernel's setup cost for a single query)."""
     b, heads, hd = q.shape
     kv_heads = keys.shape[1]
     qg = q.view(b, kv_heads, heads // kv_heads, hd)
-    scores = torch.matmul(qg, keys.transpose(-1, -2)) * hd**-0.5  # [B, kv, rep, L]
+    scale = hd**-0.5 if scale is None else scale
+    scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [B, kv, rep, L]
     scores = scores.masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, -1), values)  # [B, kv, rep, hd]
 
@@ -77,22 +97,26 @@ def _decode_attention(q, keys, values, mask):
 PREFILL_BLOCK = 128  # query rows per block of the causal prefill attention
 
 
-def _prefill_attention(q, keys, values, start: int) -> torch.Tensor:
+def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
     """Causal attention of q [heads, T, hd] at positions start.. over keys/values
     [kv_heads, start + T, hd]: blocks of query rows, each against only the keys it may
-    see, query heads grouped by KV head (the masked fused SDPA kernel took 1.8× as long)."""
+    see (the last `window` positions, when a sliding window is given), query heads grouped
+    by KV head (the masked fused SDPA kernel took 1.8× as long)."""
     heads, t, hd = q.shape
     kv_heads = keys.shape[0]
     qg = q.view(kv_heads, heads // kv_heads, t, hd)
     out = torch.empty_like(qg)
     for r0 in range(0, t, PREFILL_BLOCK):
         r1 = min(r0 + PREFILL_BLOCK, t)
-        n = start + r1  # keys these rows may see: 0..start + r1 - 1
-        scores = torch.matmul(qg[:, :, r0:r1], keys[:, None, :n].transpose(-1, -2)) * hd**-0.5
-        rows = torch.arange(start + r0, start + r1, device=q.device)
-        hidden = torch.arange(n, device=q.device)[None] > rows[:, None]
+        n = start + r1  # keys these rows may see: lo..start + r1 - 1
+        lo = max(0, start + r0 - window + 1) if window else 0
+        k, v = keys[:, None, lo:n], values[:, None, lo:n]
+        scores = torch.matmul(qg[:, :, r0:r1], k.transpose(-1, -2)) * scale
+        rows = torch.arange(start + r0, start + r1, device=q.device)[:, None]
+        cols = torch.arange(lo, n, device=q.device)[None]
+        hidden = (cols > rows) | (cols <= rows - window) if window else cols > rows
         scores.masked_fill_(hidden, float("-inf"))
-        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), values[:, None, :n])
+        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), v)
     return out.view(heads, t, hd)
 
 
@@ -104,15 +128,25 @@ class Model:
     def __init__(self, weights: ModelWeights, max_len: int, exact: bool = False):
         self.w, self.exact = weights, exact
         self.device = weights.embed.device
-        self.rope = Rope(weights.shape.head_dim, weights.shape.rope_theta, max_len, self.device)
-        self.backend = backend_for(weights, self.rope.cos, self.rope.sin)
+        kinds: dict[RopeSpec, Rope] = {}
+        self.ropes = [
+            kinds.setdefault(r, Rope(r, max_len, self.device)) for r in weights.spec.rope
+        ]  # per layer, one table per layer type
+        self.backend = backend_for(weights, self.ropes)
 
     def _packed(self, rows: int) -> bool:
         """Whether `rows` rows take the packed CPU kernels with int8 activations."""
         return self.backend.int8_activations and not (self.exact and rows > EXACT_ABOVE)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.w.lm_head(_norm(h, self.w.norm, self.w.shape.eps, self._packed(len(h))))
+        logits = self.w.lm_head(_norm(h, self.w.norm, self.w.spec.eps, self._packed(len(h))))
+        cap = self.w.spec.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.w.embed[tokens].float()
+        scale = self.w.spec.embed_scale
+        return (h if scale == 1.0 else h * scale).contiguous()
 
     @torch.inference_mode()
     def prefill(
@@ -127,10 +161,11 @@ class Model:
         dev = self.device
         tokens = tokens.to(dev)
         positions = torch.arange(start, start + t, device=dev)
-        h = self.w.embed[tokens].float()
+        h = self._embed(tokens)
         slots = torch.tensor([slot], device=dev)
+        spec = self.w.spec
         for i, layer in enumerate(self.w.layers):
-            q, k, v = _qkv(layer, h, self.w, self.rope, positions, packed)
+            q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, hd]
             if start:
                 pk, pv = cache.read(i, slots, start)
@@ -138,10 +173,12 @@ class Model:
             else:
                 keys, values = k, v
             cache.write(i, slot, start, k, v)
-            att = _prefill_attention(q.transpose(0, 1), keys, values, start)
+            att = _prefill_attention(
+                q.transpose(0, 1), keys, values, start, spec.attn_scale, spec.windows[i]
+            )
             att = att.transpose(0, 1).reshape(t, s.heads * s.head_dim)
-            h = h + layer.o(quantize_input(att) if packed else att)
-            h = h + _mlp(layer, h, s.eps, packed)
+            h = h + _attn_out(layer, att, spec.eps, packed)
+            h = h + _mlp(layer, h, self.w, packed)
         cache.lengths[slot] = start + t
         return self._logits(h[-1:] if last_only else h)
 
@@ -153,13 +190,16 @@ class Model:
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         positions = cache.lengths[slots]
         packed = self._packed(b)
-        h = self.w.embed[tokens].float().contiguous()
+        h = self._embed(tokens)
+        spec = self.w.spec
         if not (packed and self.backend.decode_layers(h, cache, slots, positions)):
             for i, layer in enumerate(self.w.layers):
-                q, k, v = _qkv(layer, h, self.w, self.rope, positions, packed)
-                att = self.backend.attend(q, k, v, cache, i, slots, positions)
+                q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
+                att = self.backend.attend(
+                    q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i]
+                )
                 att = att.reshape(b, s.heads * s.head_dim)
-                h = h + layer.o(quantize_input(att) if packed else att)
-                h = h + _mlp(layer, h, s.eps, packed)
+                h = h + _attn_out(layer, att, spec.eps, packed)
+                h = h + _mlp(layer, h, self.w, packed)
         cache.lengths[slots] += 1
         return self._logits(h)

@@ -8,39 +8,71 @@ lacks bf16 instructions, and fp32 keeps evaluation equal to transformers' fp32 o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
 from compress.artifact.reader import quantized_layers
 from compress.errors import LlmpressError
-from compress.kernels.cpu import PackedLinear
-from compress.model.adapters import Adapter, ModelShape, adapter_for
+from compress.kernels.cpu import ACTIVATIONS, PackedLinear
+from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
+from compress.model.rope import KINDS as ROPE_KINDS
+from compress.model.spec import BlockSpec
 from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear, fuse
 
-# What the runtime (torch ops, the C kernels, the Triton kernels) implements.
-RUNS = {"norm": "rms", "activation": "silu", "rope": "rotate-half"}
+
+def _subset(allowed):
+    return lambda value: None if value in allowed else f"{value!r} (runs {', '.join(allowed)})"
 
 
-def check_runnable(adapter: Adapter, shape: ModelShape) -> None:
+def _any(_value):
+    return None
+
+
+def _rope(ropes) -> str | None:
+    kinds = {r.kind for r in ropes}
+    if len({r.rotary_dim for r in ropes}) > 1:
+        return "layers rotating different widths"
+    return None if kinds <= set(ROPE_KINDS) else f"{sorted(kinds - set(ROPE_KINDS))}"
+
+
+# What the runtime (torch ops, the C kernels) implements, for every field of BlockSpec:
+# a check returning None, or what it cannot run. tests/test_families.py checks that every
+# field has one, so a new field cannot go unread.
+RUNS = {
+    "norm": _subset(("rms", "rms1p")),
+    "eps": _any,
+    "sandwich": _any,
+    "qk_norm": _subset(("none", "head")),
+    "activation": _subset(tuple(ACTIVATIONS)),
+    "biases": _any,  # any role may carry one
+    "fused_checkpoint": _any,
+    "rope": _rope,
+    "attn_scale": _any,
+    "embed_scale": _any,
+    "logit_softcap": _any,
+    "windows": _any,
+    "tied": _any,
+    "mlp": lambda moe: None if moe is None else "Mixture-of-Experts MLP",
+}
+
+
+def check_runnable(spec: BlockSpec, family: str) -> None:
     """Refuse, in one line, a model whose blocks compute what the runtime does not."""
-    for kind, runs in RUNS.items():
-        if getattr(adapter, kind) != runs:
+    for f in fields(spec):
+        problem = RUNS[f.name](getattr(spec, f.name))
+        if problem is not None:
             raise LlmpressError(
-                f"{kind} {getattr(adapter, kind)!r} is not supported by the runtime yet (it "
-                f"runs {runs}): evaluate this model with --engine transformers"
+                f"{family}: {f.name} {problem} is not supported by the runtime yet: evaluate "
+                "this model with --engine transformers"
             )
-    if shape.rope_type != "default":
-        raise LlmpressError(
-            f"rope type {shape.rope_type!r} is not supported by the runtime yet: evaluate "
-            "this model with --engine transformers"
-        )
 
 
 @dataclass
 class Layer:
-    """One block; q/k/v and gate/up are fused into one linear each (one kernel call)."""
+    """One block; q/k/v and gate/up are fused into one linear each (one kernel call).
+    Norm weights are the effective multipliers (gemma's 1 + w added at load)."""
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
@@ -48,14 +80,23 @@ class Layer:
     o: object
     gate_up: object
     down: object
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_mlp_norm: torch.Tensor | None = None
 
     def linears(self):
         return (self.qkv, self.o, self.gate_up, self.down)
+
+    def norms(self):
+        opt = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
+        return (self.attn_norm, self.mlp_norm, *(n for n in opt if n is not None))
 
 
 @dataclass
 class ModelWeights:
     shape: ModelShape
+    spec: BlockSpec
     embed: torch.Tensor
     layers: list[Layer]
     norm: torch.Tensor
@@ -77,7 +118,7 @@ class ModelWeights:
 
     def _norms(self):
         for layer in self.layers:
-            yield from (layer.attn_norm, layer.mlp_norm)
+            yield from layer.norms()
         yield self.norm
 
 
@@ -124,10 +165,18 @@ def load_weights(
         raise LlmpressError(f"kernels {kernels!r} on {device}: use c on cpu, triton on cuda")
     adapter = adapter_for(ckpt.config)
     shape = adapter.shape(ckpt.config)
-    check_runnable(adapter, shape)
+    spec = adapter.spec(ckpt.config)
+    check_runnable(spec, adapter.families[0])
     tensors = read_tensors(ckpt)
     codec, layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
+    offset = 1.0 if spec.norm == "rms1p" else 0.0
+
+    def norm(name):
+        if name is None:
+            return None
+        return (tensors[f"{name}.weight"].float() + offset).to(device).contiguous()
+
     blocks = []
     for i in range(shape.layers):
         p = adapter.block_prefix(i)
@@ -135,14 +184,25 @@ def load_weights(
         def lin(name, p=p):
             return _linear(f"{p}.{name}", tensors, codec, layers, fallbacks, device, kernels)
 
+        def opt(name, p=p):
+            return norm(f"{p}.{name}") if name else None
+
         blocks.append(
             Layer(
-                attn_norm=tensors[f"{p}.{adapter.attn_norm}.weight"].float().to(device),
-                mlp_norm=tensors[f"{p}.{adapter.mlp_norm}.weight"].float().to(device),
-                qkv=fuse([lin(adapter.q), lin(adapter.k), lin(adapter.v)]),
+                attn_norm=opt(adapter.attn_norm),
+                mlp_norm=opt(adapter.mlp_norm),
+                qkv=lin(adapter.qkv)
+                if adapter.qkv
+                else fuse([lin(adapter.q), lin(adapter.k), lin(adapter.v)]),
                 o=lin(adapter.o),
-                gate_up=fuse([lin(adapter.gate), lin(adapter.up)]),
+                gate_up=lin(adapter.gate_up)
+                if adapter.gate_up
+                else fuse([lin(adapter.gate), lin(adapter.up)]),
                 down=lin(adapter.down),
+                q_norm=opt(adapter.q_norm),
+                k_norm=opt(adapter.k_norm),
+                post_attn_norm=opt(adapter.post_attn_norm),
+                post_mlp_norm=opt(adapter.post_mlp_norm),
             )
         )
     embed = tensors[f"{adapter.embed}.weight"].to(device, torch.float32)
@@ -153,9 +213,10 @@ def load_weights(
         lm_head = DenseLinear(embed)
     return ModelWeights(
         shape=shape,
+        spec=spec,
         embed=embed,
         layers=blocks,
-        norm=tensors[f"{adapter.final_norm}.weight"].float().to(device),
+        norm=norm(adapter.final_norm),
         lm_head=lm_head,
         dense_fallbacks=fallbacks,
         kernels=kernels,

@@ -383,9 +383,16 @@ void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K,
     }
 }
 
-/* gu [M, 2I] = [gate | up] -> out [M, Ip] = silu(gate) * up (zero padded), quantized. */
-void llmp_silu_mul_quant(const float *gu, int M, int I, int Ip, float *out, int8_t *x8,
-                         float *dx, float *bsum) {
+/* gu [M, 2I] = [gate | up] -> out [M, Ip] = act(gate) * up (zero padded), quantized.
+ * act: ACT_SILU, or ACT_GELU_TANH (0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))). */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+static inline float gelu_tanh(float g) {
+    return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+}
+
+void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8,
+                        float *dx, float *bsum) {
     #pragma omp parallel for schedule(static) if (M > 2)
     for (int m = 0; m < M; m++) {
         const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
@@ -393,23 +400,33 @@ void llmp_silu_mul_quant(const float *gu, int M, int I, int Ip, float *out, int8
         int i = 0;
 #if defined(__AVX2__)
         for (; i + 8 <= I; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-            __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            __m256 gv = _mm256_loadu_ps(g + i), sv;
+            if (act == ACT_SILU) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            } else { /* 0.5 g (1 + tanh z) = g / (1 + exp(-2z)) */
+                __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+                __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f),
+                                         _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
+                __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
+                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            }
             _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
         }
 #endif
-        for (; i < I; i++) o[i] = g[i] / (1.f + expf(-g[i])) * u[i];
+        for (; i < I; i++)
+            o[i] = (act == ACT_SILU ? g[i] / (1.f + expf(-g[i])) : gelu_tanh(g[i])) * u[i];
         for (int i = I; i < Ip; i++) o[i] = 0.f;
         quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
     }
 }
 
-/* Rotary embedding in place, rotate-half convention: x [T, heads, D] at positions [T];
- * cos/sin tables [max_len, D/2]. */
+/* Rotary embedding in place, rotate-half convention over the first R of each head's D
+ * values (partial rotary when R < D): x [T, heads, D] at positions [T]; cos/sin tables
+ * [max_len, R/2]. */
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t,
-               int T, int heads, int D) {
-    int half = D / 2;
+               int T, int heads, int D, int R) {
+    int half = R / 2;
     for (int t = 0; t < T; t++) {
         const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
         for (int h = 0; h < heads; h++) {
@@ -751,10 +768,9 @@ INLINE void code_values(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int b
  * out [rep, D]. Keys and values are read in chunks of up to CHUNK_T rows that lie within
  * one key group (or within fp32 rows); the query heads that share the KV head are done
  * together, so each code is read and converted once. */
-static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, int rep,
-                        const float *q, float *out) {
+static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int L,
+                        int rep, float scale, const float *q, float *out) {
     int D = c->d;
-    float scale = 1.f / sqrtf((float)D);
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
     float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
     for (int r = 0; r < rep; r++) {
@@ -779,7 +795,7 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, 
         kres = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
         vres = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
     }
-    for (int t0 = 0; t0 < L;) {
+    for (int t0 = lo; t0 < L;) {
         int t1 = t0 + CHUNK_T < L ? t0 + CHUNK_T : L;
         int quant = t0 < done;
         if (quant && t1 > (t0 / G + 1) * G) t1 = (t0 / G + 1) * G;
@@ -833,10 +849,11 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int L, 
 }
 
 /* One decode step of one layer: each sequence's new k/v [B, kv_heads, D] is stored at its
- * position, then its query heads q [B, heads, D] attend over 0..position. out [B, heads, D]. */
+ * position, then its query heads q [B, heads, D] attend over position-window+1..position
+ * (window 0: from 0), scores times `scale`. out [B, heads, D]. */
 void llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
                            const float *vnew, const int64_t *slots, const int64_t *positions,
-                           int B, int H, float *out) {
+                           int B, int H, float scale, int window, float *out) {
     int KVH = c->kv_heads, D = c->d, rep = H / KVH;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KVH; g++)
@@ -848,15 +865,20 @@ void llmp_decode_attention(const KVC *c, int layer, const float *q, const float 
             for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
                 int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                 int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
-                attend_head(c, layer, slots[b], g, (int)positions[b] + 1, nr, q + h * D, out + h * D);
+                int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
+                attend_head(c, layer, slots[b], g, lo, L, nr, scale, q + h * D, out + h * D);
             }
 }
 
 
 /* ---- The whole decode step of a layer stack in one call ------------------------------
- * For models whose block linears are all packed (no outlier columns, no biases) and whose
- * KV cache is fp32: Python's per-operation overhead is then paid once per step instead of
- * some forty times per layer. Same arithmetic as the per-op path. */
+ * For models whose block linears are all packed (outlier columns and biases allowed):
+ * Python's per-operation overhead is then paid once per step instead of some forty times
+ * per layer. Same arithmetic as the per-op path. What differs between families arrives as
+ * data (compress/model/spec.py's BlockSpec, read by compress/runtime/backends.py): norm
+ * weights already in their effective form (gemma's 1 + w), optional q/k and sandwich norms
+ * (NULL when absent), biases, each layer's rope tables and sliding window, the attention
+ * scale and the activation. */
 
 typedef struct {
     const uint8_t *w;
@@ -865,12 +887,28 @@ typedef struct {
     const int32_t *oidx; /* LLM.int8()-style outlier input columns (their codes are zero) */
     const float *ow;     /* and their weights [n, n_out], kept in full precision */
     int n_out;
+    const float *bias;   /* [n] or NULL */
 } QLin;
 
 typedef struct {
     const float *attn_norm, *mlp_norm;
     QLin qkv, o, gate_up, down;
+    const float *q_norm, *k_norm;               /* [D], per head before rope; or NULL */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
+    const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
+    int window;                                 /* sliding window; 0: every key */
 } QLayer;
+
+/* x [rows, D] <- rmsnorm(x) * w, row by row, in place. */
+static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *v = x + r * D;
+        double ss = 0.0;
+        for (int d = 0; d < D; d++) ss += (double)v[d] * v[d];
+        float inv = 1.f / sqrtf((float)(ss / D) + eps);
+        for (int d = 0; d < D; d++) v[d] = v[d] * inv * w[d];
+    }
+}
 
 /* y [M, n] = x @ W.T; x both quantized (x8/dx/bs) and in fp32 (xf, row stride ld) for the
  * outlier columns. */
@@ -892,6 +930,9 @@ static int qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y
         llmp_gemm_q4(x8, dx, bs, M, l->k, l->g, l->w, l->scale, l->zs, l->n, y);
     else
         llmp_gemm_q8(x8, dx, bs, M, l->k, l->g, (const uint8_t *)l->w, l->scale, l->zs, l->n, y);
+    if (l->bias)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < l->n; n++) y[(int64_t)m * l->n + n] += l->bias[n];
     if (l->n_out == 0) return 0;
     for (int m = 0; m < M; m++) {
         const float *xr = xf + (int64_t)m * ld;
@@ -933,9 +974,9 @@ int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D,
 }
 
 int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
-                        int heads, int kv_heads, int D, int inter, float eps,
-                        const float *cos_t, const float *sin_t, const KVC *cache,
-                        const int64_t *slots, const int64_t *positions, float *work) {
+                        int heads, int kv_heads, int D, int inter, float eps, int R,
+                        float scale, int act, const KVC *cache, const int64_t *slots,
+                        const int64_t *positions, float *work) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = widest_row(hidden, heads, D, inter);
     int nqkv = (heads + 2 * kv_heads) * D;
@@ -961,16 +1002,20 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
             memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
             memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
         }
-        llmp_rope(q, positions, cos_t, sin_t, B, heads, D);
-        llmp_rope(kn, positions, cos_t, sin_t, B, kv_heads, D);
-        llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, att);
+        if (L->q_norm) rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps);
+        if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps);
+        llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
+        llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
+        llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att);
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
+        if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
-        llmp_silu_mul_quant(gu, B, inter, ip, pad, x8, dx, bs);
+        llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
         if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
+        if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
     return l < n_layers ? -1 : 0;

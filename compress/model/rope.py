@@ -1,0 +1,132 @@
+"""Rotary position tables for every rope kind the supported families ship.
+
+One function turns a layer's rope description into cos/sin tables; the runtime (torch, C
+and Triton) reads only the tables, so a new kind is one branch here. The formulas are the
+published ones (Llama 3's wavelength bands, YaRN's ramp and attention factor, Phi-3's
+LongRoPE factors); docs/families.md §2 lists them with their sources.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import LlmpressError
+
+KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """One layer type's rotary embedding: base, kind, rotated width and the kind's
+    parameters (config.json's rope_parameters, as sorted items so the spec hashes)."""
+
+    theta: float
+    kind: str
+    rotary_dim: int  # the first rotary_dim of each head rotate (partial rotary), the rest pass
+    params: tuple = ()
+    max_positions: int = 2048
+
+    def get(self, key: str, default=None):
+        value = dict(self.params).get(key)
+        return default if value is None else value
+
+
+def rope_spec(params: dict, head_dim: int, max_positions: int) -> RopeSpec:
+    """A RopeSpec from one standardized rope_parameters dict."""
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind not in KINDS:
+        raise LlmpressError(
+            f"rope type {kind!r} is not one llmpress implements ({', '.join(KINDS)}); "
+            "open an issue with the model's config.json"
+        )
+    rotary = int(head_dim * float(params.get("partial_rotary_factor") or 1.0))
+    items = tuple(
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in params.items()
+            if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")
+        )
+    )
+    theta = float(params.get("rope_theta") or 10000.0)
+    return RopeSpec(theta, kind, rotary, items, max_positions)
+
+
+def inverse_frequencies(spec: RopeSpec, context: int) -> tuple[torch.Tensor, float]:
+    """(inverse frequency per rotated pair [rotary_dim/2] in float64, attention factor that
+    multiplies cos and sin). `context`: the longest sequence the tables serve (LongRoPE
+    picks its long factors past the original context)."""
+    d = spec.rotary_dim
+    base = 1.0 / spec.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    orig = spec.get("original_max_position_embeddings", spec.max_positions)
+    if spec.kind in ("default", "dynamic"):  # dynamic equals default within the context
+        return base, 1.0
+    if spec.kind == "linear":
+        return base / spec.get("factor", 1.0), 1.0
+    if spec.kind == "llama3":
+        factor = spec.get("factor")
+        low, high = spec.get("low_freq_factor"), spec.get("high_freq_factor")
+        wavelength = 2 * math.pi / base
+        smooth = (orig / wavelength - low) / (high - low)
+        mid = (1 - smooth) * base / factor + smooth * base
+        out = torch.where(wavelength > orig / low, base / factor, base)
+        between = (wavelength >= orig / high) & (wavelength <= orig / low)
+        return torch.where(between, mid, out), 1.0
+    if spec.kind == "yarn":
+        return _yarn(spec, base, orig)
+    return _longrope(spec, context, orig)
+
+
+def _yarn(spec: RopeSpec, base: torch.Tensor, orig: int) -> tuple[torch.Tensor, float]:
+    d = spec.rotary_dim
+    factor = spec.get("factor") or spec.max_positions / orig
+
+    def mscale(scale, m=1.0):
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    factor_attn = spec.get("attention_factor")
+    if factor_attn is None:
+        m, m_all = spec.get("mscale"), spec.get("mscale_all_dim")
+        factor_attn = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    fast, slow = spec.get("beta_fast") or 32, spec.get("beta_slow") or 1
+
+    def correction(rotations):
+        return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(spec.theta))
+
+    low, high = correction(fast), correction(slow)
+    if spec.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # 1: the original frequency (extrapolate), 0: interpolated by factor
+    return base / factor * (1 - keep) + base * keep, float(factor_attn)
+
+
+def _longrope(spec: RopeSpec, context: int, orig: int) -> tuple[torch.Tensor, float]:
+    d = spec.rotary_dim
+    ext = spec.get("long_factor") if context > orig else spec.get("short_factor")
+    if ext is None or len(ext) != d // 2:
+        raise LlmpressError(
+            f"longrope needs short_factor and long_factor of {d // 2} values each in "
+            "rope_parameters; fix config.json"
+        )
+    exponent = torch.arange(0, d, 2, dtype=torch.float64) / d
+    inv = 1.0 / (torch.tensor(ext, dtype=torch.float64) * spec.theta**exponent)
+    factor_attn = spec.get("attention_factor")
+    if factor_attn is None:
+        scale = spec.get("factor") or spec.max_positions / orig
+        factor_attn = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))
+    return inv, float(factor_attn)
+
+
+def tables(spec: RopeSpec, length: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, rotary_dim/2] in fp32 (angles formed in float64), the attention
+    factor applied."""
+    inv, factor = inverse_frequencies(spec, length)
+    angles = torch.outer(torch.arange(length, dtype=torch.float64), inv)
+    cos, sin = angles.cos() * factor, angles.sin() * factor
+    return cos.float().to(device), sin.float().to(device)

@@ -1,0 +1,109 @@
+"""What a family's decoder blocks compute, as one description (BlockSpec).
+
+The adapter says where the parts are (module names); the BlockSpec says what they compute:
+norms and where they sit, activation, biases, rope per layer, attention and embedding
+scales, softcapping, the sliding-window pattern, the head and the MLP kind. It is read from
+config.json through transformers' own config class, so class defaults and derived fields
+(gemma3's layer_types, nested rope_parameters, Phi-3's original context) are the ones
+transformers applies. Every consumer that implements blocks (the runtime, in torch, C and
+Triton) checks the whole description against what it implements and refuses the rest in
+one line; tests/test_families.py checks that no field goes unread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compress.errors import LlmpressError
+from compress.model.rope import RopeSpec, rope_spec
+
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """Experts in place of the dense MLP: a router picks top_k of `experts` per token."""
+
+    experts: int
+    top_k: int
+    intermediate: int  # each expert's MLP width
+    renormalize: bool  # the top-k weights are rescaled to sum to 1
+    dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    norm: str  # "rms": x·w; "rms1p": x·(1+w) (gemma), both normalized in fp32
+    eps: float
+    sandwich: bool  # the branch outputs are normed too, before the residual add (gemma3)
+    qk_norm: str  # "none", or "head": RMSNorm over each head of q and k, before rope
+    activation: str  # transformers' ACT2FN name: silu, gelu_pytorch_tanh
+    biases: frozenset[str]  # the roles (ROLES) whose linears carry a bias
+    fused_checkpoint: bool  # q/k/v and gate/up are stored as one tensor each (phi3)
+    rope: tuple[RopeSpec, ...]  # per layer
+    attn_scale: float  # multiplies q·k
+    embed_scale: float  # multiplies the embedding lookup
+    logit_softcap: float | None  # logits = c·tanh(logits/c)
+    windows: tuple[int | None, ...]  # per layer: keys within the last W positions, or all
+    tied: bool  # the lm_head is the embedding matrix
+    mlp: MoeSpec | None  # None: a dense gated MLP
+
+    @property
+    def layers(self) -> int:
+        return len(self.rope)
+
+
+def hf_config(config: dict):
+    """transformers' config object for a config.json dict (its class defaults filled in)."""
+    from transformers import AutoConfig
+
+    clean = {k: v for k, v in config.items() if k != "quantization_config"}
+    try:
+        return AutoConfig.for_model(**clean)
+    except Exception as e:  # a config transformers itself rejects
+        raise LlmpressError(
+            f"config.json is not one transformers accepts ({str(e).splitlines()[0][:160]}); "
+            "fix it or re-download the model"
+        ) from None
+
+
+def describe(config: dict, adapter) -> BlockSpec:
+    """The BlockSpec of a config.json dict, for the family `adapter` names."""
+    hf = hf_config(config)
+    layers = hf.num_hidden_layers
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    types = getattr(hf, "layer_types", None) or ["full_attention"] * layers
+    window = getattr(hf, "sliding_window", None) or None
+    if getattr(hf, "layer_types", None) is not None:
+        windows = tuple(window if t == "sliding_attention" else None for t in types)
+    else:
+        windows = (window,) * layers
+    params = hf.rope_parameters or {}
+    top = {"partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
+    ropes = []
+    for t in types:
+        p = params.get(t, params) if isinstance(params.get(t), dict) else params
+        p = {**{k: v for k, v in top.items() if v is not None}, **p}
+        ropes.append(rope_spec(p, head_dim, hf.max_position_embeddings))
+    biases = set(adapter.biased)
+    for key, roles in adapter.bias_options:
+        if getattr(hf, key, False):
+            biases.update(roles)
+    act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
+    scalar = getattr(hf, "query_pre_attn_scalar", None) if adapter.query_pre_attn_scalar else None
+    return BlockSpec(
+        norm=adapter.norm,
+        eps=float(hf.rms_norm_eps),
+        sandwich=adapter.post_attn_norm is not None,
+        qk_norm="head" if adapter.q_norm is not None else "none",
+        activation=act,
+        biases=frozenset(biases),
+        fused_checkpoint=adapter.qkv is not None,
+        rope=tuple(ropes),
+        attn_scale=float((scalar or head_dim) ** -0.5),
+        embed_scale=float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0,
+        logit_softcap=getattr(hf, "final_logit_softcapping", None),
+        windows=windows,
+        tied=bool(hf.tie_word_embeddings),
+        mlp=adapter.moe(hf) if adapter.moe is not None else None,
+    )

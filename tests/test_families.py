@@ -1,0 +1,221 @@
+"""Every supported family, on tiny seeded models built from transformers' own config
+classes (tests/family_models.py): the runtime against transformers' forward, every
+quantizer, the artifact in plain transformers, the one-call C decoder and the CLI."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from family_models import FAMILIES, write_family
+from safetensors import safe_open
+from test_cli import llmpress
+from transformers import AutoModelForCausalLM
+
+from compress.artifact.engines import engine_problems
+from compress.model.default import convert_gguf, default_gguf
+from compress.model.loading import resolve
+from compress.model.spec import BlockSpec
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+from compress.runtime.kv_cache import KVCache
+from compress.runtime.lm import RuntimeLM
+from compress.runtime.model import Model
+from compress.runtime.weights import RUNS, load_weights
+
+NAMES = list(FAMILIES)
+LENGTH = 72  # past sliding windows (8), phi3's original context (32) and EXACT_ABOVE (64)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    tokenizer = convert_gguf(default_gguf())
+    return {n: write_family(root / n, n, tokenizer_from=tokenizer) for n in NAMES}
+
+
+def _transformers_logits(path, ids):
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        return model.eval()(ids).logits[0]
+
+
+def _wikitext_calib(wikitext):
+    return {"source": str(wikitext / "valid.txt"), "samples": 8, "length": 64}
+
+
+def _compress(src, out, stages, wikitext):
+    recipe = parse_recipe({"stages": stages, "calib": _wikitext_calib(wikitext)})
+    return compress(str(src), recipe, out, log=lambda _: None)
+
+
+def test_every_blockspec_field_has_a_runtime_check():
+    assert set(RUNS) == {f.name for f in dataclasses.fields(BlockSpec)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_runtime_logits_equal_transformers(models, ids, name):
+    want = _transformers_logits(models[name], ids)
+    weights = load_weights(resolve(str(models[name])), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+
+
+# What the tolerance above catches: each fact of gemma3's description, dropped in turn.
+MUTATIONS = {
+    "attn_scale": lambda s: {"attn_scale": 16**-0.5},
+    "embed_scale": lambda s: {"embed_scale": 1.0},
+    "logit_softcap": lambda s: {"logit_softcap": None},
+    "windows": lambda s: {"windows": (None,) * s.layers},
+    "rope": lambda s: {"rope": (s.rope[0],) * s.layers},
+}
+
+
+@pytest.mark.parametrize("fact", [*MUTATIONS, "norm (1+w)", "sandwich", "qk_norm"])
+def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
+    want = _transformers_logits(models["gemma3_text"], ids)
+    weights = load_weights(resolve(str(models["gemma3_text"])), device="cpu")
+    if fact in MUTATIONS:
+        weights.spec = dataclasses.replace(weights.spec, **MUTATIONS[fact](weights.spec))
+    for layer in weights.layers:
+        if fact == "norm (1+w)":
+            layer.attn_norm = layer.attn_norm - 1
+        if fact == "sandwich":
+            layer.post_attn_norm = layer.post_mlp_norm = None
+        if fact == "qk_norm":
+            layer.q_norm = layer.k_norm = None
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() > 1e-2
+
+
+@pytest.fixture(scope="module")
+def w4(models, wikitext, tmp_path_factory):
+    root = tmp_path_factory.mktemp("families-w4")
+    return {n: _compress(models[n], root / n, [parse_quant("rtn:w4g32")], wikitext) for n in NAMES}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, name):
+    path = w4[name]
+    want = _transformers_logits(path, ids)  # plain from_pretrained of the artifact
+    weights = load_weights(resolve(str(path)), device="cpu")
+    exact = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (exact - want).abs().max() < 1e-3
+    # served: prefill a prompt, then decode the rest one token at a time (teacher forced)
+    model = Model(weights, LENGTH + 1)
+    assert model.backend.fused is not None, "the one-call C decoder must take this family"
+    prompt = 12
+    tokens = ids[0]
+
+    def decode_all(m):
+        cache = KVCache(
+            weights.shape.layers, 1, weights.shape.kv_heads, LENGTH, weights.shape.head_dim
+        )
+        rows = [m.prefill(tokens[:prompt], cache, 0)[-1:]]
+        for t in range(prompt, LENGTH - 1):
+            rows.append(m.decode(tokens[t : t + 1], cache, torch.tensor([0])))
+        return torch.cat(rows)
+
+    fused = decode_all(model)
+    model.backend.fused = None  # the per-op path: the same arithmetic, op by op
+    per_op = decode_all(model)
+    assert (fused - per_op).abs().max() < 1e-4
+    reference = want[prompt - 1 : LENGTH - 1]
+    # int8 activations: close to the exact logits, and the same next token almost always
+    assert (fused - reference).abs().max() < 0.3 * reference.std()  # measured: 0.10-0.23
+    assert (fused.argmax(-1) == reference.argmax(-1)).float().mean() > 0.85
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_quantizer_compresses_and_loads(models, wikitext, tmp_path, ids, name):
+    original = torch.log_softmax(_transformers_logits(models[name], ids), -1)
+    kl = {}
+    recipes = {
+        "rtn": [parse_quant("rtn:w4g32")],
+        "awq": [parse_quant("awq:w4g32")],
+        "gptq+tune": [parse_quant("gptq:w4g32"), {"tune": {"steps": 4}}],
+        "int8": [parse_quant("int8")],
+    }
+    for method, stages in recipes.items():
+        out = _compress(models[name], tmp_path / method, stages, wikitext)
+        got = torch.log_softmax(_transformers_logits(out, ids), -1)
+        kl[method] = (original.exp() * (original - got)).sum(-1).mean().item()
+        config = json.loads((out / "config.json").read_text())
+        tensors = [k for f in out.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()]  # noqa: SIM118
+        if method != "int8":  # LLM.int8()'s outlier columns are llmpress's own layout
+            assert engine_problems(config, tensors)["vllm"] == []
+    # measured awq/rtn 0.87-1.01; folding AWQ's scales into gemma's norm as if it were
+    # x·w instead of x·(1+w) measured 1.55
+    assert kl["awq"] < 1.15 * kl["rtn"], kl
+    assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
+    assert kl["int8"] < kl["rtn"], kl
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_cli_decodes_each_family(w4, name):
+    args = ["--batch", "1,2", "--prompt-len", "8", "--output-len", "8"]
+    r = llmpress("bench", str(w4[name]), *args)
+    assert r.returncode == 0, r.stderr
+    assert "tok/s" in r.stdout or "tokens/s" in r.stdout
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "phi3"])
+def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, name):
+    hidden = 0.0 if name == "gemma3_text" else 0.25  # gemma3's sqrt(hidden) embedding scale
+    prune = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}}
+    out = _compress(models[name], tmp_path / "pruned", [prune, parse_quant("rtn:w4g32")], wikitext)
+    config = json.loads((out / "config.json").read_text())
+    assert config["intermediate_size"] == 96 and config["num_attention_heads"] == 2
+    want = _transformers_logits(out, ids)  # plain transformers reads the pruned artifact
+    weights = load_weights(resolve(str(out)), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-3
+
+
+def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
+    cases = {
+        "phi3": ({"mlp": 0.25}, "stores q/k/v and gate/up as one tensor"),
+        "gemma3_text": ({"hidden": 0.25}, "scaled by sqrt(hidden)"),
+    }
+    for name, (targets, message) in cases.items():
+        r = llmpress(
+            "compress", str(models[name]), "-o", str(tmp_path / name), "--recipe",
+            str(_recipe_file(tmp_path, [{"prune": targets}, {"rtn": {}}])),
+        )  # fmt: skip
+        assert r.returncode != 0 and message in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+
+
+def _recipe_file(tmp_path, stages):
+    import yaml
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"stages": stages}))
+    return path
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "phi3"])
+def test_the_triton_backend_runs_the_description(w4, ids, name):
+    """The GPU backend on CPU tensors (TRITON_INTERPRET=1): gemma3's scale, windows,
+    sandwich and q/k norms, phi3's partial rotary. Its prefill and decode steps (Triton
+    attention over a window shorter than the sequence) equal transformers on the artifact:
+    both compute in fp32."""
+    prompt, steps = 10, 3
+    tokens = ids[0, : prompt + steps]
+    want = _transformers_logits(w4[name], tokens[None])[prompt - 1 :]
+    weights = load_weights(resolve(str(w4[name])), "cpu", "triton")
+    model = Model(weights, 16)
+    assert model.backend.name == "triton"
+    s = weights.shape
+    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim)
+    rows = [model.prefill(tokens[:prompt], cache, 0)[-1:]]
+    for t in range(prompt, prompt + steps - 1):
+        rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0])))
+    torch.testing.assert_close(torch.cat(rows), want[:steps], rtol=1e-4, atol=1e-4)
