@@ -33,6 +33,7 @@ from compress.model.loading import (
     read_tensors,
     resolve,
 )
+from compress.model.moe import expert_record, route_calibration
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe
 from compress.stage import BlockContext, Workspace
@@ -418,6 +419,9 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     for i in tqdm(range(ws.num_layers), desc="blocks", unit="block"):
         with clock("read blocks"):
             block = ws.store.block(i)
+        if hidden is not None and ws.store.spec.mlp is not None:
+            with clock("expert routing"):
+                ws.experts[i] = route_calibration(block, hidden, rope)
         ctx = BlockContext(ws, i, block, hidden, rope)
         ctx.want_reference = any(stage.needs_reference for stage in stages)
         if original is not None:  # the block as read, before any stage changes it
@@ -463,6 +467,8 @@ def _write_manifest(run: _Run, folder: Path) -> None:
         command=run.command,
     )
     manifest["label"] = run.recipe.label()
+    if run.ws.experts:
+        manifest["experts"] = expert_record(run.ws.experts, run.ws.store.spec.mlp)
     manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
     manifest["engines"], manifest["transformers_kwargs"] = written_engines(folder)
     if any(r.get("stage") in ("prune", "distill") for r in run.records):

@@ -54,6 +54,9 @@ class Workspace:
     updated: dict[str, torch.Tensor] = field(default_factory=dict)
     # per-linear schemes that replace the quantizing stages' own (mixed precision)
     schemes: dict[str, QuantScheme] = field(default_factory=dict)
+    # Mixture-of-Experts: per block, the tokens routed to each expert in calibration and
+    # the experts calibrated on every token (compress/model/moe.py), for the manifest
+    experts: dict[int, dict] = field(default_factory=dict)
 
     @property
     def adapter(self):

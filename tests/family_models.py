@@ -132,3 +132,25 @@ def write_family(folder: Path, name: str, tokenizer_from: Path | None = None, **
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == model.config.model_type
     return folder
+
+
+# Widths above the default group of 64, so every expert linear takes one scheme (a group
+# as wide as the input is written per-channel, which transformers' expert merge refuses
+# beside grouped siblings).
+MOE_FAMILIES = {
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        {
+            "hidden_size": 128,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "norm_topk_prob": True,
+        },
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        {"hidden_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2},
+    ),
+}
+FAMILIES.update(MOE_FAMILIES)

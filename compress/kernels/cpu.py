@@ -46,6 +46,12 @@ class QuantizedInput:
     dx: torch.Tensor
     bsum: torch.Tensor
 
+    def rows(self, index: torch.Tensor) -> QuantizedInput:
+        """The rows `index` (the tokens routed to one expert), still quantized."""
+        return QuantizedInput(
+            *(t[index].contiguous() for t in (self.x, self.x8, self.dx, self.bsum))
+        )
+
 
 def quantize_input(x: torch.Tensor, multiple: int = 32) -> QuantizedInput:
     x = x.float().contiguous()
@@ -272,11 +278,13 @@ class PackedLinear:
         """Bytes one multiply reads: codes, scales and zero offsets as held in memory."""
         return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.zs))
 
-    def __call__(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor | QuantizedInput, exact: bool | None = None) -> torch.Tensor:
         """int8 activations for a QuantizedInput of any size and for fp32 batches of up to
-        EXACT_ABOVE rows; larger fp32 batches take the exact (dequantized) path."""
+        EXACT_ABOVE rows; larger fp32 batches take the exact (dequantized) path, and so does
+        an fp32 input of any size when `exact` is True (an expert's share of an exact
+        batch)."""
         if not isinstance(x, QuantizedInput):
-            if x.shape[0] > EXACT_ABOVE:
+            if x.shape[0] > EXACT_ABOVE if exact is None else exact:
                 return x.float() @ self.dense().T
             x = quantize_input(x)
         elif x.x8.shape[1] != self.kp:

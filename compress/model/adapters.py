@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, replace
 
 from compress.errors import LlmpressError
+from compress.model.spec import MoeSpec
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,14 @@ class Adapter:
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
     moe: object = None  # hf config -> MoeSpec, for Mixture-of-Experts families
     head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
+    # Mixture-of-Experts: the router, the experts' module list and each expert's linears
+    # (gate, up, down) as checkpoints name them; `experts`/`expert_width` are bound from
+    # config.json by adapter_for.
+    router: str | None = None
+    expert: str | None = None
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    experts: int = 0
+    expert_width: int = 0
 
     def shape(self, config: dict) -> ModelShape:
         return ModelShape.of(config, self.head_dim)
@@ -170,8 +179,34 @@ class Adapter:
     def block_linears(self) -> tuple[str, ...]:
         """Every linear in a block, in execution order (as the checkpoint stores them)."""
         attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        if self.experts:
+            return (*attn, self.o, *self.expert_linears)
         mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
         return (*attn, self.o, *mlp, self.down)
+
+    @property
+    def expert_linears(self) -> tuple[str, ...]:
+        """Every expert's gate, up and down, expert by expert."""
+        return tuple(
+            f"{self.expert}.{e}.{n}" for e in range(self.experts) for n in self.expert_names
+        )
+
+    def expert_linear(self, e: int, role: str) -> str:
+        """Expert e's linear of `role` (gate, up, down)."""
+        return f"{self.expert}.{e}.{self.expert_names[('gate', 'up', 'down').index(role)]}"
+
+    @property
+    def shared_inputs(self) -> tuple[tuple[str, ...], ...]:
+        """Linears that read the very same tensor (one GPTQ Hessian serves them): q/k/v,
+        gate/up, or each expert's gate/up (each expert sees its own tokens)."""
+        attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        if self.experts:
+            pairs = tuple(
+                (self.expert_linear(e, "gate"), self.expert_linear(e, "up"))
+                for e in range(self.experts)
+            )
+            return (attn, *pairs)
+        return (attn, (self.gate_up,) if self.gate_up else (self.gate, self.up))
 
     @property
     def block_norms(self) -> tuple[str, ...]:
@@ -187,6 +222,20 @@ class Adapter:
             attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
             mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
             return (InputGroup(self.attn_norm, attn), InputGroup(self.mlp_norm, mlp))
+        if self.experts:  # the router reads the norm too: its columns take the scale, 16-bit
+            gates_ups = tuple(
+                n for n in self.expert_linears if not n.endswith(self.expert_names[2])
+            )
+            per_expert = tuple(
+                InputGroup(self.expert_linear(e, "up"), (self.expert_linear(e, "down"),))
+                for e in range(self.experts)
+            )
+            return (
+                InputGroup(self.attn_norm, (self.q, self.k, self.v)),
+                InputGroup(self.v, (self.o,)),
+                InputGroup(self.mlp_norm, (self.router, *gates_ups)),
+                *per_expert,
+            )
         return (
             InputGroup(self.attn_norm, (self.q, self.k, self.v)),
             InputGroup(self.v, (self.o,)),
@@ -202,7 +251,9 @@ class Adapter:
         groups = []
         if not self.qkv:
             groups.append((self.q, self.k, self.v))
-        if not self.gate_up:
+        if self.experts:  # vLLM's FusedMoE: one scheme for every expert of a layer
+            groups.append(self.expert_linears)
+        elif not self.gate_up:
             groups.append((self.gate, self.up))
         return tuple(groups)
 
@@ -210,7 +261,7 @@ class Adapter:
     def prunable(self) -> bool:
         """Structured pruning slices rows of each role's own tensor: fused tensors would
         need slices within one tensor, which the surgery does not do."""
-        return not (self.qkv or self.gate_up)
+        return not (self.qkv or self.gate_up or self.experts)
 
     @property
     def cut_groups(self) -> tuple[CutGroup, ...]:
@@ -247,6 +298,11 @@ class Adapter:
             every[self.qkv] = (q + 2 * kv, hidden)
         if self.gate_up:
             every[self.gate_up] = (2 * inter, hidden)
+        width = self.expert_width
+        for e in range(self.experts):
+            every[self.expert_linear(e, "gate")] = (width, hidden)
+            every[self.expert_linear(e, "up")] = (width, hidden)
+            every[self.expert_linear(e, "down")] = (hidden, width)
         return {name: every[name] for name in self.block_linears}
 
     def block_prefix(self, index: int) -> str:
@@ -259,6 +315,26 @@ class Adapter:
             for i in range(num_layers)
             for name in self.block_linears
         ]
+
+
+def moe_of(count_key: str, width_key: str, renormalize_key: str | None):
+    """A family's hf config -> MoeSpec reader (renormalize_key None: always renormalize)."""
+
+    def read(hf) -> MoeSpec:
+        layers = hf.num_hidden_layers
+        dense = tuple(getattr(hf, "mlp_only_layers", None) or ())
+        step = getattr(hf, "decoder_sparse_step", 1) or 1
+        dense += tuple(i for i in range(layers) if (i + 1) % step and i not in dense)
+        return MoeSpec(
+            experts=getattr(hf, count_key),
+            top_k=hf.num_experts_per_tok,
+            intermediate=getattr(hf, width_key),
+            renormalize=True if renormalize_key is None else bool(getattr(hf, renormalize_key)),
+            dense_layers=tuple(sorted(dense)),
+        )
+
+    read.count_key, read.width_key = count_key, width_key
+    return read
 
 
 LLAMA = Adapter(families=("llama",))
@@ -300,6 +376,27 @@ ADAPTERS: dict[str, Adapter] = {
         scaled_embedding=True,
         head_dim=256,
         **_QK_NORMS,
+    ),
+    "qwen3_moe": replace(
+        LLAMA,
+        families=("qwen3_moe",),
+        architecture="Qwen3MoeForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        moe=moe_of("num_experts", "moe_intermediate_size", "norm_topk_prob"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        **_QK_NORMS,
+    ),
+    "mixtral": replace(
+        LLAMA,
+        families=("mixtral",),
+        architecture="MixtralForCausalLM",
+        bias_options=(),
+        moe=moe_of("num_local_experts", "intermediate_size", None),
+        mlp="block_sparse_moe",
+        router="block_sparse_moe.gate",
+        expert="block_sparse_moe.experts",
+        expert_names=("w1", "w3", "w2"),
     ),
     "phi3": replace(
         LLAMA,
@@ -365,6 +462,8 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
     for norm in (adapter.q_norm, adapter.k_norm):
         if norm:
             per_block[norm] = (shape.head_dim,)
+    if adapter.experts:
+        per_block[adapter.router] = (adapter.experts, shape.hidden)
     out = {
         f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
         f"{adapter.final_norm}.weight": (shape.hidden,),
@@ -377,9 +476,19 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
 
 
 def adapter_for(config: dict) -> Adapter:
-    """The adapter for a config.json, or a one-line refusal naming what is supported."""
+    """The adapter for a config.json, or a one-line refusal naming what is supported.
+    A Mixture-of-Experts adapter comes bound to the config's expert count and width."""
     model_type = config.get("model_type")
     adapter = ADAPTERS.get(model_type or "")
+    if adapter is not None and adapter.moe is not None:
+        from compress.model.spec import hf_config
+
+        hf = hf_config(config)
+        adapter = replace(
+            adapter,
+            experts=int(getattr(hf, adapter.moe.count_key)),
+            expert_width=int(getattr(hf, adapter.moe.width_key)),
+        )
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))
         raise LlmpressError(

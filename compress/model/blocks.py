@@ -13,7 +13,7 @@ from functools import lru_cache
 
 import torch
 
-from compress.model.loading import Checkpoint, read_tensors
+from compress.model.loading import Checkpoint, install_experts, read_tensors
 from compress.model.rope import RopeSpec, tables
 from compress.model.spec import BlockSpec
 
@@ -33,6 +33,8 @@ class BlockStore:
         with torch.device("meta"):
             self.skeleton = AutoModelForCausalLM.from_config(self.hf_config)
         self.spec = self.adapter.spec(ckpt.config)
+        if self.spec.mlp is not None:  # per-expert linears, as the checkpoint names them
+            install_experts(self.skeleton, self.adapter, self.spec)
 
     @property
     def num_layers(self) -> int:

@@ -211,6 +211,11 @@ def _compose(previous, kept: list[int]):
 def _check_family(config: dict) -> None:
     """Refuse, in one line, a family whose blocks the surgery cannot cut."""
     adapter = adapter_for(config)
+    if adapter.experts:
+        raise LlmpressError(
+            f"prune: {adapter.families[0]} is a Mixture-of-Experts model, whose experts the "
+            "pruning surgery does not cut yet; quantize it without a prune stage"
+        )
     if not adapter.prunable:
         raise LlmpressError(
             f"prune: {adapter.families[0]} stores q/k/v and gate/up as one tensor each, which "

@@ -115,11 +115,12 @@ def gptq_quantize(
 
 def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
     """Each target linear → the linear whose input H is measured on: linears that read the
-    same input (q/k/v, gate/up: the adapter's input groups) share one H."""
+    very same tensor (q/k/v, gate/up, one expert's gate/up: adapter.shared_inputs) share
+    one H."""
     targets = ctx.targets()
     key = {rel: rel for rel in targets}
-    for group in ctx.ws.adapter.input_groups:
-        members = [rel for rel in group.linears if rel in key]
+    for group in ctx.ws.adapter.shared_inputs:
+        members = [rel for rel in group if rel in key]
         for rel in members:
             key[rel] = members[0]
     return key

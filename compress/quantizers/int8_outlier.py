@@ -117,6 +117,7 @@ class Int8Outlier(Described):
     def __init__(self, config: Int8OutlierConfig):
         self.config = config
         self.outliers: dict[str, list[int]] = {}
+        self.plain_experts = False  # Mixture-of-Experts linears kept plain int8
         self.columns = 0
         self._amax: dict[str, torch.Tensor] = {}
 
@@ -145,9 +146,13 @@ class Int8Outlier(Described):
     def transform(self, ctx: BlockContext) -> None:
         kept = outlier_dtype(ctx.ws.storage_dtype)
         decomposed = {}
+        experts = set(ctx.ws.adapter.expert_linears)
         for rel in ctx.targets():
             w = ctx.sub(rel).weight.detach()
             idx = self.config.select(self._amax[rel])
+            if rel in experts:  # transformers merges experts at load and cannot carry them
+                idx = idx[:0]
+                self.plain_experts = True
             qw = quantize_weight(w, self.config.scheme, ctx.ws.storage_dtype)
             qw.outlier_index = idx
             qw.outlier_weight = w[:, idx.long()].to(kept)
@@ -170,4 +175,9 @@ class Int8Outlier(Described):
             "outlier_columns": kept,
             "outlier_share": round(kept / self.columns, 6) if self.columns else 0.0,
             "outliers": self.outliers,
+            **(
+                {"experts": "plain int8, no outlier columns (transformers merges experts at load)"}
+                if self.plain_experts
+                else {}
+            ),
         }

@@ -67,7 +67,7 @@ def _fused_decoder(w: ModelWeights, ropes):
     rows = []
     for i, layer in enumerate(w.layers):
         lins = layer.linears()
-        if not all(isinstance(x, QuantLinear) for x in lins):
+        if layer.moe is not None or not all(isinstance(x, QuantLinear) for x in lins):
             return None
         lins = [x.fused_form() for x in lins]
         r = ropes[i]

@@ -99,6 +99,7 @@ def bench_one(
     t0 = time.perf_counter()
     engine.step()  # admits and prefills every prompt, one token each
     t1 = time.perf_counter()
+    read0 = weights.expert_bytes_read()
     steps = 0
     while not engine.idle:
         engine.step()
@@ -108,9 +109,10 @@ def bench_one(
     step_s = (t2 - t1) / max(steps, 1)
     mean_ctx = prompt_len + output_len / 2
     kv_bytes = engine.cache.bytes_per_token() * mean_ctx * batch
-    bytes_per_step = weights.step_bytes + kv_bytes
+    experts = (weights.expert_bytes_read() - read0) / max(steps, 1)  # as routing chose
+    bytes_per_step = weights.step_bytes - weights.expert_step_bytes + experts + kv_bytes
     prefill_tps = batch * prompt_len / (t1 - t0)
-    params_count = sum(lin.out_features * lin.in_features for lin in weights.linears())
+    params_count = weights.active_params
     return BenchResult(
         batch=batch,
         prompt_len=prompt_len,

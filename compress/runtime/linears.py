@@ -23,7 +23,7 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
-    def __call__(self, x) -> torch.Tensor:
+    def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
         x = x.x if isinstance(x, QuantizedInput) else x
         y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight)
         y = y.float()
@@ -62,16 +62,17 @@ class QuantLinear:
             self._fused = FusedLinear(self.packed, outliers, bias)
         return self._fused
 
-    def __call__(self, x) -> torch.Tensor:
+    def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
+        """`exact`: see PackedLinear.__call__."""
         if self.outlier_index is None:
-            y = self.packed(x)
+            y = self.packed(x, exact)
         else:  # the decomposition: outlier columns in full precision, the rest in int8
             xf = x.x if isinstance(x, QuantizedInput) else x
             regular = xf.clone()
             regular[:, self.outlier_index] = 0  # keeps them out of the activation scales
             if isinstance(x, QuantizedInput):  # int8 activations asked for: keep them
                 regular = quantize_input(regular)
-            y = self.packed(regular) + xf[:, self.outlier_index] @ self.outlier_weight.T
+            y = self.packed(regular, exact) + xf[:, self.outlier_index] @ self.outlier_weight.T
         return y if self.bias is None else y + self.bias
 
 
@@ -93,7 +94,7 @@ class TritonQuantLinear:
         )
         return sum(t.numel() * t.element_size() for t in parts)
 
-    def __call__(self, x) -> torch.Tensor:
+    def __call__(self, x, exact: bool | None = None) -> torch.Tensor:  # always fp32
         from compress.kernels.triton_matmul import dequant_matmul
 
         x = x.x if isinstance(x, QuantizedInput) else x
@@ -117,8 +118,8 @@ class ConcatLinear:
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.parts)
 
-    def __call__(self, x) -> torch.Tensor:
-        return torch.cat([p(x) for p in self.parts], dim=-1)
+    def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
+        return torch.cat([p(x, exact) for p in self.parts], dim=-1)
 
 
 def _joined_bias(parts):

@@ -10,6 +10,7 @@ import torch
 
 from compress.kernels.cpu import (
     EXACT_ABOVE,
+    QuantizedInput,
     act_mul_quantized,
     quantize_input,
     rms_norm_quantized,
@@ -18,7 +19,7 @@ from compress.kernels.cpu import (
 from compress.model.rope import RopeSpec, tables
 from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
-from compress.runtime.weights import Layer, ModelWeights
+from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,14 +55,43 @@ ACT = {
 }
 
 
+def _gated(gate_up, down, x, act: str, packed: bool, exact=None) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)), gate and up fused in one linear. `exact`: passed to
+    the linears (an expert's rows of an exact batch stay exact however few they are)."""
+    gu = gate_up(x, exact)
+    if packed:
+        return down(act_mul_quantized(gu, act))
+    gate, up = gu.chunk(2, dim=-1)
+    return down(ACT[act](gate) * up, exact)
+
+
+def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
+    """The Mixture-of-Experts MLP: softmax over the router logits (fp32), top-k, optional
+    renormalization; tokens grouped by expert, so each chosen expert's packed weights are
+    read once per step and an unchosen one not at all."""
+    xf = x.x if isinstance(x, QuantizedInput) else x
+    probs = torch.softmax(moe.router(xf).float(), -1)
+    weights, chosen = probs.topk(moe.top_k, -1)
+    if moe.renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    out = torch.zeros(xf.shape[0], moe.experts[0][1].out_features, device=xf.device)
+    for e in chosen.unique().tolist():
+        rows, slot = torch.where(chosen == e)
+        xe = x.rows(rows) if isinstance(x, QuantizedInput) else xf[rows]
+        gate_up, down = moe.experts[e]
+        moe.bytes_read += gate_up.nbytes + down.nbytes
+        y = _gated(gate_up, down, xe, act, packed, exact=None if packed else True)
+        out.index_add_(0, rows, y * weights[rows, slot, None])
+    return out
+
+
 def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.Tensor:
     spec = w.spec
-    gate_up = layer.gate_up(_norm(h, layer.mlp_norm, spec.eps, packed))
-    if packed:
-        out = layer.down(act_mul_quantized(gate_up, spec.activation))
+    x = _norm(h, layer.mlp_norm, spec.eps, packed)
+    if layer.moe is not None:
+        out = _experts(layer.moe, x, spec.activation, packed)
     else:
-        gate, up = gate_up.chunk(2, dim=-1)
-        out = layer.down(ACT[spec.activation](gate) * up)
+        out = _gated(layer.gate_up, layer.down, x, spec.activation, packed)
     return out if layer.post_mlp_norm is None else rms_norm(out, layer.post_mlp_norm, spec.eps)
 
 

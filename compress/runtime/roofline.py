@@ -60,7 +60,7 @@ def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int)
     step_s = (time.perf_counter() - t) / steps
     mean_ctx = context + 1 + steps / 2
     kv_bytes = cache.bytes_per_token() * mean_ctx * batch
-    params = sum(lin.out_features * lin.in_features for lin in w.linears())
+    params = w.active_params
     flops = 2 * params * batch + 4 * s.heads * s.head_dim * s.layers * mean_ctx * batch
     nbytes = w.step_bytes + kv_bytes
     return Point(

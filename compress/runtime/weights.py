@@ -54,7 +54,7 @@ RUNS = {
     "logit_softcap": _any,
     "windows": _any,
     "tied": _any,
-    "mlp": lambda moe: None if moe is None else "Mixture-of-Experts MLP",
+    "mlp": lambda moe: None if moe is None or not moe.dense_layers else "dense layers among MoE",
 }
 
 
@@ -67,6 +67,30 @@ def check_runnable(spec: BlockSpec, family: str) -> None:
                 f"{family}: {f.name} {problem} is not supported by the runtime yet: evaluate "
                 "this model with --engine transformers"
             )
+
+
+@dataclass
+class MoeWeights:
+    """A Mixture-of-Experts MLP: the router in fp32 and each expert's fused gate/up and
+    down, run only for the tokens routed to it."""
+
+    router: DenseLinear
+    experts: list[tuple[object, object]]  # (gate_up, down) per expert
+    top_k: int
+    renormalize: bool
+    bytes_read: int = 0  # expert weight bytes the runtime has read so far (for MBU)
+
+    def linears(self):
+        yield self.router
+        for gate_up, down in self.experts:
+            yield from (gate_up, down)
+
+    @property
+    def active_bytes(self) -> int:
+        """Bytes one token reads: the router and top_k experts (each as large as the
+        average expert)."""
+        experts = sum(g.nbytes + d.nbytes for g, d in self.experts)
+        return self.router.nbytes + experts * self.top_k // len(self.experts)
 
 
 @dataclass
@@ -84,9 +108,35 @@ class Layer:
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
     post_mlp_norm: torch.Tensor | None = None
+    moe: MoeWeights | None = None  # in place of gate_up/down
 
     def linears(self):
+        if self.moe is not None:
+            return (self.qkv, self.o, *self.moe.linears())
         return (self.qkv, self.o, self.gate_up, self.down)
+
+    @property
+    def step_bytes(self) -> int:
+        """Weight bytes a decode step of one token reads in this block: its linears, or for
+        a Mixture-of-Experts block only the router and the active experts."""
+        if self.moe is None:
+            dense = sum(lin.nbytes for lin in self.linears())
+        else:
+            dense = self.qkv.nbytes + self.o.nbytes + self.moe.active_bytes
+        return dense + sum(t.numel() * t.element_size() for t in self.norms())
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token multiplies by (of experts: the router and top_k of them)."""
+        lins = [self.qkv, self.o] + ([self.gate_up, self.down] if self.moe is None else [])
+        n = sum(lin.out_features * lin.in_features for lin in lins)
+        if self.moe is not None:
+            r = self.moe.router
+            experts = sum(
+                x.out_features * x.in_features for g, d in self.moe.experts for x in (g, d)
+            )
+            n += r.out_features * r.in_features + experts * self.moe.top_k // len(self.moe.experts)
+        return n
 
     def norms(self):
         opt = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
@@ -111,15 +161,27 @@ class ModelWeights:
 
     @property
     def step_bytes(self) -> int:
-        """Weight bytes one decode step reads: every linear as stored, norms, and the one
+        """Weight bytes one decode step of one sequence reads: every linear as stored (of a
+        Mixture-of-Experts block, the router and the top_k experts only), norms, and the one
         embedding row per token (negligible) — the tied lm_head counts once, as a linear."""
-        norms = sum(t.numel() * t.element_size() for t in self._norms())
-        return sum(lin.nbytes for lin in self.linears()) + norms
+        final = self.norm.numel() * self.norm.element_size()
+        return sum(layer.step_bytes for layer in self.layers) + self.lm_head.nbytes + final
 
-    def _norms(self):
-        for layer in self.layers:
-            yield from layer.norms()
-        yield self.norm
+    @property
+    def active_params(self) -> int:
+        head = self.lm_head.out_features * self.lm_head.in_features
+        return sum(layer.active_params for layer in self.layers) + head
+
+    def expert_bytes_read(self) -> int:
+        """Expert weight bytes read so far; with `step_bytes` less its expert estimate, the
+        bytes decode steps actually read (MBU counts what routing chose, not a guess)."""
+        return sum(layer.moe.bytes_read for layer in self.layers if layer.moe is not None)
+
+    @property
+    def expert_step_bytes(self) -> int:
+        """The part of step_bytes that is experts (the batch-1 estimate)."""
+        moe = [layer.moe for layer in self.layers if layer.moe is not None]
+        return sum(m.active_bytes - m.router.nbytes for m in moe)
 
 
 def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
@@ -187,18 +249,37 @@ def load_weights(
         def opt(name, p=p):
             return norm(f"{p}.{name}") if name else None
 
+        moe = gate_up = down = None
+        if spec.mlp is not None:
+            experts = [
+                (
+                    fuse(
+                        [lin(adapter.expert_linear(e, "gate")), lin(adapter.expert_linear(e, "up"))]
+                    ),
+                    lin(adapter.expert_linear(e, "down")),
+                )
+                for e in range(spec.mlp.experts)
+            ]
+            router = DenseLinear(tensors[f"{p}.{adapter.router}.weight"].to(device, torch.float32))
+            moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
+        elif adapter.gate_up:
+            gate_up, down = lin(adapter.gate_up), lin(adapter.down)
+        else:
+            gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
+        qkv = (
+            [lin(adapter.qkv)]
+            if adapter.qkv
+            else [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
+        )
         blocks.append(
             Layer(
                 attn_norm=opt(adapter.attn_norm),
                 mlp_norm=opt(adapter.mlp_norm),
-                qkv=lin(adapter.qkv)
-                if adapter.qkv
-                else fuse([lin(adapter.q), lin(adapter.k), lin(adapter.v)]),
+                qkv=fuse(qkv) if len(qkv) > 1 else qkv[0],
                 o=lin(adapter.o),
-                gate_up=lin(adapter.gate_up)
-                if adapter.gate_up
-                else fuse([lin(adapter.gate), lin(adapter.up)]),
-                down=lin(adapter.down),
+                gate_up=gate_up,
+                down=down,
+                moe=moe,
                 q_norm=opt(adapter.q_norm),
                 k_norm=opt(adapter.k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),

@@ -1,0 +1,129 @@
+"""The Mixture-of-Experts MLP as compression sees it: a router and one module per expert,
+named as checkpoints store them.
+
+transformers 5 holds experts stacked in one 3-D parameter per projection, which no
+quantizer can address one expert at a time; this module keeps the checkpoint's own
+per-expert linears (`experts.{e}.gate_proj` or mixtral's `experts.{e}.w1`), so every
+stage, the writer and the artifact's names work expert by expert, and computes what the
+family's sparse block computes (softmax over the router logits in fp32, top-k, optional
+renormalization, weighted sum of the chosen experts).
+
+Calibration: a block first runs once to count the tokens routed to each expert; an expert
+that received fewer tokens than its input width (too few for a full-rank Hessian) is then
+calibrated on every token as if selected, while the block's output still uses the real
+routing. The counts and that choice go to the manifest.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from compress.model.spec import BlockSpec
+
+ACT = {
+    "silu": nn.functional.silu,
+    "gelu_pytorch_tanh": lambda g: nn.functional.gelu(g, approximate="tanh"),
+}
+
+
+class Expert(nn.Module):
+    def __init__(self, names: tuple[str, str, str], hidden: int, width: int, act: str):
+        super().__init__()
+        self.names, self.act = names, ACT[act]
+        gate, up, down = names
+        self.add_module(gate, nn.Linear(hidden, width, bias=False))
+        self.add_module(up, nn.Linear(hidden, width, bias=False))
+        self.add_module(down, nn.Linear(width, hidden, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(self.act(gate(x)) * up(x))
+
+
+class MoeMLP(nn.Module):
+    def __init__(self, spec: BlockSpec, adapter, hidden: int):
+        super().__init__()
+        moe = spec.mlp
+        self.top_k, self.renormalize = moe.top_k, moe.renormalize
+        self.router_name = adapter.router.rsplit(".", 1)[-1]
+        self.add_module(self.router_name, nn.Linear(hidden, moe.experts, bias=False))
+        self.experts = nn.ModuleList(
+            Expert(adapter.expert_names, hidden, moe.intermediate, spec.activation)
+            for _ in range(moe.experts)
+        )
+        self.counts: torch.Tensor | None = None  # tokens routed to each expert, when counting
+        self.all_tokens: set[int] = set()  # experts calibrated on every token
+
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [T, k], expert indices [T, k]) for tokens [T, hidden]."""
+        logits = getattr(self, self.router_name)(flat).float()
+        weights, chosen = torch.softmax(logits, -1).topk(self.top_k, -1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(flat.dtype), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(flat)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            if self.counts is not None:
+                self.counts[e] += rows.numel()
+            if e in self.all_tokens:  # calibrated as if selected by every token
+                y = expert(flat)[rows]
+            elif rows.numel():
+                y = expert(flat[rows])
+            else:
+                continue
+            out.index_add_(0, rows, y * weights[rows, slot, None])
+        return out.reshape(x.shape)
+
+
+def install(block: nn.Module, spec: BlockSpec, adapter, hidden: int) -> None:
+    """Replace the transformers MoE module of a decoder layer (on any device, meta
+    included) by a MoeMLP registered under the checkpoint's name (mixtral: block_sparse_moe)
+    while the layer's forward still finds it as `mlp`."""
+    moe = MoeMLP(spec, adapter, hidden).to(next(block.parameters()).device)
+    block._modules.pop("mlp", None)
+    block.add_module(adapter.mlp, moe)
+    if adapter.mlp != "mlp":
+        block.__dict__["mlp"] = moe  # the attribute the decoder layer's forward calls
+
+
+def moe_modules(block: nn.Module) -> list[MoeMLP]:
+    return [m for m in block.modules() if isinstance(m, MoeMLP)]
+
+
+@torch.no_grad()
+def route_calibration(block: nn.Module, hidden: torch.Tensor, rope) -> dict:
+    """Run the block once over the calibration inputs, counting the tokens routed to each
+    expert; experts that received fewer than their input width are calibrated on every
+    token from then on. Returns the manifest's record of it."""
+    from compress.model.blocks import run_block
+
+    (moe,) = moe_modules(block)
+    moe.counts = torch.zeros(len(moe.experts), dtype=torch.long)
+    moe.all_tokens = set()
+    try:
+        run_block(block, hidden, rope)
+        counts = moe.counts.tolist()
+    finally:
+        moe.counts = None
+    width = hidden.shape[-1]
+    moe.all_tokens = {e for e, n in enumerate(counts) if n < width}
+    return {"routed_tokens": counts, "calibrated_on_all_tokens": sorted(moe.all_tokens)}
+
+
+def expert_record(per_block: dict[int, dict], moe) -> dict:
+    """The manifest's account of expert calibration: tokens each expert saw, per block,
+    and which experts were calibrated on every token instead (fewer routed tokens than
+    their input width)."""
+    return {
+        "experts": moe.experts,
+        "top_k": moe.top_k,
+        "rule": "an expert routed fewer calibration tokens than its input width is "
+        "calibrated on every token as if selected; the block's output keeps the real routing",
+        "blocks": {str(i): r for i, r in sorted(per_block.items())},
+    }
