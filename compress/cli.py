@@ -92,7 +92,11 @@ def cli() -> None:
     type=click.Choice([e for e in EXPORTS if e != "auto"]),
     help="Artifact layout (default compressed-tensors; awq-gemm for AWQ-only engines).",
 )
-@click.option("--lm-head", help="Also quantize the output projection, e.g. w8 or w4g64 (RTN).")
+@click.option(
+    "--lm-head",
+    help="Output projection: a scheme (RTN, e.g. w8 or w4g64), none (keep as stored), or auto "
+    "(the default: w8 when the model's head is untied and the blocks are quantized).",
+)
 @click.option(
     "--bits",
     type=float,

@@ -35,7 +35,7 @@ from compress.model.loading import (
 )
 from compress.model.moe import expert_record, route_calibration
 from compress.quantizers.scheme import quantize_weight
-from compress.recipe import Recipe
+from compress.recipe import Recipe, resolve_lm_head
 from compress.stage import BlockContext, Workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -127,6 +127,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
     model_stages, stages, after = _split(recipe.build())
     started = time.perf_counter()
     ckpt = source = _source(model, output)
+    recipe = resolve_lm_head(recipe, untied=not ckpt.adapter.spec(ckpt.config).tied)
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)
@@ -450,7 +451,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         with clock("write"):
             for i in range(ws.num_layers):
                 run.writer.add_block(i)
-    if run.recipe.lm_head:
+    if run.recipe.lm_head_scheme() is not None:
         with clock("lm_head"):
             run.records.append(quantize_lm_head(ws, run.recipe.lm_head_scheme()))
     run.writer.finish(ws.store.ckpt.path, lambda folder: _write_manifest(run, folder))

@@ -53,12 +53,15 @@ class Recipe:
     ignore: tuple[str, ...] = ()
     dtype: str = "auto"
     export: str = "auto"
-    lm_head: str | None = None  # e.g. "w8" or "w4g64": RTN-quantize the output projection
+    # "w8", "w4g64", ...: RTN-quantize the output projection; None: keep it as stored;
+    # "auto" (the default): w8 for an untied head of a model whose blocks are quantized,
+    # as stored otherwise (resolve_lm_head, once the checkpoint is known)
+    lm_head: str | None = "auto"
     kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
 
     def lm_head_scheme(self):
-        """The lm_head's QuantScheme, or None to keep it as stored."""
-        if self.lm_head is None:
+        """The lm_head's QuantScheme, or None to keep it as stored (or not yet resolved)."""
+        if self.lm_head in (None, "auto"):
             return None
         from compress.quantizers.rtn import RTNConfig
 
@@ -87,7 +90,7 @@ class Recipe:
         for name, cfg in self.stages:
             scheme = getattr(cfg, "scheme", None)
             parts.append(f"{name}:{scheme.label()}" if scheme else name)
-        if self.lm_head:
+        if self.lm_head_scheme() is not None:
             parts.append(f"lm_head:{self.lm_head_scheme().label()}")
         if self.kv_cache:
             parts.append(f"kv:{self.kv_cache}")
@@ -186,8 +189,9 @@ def parse_recipe(data: Any) -> Recipe:
     stages = _parse_stages(data.get("stages"), export)
     calib = build_config(CalibConfig, data.get("calib"), "calib")
     ignore = _parse_ignore(data.get("ignore") or [])
-    dtype, lm_head = data.get("dtype", "auto"), data.get("lm_head")
-    _check_layout(export, dtype, lm_head)
+    dtype, lm_head = data.get("dtype", "auto"), data.get("lm_head", "auto")
+    lm_head = None if lm_head in (None, "none") else lm_head
+    _check_layout(export, dtype, None if lm_head == "auto" else lm_head)
     recipe = Recipe(
         stages=stages,
         calib=calib,
@@ -338,6 +342,24 @@ def _parse_ignore(ignore: Any) -> tuple[str, ...]:
                     "fix it, or use a glob such as 'model.layers.0.*'"
                 ) from None
     return tuple(ignore)
+
+
+AUTO_LM_HEAD = "w8"  # benchmarks/lm_head.py: the smallest drift of the quantized heads
+
+
+def resolve_lm_head(recipe: Recipe, untied: bool) -> Recipe:
+    """`lm_head: auto` made concrete: an untied output projection kept in 16/32 bits is
+    most of a small model's decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape), so
+    when the recipe quantizes the blocks to 8 bits or fewer and the layout holds a
+    quantized head, it is stored as int8 per channel; a tied head stays the embedding."""
+    if recipe.lm_head != "auto":
+        return recipe
+    bits = [getattr(cfg, "scheme", None) for _, cfg in recipe.stages]
+    quantized = any(b is not None and b.bits <= 8 for b in bits)
+    holds = codec(recipe.export).holds_lm_head
+    return dataclasses.replace(
+        recipe, lm_head=AUTO_LM_HEAD if untied and quantized and holds else None
+    )
 
 
 def _check_layout(export: str, dtype: str, lm_head: Any) -> None:

@@ -536,6 +536,34 @@ def mixed_fused(d: dict) -> list[str]:
     ]
 
 
+def families(d: dict) -> list[str]:
+    return [
+        "Every family at a realistic width (random weights, about 0.5B parameters dense, "
+        "8 experts of 16 layers MoE; shapes in the script's docstring), compressed with the "
+        "README's `--quant rtn:w4g64`; the KL column is from the tiny test models "
+        "(tests/test_families.py) compressed with rtn / awq / gptq w4g32. The MoE rows' "
+        "logit difference is transformers', not the runtime's: it dequantizes a compressed "
+        "MoE artifact's experts into bfloat16 parameters even when asked for float32 "
+        "(measured: its expert weights equal the runtime's fp32 dequantization rounded to "
+        "bfloat16), while the dense rows compare fp32 with fp32. MBU counts the bytes "
+        "decode actually read (for MoE, the experts routing chose). The anchors ran "
+        f"interleaved over rounds; {d['minutes']} minutes in all.",
+        "",
+        *d["table"].rstrip().splitlines(),
+    ]
+
+
+def lm_head(d: dict) -> list[str]:
+    body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
+    return [
+        f"The default model, RTN w4g64 blocks, {d['windows']} windows of {d['ctx']} tokens; "
+        "the output projection as shipped (tied to the fp32 embedding) or quantized into a "
+        "copy of its own.",
+        "",
+        *table(["lm_head", *DRIFT, "size MB"], body),
+    ]
+
+
 # (results file, title, command that wrote it, renderer)
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
@@ -619,6 +647,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "scripts/vllm_check.py",
         vllm_check,
     ),
+    (
+        "families.json",
+        "Every family: compression, transformers, vLLM rules, decode speed",
+        "benchmarks/families.py --llama-cpp LLAMA_BIN",
+        families,
+    ),
+    ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
 ]
 
 

@@ -230,3 +230,27 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     for t in range(prompt, prompt + steps - 1):
         rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0])))
     torch.testing.assert_close(torch.cat(rows), want[:steps], rtol=1e-4, atol=1e-4)
+
+
+def test_an_untied_head_is_stored_in_int8_by_default_and_a_tied_one_left_alone(
+    models, wikitext, tmp_path
+):
+    """--lm-head auto: w8 for an untied head when the blocks are quantized (most of a small
+    model's decode bytes otherwise), the embedding for a tied one; `none` keeps it."""
+    rtn = [parse_quant("rtn:w4g32")]
+    untied = _compress(models["llama3"], tmp_path / "untied", rtn, wikitext)
+    tied = _compress(models["gemma3_text"], tmp_path / "tied", rtn, wikitext)
+    recipe = parse_recipe({"stages": rtn, "lm_head": "none"})
+    kept = compress(str(models["llama3"]), recipe, tmp_path / "kept", log=lambda _: None)
+
+    def head(path):
+        names = {k for f in path.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()}  # noqa: SIM118
+        return sorted(n.rsplit(".", 1)[-1] for n in names if n.startswith("lm_head."))
+
+    assert head(untied) == ["weight_packed", "weight_scale", "weight_shape"]
+    manifest = json.loads((untied / "manifest.json").read_text())
+    assert manifest["recipe"]["lm_head"] == "w8"
+    assert (
+        head(tied) == [] and json.loads((tied / "config.json").read_text())["tie_word_embeddings"]
+    )
+    assert head(kept) == ["weight"]

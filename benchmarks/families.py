@@ -1,0 +1,376 @@
+"""Every supported family at a realistic width: compressed with the README's recipe,
+opened by plain transformers, checked against vLLM's loading rules, run against
+transformers' logits, and decoded in `llmpress bench`; then the two speed anchors the
+family issue names.
+
+Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
+- dense families: Qwen2.5-0.5B's widths (hidden 896, 24 layers, MLP 4864, 14/2 heads,
+  head_dim 64, vocab 151,936), each with its own family's features (llama: Llama 3 rope
+  scaling, untied head; mistral and qwen3: a sliding window; gemma3: 5 local : 1 global
+  layers, its scales; phi3: fused tensors, LongRoPE);
+- MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
+  renormalized routing; qwen3_moe with norm_topk_prob).
+Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
+runtime's exact logits against transformers' on the artifact (max |diff| over 64 tokens);
+`AutoModelForCausalLM.from_pretrained(artifact)` loads; the manifest's vLLM verdict; and
+`llmpress bench --batch 1` decode tokens/s and MBU (bytes actually read: for MoE, the
+experts routing chose). AWQ and GPTQ per family are covered at tiny width by
+tests/test_families.py (their KL is printed here from the tiny models too).
+
+Anchors, rounds interleaved (medians): the qwen2 row against the same shape without
+biases (llama, same widths: the one-call C decoder now takes biases), and against
+llama.cpp (`--llama-cpp BIN`: its own convert_hf_to_gguf.py next to BIN/../../src, then
+`llama-quantize Q4_0`, `llama-bench -t 2 -p 0 -n 64 -r 1`), with the README's recipe
+(whose `--lm-head auto` stores this untied head in int8) and with `--lm-head none`.
+
+    scripts/build_llama_cpp            # prints BIN
+    python benchmarks/families.py --llama-cpp BIN [--rounds 3] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from family_models import COMMON, FAMILIES, MOE_FAMILIES  # noqa: E402
+
+from compress.model.default import convert_gguf, default_gguf  # noqa: E402
+
+LLMPRESS = [sys.executable, "-m", "compress"]
+QWEN05 = {
+    "hidden_size": 896,
+    "num_hidden_layers": 24,
+    "intermediate_size": 4864,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 151936,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.02,
+}
+DENSE = {
+    "llama3": {  # Llama 3.1's rope scaling, its original context scaled to this one
+        "rope_parameters": {
+            **FAMILIES["llama3"][1]["rope_parameters"],
+            "original_max_position_embeddings": 1024,
+        }
+    },
+    "mistral": {"sliding_window": 512},
+    "qwen2": {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    "qwen3": {"use_sliding_window": True, "sliding_window": 512, "max_window_layers": 12},
+    "gemma3_text": {
+        "layer_types": None,
+        "sliding_window": 512,
+        "query_pre_attn_scalar": 64,
+        "final_logit_softcapping": None,
+        "rope_parameters": None,
+        "tie_word_embeddings": True,
+    },
+    "phi3": {
+        "original_max_position_embeddings": 1024,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0] * 32,
+            "long_factor": [2.0] * 32,
+        },
+    },
+}
+MOE = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "initializer_range": 0.02,
+}
+MOE_SETTINGS = {
+    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1024},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
+}
+
+
+def realistic_config(name: str):
+    import transformers
+
+    cls_name, tiny = (MOE_FAMILIES if name in MOE_FAMILIES else FAMILIES)[name]
+    if name in MOE_FAMILIES:
+        settings = {**COMMON, **tiny, **MOE, **MOE_SETTINGS[name]}
+    else:
+        settings = {**COMMON, **tiny, **QWEN05, **DENSE[name]}
+    # gemma3: the class derives its 5:1 layer pattern and nested rope from its defaults
+    settings = {k: v for k, v in settings.items() if v is not None}
+    settings.setdefault("tie_word_embeddings", False)
+    return getattr(transformers, cls_name)(**settings)
+
+
+def write_model(folder: Path, name: str, config=None, seed: int = 0) -> Path:
+    """Random weights (bf16) of `name` at realistic width, with the default model's
+    tokenizer (its vocabulary is a prefix of the model's)."""
+    from transformers import AutoModelForCausalLM
+
+    config = config or realistic_config(name)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.save_pretrained(folder)
+    tokenizer = convert_gguf(default_gguf())
+    for f in tokenizer.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+            shutil.copy2(f, folder / f.name)
+    return folder
+
+
+def run(cmd, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, **kw)
+
+
+def compress_cli(src: Path, out: Path, *extra: str) -> float:
+    t = time.perf_counter()
+    run([*LLMPRESS, "compress", str(src), "-o", str(out), "--quant", "rtn:w4g64", *extra])
+    return time.perf_counter() - t
+
+
+def bench_cli(artifact: Path, work: Path) -> dict:
+    out = work / "bench.json"
+    run([*LLMPRESS, "bench", str(artifact), "--batch", "1", "--prompt-len", "32",
+         "--output-len", "64", "--json", str(out)])  # fmt: skip
+    record = json.loads(out.read_text())
+    row = record["results"][0]
+    return {
+        "tok_s": row["tokens_per_s"],
+        "mbu": row["mbu"],
+        "bandwidth": record["bandwidth_bytes_per_s"],
+    }
+
+
+def logits_check(artifact: Path) -> dict:
+    """Plain from_pretrained of the artifact, and the runtime's exact logits beside it."""
+    from transformers import AutoModelForCausalLM
+
+    from compress.model.loading import resolve
+    from compress.runtime.lm import RuntimeLM
+    from compress.runtime.weights import load_weights
+
+    ids = torch.randint(0, 49152, (1, 72), generator=torch.Generator().manual_seed(0))
+    model = AutoModelForCausalLM.from_pretrained(artifact, dtype=torch.float32)
+    with torch.no_grad():
+        want = model.eval()(ids).logits[0]
+    del model
+    weights = load_weights(resolve(str(artifact)), device="cpu")
+    got = RuntimeLM(weights, 72, exact=True)(ids).logits[0]
+    return {"from_pretrained": True, "max_logit_diff": (got - want).abs().max().item(),
+            "logit_std": want.std().item()}  # fmt: skip
+
+
+def family_row(name: str, work: Path, log) -> dict:
+    src, art = work / f"{name}-src", work / f"{name}-w4g64"
+    write_model(src, name)
+    row = {"family": name, "compress_s": round(compress_cli(src, art), 1)}
+    manifest = json.loads((art / "manifest.json").read_text())
+    row["vllm"] = manifest["engines"].get("vllm", ["?"])
+    row.update(logits_check(art))
+    row.update(bench_cli(art, work))
+    row["params"] = manifest.get("weights", {}).get("parameters")
+    log(f"{name}: {row}")
+    shutil.rmtree(src)
+    return row
+
+
+def tiny_quality(work: Path) -> dict:
+    """KL to the original of rtn, awq, gptq on each tiny family model (wikitext calib)."""
+    from family_models import write_family
+
+    from compress.pipeline import compress
+    from compress.recipe import parse_quant, parse_recipe
+
+    data = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "valid.txt"
+    calib = {"source": str(data), "samples": 8, "length": 64}
+    ids = torch.randint(0, 49152, (1, 72), generator=torch.Generator().manual_seed(0))
+    out = {}
+    for name in FAMILIES:
+        src = write_family(work / f"tiny-{name}", name, tokenizer_from=convert_gguf(default_gguf()))
+        base = _log_probs(src, ids)
+        out[name] = {}
+        for method in ("rtn", "awq", "gptq"):
+            dst = work / f"tiny-{name}-{method}"
+            recipe = parse_recipe({"stages": [parse_quant(f"{method}:w4g32")], "calib": calib})
+            compress(str(src), recipe, dst, log=lambda _: None)
+            got = _log_probs(dst, ids)
+            out[name][method] = round((base.exp() * (base - got)).sum(-1).mean().item(), 5)
+    return out
+
+
+def _log_probs(path: Path, ids) -> torch.Tensor:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        return torch.log_softmax(model.eval()(ids).logits[0], -1)
+
+
+# llama.cpp's converter, run as it is except for one label: it names the tokenizer's
+# pre-tokenizer by a hash of known vocabularies, and the default model's tokenizer (here
+# beside random qwen2-shaped weights) is not among them. The label only steers llama.cpp's
+# own tokenization, which a decode-speed run does not use.
+CONVERT = """
+import sys
+sys.path.insert(0, sys.argv.pop(1))
+import conversion.base
+conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+import convert_hf_to_gguf
+convert_hf_to_gguf.main()
+"""
+
+
+def llama_cpp_gguf(bin_dir: Path, src: Path, work: Path) -> Path:
+    """src converted with llama.cpp's own converter (f16), then requantized to Q4_0."""
+    converter = bin_dir.parent.parent / "src"
+    f16, q4 = work / "qwen2-f16.gguf", work / "qwen2-q4_0.gguf"
+    run([sys.executable, "-c", CONVERT, str(converter), str(src), "--outtype", "f16",
+         "--outfile", str(f16)])  # fmt: skip
+    run([str(bin_dir / "llama-quantize"), str(f16), str(q4), "Q4_0"])
+    f16.unlink()
+    return q4
+
+
+def llama_bench(bin_dir: Path, gguf: Path) -> float:
+    r = run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", "2", "-p", "0", "-n", "64",
+             "-r", "1", "-o", "json"], timeout=900)  # fmt: skip
+    return json.loads(r.stdout)[0]["avg_ts"]
+
+
+def anchors(work: Path, bin_dir: Path | None, rounds: int, log) -> dict:
+    """qwen2 with biases vs the same shape without (llama), and vs llama.cpp Q4_0."""
+    from transformers import LlamaConfig
+
+    qwen_src = write_model(work / "qwen2-src", "qwen2")
+    plain = LlamaConfig(**{**QWEN05, "tie_word_embeddings": False, "rope_theta": 1e6})
+    llama_src = write_model(work / "nobias-src", "llama3", config=plain)
+    arts = {
+        "qwen2 (biases)": work / "a-qwen2",
+        "same shape, no biases": work / "a-nobias",
+        "qwen2 --lm-head none": work / "a-qwen2-none",
+    }
+    compress_cli(qwen_src, arts["qwen2 (biases)"])
+    compress_cli(llama_src, arts["same shape, no biases"])
+    compress_cli(qwen_src, arts["qwen2 --lm-head none"], "--lm-head", "none")
+    gguf = llama_cpp_gguf(bin_dir, qwen_src, work) if bin_dir else None
+    runs: dict[str, list[float]] = {k: [] for k in arts}
+    if gguf:
+        runs["llama.cpp Q4_0"] = []
+    for r in range(rounds):
+        for label, art in arts.items():
+            runs[label].append(bench_cli(art, work)["tok_s"])
+        if gguf:
+            runs["llama.cpp Q4_0"].append(llama_bench(bin_dir, gguf))
+        log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items()))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    ratios = {"qwen2 with biases / without": med["qwen2 (biases)"] / med["same shape, no biases"]}
+    if gguf:
+        version = subprocess.run(
+            [str(bin_dir / "llama-bench"), "--version"], capture_output=True, text=True
+        )
+        ratios["llmpress rtn:w4g64 / llama.cpp Q4_0"] = (
+            med["qwen2 (biases)"] / med["llama.cpp Q4_0"]
+        )
+        ratios["llmpress rtn:w4g64 --lm-head none / llama.cpp Q4_0"] = (
+            med["qwen2 --lm-head none"] / med["llama.cpp Q4_0"]
+        )
+    return {
+        "runs": runs,
+        "medians": med,
+        "ratios": ratios,
+        "llama_cpp": None if not gguf else " ".join((version.stdout + version.stderr).split()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench and llama-quantize")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--families", default=",".join([*DENSE, *MOE_SETTINGS]))
+    ap.add_argument("--skip-anchors", action="store_true")
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the rows already in the results file"
+    )
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    started = time.time()
+    record = {
+        "command": "python benchmarks/families.py" + (" --llama-cpp BIN" if args.llama_cpp else ""),
+        "rows": [],
+        "tiny_kl": {},
+        "anchors": None,
+    }
+
+    previous = args.out / "families.json"
+    if args.resume and previous.is_file():
+        kept = json.loads(previous.read_text())
+        record["rows"], record["tiny_kl"] = kept["rows"], kept.get("tiny_kl") or {}
+
+    def save() -> None:  # after every part: a late failure keeps what was measured
+        record["minutes"] = round((time.time() - started) / 60, 1)
+        record["table"] = markdown(record)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "families.json").write_text(json.dumps(record, indent=2) + "\n")
+        (args.out / "families.md").write_text(markdown(record))
+
+    (HERE / "work").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=HERE / "work") as tmp:
+        work = Path(tmp)
+        done = {row["family"] for row in record["rows"]}
+        for name in args.families.split(","):
+            if name not in done:
+                record["rows"].append(family_row(name, work, print))
+                save()
+        if not record["tiny_kl"]:
+            record["tiny_kl"] = tiny_quality(work)
+            save()
+        if not args.skip_anchors:
+            record["anchors"] = anchors(work, args.llama_cpp, args.rounds, print)
+            save()
+    print(markdown(record))
+
+
+def markdown(record: dict) -> str:
+    lines = [
+        "| family | compresses (tiny KL: rtn / awq / gptq) | runtime vs transformers, "
+        "max logit diff | from_pretrained | vLLM rules | bench batch 1 tok/s (MBU) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        kl = record["tiny_kl"].get(row["family"], {})
+        kls = " / ".join(f"{kl[m]:.4f}" for m in ("rtn", "awq", "gptq") if m in kl)
+        vllm = "✔" if not row["vllm"] else "✘ " + "; ".join(row["vllm"])[:80]
+        lines.append(
+            f"| {row['family']} | ✔ ({kls}) | {row['max_logit_diff']:.1e} "
+            f"| ✔ | {vllm} | {row['tok_s']:.1f} ({100 * row['mbu']:.0f}%) |"
+        )
+    a = record.get("anchors")
+    if a:
+        lines += ["", "| measurement (median of rounds) | tok/s | runs |", "|---|---|---|"]
+        for k, v in a["medians"].items():
+            lines.append(f"| {k} | {v:.1f} | {', '.join(f'{x:.1f}' for x in a['runs'][k])} |")
+        lines += ["", "| ratio | value |", "|---|---|"]
+        lines += [f"| {k} | {v:.2f} |" for k, v in a["ratios"].items()]
+        if a.get("llama_cpp"):
+            lines += ["", f"llama.cpp: {a['llama_cpp']}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
