@@ -254,3 +254,35 @@ def test_an_untied_head_is_stored_in_int8_by_default_and_a_tied_one_left_alone(
         head(tied) == [] and json.loads((tied / "config.json").read_text())["tie_word_embeddings"]
     )
     assert head(kept) == ["weight"]
+
+
+@pytest.mark.parametrize("name", ["gemma3_text", "qwen3_moe"])
+def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
+    """serve on a sandwich-norm, windowed family and on a Mixture-of-Experts one: the
+    openai client gets its greedy completion, the same one twice."""
+    import threading
+
+    import openai
+
+    from compress.serve.app import build_app
+    from compress.serve.server import make_server
+
+    app = build_app(str(w4[name]), max_batch=2, max_len=64, max_queue=1)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x", max_retries=0
+        )
+        replies = [
+            client.completions.create(
+                model=app.model_name, prompt="one, two, three,", max_tokens=8, temperature=0
+            )
+            for _ in range(2)
+        ]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.scheduler.stop()
+    assert [r.usage.completion_tokens for r in replies] == [8, 8]
+    assert replies[0].choices[0].text == replies[1].choices[0].text
