@@ -201,7 +201,9 @@ def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tm
             str(_recipe_file(tmp_path, [{"prune": targets}, {"rtn": {}}])),
         )  # fmt: skip
         assert r.returncode != 0 and message in r.stderr, r.stderr
-        assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / name).exists()
+        # one line of ours (transformers may warn about the config beside it)
+        ours = [x for x in r.stderr.strip().splitlines() if not x.startswith("[transformers]")]
+        assert len(ours) == 1 and not (tmp_path / name).exists()
 
 
 def _recipe_file(tmp_path, stages):
