@@ -90,8 +90,10 @@ def test_the_gptq_stage_writes_an_ordinary_artifact(tmp_path, wikitext, tokenize
     record = json.loads((out / "manifest.json").read_text())["stages"][0]
     assert record["stage"] == "gptq" and record["act_order"] is False and record["layers"] > 0
     config = json.loads((out / "config.json").read_text())["quantization_config"]
-    (group,) = config["config_groups"].values()
+    # the blocks' group, and the untied head's int8 one (--lm-head auto)
+    group, head = config["config_groups"].values()
     assert group["weights"]["group_size"] == 32 and group["weights"]["num_bits"] == 4
+    assert head["weights"]["num_bits"] == 8 and head["targets"] == ["lm_head"]
     ids = torch.randint(0, 100, (1, 80))  # > EXACT_ABOVE rows: the runtime's exact path
     dense = load_model(resolve(str(out)))(ids).logits
     served = RuntimeLM(load_weights(resolve(str(out))), 80)(ids).logits

@@ -176,12 +176,12 @@ def test_awq_gptq_tune_writes_an_ordinary_artifact(tmp_path, wikitext, tokenizer
     )
     out = compress(str(folder), recipe, tmp_path / "chain", log=lambda _: None)
     manifest = json.loads((out / "manifest.json").read_text())
-    awq, gptq, tune = manifest["stages"]
-    assert (awq["stage"], awq["rounded"], gptq["stage"], tune["stage"]) == (
-        "awq", False, "gptq", "tune"
+    awq, gptq, tune, head = manifest["stages"]  # the untied head in int8 (--lm-head auto)
+    assert (awq["stage"], awq["rounded"], gptq["stage"], tune["stage"], head["stage"]) == (
+        "awq", False, "gptq", "tune", "lm_head"
     )  # fmt: skip
     assert tune["output_mse"] and "tune transform" in manifest["timing_s"]
-    (group,) = json.loads((out / "config.json").read_text())["quantization_config"][
+    group, _head = json.loads((out / "config.json").read_text())["quantization_config"][
         "config_groups"
     ].values()
     assert group["weights"]["group_size"] == 32 and group["weights"]["num_bits"] == 4
