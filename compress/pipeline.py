@@ -24,7 +24,7 @@ from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_
 from compress.calib_data.cost import calibration_passes, calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.errors import LlmpressError
-from compress.model.blocks import BlockStore, run_block
+from compress.model.blocks import BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import (
     Checkpoint,
@@ -33,7 +33,7 @@ from compress.model.loading import (
     read_tensors,
     resolve,
 )
-from compress.model.moe import expert_record, route_calibration
+from compress.model.moe import expert_record
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe, resolve_lm_head
 from compress.stage import BlockContext, Workspace

@@ -54,8 +54,9 @@ class Recipe:
     dtype: str = "auto"
     export: str = "auto"
     # "w8", "w4g64", ...: RTN-quantize the output projection; None: keep it as stored;
-    # "auto" (the default): w8 for an untied head of a model whose blocks are quantized,
-    # as stored otherwise (resolve_lm_head, once the checkpoint is known)
+    # "auto" (the default): w8 for an untied head of a model whose blocks are quantized
+    # without a bits budget, as stored otherwise (resolve_lm_head, once the checkpoint is
+    # known)
     lm_head: str | None = "auto"
     kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
 
@@ -356,6 +357,8 @@ def resolve_lm_head(recipe: Recipe, untied: bool) -> Recipe:
         return recipe
     bits = [getattr(cfg, "scheme", None) for _, cfg in recipe.stages]
     quantized = any(b is not None and b.bits <= 8 for b in bits)
+    if any(name == "mixed" for name, _ in recipe.stages):  # a --bits budget it would exceed
+        quantized = False
     holds = codec(recipe.export).holds_lm_head
     return dataclasses.replace(
         recipe, lm_head=AUTO_LM_HEAD if untied and quantized and holds else None

@@ -48,7 +48,8 @@ def test_unknown_architecture_refused(tmp_path, model_type):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(
         LlmpressError,
-        match=r"unsupported architecture .*gemma3_text, llama, mistral, phi3, qwen2, qwen3",
+        match=r"unsupported architecture .*gemma3_text, llama, mistral, mixtral, phi3, qwen2, "
+        r"qwen3, qwen3_moe",
     ):
         resolve(str(folder))
     with pytest.raises(LlmpressError):

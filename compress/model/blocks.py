@@ -13,7 +13,8 @@ from functools import lru_cache
 
 import torch
 
-from compress.model.loading import Checkpoint, install_experts, read_tensors
+from compress.model.loading import Checkpoint, read_tensors
+from compress.model.moe import install_experts, moe_modules
 from compress.model.rope import RopeSpec, tables
 from compress.model.spec import BlockSpec
 
@@ -129,3 +130,21 @@ def observe_inputs(
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.no_grad()
+def route_calibration(block: torch.nn.Module, hidden: torch.Tensor, rope) -> dict:
+    """Run the block once over the calibration inputs, counting the tokens routed to each
+    expert; experts that received fewer than their input width are calibrated on every
+    token from then on. Returns the manifest's record of it."""
+    (moe,) = moe_modules(block)
+    moe.counts = torch.zeros(len(moe.experts), dtype=torch.long)
+    moe.all_tokens = set()
+    try:
+        run_block(block, hidden, rope)
+        counts = moe.counts.tolist()
+    finally:
+        moe.counts = None
+    width = hidden.shape[-1]
+    moe.all_tokens = {e for e, n in enumerate(counts) if n < width}
+    return {"routed_tokens": counts, "calibrated_on_all_tokens": sorted(moe.all_tokens)}

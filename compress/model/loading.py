@@ -310,6 +310,8 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     spec = adapter.spec(config)
     if spec.mlp is not None:
+        from compress.model.moe import install_experts
+
         install_experts(model, adapter, spec)
     model.to_empty(device="cpu")
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
@@ -327,18 +329,3 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         owner = model.get_submodule(parent)
         setattr(owner, child, type(getattr(owner, child))(config=hf_config))
     return model.eval()
-
-
-def install_experts(model, adapter: Adapter, spec) -> None:
-    """Give every decoder layer of a transformers model (meta or real) the per-expert MoE
-    module (compress/model/moe.py), named as the checkpoint stores its experts."""
-    from compress.model.moe import install
-
-    if spec.mlp.dense_layers:
-        raise LlmpressError(
-            f"{adapter.families[0]}: layers {list(spec.mlp.dense_layers)[:4]} keep a dense MLP "
-            "beside Mixture-of-Experts layers, which llmpress does not handle yet"
-        )
-    hidden = model.config.hidden_size
-    for i in range(model.config.num_hidden_layers):
-        install(model.get_submodule(adapter.block_prefix(i)), spec, adapter, hidden)

@@ -96,26 +96,6 @@ def moe_modules(block: nn.Module) -> list[MoeMLP]:
     return [m for m in block.modules() if isinstance(m, MoeMLP)]
 
 
-@torch.no_grad()
-def route_calibration(block: nn.Module, hidden: torch.Tensor, rope) -> dict:
-    """Run the block once over the calibration inputs, counting the tokens routed to each
-    expert; experts that received fewer than their input width are calibrated on every
-    token from then on. Returns the manifest's record of it."""
-    from compress.model.blocks import run_block
-
-    (moe,) = moe_modules(block)
-    moe.counts = torch.zeros(len(moe.experts), dtype=torch.long)
-    moe.all_tokens = set()
-    try:
-        run_block(block, hidden, rope)
-        counts = moe.counts.tolist()
-    finally:
-        moe.counts = None
-    width = hidden.shape[-1]
-    moe.all_tokens = {e for e, n in enumerate(counts) if n < width}
-    return {"routed_tokens": counts, "calibrated_on_all_tokens": sorted(moe.all_tokens)}
-
-
 def expert_record(per_block: dict[int, dict], moe) -> dict:
     """The manifest's account of expert calibration: tokens each expert saw, per block,
     and which experts were calibrated on every token instead (fewer routed tokens than
@@ -127,3 +107,18 @@ def expert_record(per_block: dict[int, dict], moe) -> dict:
         "calibrated on every token as if selected; the block's output keeps the real routing",
         "blocks": {str(i): r for i, r in sorted(per_block.items())},
     }
+
+
+def install_experts(model: nn.Module, adapter, spec: BlockSpec) -> None:
+    """Give every decoder layer of a transformers model (meta or real) a MoeMLP, named as
+    the checkpoint stores its experts."""
+    from compress.errors import LlmpressError
+
+    if spec.mlp.dense_layers:
+        raise LlmpressError(
+            f"{adapter.families[0]}: layers {list(spec.mlp.dense_layers)[:4]} keep a dense MLP "
+            "beside Mixture-of-Experts layers, which llmpress does not handle yet"
+        )
+    hidden = model.config.hidden_size
+    for i in range(model.config.num_hidden_layers):
+        install(model.get_submodule(adapter.block_prefix(i)), spec, adapter, hidden)
