@@ -86,16 +86,12 @@ class ModelShape(Widths):
     """The sizes config.json describes, read once (`Adapter.shape`)."""
 
     vocab: int
-    rope_theta: float
-    rope_type: str  # "default", or a scaling type (llama3, yarn, ...)
-    eps: float
-    max_positions: int
+    max_positions: int  # what the block computes (eps, rope) is in the BlockSpec
 
     @classmethod
     def of(cls, config: dict, head_dim: int | None = None) -> ModelShape:
         """`head_dim`: the family's class default when config.json has none (qwen3's 128,
         gemma3's 256); otherwise hidden / heads."""
-        rope = {**(config.get("rope_scaling") or {}), **(config.get("rope_parameters") or {})}
         heads = config["num_attention_heads"]
         return cls(
             hidden=config["hidden_size"],
@@ -105,9 +101,6 @@ class ModelShape(Widths):
             intermediate=config["intermediate_size"],
             layers=config["num_hidden_layers"],
             vocab=config["vocab_size"],
-            rope_theta=float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0),
-            rope_type=rope.get("rope_type") or rope.get("type") or "default",
-            eps=float(config.get("rms_norm_eps", 1e-6)),
             max_positions=config.get("max_position_embeddings", 2048),
         )
 
@@ -151,7 +144,7 @@ class Adapter:
     )  # (config key, the roles it gives a bias)
     query_pre_attn_scalar: bool = False  # the attention scale is that key's ** -0.5
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
-    moe: object = None  # hf config -> MoeSpec, for Mixture-of-Experts families
+    moe: MoeKeys | None = None  # Mixture-of-Experts families: where their config says so
     head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
     # Mixture-of-Experts: the router, the experts' module list and each expert's linears
     # (gate, up, down) as checkpoints name them; `experts`/`expert_width` are bound from
@@ -317,24 +310,27 @@ class Adapter:
         ]
 
 
-def moe_of(count_key: str, width_key: str, renormalize_key: str | None):
-    """A family's hf config -> MoeSpec reader (renormalize_key None: always renormalize)."""
+@dataclass(frozen=True)
+class MoeKeys:
+    """Where a family's config keeps its Mixture-of-Experts facts; called on transformers'
+    config object, the MoeSpec (renormalize None: the family always renormalizes)."""
 
-    def read(hf) -> MoeSpec:
+    count: str
+    width: str
+    renormalize: str | None
+
+    def __call__(self, hf) -> MoeSpec:
         layers = hf.num_hidden_layers
         dense = tuple(getattr(hf, "mlp_only_layers", None) or ())
         step = getattr(hf, "decoder_sparse_step", 1) or 1
         dense += tuple(i for i in range(layers) if (i + 1) % step and i not in dense)
         return MoeSpec(
-            experts=getattr(hf, count_key),
+            experts=getattr(hf, self.count),
             top_k=hf.num_experts_per_tok,
-            intermediate=getattr(hf, width_key),
-            renormalize=True if renormalize_key is None else bool(getattr(hf, renormalize_key)),
+            intermediate=getattr(hf, self.width),
+            renormalize=self.renormalize is None or bool(getattr(hf, self.renormalize)),
             dense_layers=tuple(sorted(dense)),
         )
-
-    read.count_key, read.width_key = count_key, width_key
-    return read
 
 
 LLAMA = Adapter(families=("llama",))
@@ -382,7 +378,7 @@ ADAPTERS: dict[str, Adapter] = {
         families=("qwen3_moe",),
         architecture="Qwen3MoeForCausalLM",
         bias_options=_ATTENTION_BIAS,
-        moe=moe_of("num_experts", "moe_intermediate_size", "norm_topk_prob"),
+        moe=MoeKeys("num_experts", "moe_intermediate_size", "norm_topk_prob"),
         router="mlp.gate",
         expert="mlp.experts",
         **_QK_NORMS,
@@ -392,7 +388,7 @@ ADAPTERS: dict[str, Adapter] = {
         families=("mixtral",),
         architecture="MixtralForCausalLM",
         bias_options=(),
-        moe=moe_of("num_local_experts", "intermediate_size", None),
+        moe=MoeKeys("num_local_experts", "intermediate_size", None),
         mlp="block_sparse_moe",
         router="block_sparse_moe.gate",
         expert="block_sparse_moe.experts",
@@ -483,12 +479,8 @@ def adapter_for(config: dict) -> Adapter:
     if adapter is not None and adapter.moe is not None:
         from compress.model.spec import hf_config
 
-        hf = hf_config(config)
-        adapter = replace(
-            adapter,
-            experts=int(getattr(hf, adapter.moe.count_key)),
-            expert_width=int(getattr(hf, adapter.moe.width_key)),
-        )
+        moe = adapter.moe(hf_config(config))
+        adapter = replace(adapter, experts=moe.experts, expert_width=moe.intermediate)
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))
         raise LlmpressError(
