@@ -66,6 +66,30 @@ def test_quantized_prompts_of_any_length_take_the_packed_matmul():
     assert not torch.equal(y, lin(x))  # the fp32 input of that size: the exact path
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_symmetric_weights_read_no_zero_offsets_and_fuse_with_asymmetric_ones(bits):
+    """A symmetric weight's zs is derived from its scale (4 bytes per group fewer read);
+    q/k/v of mixed kinds still fuse into one weight that computes each part."""
+    torch.manual_seed(bits)
+    parts = []
+    for zp in (False, True, False):
+        qw = quantize_weight(
+            torch.randn(24, 576), QuantScheme(bits=bits, group_size=64, zero_point=zp)
+        )
+        parts.append((PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits), qw))
+    sym, asym = parts[0][0], parts[1][0]
+    assert sym.zs is None and asym.zs is not None and sym.nbytes < asym.nbytes
+    x = torch.randn(3, 576)
+    fused = PackedLinear.concat([p for p, _ in parts])
+    assert fused.zs is not None
+    torch.testing.assert_close(fused(x), torch.cat([p(x) for p, _ in parts], 1))
+    for lin, qw in parts:
+        torch.testing.assert_close(lin.dense(), qw.dequantize(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(lin(x), _reference(x) @ qw.dequantize().T, rtol=1e-4, atol=1e-3)
+    both = PackedLinear.concat([parts[0][0], parts[2][0]])
+    assert both.zs is None
+
+
 def test_large_batches_take_the_exact_path():
     torch.manual_seed(0)
     qw = quantize_weight(torch.randn(40, 576), QuantScheme(bits=4, group_size=64))

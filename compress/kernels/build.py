@@ -95,9 +95,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]
     lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, f, i, p]
     lib.llmp_decode_attention.restype = None
-    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p]
+    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
-    lib.llmp_decode_workspace.argtypes = [i] * 6
+    lib.llmp_decode_workspace.argtypes = [i] * 9
+    lib.llmp_rms_rows.argtypes = [p, ctypes.c_int64, i, p, f]
+    lib.llmp_rms_rows.restype = None
+    lib.llmp_route.argtypes = [p, i, i, p, i, i, i, i, p, p, p]
+    lib.llmp_route.restype = None
     lib.llmp_decode_workspace.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
     for name in (

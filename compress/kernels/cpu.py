@@ -111,6 +111,32 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     return x
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension (fp32), the one-call decoder's own arithmetic, so
+    the per-op path and the one-call path round alike."""
+    out = x.float().contiguous().clone()
+    _check_f32(weight, "norm weight")
+    d = out.shape[-1]
+    library().llmp_rms_rows(_ptr(out), out.numel() // d, d, _ptr(weight), eps)
+    return out
+
+
+def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool):
+    """Routing of rows x [B, hidden] by an fp32 router [E, hidden], as the one-call decoder
+    routes: (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
+    x = x.float().contiguous()
+    _check_f32(router, "router weight")
+    b, e = x.shape[0], router.shape[0]
+    logits = torch.empty(b, e)
+    chosen = torch.empty(b, top_k, dtype=torch.int32)
+    weights = torch.empty(b, top_k)
+    library().llmp_route(
+        _ptr(x), b, x.shape[1], _ptr(router), e, router.shape[1], top_k, int(renormalize),
+        _ptr(logits), _ptr(chosen), _ptr(weights),
+    )  # fmt: skip
+    return weights, chosen.long()
+
+
 class _KVC(ctypes.Structure):
     """qgemm.c's KVC: the cache's arrays as the C attention reads them."""
 
@@ -245,11 +271,22 @@ class PackedLinear:
         if zp.shape != scale.shape:
             zp = torch.nn.functional.pad(zp, (0, scale.shape[1] - zp.shape[1]))
         codes = torch.nn.functional.pad(q.to(torch.int16), (0, kp - k)) + offset
-        self._set(codes, scale, (zp + offset) * scale)
+        self._set(codes, scale, None if zero_point is None else (zp + offset) * scale)
 
-    def _set(self, codes: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor) -> None:
+    def _set(self, codes: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor | None) -> None:
+        """zs None: symmetric codes, whose zs (offset x scale) the kernel derives from the
+        scale instead of reading 4 more bytes per group."""
         self.packed = to_panels(codes, self.bits)
-        self.scale, self.zs = _panel_params(scale), _panel_params(zs)
+        self.scale = _panel_params(scale)
+        self.zs = None if zs is None else _panel_params(zs)
+
+    @property
+    def offset(self) -> int:
+        return 8 if self.bits == 4 else 0
+
+    def _row_zs(self) -> torch.Tensor:
+        scale = _row_params(self.scale, self.out_features)
+        return scale * self.offset if self.zs is None else _row_params(self.zs, self.out_features)
 
     @classmethod
     def concat(cls, parts: list[PackedLinear]) -> PackedLinear:
@@ -266,17 +303,19 @@ class PackedLinear:
             first.kp,
         )
         fused.out_features = sum(p.out_features for p in parts)
+        symmetric = all(p.zs is None for p in parts)
         fused._set(
             torch.cat([from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]),
             torch.cat([_row_params(p.scale, p.out_features) for p in parts]),
-            torch.cat([_row_params(p.zs, p.out_features) for p in parts]),
+            None if symmetric else torch.cat([p._row_zs() for p in parts]),
         )
         return fused
 
     @property
     def nbytes(self) -> int:
         """Bytes one multiply reads: codes, scales and zero offsets as held in memory."""
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.zs))
+        held = (self.packed, self.scale, self.zs)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     def __call__(self, x: torch.Tensor | QuantizedInput, exact: bool | None = None) -> torch.Tensor:
         """int8 activations for a QuantizedInput of any size and for fp32 batches of up to
@@ -293,14 +332,14 @@ class PackedLinear:
         y = torch.empty(rows, self.out_features)
         fn = library().llmp_gemm_q4 if self.bits == 4 else library().llmp_gemm_q8
         args = (_ptr(x.x8), _ptr(x.dx), _ptr(x.bsum), rows, self.kp, self.group)
-        fn(*args, _ptr(self.packed), _ptr(self.scale), _ptr(self.zs), self.out_features, _ptr(y))
+        fn(*args, _ptr(self.packed), _ptr(self.scale), _opt(self.zs), self.out_features, _ptr(y))
         return y
 
     def dense(self) -> torch.Tensor:
         out = torch.empty(self.out_features, self.kp)
         fn = library().llmp_dequant_q4 if self.bits == 4 else library().llmp_dequant_q8
         n, kp, g = self.out_features, self.kp, self.group
-        fn(_ptr(self.packed), _ptr(self.scale), _ptr(self.zs), n, kp, g, _ptr(out))
+        fn(_ptr(self.packed), _ptr(self.scale), _opt(self.zs), n, kp, g, _ptr(out))
         return out[:, : self.in_features]
 
 
@@ -315,6 +354,15 @@ class _QLin(ctypes.Structure):
     ]
 
 
+class _QMoe(ctypes.Structure):
+    _fields_ = [
+        ("router", ctypes.c_void_p),
+        ("experts", ctypes.c_void_p),
+        *((name, ctypes.c_int) for name in ("n_experts", "top_k", "renorm", "inter")),
+        ("reads", ctypes.c_void_p),
+    ]
+
+
 class _QLayer(ctypes.Structure):
     _fields_ = [
         ("attn_norm", ctypes.c_void_p),
@@ -323,6 +371,7 @@ class _QLayer(ctypes.Structure):
         *((name, ctypes.c_void_p) for name in ("q_norm", "k_norm", "post_attn_norm")),
         *((name, ctypes.c_void_p) for name in ("post_mlp_norm", "cos", "sin")),
         ("window", ctypes.c_int),
+        ("moe", ctypes.POINTER(_QMoe)),
     ]
 
 
@@ -330,11 +379,13 @@ def _opt(t):
     return None if t is None else _ptr(t)
 
 
-def _qlin(lin: FusedLinear) -> _QLin:
+def _qlin(lin: FusedLinear | None) -> _QLin:
+    if lin is None:
+        return _QLin()
     p = lin.packed
     idx, w = lin.outliers if lin.outliers is not None else (None, None)
     return _QLin(
-        _ptr(p.packed), _ptr(p.scale), _ptr(p.zs), p.out_features, p.kp, p.group, p.bits,
+        _ptr(p.packed), _ptr(p.scale), _opt(p.zs), p.out_features, p.kp, p.group, p.bits,
         _opt(idx), _opt(w), 0 if idx is None else idx.numel(), _opt(lin.bias),
     )  # fmt: skip
 
@@ -350,16 +401,50 @@ class FusedLinear:
 
 
 @dataclass
+class FusedExperts:
+    """A Mixture-of-Experts MLP for the one-call decoder: the fp32 router [E, hidden],
+    each expert's (gate_up, down), and `reads` (int64 [E]), which the C step adds 1 to for
+    each expert it reads."""
+
+    router: torch.Tensor
+    experts: list[tuple[FusedLinear, FusedLinear]]
+    top_k: int
+    renormalize: bool
+    reads: torch.Tensor
+
+    @property
+    def inter(self) -> int:
+        return self.experts[0][0].packed.out_features // 2
+
+    def native(self) -> tuple[_QMoe, object]:
+        """The C struct, and the linears' table it points into (keep both alive)."""
+        _check_f32(self.router, "router weight")
+        if self.reads.dtype != torch.int64 or not self.reads.is_contiguous():
+            raise TypeError("reads must be a contiguous int64 tensor")
+        if any(g.packed.out_features != 2 * self.inter for g, _ in self.experts):
+            raise ValueError("every expert must have the same width")
+        table = (_QLin * (2 * len(self.experts)))(
+            *(_qlin(x) for pair in self.experts for x in pair)
+        )
+        moe = _QMoe(
+            _ptr(self.router), ctypes.addressof(table), len(self.experts), self.top_k,
+            int(self.renormalize), self.inter, _ptr(self.reads),
+        )  # fmt: skip
+        return moe, table
+
+
+@dataclass
 class FusedLayer:
     """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
-    added), its linears, optional q/k and sandwich norms, rope tables, sliding window."""
+    added), its linears, optional q/k and sandwich norms, rope tables, sliding window; an
+    expert MLP (`moe`) in place of gate_up/down where the block has one."""
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
     qkv: FusedLinear
     o: FusedLinear
-    gate_up: FusedLinear
-    down: FusedLinear
+    gate_up: FusedLinear | None
+    down: FusedLinear | None
     cos: torch.Tensor
     sin: torch.Tensor
     window: int = 0
@@ -367,17 +452,24 @@ class FusedLayer:
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
     post_mlp_norm: torch.Tensor | None = None
+    moe: FusedExperts | None = None
 
-    def native(self) -> _QLayer:
+    def native(self) -> tuple[_QLayer, list]:
+        """The C struct, and the ctypes objects it points into (keep them alive)."""
+        if (self.moe is None) == (self.gate_up is None or self.down is None):
+            raise ValueError("a layer has either gate_up and down or experts")
         lins = (_qlin(x) for x in (self.qkv, self.o, self.gate_up, self.down))
         norms = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
         for t in (self.attn_norm, self.mlp_norm, self.cos, self.sin, *norms):
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
-        return _QLayer(
+        keep = [] if self.moe is None else list(self.moe.native())
+        layer = _QLayer(
             _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), self.window or 0,
+            ctypes.pointer(keep[0]) if keep else None,
         )  # fmt: skip
+        return layer, keep
 
 
 class FusedDecoder:
@@ -386,9 +478,14 @@ class FusedDecoder:
 
     def __init__(self, layers: list[FusedLayer], hidden, heads, kv_heads, head_dim, inter,
                  eps, scale: float, act: str):  # fmt: skip
-        self.table = (_QLayer * len(layers))(*(layer.native() for layer in layers))
-        self.keep = layers  # the tensors the table points into
+        natives = [layer.native() for layer in layers]
+        self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
+        self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
+        kinds = {(len(x.moe.experts), x.moe.top_k, x.moe.inter) for x in layers if x.moe}
+        if len(kinds) > 1:
+            raise ValueError("every expert layer must have the same experts, top_k and width")
+        self.moe_dims = kinds.pop() if kinds else (0, 0, 0)
         self.rotary = 2 * layers[0].cos.shape[1]
         if any(2 * layer.cos.shape[1] != self.rotary for layer in layers):
             raise ValueError("every layer must rotate the same number of dimensions")
@@ -406,12 +503,16 @@ class FusedDecoder:
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
         if b not in self.work:
-            floats = library().llmp_decode_workspace(b, hidden, heads, kv_heads, d, inter)
+            floats = library().llmp_decode_workspace(
+                b, hidden, heads, kv_heads, d, inter, *self.moe_dims
+            )
             self.work[b] = torch.empty(floats, dtype=torch.float32)
+        dense = library().llmp_decode_workspace(b, hidden, heads, kv_heads, d, inter, 0, 0, 0)
+        work = self.work[b]
         status = library().llmp_decode_layers(
             self.table, self.n, _ptr(h), b, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), _ptr(slots),
-            _ptr(positions), _ptr(self.work[b]),
+            _ptr(positions), _ptr(work), _ptr(work) + 4 * dense,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the CPU decoder could not allocate the outlier columns' buffer")

@@ -147,12 +147,21 @@ void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, flo
  *   int4: 128 bytes per (tile, block): vector j (0..3) holds quad j in its low nibbles and
  *         quad j+4 in its high nibbles; codes unsigned 0..15.
  *   int8: 256 bytes per (tile, block): vector q holds quad q; codes signed.
- *   scale, zs: float [tiles, K/G, 8]; columns past N are zero.
+ *   scale, zs: float [tiles, K/G, 8]; columns past N are zero. zs may be NULL: symmetric
+ *         codes, zs = offset * scale (8 for int4, 0 for int8), 4 bytes per group not read.
  * int4 without VNNI: u8 x s8 pair sums (|.| <= 2*15*127) add up in int16 over a whole
  * block (8 pairs: <= 30480, no saturation), then one madd per block widens them.
  */
 #define TW 8
 #define MT_MAX 4
+#ifndef PF_DIST
+#define PF_DIST 256
+#endif
+#ifdef NO_PF
+#define PREFETCH(p) ((void)0)
+#else
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#endif
 
 #if defined(__AVX2__)
 INLINE __m256i bcast4(const int8_t *p) {
@@ -170,6 +179,7 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
     __m256 acc[MT_MAX];
     for (int m = 0; m < MT; m++) acc[m] = _mm256_setzero_ps();
     const __m256i low = _mm256_set1_epi8(0x0F);
+    const __m256 offset = _mm256_set1_ps(bits == 4 ? 8.f : 0.f);
 #if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
     const __m256i ones = _mm256_set1_epi16(1);
 #endif
@@ -182,7 +192,7 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
             for (int m = 0; m < MT; m++) ai[m] = _mm256_setzero_si256();
             if (bits == 4) {
                 const uint8_t *wb = wt + (int64_t)b * 128;
-                _mm_prefetch((const char *)(wb + 1024), _MM_HINT_T0);
+                PREFETCH(wb + PF_DIST);
 #pragma GCC unroll 1 /* unrolled, gcc computes all 32 products before adding: spills */
                 for (int v = 0; v < 4; v++) {
                     __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
@@ -208,8 +218,8 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
 #endif
             } else {
                 const uint8_t *wb = wt + (int64_t)b * 256;
-                _mm_prefetch((const char *)(wb + 1024), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wb + 1024 + 64), _MM_HINT_T0);
+                PREFETCH(wb + PF_DIST);
+                PREFETCH(wb + PF_DIST + 64);
 #pragma GCC unroll 1
                 for (int q = 0; q < 8; q++) {
                     __m256i w = _mm256_loadu_si256((const __m256i *)(wb + 32 * q));
@@ -226,10 +236,17 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
                 bz[m] += bs[(int64_t)m * nb + b];
             }
         }
-        __m256 s = _mm256_loadu_ps(sc + g * TW), z = _mm256_loadu_ps(zs + g * TW);
-        for (int m = 0; m < MT; m++) {
-            acc[m] = _mm256_fmadd_ps(gacc[m], s, acc[m]);
-            acc[m] = _mm256_fnmadd_ps(z, _mm256_set1_ps(bz[m]), acc[m]);
+        __m256 s = _mm256_loadu_ps(sc + g * TW);
+        if (zs) {
+            __m256 z = _mm256_loadu_ps(zs + g * TW);
+            for (int m = 0; m < MT; m++) {
+                acc[m] = _mm256_fmadd_ps(gacc[m], s, acc[m]);
+                acc[m] = _mm256_fnmadd_ps(z, _mm256_set1_ps(bz[m]), acc[m]);
+            }
+        } else { /* symmetric: zs = offset * scale, folded into the group sum */
+            for (int m = 0; m < MT; m++)
+                acc[m] = _mm256_fmadd_ps(
+                    _mm256_fnmadd_ps(_mm256_set1_ps(bz[m]), offset, gacc[m]), s, acc[m]);
         }
     }
     for (int m = 0; m < MT; m++) {
@@ -242,6 +259,7 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
         }
     }
 #else
+    const float off = bits == 4 ? 8.f : 0.f;
     for (int m = 0; m < MT; m++) {
         const int8_t *xr = x8 + (int64_t)m * K;
         const float *dr = dx + (int64_t)m * nb, *br = bs + (int64_t)m * nb;
@@ -265,7 +283,7 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
                 for (int c = 0; c < TW; c++) ga[c] += si[c] * dr[b];
                 bz += br[b];
             }
-            for (int c = 0; c < TW; c++) total[c] += ga[c] * sc[g * TW + c] - zs[g * TW + c] * bz;
+            for (int c = 0; c < TW; c++) total[c] += ga[c] * sc[g * TW + c] - (zs ? zs[g * TW + c] : off * sc[g * TW + c]) * bz;
         }
         memcpy(y + m * ys, total, (size_t)cols * sizeof(float));
     }
@@ -308,7 +326,7 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
             for (int t = c * CHUNK_TILES; t < tiles && t < (c + 1) * CHUNK_TILES; t++) {      \
                 int cols = N - t * TW < TW ? N - t * TW : TW;                                 \
                 tile_rows(BITS, w + t * tb, scale + (int64_t)t * ng * TW,                     \
-                          zs + (int64_t)t * ng * TW, ng, bpg, x8 + (int64_t)m0 * K,            \
+                          zs ? zs + (int64_t)t * ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K, \
                           dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,         \
                           y + (int64_t)m0 * N + t * TW, N, cols);                             \
             }                                                                                 \
@@ -329,7 +347,8 @@ static void dequant_panel(int bits, const uint8_t *w, const float *scale, const 
             int g = b * 32 / G;
             for (int q = 0; q < 8; q++)
                 for (int c = 0; c < TW && t * TW + c < N; c++) {
-                    float s = scale[((int64_t)t * ng + g) * TW + c], z = zs[((int64_t)t * ng + g) * TW + c];
+                    int64_t i = ((int64_t)t * ng + g) * TW + c;
+                    float s = scale[i], z = zs ? zs[i] : (bits == 4 ? 8.f : 0.f) * s;
                     float *o = out + (int64_t)(t * TW + c) * K + b * 32 + q * 4;
                     for (int kk = 0; kk < 4; kk++) {
                         int v;
@@ -890,13 +909,25 @@ typedef struct {
     const float *bias;   /* [n] or NULL */
 } QLin;
 
+/* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits, top_k,
+ * optional renormalization of the chosen weights; then, expert by expert, the rows routed
+ * to it gathered and run through its gate_up and down, so an expert's weights are read
+ * once per step and an unchosen one not at all. */
+typedef struct {
+    const float *router;
+    const QLin *experts; /* [2E]: gate_up of expert e at 2e, its down at 2e + 1 */
+    int n_experts, top_k, renorm, inter;
+    int64_t *reads;      /* [E]: steps that read each expert (the runtime's MBU) */
+} QMoe;
+
 typedef struct {
     const float *attn_norm, *mlp_norm;
-    QLin qkv, o, gate_up, down;
+    QLin qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
     const float *q_norm, *k_norm;               /* [D], per head before rope; or NULL */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
     int window;                                 /* sliding window; 0: every key */
+    const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
 } QLayer;
 
 /* x [rows, D] <- rmsnorm(x) * w, row by row, in place. */
@@ -907,6 +938,39 @@ static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
         for (int d = 0; d < D; d++) ss += (double)v[d] * v[d];
         float inv = 1.f / sqrtf((float)(ss / D) + eps);
         for (int d = 0; d < D; d++) v[d] = v[d] * inv * w[d];
+    }
+}
+
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
+    rms_rows(x, rows, D, w, eps);
+}
+
+/* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: softmax over the logits,
+ * the top K (ties: the lower index), their weights renormalized to sum to 1 when asked.
+ * logits [B, E] is scratch; choice and weight [B, K] the result. */
+void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K,
+                int renorm, float *logits, int32_t *choice, float *weight) {
+    #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
+    for (int64_t i = 0; i < (int64_t)B * E; i++)
+        logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden);
+    for (int b = 0; b < B; b++) {
+        float *p = logits + (int64_t)b * E, mx = p[0], sum = 0.f, chosen = 0.f;
+        int32_t *c = choice + (int64_t)b * K;
+        float *cw = weight + (int64_t)b * K;
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int k = 0; k < K; k++) { /* top K by repeated arg max */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= c[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            c[k] = best;
+            chosen += (cw[k] = p[best] / sum);
+        }
+        if (renorm)
+            for (int k = 0; k < K; k++) cw[k] /= chosen;
     }
 }
 
@@ -964,19 +1028,77 @@ static int widest_row(int hidden, int heads, int D, int inter) {
     return widest > ip ? widest : ip;
 }
 
-/* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
- * scales and sums, projections, int8 codes. The caller owns it (allocated once per batch
- * size, not once per step: a fresh megabyte each step is an mmap and its page faults). */
-int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter) {
+static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter) {
     int widest = widest_row(hidden, heads, D, inter), nqkv = (heads + 2 * kv_heads) * D;
     return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
            + (int64_t)B * widest / 4 + 16;
 }
 
+/* Floats the experts' scratch takes at batch B (none without experts): router logits and
+ * choices, the gathered rows of one expert (fp32, int8 and block scales), its gate/up, the
+ * activation's rows and its output. */
+static int64_t moe_workspace(int B, int hidden, int E, int K, int I) {
+    if (E == 0) return 0;
+    int64_t hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
+    return (int64_t)B * (E + 2 * K + 2 + hp + hp / 16 + 2 * I + ip + ip / 16 + hidden)
+           + (int64_t)B * (hp + ip) / 4 + 16;
+}
+
+/* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
+ * scales and sums, projections, int8 codes, and the experts' scratch (E experts, top K,
+ * width I; E = 0 without experts). The caller owns it (allocated once per batch size, not
+ * once per step: a fresh megabyte each step is an mmap and its page faults). */
+int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
+                              int E, int K, int I) {
+    return dense_workspace(B, hidden, heads, kv_heads, D, inter) + moe_workspace(B, hidden, E, K, I);
+}
+
+/* out [B, hidden] = the experts' MLP of the normed rows xf [B, hp] (quantized: x8/dx/bs).
+ * Experts run in index order and add their weighted rows in that order, as the per-op
+ * path does. */
+static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
+                   const int8_t *x8, const float *dx, const float *bs, float *out, float *w) {
+    int E = M->n_experts, K = M->top_k, I = M->inter;
+    int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, nbh = hp / 32, nbi = ip / 32;
+    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + (int64_t)B * K;
+    int32_t *choice = (int32_t *)(rw + B), *rows = choice + (int64_t)B * K;
+    float *gpad = (float *)(rows + B), *gdx = gpad + (int64_t)B * hp, *gbs = gdx + (int64_t)B * nbh;
+    float *gu = gbs + (int64_t)B * nbh, *apad = gu + (int64_t)B * 2 * I;
+    float *adx = apad + (int64_t)B * ip, *abs_ = adx + (int64_t)B * nbi;
+    float *y = abs_ + (int64_t)B * nbi;
+    int8_t *gx8 = (int8_t *)(y + (int64_t)B * hidden), *ax8 = gx8 + (int64_t)B * hp;
+    llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
+    memset(out, 0, (size_t)B * hidden * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int n = 0;
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < K; k++)
+                if (choice[(int64_t)b * K + k] == e) rows[n] = b, rw[n++] = cw[(int64_t)b * K + k];
+        if (n == 0) continue;
+        if (M->reads) M->reads[e]++;
+        for (int i = 0; i < n; i++) {
+            memcpy(gx8 + (int64_t)i * hp, x8 + (int64_t)rows[i] * hp, hp);
+            memcpy(gpad + (int64_t)i * hp, xf + (int64_t)rows[i] * hp, hp * sizeof(float));
+            memcpy(gdx + (int64_t)i * nbh, dx + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+            memcpy(gbs + (int64_t)i * nbh, bs + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+        }
+        if (qlin(M->experts + 2 * e, gx8, gdx, gbs, n, gu, gpad, hp)) return -1;
+        llmp_act_mul_quant(gu, n, I, ip, act, apad, ax8, adx, abs_);
+        if (qlin(M->experts + 2 * e + 1, ax8, adx, abs_, n, y, apad, ip)) return -1;
+        for (int64_t i = 0; i < (int64_t)n * hidden; i++) y[i] *= rw[i / hidden];
+        for (int i = 0; i < n; i++) { /* weighted, then added: no fused multiply-add, as torch */
+            float *o = out + (int64_t)rows[i] * hidden;
+            const float *yr = y + (int64_t)i * hidden;
+            for (int d = 0; d < hidden; d++) o[d] += yr[d];
+        }
+    }
+    return 0;
+}
+
 int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps, int R,
                         float scale, int act, const KVC *cache, const int64_t *slots,
-                        const int64_t *positions, float *work) {
+                        const int64_t *positions, float *work, float *moe_work) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = widest_row(hidden, heads, D, inter);
     int nqkv = (heads + 2 * kv_heads) * D;
@@ -1012,9 +1134,13 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
-        if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
-        llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
-        if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
+        if (L->moe) {
+            if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
+        } else {
+            if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
+            llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
+            if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
+        }
         if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
