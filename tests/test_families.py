@@ -9,7 +9,7 @@ import pytest
 import torch
 from family_models import FAMILIES, MOE_FAMILIES, write_family
 from safetensors import safe_open
-from test_cli import llmpress
+from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
 
 from compress.artifact.engines import engine_problems
@@ -110,8 +110,7 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     assert (exact - want).abs().max() < 1e-3
     # served: prefill a prompt, then decode the rest one token at a time (teacher forced)
     model = Model(weights, LENGTH + 1)
-    moe = weights.spec.mlp is not None  # Mixture-of-Experts decodes op by op
-    assert (model.backend.fused is None) == moe, "the one-call C decoder takes dense families"
+    assert model.backend.fused is not None, "the one-call C decoder takes every family"
     prompt = 12
     tokens = ids[0]
 
@@ -125,9 +124,9 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
         return torch.cat(rows)
 
     fused = decode_all(model)
-    model.backend.fused = None  # the per-op path: the same arithmetic, op by op
+    model.backend.fused = None  # the per-op path: the same C steps, op by op
     per_op = decode_all(model)
-    assert (fused - per_op).abs().max() < 1e-4
+    assert (fused - per_op).abs().max() < 1e-4  # measured 0: the same roundings
     # decode steps equal a served prefill of the whole sequence (int8 activations both)
     cache = KVCache(weights.shape.layers, 1, weights.shape.kv_heads, LENGTH, weights.shape.head_dim)
     served = model.prefill(tokens[: LENGTH - 1], cache, 0)[prompt - 1 :]
@@ -141,6 +140,40 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     agree = (fused.argmax(-1) == reference.argmax(-1)).float().mean()
     assert agree > 0.8  # measured 0.85-1.0
     assert (fused - reference).abs().mean() < 0.1 * reference.std()  # measured 0.011-0.07
+
+
+@pytest.mark.parametrize("name", MOE_FAMILIES)
+def test_batched_expert_steps_in_one_call_equal_the_per_op_path(w4, ids, name):
+    """Five sequences at once: tokens routed to different experts are gathered per expert
+    in C as the per-op path groups them, and both count the same expert reads."""
+    weights = load_weights(resolve(str(w4[name])), device="cpu")
+    model = Model(weights, LENGTH + 1)
+    batch, prompt, steps = 5, 6, 6
+    tokens = ids[0][: batch * (prompt + steps)].view(batch, prompt + steps)
+
+    def run(m):
+        cache = KVCache(
+            weights.shape.layers, batch, weights.shape.kv_heads, LENGTH, weights.shape.head_dim
+        )
+        for b in range(batch):
+            m.prefill(tokens[b, :prompt], cache, b)
+        for layer in weights.layers:
+            layer.moe.reads.zero_()
+        rows = [
+            m.decode(tokens[:, t], cache, torch.arange(batch))
+            for t in range(prompt, prompt + steps)
+        ]
+        return torch.stack(rows), [layer.moe.reads.clone() for layer in weights.layers]
+
+    fused, fused_reads = run(model)
+    fused_path = model.backend.fused
+    model.backend.fused = None
+    per_op, per_op_reads = run(model)
+    model.backend.fused = fused_path
+    assert (fused - per_op).abs().max() < 1e-4
+    assert all(torch.equal(a, b) for a, b in zip(fused_reads, per_op_reads, strict=True))
+    # a batch of 5 with top_k of several experts reads more than one expert per layer
+    assert all((r > 0).sum() > weights.spec.mlp.top_k for r in fused_reads)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -170,10 +203,11 @@ def test_every_quantizer_compresses_and_loads(models, wikitext, tmp_path, ids, n
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_cli_decodes_each_family(w4, name):
+    """`llmpress bench` in this process (test_runtime_cli.py runs it as its own)."""
     args = ["--batch", "1,2", "--prompt-len", "8", "--output-len", "8"]
-    r = llmpress("bench", str(w4[name]), *args)
-    assert r.returncode == 0, r.stderr
-    assert "tok/s" in r.stdout or "tokens/s" in r.stdout
+    code, out, err = run_cli(["bench", str(w4[name]), *args])
+    assert code == 0, err
+    assert "tok/s" in out or "tokens/s" in out
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in ("phi3", *MOE_FAMILIES)])
@@ -196,13 +230,13 @@ def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tm
         "mixtral": ({"mlp": 0.25}, "Mixture-of-Experts"),
     }
     for name, (targets, message) in cases.items():
-        r = llmpress(
+        code, _, err = run_cli([
             "compress", str(models[name]), "-o", str(tmp_path / name), "--recipe",
             str(_recipe_file(tmp_path, [{"prune": targets}, {"rtn": {}}])),
-        )  # fmt: skip
-        assert r.returncode != 0 and message in r.stderr, r.stderr
+        ])  # fmt: skip
+        assert code != 0 and message in err, err
         # one line of ours (transformers may warn about the config beside it)
-        ours = [x for x in r.stderr.strip().splitlines() if not x.startswith("[transformers]")]
+        ours = [x for x in err.strip().splitlines() if not x.startswith("[transformers]")]
         assert len(ours) == 1 and not (tmp_path / name).exists()
 
 

@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from compress.kernels.cpu import FusedDecoder, FusedLayer, decode_attention
+from compress.kernels.cpu import FusedDecoder, FusedExperts, FusedLayer, decode_attention
 from compress.runtime.kv_cache import KVCache
-from compress.runtime.linears import QuantLinear
+from compress.runtime.linears import DenseLinear, QuantLinear
 from compress.runtime.weights import ModelWeights
 
 
@@ -61,15 +61,28 @@ def backend_for(weights: ModelWeights, ropes):
     return BACKENDS[weights.kernels](weights, ropes)
 
 
+def _experts(moe) -> FusedExperts | None:
+    router = moe.router
+    if not isinstance(router, DenseLinear) or router.bias is not None:
+        return None
+    if not all(isinstance(x, QuantLinear) for pair in moe.experts for x in pair):
+        return None
+    pairs = [(g.fused_form(), d.fused_form()) for g, d in moe.experts]
+    return FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
+
+
 def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
-    columns and biases allowed)."""
+    columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
     for i, layer in enumerate(w.layers):
-        lins = layer.linears()
-        if layer.moe is not None or not all(isinstance(x, QuantLinear) for x in lins):
+        lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
+        if not all(isinstance(x, QuantLinear) for x in lins):
             return None
-        lins = [x.fused_form() for x in lins]
+        experts = None if layer.moe is None else _experts(layer.moe)
+        if layer.moe is not None and experts is None:
+            return None
+        lins = [x.fused_form() for x in lins] + [None, None] * (layer.moe is not None)
         r = ropes[i]
         norms = {
             "q_norm": layer.q_norm,
@@ -79,10 +92,13 @@ def _fused_decoder(w: ModelWeights, ropes):
         }
         window = w.spec.windows[i] or 0
         rows.append(
-            FusedLayer(layer.attn_norm, layer.mlp_norm, *lins, r.cos, r.sin, window, **norms)
+            FusedLayer(
+                layer.attn_norm, layer.mlp_norm, *lins, r.cos, r.sin, window, **norms, moe=experts
+            )
         )
     s = w.shape
-    inter = w.layers[0].gate_up.out_features // 2
+    dense = [layer.gate_up.out_features // 2 for layer in w.layers if layer.moe is None]
+    inter = max(dense, default=0)
     spec = w.spec
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,

@@ -15,7 +15,9 @@ from compress.kernels.cpu import (
     quantize_input,
     rms_norm_quantized,
     rope_,
+    route,
 )
+from compress.kernels.cpu import rms_norm as cpu_rms_norm
 from compress.model.rope import RopeSpec, tables
 from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
@@ -23,6 +25,9 @@ from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """On CPU the C kernels' own norm, so the per-op and one-call paths round alike."""
+    if x.device.type == "cpu" and x.numel():
+        return cpu_rms_norm(x, weight, eps)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -70,16 +75,19 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
     renormalization; tokens grouped by expert, so each chosen expert's packed weights are
     read once per step and an unchosen one not at all."""
     xf = x.x if isinstance(x, QuantizedInput) else x
-    probs = torch.softmax(moe.router(xf).float(), -1)
-    weights, chosen = probs.topk(moe.top_k, -1)
-    if moe.renormalize:
-        weights = weights / weights.sum(-1, keepdim=True)
+    if xf.device.type == "cpu":  # the one-call decoder's routing, ties and rounding alike
+        weights, chosen = route(xf, moe.router.weight, moe.top_k, moe.renormalize)
+    else:
+        probs = torch.softmax(moe.router(xf).float(), -1)
+        weights, chosen = probs.topk(moe.top_k, -1)
+        if moe.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
     out = torch.zeros(xf.shape[0], moe.experts[0][1].out_features, device=xf.device)
     for e in chosen.unique().tolist():
         rows, slot = torch.where(chosen == e)
         xe = x.rows(rows) if isinstance(x, QuantizedInput) else xf[rows]
         gate_up, down = moe.experts[e]
-        moe.bytes_read += gate_up.nbytes + down.nbytes
+        moe.reads[e] += 1
         y = _gated(gate_up, down, xe, act, packed, exact=None if packed else True)
         out.index_add_(0, rows, y * weights[rows, slot, None])
     return out

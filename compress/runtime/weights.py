@@ -78,7 +78,17 @@ class MoeWeights:
     experts: list[tuple[object, object]]  # (gate_up, down) per expert
     top_k: int
     renormalize: bool
-    bytes_read: int = 0  # expert weight bytes the runtime has read so far (for MBU)
+    reads: torch.Tensor = None  # int64 [E]: steps that read each expert (both paths add)
+
+    def __post_init__(self):
+        if self.reads is None:
+            self.reads = torch.zeros(len(self.experts), dtype=torch.int64)
+
+    @property
+    def bytes_read(self) -> int:
+        """Expert weight bytes the runtime has read so far (for MBU)."""
+        sizes = [g.nbytes + d.nbytes for g, d in self.experts]
+        return sum(n * size for n, size in zip(self.reads.tolist(), sizes, strict=True))
 
     def linears(self):
         yield self.router
