@@ -59,6 +59,26 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
     return out
 
 
+@pytest.fixture(scope="session")
+def awq_gemm_artifact(tmp_path_factory) -> Path:
+    """RTN 4-bit, groups of 64 with zero points, written in AutoAWQ's GEMM layout
+    (--export awq-gemm): the export's round trip and the runtime's reader share it."""
+    out = tmp_path_factory.mktemp("awq-gemm") / "rtn-w4g64zp"
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "export": "awq-gemm"})
+    return compress("default", recipe, out, log=lambda _: None)
+
+
+@pytest.fixture(scope="session")
+def head_w8_artifact(tmp_path_factory) -> Path:
+    """The default 4-bit with its lm_head in int8 and an int8 KV cache in config.json: the
+    runtime's reader and the interop checks share it (the KV key changes no weight)."""
+    out = tmp_path_factory.mktemp("head-w8") / "rtn-w4g64-head-w8"
+    recipe = parse_recipe(
+        {"stages": [parse_quant("rtn:w4g64")], "lm_head": "w8", "kv_cache": "int8"}
+    )
+    return compress("default", recipe, out, log=lambda _: None)
+
+
 def write_tiny_llama(folder: Path, **overrides) -> Path:
     """A small random llama checkpoint (config.json + model.safetensors) for bad-input tests."""
     from safetensors.torch import save_file

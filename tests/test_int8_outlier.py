@@ -63,7 +63,8 @@ def test_amplification_is_exact(amplified, base_model, tokenizer):
 def test_outliers_rescue_int8_where_plain_int8_breaks(
     amplified, wikitext, base_model, tokenizer, tmp_path
 ):
-    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 256}
+    # 2 samples: the channels amplified 100× lead every norm output on any text
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 2, "length": 256}
     plain = compress(
         str(amplified),
         parse_recipe({"stages": [parse_quant("rtn:w8")]}),

@@ -62,9 +62,9 @@ def test_units_that_contribute_nothing_are_the_ones_removed(base_model, default_
         for i in (12, 20):  # a layer that adds nothing to the residual stream
             layers[i].get_submodule(a.o).weight.zero_()
             layers[i].get_submodule(a.down).weight.zero_()
-    ctx, record = _prune(
-        model, default_ckpt.config, a, samples, heads=1 / 3, mlp=96 / 1536, layers=2, multiple=32
-    )
+    # one sample for the layer-removal KL: a silenced layer's is 0 however many are used
+    cuts = {"heads": 1 / 3, "mlp": 96 / 1536, "layers": 2, "multiple": 32, "drift_samples": 1}
+    ctx, record = _prune(model, default_ckpt.config, a, samples, **cuts)
     assert record["shape_after"] == {
         "hidden": 576,
         "heads": 6,
@@ -112,7 +112,10 @@ def test_activation_importance_beats_random_at_the_same_shape(base_model, defaul
 
 
 def test_importance_scores_have_the_model_shape(base_model, default_ckpt, samples):
-    imp = activation_importance(base_model, default_ckpt.adapter, samples[:2], drift_samples=1)
+    # 2 × 32 tokens (the layer-removal KL on one): the shapes and signs hold on any input,
+    # and what removing layer 0 does is the model's, not the sample's
+    few = samples[:2, :32]
+    imp = activation_importance(base_model, default_ckpt.adapter, few, drift_samples=1)
     assert imp.heads.shape == (30, 9) and imp.mlp.shape == (30, 1536)
     assert imp.hidden.shape == (576,) and imp.layer_drift.shape == (30,)
     assert (imp.mlp >= 0).all() and (imp.heads > 0).all()

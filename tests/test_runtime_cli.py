@@ -10,8 +10,6 @@ from test_cli import llmpress
 from compress.artifact.dense import load_model
 from compress.eval.run import evaluate
 from compress.model.loading import resolve
-from compress.pipeline import compress
-from compress.recipe import parse_quant, parse_recipe
 from compress.runtime import load_weights
 from compress.runtime.kv_cache import KVScheme
 from compress.runtime.lm import RuntimeLM
@@ -51,13 +49,9 @@ def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):
     assert served.kl != exact.kl and served.kl > 0.9 * exact.kl
 
 
-def test_recipe_quantizes_lm_head_and_sets_kv_cache(tmp_path, wikitext):
-    out = tmp_path / "w4-head8"
-    recipe = parse_recipe(
-        {"stages": [parse_quant("rtn:w4g64")], "lm_head": "w8", "kv_cache": "int8"}
-    )
-    compress("default", recipe, out, log=lambda _: None)
-    ckpt = resolve(str(out))
+def test_recipe_quantizes_lm_head_and_sets_kv_cache(head_w8_artifact):
+    """rtn:w4g64 with `lm_head: w8` and `kv_cache: int8` (conftest.py)."""
+    ckpt = resolve(str(head_w8_artifact))
     assert ckpt.config["tie_word_embeddings"] is False
     assert KVScheme.of_artifact(ckpt.config) == KVScheme(bits=8)
     weights = load_weights(ckpt)
@@ -71,11 +65,9 @@ def test_recipe_quantizes_lm_head_and_sets_kv_cache(tmp_path, wikitext):
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=5e-4)
 
 
-def test_runtime_reads_the_awq_gemm_layout(tmp_path):
-    out = tmp_path / "awq-gemm"
-    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "export": "awq-gemm"})
-    compress("default", recipe, out, log=lambda _: None)
-    ckpt = resolve(str(out))
+def test_runtime_reads_the_awq_gemm_layout(awq_gemm_artifact):
+    """rtn:w4g64zp with `export: awq-gemm` (conftest.py)."""
+    ckpt = resolve(str(awq_gemm_artifact))
     weights = load_weights(ckpt)
     assert not weights.dense_fallbacks and weights.layers[0].qkv.kind.startswith("int4 g64")
     ids = torch.arange(500, 700)[None]
