@@ -154,3 +154,93 @@ MOE_FAMILIES = {
     ),
 }
 FAMILIES.update(MOE_FAMILIES)
+
+
+# Families whose GGUF files transformers' GGUF reader reads, by the gguf package's
+# architecture names, and the overrides that keep a tiny model within what a GGUF file
+# states (no sliding window for qwen3, default rope for phi3, gemma3's default scalar).
+GGUF_FAMILIES = {
+    "qwen3": ("QWEN3", {"use_sliding_window": False}),
+    "qwen3_moe": ("QWEN3MOE", {}),
+    "gemma3_text": (
+        "GEMMA3",
+        {
+            "layer_types": None,
+            "query_pre_attn_scalar": 256,
+            "final_logit_softcapping": None,
+            "rope_parameters": None,
+        },
+    ),
+    "phi3": ("PHI3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+}
+
+
+def write_gguf(model, path: Path, tokenizer_gguf: Path) -> Path:
+    """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
+    llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
+    as 1 + w, each layer's experts stacked), with the tokenizer of `tokenizer_gguf`."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    enum = getattr(gguf.MODEL_ARCH, GGUF_FAMILIES[cfg.model_type][0])
+    names = gguf.get_tensor_name_map(enum, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[enum])
+    w.add_name(f"tiny {cfg.model_type}")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    rope = cfg.rope_parameters
+    rope = rope.get("full_attention", rope)  # gemma3: the global layers' base
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "num_experts", None):
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "sliding_window", None) and cfg.model_type == "gemma3_text":
+        w.add_sliding_window(cfg.sliding_window)
+    reader = gguf.GGUFReader(str(tokenizer_gguf))
+    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    tokens = fields["tokenizer.ggml.tokens"].contents()[: cfg.vocab_size]
+    kept = set(tokens)  # the tokenizer cut to the model's vocabulary: its first tokens and
+    # the merges among them (a small vocabulary converts in a second, not in a minute)
+    for key, field in fields.items():
+        value = field.contents()
+        if key == "tokenizer.ggml.merges":
+            value = [m for m in value if {*m.split(" "), m.replace(" ", "")} <= kept]
+        elif isinstance(value, list) and len(value) > cfg.vocab_size:
+            value = value[: cfg.vocab_size]
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub)
+    for name, t in model.state_dict().items():
+        t = t.float().numpy()
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows first
+            block = name.split(".")[2]
+            gate, up = np.split(t, 2, axis=1)
+            w.add_tensor(f"blk.{block}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
+            w.add_tensor(f"blk.{block}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            continue
+        if name.endswith("experts.down_proj"):
+            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", t)
+            continue
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if target is None:
+            raise KeyError(f"no GGUF name for {name}")
+        if cfg.model_type.startswith("gemma") and target.endswith("norm.weight"):
+            t = t + 1.0  # llama.cpp multiplies by w; the (1 + w) is stored
+        w.add_tensor(target, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

