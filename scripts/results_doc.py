@@ -376,6 +376,24 @@ def runtime_speed(d: dict) -> list[str]:
     ]
 
 
+def kernel_ab(d: dict) -> list[str]:
+    body = [
+        [r["model"], r["shape"], r["rows"], f(r["earlier_us"], 1), f(r["now_us"], 1),
+         f(r["speedup"], 2)]
+        for r in d["results"]
+    ]  # fmt: skip
+    return [
+        f"The packed int4 w4g64 GEMM of this checkout against the one at `{d['rev']}`, both "
+        f"built with the project's flags and run interleaved in one process ({d['threads']} "
+        f"threads, medians of {d['rounds']} rounds over {d['copies']} weight copies per "
+        "shape): the earlier kernel reads each group's zero offset and prefetches 1024 bytes "
+        "ahead; the current one derives a symmetric weight's offset from its scale and "
+        "prefetches 256 bytes ahead.",
+        "",
+        *table(["widths of", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"], body),
+    ]
+
+
 def batched_decode(d: dict) -> list[str]:
     c = d["ceilings_before_after"]
     body = [
@@ -609,6 +627,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Decode and prompt speed against llama.cpp",
         "benchmarks/runtime_speed.py --llama-cpp LLAMA_BIN --gguf smol-q4_0.gguf",
         runtime_speed,
+    ),
+    (
+        "kernel_ab.json",
+        "The int4 kernel against its previous version",
+        "benchmarks/kernel_ab.py",
+        kernel_ab,
     ),
     (
         "batched_decode.json",

@@ -1,0 +1,127 @@
+"""The packed int4 GEMM of this checkout against the one at an earlier git revision, built
+the same way and run interleaved in one process, at the widths of the default model and of
+Qwen2.5-0.5B, for decode batches and a served prompt.
+
+End-to-end runs on a shared machine move by 20-30% between runs; one process alternating
+two builds of the same kernel over the same weights is the fair test of "not slower". Each
+shape has 30 distinct weight copies (more than the L3 cache for the larger shapes), the
+earlier kernel gets its zero offsets as it needs them, the current one as it needs them.
+
+    python benchmarks/kernel_ab.py [--rev cbb33c2] [--rows 1,8,32,512] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from compress.kernels import cpu  # noqa: E402
+from compress.kernels.build import FLAG_SETS, SOURCE  # noqa: E402
+
+SHAPES = {  # (out, in) of q/k/v, gate/up, down, o
+    "default model": [(960, 576), (3072, 576), (576, 1536), (576, 576)],
+    "Qwen2.5-0.5B": [(1152, 896), (9728, 896), (896, 4864), (896, 896)],
+}
+COPIES = 30
+
+
+def build(source: Path, out: Path) -> ctypes.CDLL:
+    flags = FLAG_SETS[0]
+    cmd = ["cc", *flags, "-shared", "-fPIC", str(source), "-o", str(out), "-lm"]
+    subprocess.run(cmd, check=True)
+    lib = ctypes.CDLL(str(out))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.llmp_gemm_q4.argtypes = [p, p, p, i, i, i, p, p, p, i, p]
+    lib.llmp_gemm_q4.restype = None
+    lib.llmp_set_threads.argtypes = [i]
+    return lib
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="cbb33c2", help="the earlier revision")
+    ap.add_argument("--rows", default="1,8,32,512")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        old_src = Path(tmp) / "old.c"
+        rel = SOURCE.relative_to(ROOT)
+        old = subprocess.check_output(["git", "show", f"{args.rev}:{rel}"], cwd=ROOT)
+        old_src.write_bytes(old)
+        libs = {
+            "earlier": build(old_src, Path(tmp) / "old.so"),
+            "now": build(SOURCE, Path(tmp) / "new.so"),
+        }
+    for lib in libs.values():
+        lib.llmp_set_threads(args.threads)
+    torch.manual_seed(0)
+    ptr = cpu._ptr
+    rows = [int(r) for r in args.rows.split(",")]
+    results = []
+    for model, shapes in SHAPES.items():
+        for n, k in shapes:
+            mats = [
+                cpu.PackedLinear(
+                    torch.randint(-8, 8, (n, k), dtype=torch.int8),
+                    torch.rand(n, k // 64) * 0.01,
+                    None,
+                    64,
+                    4,
+                )
+                for _ in range(COPIES)
+            ]
+            offsets = [m.scale * 8 for m in mats]  # the earlier kernel reads zs = 8 * scale
+            for m_rows in rows:
+                x = cpu.quantize_input(torch.randn(m_rows, k))
+                y = torch.empty(m_rows, n)
+                times = {name: [] for name in libs}
+                for _ in range(args.rounds):
+                    for name, lib in libs.items():
+                        t = time.perf_counter()
+                        for mat, z in zip(mats, offsets, strict=True):
+                            zs = ptr(z) if name == "earlier" else None
+                            lib.llmp_gemm_q4(
+                                ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
+                                ptr(mat.packed), ptr(mat.scale), zs, n, ptr(y),
+                            )  # fmt: skip
+                        times[name].append((time.perf_counter() - t) / COPIES)
+                med = {name: statistics.median(v) for name, v in times.items()}
+                row = {
+                    "model": model,
+                    "shape": f"{n}x{k}",
+                    "rows": m_rows,
+                    "earlier_us": round(med["earlier"] * 1e6, 1),
+                    "now_us": round(med["now"] * 1e6, 1),
+                    "speedup": round(med["earlier"] / med["now"], 3),
+                }
+                print(row, flush=True)
+                results.append(row)
+    record = {
+        "command": "python benchmarks/kernel_ab.py",
+        "rev": args.rev,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "copies": COPIES,
+        "results": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "kernel_ab.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
