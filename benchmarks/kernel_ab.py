@@ -7,6 +7,9 @@ two builds of the same kernel over the same weights is the fair test of "not slo
 shape has 30 distinct weight copies (more than the L3 cache for the larger shapes), the
 earlier kernel gets its zero offsets as it needs them, the current one as it needs them.
 
+Second table: a dense fp32 weight at decode batches (a tied embedding read as the head, a
+head kept as stored), torch's `linear` against the runtime's `gemv_f32`, interleaved.
+
     python benchmarks/kernel_ab.py [--rev cbb33c2] [--rows 1,8,32,512] [--rounds 5]
 """
 
@@ -31,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from compress.kernels import cpu  # noqa: E402
 from compress.kernels.build import FLAG_SETS, SOURCE  # noqa: E402
 
+HEADS = {"default model (tied)": (49152, 576), "Qwen2.5-0.5B": (151936, 896)}
 SHAPES = {  # (out, in) of q/k/v, gate/up, down, o
     "default model": [(960, 576), (3072, 576), (576, 1536), (576, 576)],
     "Qwen2.5-0.5B": [(1152, 896), (9728, 896), (896, 4864), (896, 896)],
@@ -48,6 +52,24 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
     lib.llmp_gemm_q4.restype = None
     lib.llmp_set_threads.argtypes = [i]
     return lib
+
+
+def interleaved(fns: dict, rounds: int, repeat: int) -> dict[str, float]:
+    """Median seconds per call of each function, the functions taking turns each round."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            for _ in range(repeat):
+                fn()
+            times[name].append((time.perf_counter() - t) / repeat)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def report(model: str, n: int, k: int, rows: int, **figures) -> dict:
+    row = {"model": model, "shape": f"{n}x{k}", "rows": rows, **figures}
+    print(row, flush=True)
+    return row
 
 
 def main() -> None:
@@ -69,6 +91,7 @@ def main() -> None:
         }
     for lib in libs.values():
         lib.llmp_set_threads(args.threads)
+    cpu.set_threads(args.threads)
     torch.manual_seed(0)
     ptr = cpu._ptr
     rows = [int(r) for r in args.rows.split(",")]
@@ -89,28 +112,40 @@ def main() -> None:
             for m_rows in rows:
                 x = cpu.quantize_input(torch.randn(m_rows, k))
                 y = torch.empty(m_rows, n)
-                times = {name: [] for name in libs}
-                for _ in range(args.rounds):
-                    for name, lib in libs.items():
-                        t = time.perf_counter()
-                        for mat, z in zip(mats, offsets, strict=True):
-                            zs = ptr(z) if name == "earlier" else None
-                            lib.llmp_gemm_q4(
-                                ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
-                                ptr(mat.packed), ptr(mat.scale), zs, n, ptr(y),
-                            )  # fmt: skip
-                        times[name].append((time.perf_counter() - t) / COPIES)
-                med = {name: statistics.median(v) for name, v in times.items()}
-                row = {
-                    "model": model,
-                    "shape": f"{n}x{k}",
-                    "rows": m_rows,
-                    "earlier_us": round(med["earlier"] * 1e6, 1),
-                    "now_us": round(med["now"] * 1e6, 1),
-                    "speedup": round(med["earlier"] / med["now"], 3),
+
+                def run(lib, early, x=x, y=y, mats=mats, offsets=offsets, n=n, m_rows=m_rows):
+                    for mat, z in zip(mats, offsets, strict=True):
+                        lib.llmp_gemm_q4(
+                            ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
+                            ptr(mat.packed), ptr(mat.scale), ptr(z) if early else None, n, ptr(y),
+                        )  # fmt: skip
+
+                fns = {
+                    name: (lambda lib=lib, e=name == "earlier": run(lib, e))
+                    for name, lib in libs.items()
                 }
-                print(row, flush=True)
-                results.append(row)
+                med = {k: v / COPIES for k, v in interleaved(fns, args.rounds, 1).items()}
+                results.append(
+                    report(model, n, k, m_rows, earlier_us=round(med["earlier"] * 1e6, 1),
+                           now_us=round(med["now"] * 1e6, 1),
+                           speedup=round(med["earlier"] / med["now"], 3))
+                )  # fmt: skip
+    dense = []
+    for model, (n, k) in HEADS.items():
+        w = torch.randn(n, k)
+        for m_rows in (1, 2, 4):
+            x = torch.randn(m_rows, k)
+            fns = {
+                "torch": lambda x=x, w=w: torch.nn.functional.linear(x, w),
+                "llmpress": lambda x=x, w=w: cpu.gemv_f32(x, w),
+            }
+            med = interleaved(fns, args.rounds, 5)
+            dense.append(
+                report(model, n, k, m_rows, torch_ms=round(med["torch"] * 1e3, 2),
+                       llmpress_ms=round(med["llmpress"] * 1e3, 2),
+                       GB_s=round(n * k * 4 / med["llmpress"] / 1e9, 1),
+                       speedup=round(med["torch"] / med["llmpress"], 3))
+            )  # fmt: skip
     record = {
         "command": "python benchmarks/kernel_ab.py",
         "rev": args.rev,
@@ -118,6 +153,7 @@ def main() -> None:
         "rounds": args.rounds,
         "copies": COPIES,
         "results": results,
+        "dense": dense,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernel_ab.json").write_text(json.dumps(record, indent=2) + "\n")

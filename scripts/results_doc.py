@@ -376,6 +376,9 @@ def runtime_speed(d: dict) -> list[str]:
     ]
 
 
+DENSE_COLUMNS = (("torch_ms", 2), ("llmpress_ms", 2), ("GB_s", 1), ("speedup", 2))
+
+
 def kernel_ab(d: dict) -> list[str]:
     body = [
         [r["model"], r["shape"], r["rows"], f(r["earlier_us"], 1), f(r["now_us"], 1),
@@ -391,6 +394,17 @@ def kernel_ab(d: dict) -> list[str]:
         "prefetches 256 bytes ahead.",
         "",
         *table(["widths of", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"], body),
+        "",
+        "A dense fp32 weight at decode batches (a tied embedding read as the head), torch's "
+        "`linear` against the runtime's `gemv_f32`, interleaved:",
+        "",
+        *table(
+            ["head of", "shape", "rows", "torch ms", "llmpress ms", "llmpress GB/s", "speedup"],
+            [
+                [r["model"], r["shape"], r["rows"], *(f(r[k], n) for k, n in DENSE_COLUMNS)]
+                for r in d.get("dense", [])
+            ],
+        ),
     ]
 
 

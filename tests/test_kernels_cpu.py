@@ -194,3 +194,21 @@ def test_the_c_boundary_refuses_views_it_would_misread():
     cos, sin = torch.randn(16, 32), torch.randn(16, 32)
     with pytest.raises(TypeError, match="contiguous CPU tensors, got a strided"):
         rope_(x, torch.arange(4), cos, sin)
+
+
+@pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37), (3, 16)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_dense_fp32_decode_product_matches_torch(n, k, rows):
+    """Dense weights at decode batches (a tied head, a router) stream through C; ragged
+    widths take the scalar tail."""
+    from compress.kernels.cpu import gemv_f32
+    from compress.runtime.linears import DenseLinear
+
+    torch.manual_seed(n + k + rows)
+    w, x = torch.randn(n, k), torch.randn(rows, k)
+    want = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)
+    bias = torch.randn(n)
+    torch.testing.assert_close(DenseLinear(w, bias)(x), want + bias, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="rows"):
+        gemv_f32(torch.randn(5, k), w)

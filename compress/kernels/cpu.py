@@ -121,6 +121,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
+GEMV_ROWS = 4  # up to this many rows, dense fp32 weights take llmp_gemv_f32
+
+
+def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight [N, K].T for M <= GEMV_ROWS, the weight (fp32, contiguous) streamed
+    once at memory speed, where torch's matrix-vector product reads about half that."""
+    x = x.float().contiguous()
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 0 < m <= GEMV_ROWS or weight.shape[1] != k:
+        raise ValueError(f"gemv_f32 takes 1 to {GEMV_ROWS} rows of width {weight.shape[1]}")
+    _check_f32(weight, "dense weight")
+    y = torch.empty(m, n)
+    library().llmp_gemv_f32(_ptr(x), m, k, _ptr(weight), n, _ptr(y))
+    return y
+
+
 def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool):
     """Routing of rows x [B, hidden] by an fp32 router [E, hidden], as the one-call decoder
     routes: (weights [B, top_k] fp32, chosen [B, top_k] int64)."""

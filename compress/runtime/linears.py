@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import FusedLinear, PackedLinear, QuantizedInput, quantize_input
+from compress.kernels.cpu import (
+    GEMV_ROWS,
+    FusedLinear,
+    PackedLinear,
+    QuantizedInput,
+    gemv_f32,
+    quantize_input,
+)
 
 
 class DenseLinear:
@@ -25,7 +32,12 @@ class DenseLinear:
 
     def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
         x = x.x if isinstance(x, QuantizedInput) else x
-        y = torch.nn.functional.linear(x.to(self.weight.dtype), self.weight)
+        w = self.weight
+        cpu_f32 = w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+        if cpu_f32 and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:  # decode: stream w once
+            y = gemv_f32(x, w)
+            return y if self.bias is None else y + self.bias
+        y = torch.nn.functional.linear(x.to(w.dtype), w)
         y = y.float()
         return y if self.bias is None else y + self.bias
 

@@ -336,6 +336,50 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
 DEFINE_GEMM(4)
 DEFINE_GEMM(8)
 
+/* ---- fp32 weights at decode batches -------------------------------------------------
+ * y [M, N] = x [M, K] @ w [N, K].T for M <= 4 rows: a dense weight (a tied embedding read as
+ * the head, a head kept as stored, a router) streamed once for all rows. torch's fp32
+ * matrix-vector product reads about 10 GB/s here; this one streams at memory speed. */
+INLINE void f32_rows(int MT, const float *x, int K, const float *w, int n0, int n1, int N,
+                     float *y) {
+    for (int n = n0; n < n1; n++) {
+        const float *wr = w + (int64_t)n * K;
+        float out[MT_MAX];
+        int k = 0;
+#if defined(__AVX2__)
+        __m256 a0[MT_MAX], a1[MT_MAX];
+        for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+        for (; k + 16 <= K; k += 16) {
+            __m256 w0 = _mm256_loadu_ps(wr + k), w1 = _mm256_loadu_ps(wr + k + 8);
+            for (int m = 0; m < MT; m++) {
+                a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)m * K + k), a0[m]);
+                a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (int64_t)m * K + k + 8), a1[m]);
+            }
+        }
+        for (int m = 0; m < MT; m++) out[m] = hsum8(_mm256_add_ps(a0[m], a1[m]));
+#else
+        for (int m = 0; m < MT; m++) out[m] = 0.f;
+#endif
+        for (; k < K; k++)
+            for (int m = 0; m < MT; m++) out[m] += wr[k] * x[(int64_t)m * K + k];
+        for (int m = 0; m < MT; m++) y[(int64_t)m * N + n] = out[m];
+    }
+}
+
+void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y) {
+    int chunks = (N + 15) / 16;
+    #pragma omp parallel for schedule(static) if ((int64_t)N * K > 65536)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        switch (M) {
+        case 1: f32_rows(1, x, K, w, n0, n1, N, y); break;
+        case 2: f32_rows(2, x, K, w, n0, n1, N, y); break;
+        case 3: f32_rows(3, x, K, w, n0, n1, N, y); break;
+        default: f32_rows(4, x, K, w, n0, n1, N, y); break;
+        }
+    }
+}
+
 /* The dense fp32 weight [N, K] from the panel layout, for the exact (large-batch) path. */
 static void dequant_panel(int bits, const uint8_t *w, const float *scale, const float *zs,
                           int N, int K, int G, float *out) {
