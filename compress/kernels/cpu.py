@@ -283,7 +283,7 @@ class PackedLinear:
         scale = scale.float().reshape(n, -1)
         if scale.shape[1] != kp // g:
             scale = torch.nn.functional.pad(scale, (0, kp // g - scale.shape[1]))
-        offset = 8 if bits == 4 else 0  # int4 codes are stored unsigned (q + 8)
+        offset = self.offset
         zp = torch.zeros_like(scale) if zero_point is None else zero_point.float().reshape(n, -1)
         if zp.shape != scale.shape:
             zp = torch.nn.functional.pad(zp, (0, scale.shape[1] - zp.shape[1]))
@@ -299,6 +299,7 @@ class PackedLinear:
 
     @property
     def offset(self) -> int:
+        """int4 codes are stored unsigned (q + 8)."""
         return 8 if self.bits == 4 else 0
 
     def _row_zs(self) -> torch.Tensor:
@@ -508,7 +509,7 @@ class FusedDecoder:
             raise ValueError("every layer must rotate the same number of dimensions")
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
-        self.work: dict[int, torch.Tensor] = {}  # the C step's workspace, per batch size
+        self.work: dict[int, tuple[torch.Tensor, int]] = {}  # workspace, experts' byte offset
 
     def __call__(self, h, cache, slots, positions) -> torch.Tensor:
         """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
@@ -519,17 +520,16 @@ class FusedDecoder:
             raise TypeError("slots and positions must be int64")
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
-        if b not in self.work:
-            floats = library().llmp_decode_workspace(
-                b, hidden, heads, kv_heads, d, inter, *self.moe_dims
-            )
-            self.work[b] = torch.empty(floats, dtype=torch.float32)
-        dense = library().llmp_decode_workspace(b, hidden, heads, kv_heads, d, inter, 0, 0, 0)
-        work = self.work[b]
+        if b not in self.work:  # the dense part first, the experts' scratch after it
+            lib, dims = library(), (b, hidden, heads, kv_heads, d, inter)
+            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
+            floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
+            self.work[b] = (torch.empty(floats, dtype=torch.float32), 4 * dense)
+        work, moe_offset = self.work[b]
         status = library().llmp_decode_layers(
             self.table, self.n, _ptr(h), b, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), _ptr(slots),
-            _ptr(positions), _ptr(work), _ptr(work) + 4 * dense,
+            _ptr(positions), _ptr(work), _ptr(work) + moe_offset,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the CPU decoder could not allocate the outlier columns' buffer")

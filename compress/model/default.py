@@ -96,7 +96,7 @@ def convert_gguf(path: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=_CONVERTING, dir=target.parent))
     try:
         mark_owner(tmp)
-        _write_dequantized(path, tmp)
+        _write_dequantized(path, tmp, arch)
         (tmp / "llmpress_source.json").write_text(
             json.dumps({"path": str(path), "file": path.name, "sha256": digest}, indent=2)
         )
@@ -125,7 +125,7 @@ def remove_stale_conversions(cache: Path, log=print) -> None:
     return True
 
 
-def gguf_config(path: Path):
+def gguf_config(path: Path, arch: str):
     """transformers' config of a GGUF file, with the facts its reader drops (GGUF_FACTS)
     taken from the file: a Qwen3 whose head_dim is not 128, or a Qwen3-MoE whose experts
     are not 768 wide, would otherwise be built at the wrong shape."""
@@ -134,7 +134,6 @@ def gguf_config(path: Path):
 
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     reader = GGUFReader(str(path))
-    arch = gguf_architecture(path)
     for suffix, field in GGUF_FACTS.items():
         value = reader.fields.get(f"{arch}.{suffix}")
         if value is not None and hasattr(config, field):
@@ -142,12 +141,12 @@ def gguf_config(path: Path):
     return config
 
 
-def _write_dequantized(path: Path, out: Path) -> None:
+def _write_dequantized(path: Path, out: Path, arch: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
-    config = gguf_config(path)
+    config = gguf_config(path, arch)
     model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32
     )

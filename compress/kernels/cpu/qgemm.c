@@ -154,14 +154,8 @@ void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, flo
  */
 #define TW 8
 #define MT_MAX 4
-#ifndef PF_DIST
-#define PF_DIST 256
-#endif
-#ifdef NO_PF
-#define PREFETCH(p) ((void)0)
-#else
+#define PF_DIST 256 /* bytes ahead: 1024 measured slower than none on an AVX2 EPYC */
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
-#endif
 
 #if defined(__AVX2__)
 INLINE __m256i bcast4(const int8_t *p) {
