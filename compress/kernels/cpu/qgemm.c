@@ -284,10 +284,68 @@ INLINE void panel_tile(int MT, int bits, const uint8_t *wt, const float *sc, con
 #endif
 }
 
+/* One activation row (batch-1 decode) against one int4 tile: panel_tile's arithmetic with
+ * its loops unrolled, which panel_tile cannot afford at four rows (spills). Interleaved in
+ * one process on an AVX2 EPYC: 3-7% faster from memory, 35-45% from cache. */
+INLINE void row_tile_q4(const uint8_t *wt, const float *sc, const float *zs, int ng, int bpg,
+                        const int8_t *x8, const float *dx, const float *bs, float *y, int cols) {
+#if defined(__AVX2__)
+    const __m256i low = _mm256_set1_epi8(0x0F);
+#if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+    const __m256i ones = _mm256_set1_epi16(1);
+#endif
+    __m256 acc = _mm256_setzero_ps();
+    for (int g = 0, b = 0; g < ng; g++) {
+        __m256 gacc = _mm256_setzero_ps();
+        float bz = 0.f;
+        for (int j = 0; j < bpg; j++, b++) {
+            const uint8_t *wb = wt + (int64_t)b * 128;
+            __m256i ai = _mm256_setzero_si256();
+            PREFETCH(wb + PF_DIST);
+            for (int v = 0; v < 4; v++) {
+                __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
+                __m256i lo = _mm256_and_si256(raw, low);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                __m256i xa = bcast4(x8 + b * 32 + 4 * v), xb = bcast4(x8 + b * 32 + 16 + 4 * v);
+#if defined(__AVXVNNI__)
+                ai = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(ai, lo, xa), hi, xb);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+                ai = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(ai, lo, xa), hi, xb);
+#else
+                ai = _mm256_add_epi16(ai, _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
+                                                           _mm256_maddubs_epi16(hi, xb)));
+#endif
+            }
+#if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+            ai = _mm256_madd_epi16(ai, ones);
+#endif
+            gacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai), _mm256_set1_ps(dx[b]), gacc);
+            bz += bs[b];
+        }
+        __m256 s = _mm256_loadu_ps(sc + g * TW);
+        if (zs) {
+            acc = _mm256_fmadd_ps(gacc, s, acc);
+            acc = _mm256_fnmadd_ps(_mm256_loadu_ps(zs + g * TW), _mm256_set1_ps(bz), acc);
+        } else {
+            acc = _mm256_fmadd_ps(_mm256_fnmadd_ps(_mm256_set1_ps(bz), _mm256_set1_ps(8.f), gacc), s, acc);
+        }
+    }
+    float t[TW];
+    _mm256_storeu_ps(t, acc);
+    memcpy(y, t, (size_t)cols * sizeof(float));
+#else
+    panel_tile(1, 4, wt, sc, zs, ng, bpg, x8, dx, bs, 0, 0, y, 0, cols);
+#endif
+}
+
 /* One tile against every activation row, MT_MAX rows at a time. */
 INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float *zs, int ng,
                       int bpg, const int8_t *x8, const float *dx, const float *bs, int M,
                       int K, int nb, float *y, int64_t ys, int cols) {
+    if (bits == 4 && M == 1) {
+        row_tile_q4(wt, sc, zs, ng, bpg, x8, dx, bs, y, cols);
+        return;
+    }
     int m = 0;
 #define TILE(MT) panel_tile(MT, bits, wt, sc, zs, ng, bpg, x8 + (int64_t)m * K, dx + (int64_t)m * nb, \
                             bs + (int64_t)m * nb, K, nb, y + (int64_t)m * ys, ys, cols)
