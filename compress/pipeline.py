@@ -64,6 +64,7 @@ def source_info(ckpt: Checkpoint) -> dict:
         "sha256": ckpt.sha256,
         "bytes": sum(f.stat().st_size for f in ckpt.files),
         "license": source_license(ckpt),
+        **({"text_part_of": ckpt.text_part_of} if ckpt.text_part_of else {}),
     }
 
 
@@ -136,6 +137,9 @@ def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
         stage.preflight(planned)
     ws = _workspace(recipe, ckpt)
     _preflight(recipe, stages, ws, planned["hidden_size"])
+    part = ckpt.text_part_of
+    if part:
+        log(f"{model} is a {part}: compressing its language model; the vision part is left out")
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}"

@@ -244,3 +244,31 @@ def write_gguf(model, path: Path, tokenizer_gguf: Path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_gemma3_multimodal(folder: Path, tokenizer_from: Path | None = None) -> Path:
+    """A tiny Gemma3ForConditionalGeneration (model_type gemma3: a vision tower and
+    projector beside the tiny gemma3_text model), saved as published checkpoints name it."""
+    import transformers
+
+    # no final softcap: published Gemma 3 has none, and Gemma3ForConditionalGeneration
+    # would not apply one (only Gemma3ForCausalLM does)
+    text = family_config("gemma3_text", final_logit_softcapping=None).to_dict()
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight") and "language_model" in pname:
+                p.copy_(0.3 * torch.randn_like(p))
+    model.save_pretrained(folder)
+    if tokenizer_from is not None:
+        for f in tokenizer_from.iterdir():
+            if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
+                shutil.copy2(f, folder / f.name)
+    return folder

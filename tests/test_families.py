@@ -142,11 +142,18 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     assert (fused - reference).abs().mean() < 0.1 * reference.std()  # measured 0.011-0.07
 
 
+@pytest.mark.parametrize("quant", ["rtn:w4g32", "int8"])
 @pytest.mark.parametrize("name", MOE_FAMILIES)
-def test_batched_expert_steps_in_one_call_equal_the_per_op_path(w4, ids, name):
+def test_batched_expert_steps_in_one_call_equal_the_per_op_path(
+    models, w4, ids, wikitext, tmp_path, name, quant
+):
     """Five sequences at once: tokens routed to different experts are gathered per expert
-    in C as the per-op path groups them, and both count the same expert reads."""
-    weights = load_weights(resolve(str(w4[name])), device="cpu")
+    in C as the per-op path groups them (all experts' products in one region; one by one
+    where LLM.int8() outlier columns need their own pass), and both count the same reads."""
+    path = w4[name] if quant == "rtn:w4g32" else None
+    if path is None:
+        path = _compress(models[name], tmp_path / "int8", [parse_quant(quant)], wikitext)
+    weights = load_weights(resolve(str(path)), device="cpu")
     model = Model(weights, LENGTH + 1)
     batch, prompt, steps = 5, 6, 6
     tokens = ids[0][: batch * (prompt + steps)].view(batch, prompt + steps)
@@ -165,8 +172,12 @@ def test_batched_expert_steps_in_one_call_equal_the_per_op_path(w4, ids, name):
         ]
         return torch.stack(rows), [layer.moe.reads.clone() for layer in weights.layers]
 
+    if quant == "int8":  # the outlier pass is what this case exercises
+        experts = [x for layer in weights.layers for pair in layer.moe.experts for x in pair]
+        assert any(x.outlier_index is not None for x in experts)
     fused, fused_reads = run(model)
     fused_path = model.backend.fused
+    assert fused_path is not None
     model.backend.fused = None
     per_op, per_op_reads = run(model)
     model.backend.fused = fused_path
@@ -322,3 +333,40 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
         app.scheduler.stop()
     assert [r.usage.completion_tokens for r in replies] == [8, 8]
     assert replies[0].choices[0].text == replies[1].choices[0].text
+
+
+def test_the_text_part_of_a_multimodal_gemma3(tmp_path, ids, wikitext):
+    """A Gemma3ForConditionalGeneration checkpoint (Gemma 3 from 4B up): every command reads
+    its language model, and the artifact is a Gemma3ForCausalLM that plain transformers opens."""
+    from family_models import write_gemma3_multimodal
+    from transformers import Gemma3ForConditionalGeneration
+
+    src = write_gemma3_multimodal(tmp_path / "mm", tokenizer_from=convert_gguf(default_gguf()))
+    names = list(safe_open(str(src / "model.safetensors"), "pt").keys())
+    assert any(n.startswith("language_model.model.") for n in names)
+    assert any(n.startswith("vision_tower.") for n in names)
+    full = Gemma3ForConditionalGeneration.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        want = full.eval()(input_ids=ids).logits[0]
+    ckpt = resolve(str(src))
+    assert ckpt.config["model_type"] == "gemma3_text"
+    assert ckpt.text_part_of == "Gemma3ForConditionalGeneration"
+    assert not any(n.startswith(("vision_tower", "multi_modal")) for n in ckpt.tensors)
+    got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    assert resolve(str(src)).path == ckpt.path  # made once, then reused
+
+    out = tmp_path / "w4"
+    code, stdout, stderr = run_cli(["compress", str(src), "-o", str(out), "--quant", "rtn:w4g32"])
+    assert code == 0, stderr
+    assert "Gemma3ForConditionalGeneration" in stdout + stderr and "vision" in stdout + stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["text_part_of"] == "Gemma3ForConditionalGeneration"
+    assert manifest["source"]["sha256"] == ckpt.sha256
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
+    exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
+    assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3

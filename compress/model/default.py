@@ -92,14 +92,20 @@ def convert_gguf(path: Path) -> Path:
         raise LlmpressError(
             f"unsupported architecture {arch!r} in {path.name}: llmpress supports {supported}"
         )
+    origin = {"path": str(path), "file": path.name, "sha256": digest}
+    return publish_conversion(target, lambda tmp: _write_dequantized(path, tmp, arch), origin)
+
+
+def publish_conversion(target: Path, write, origin: dict) -> Path:
+    """Make the cached folder `target` with write(tmp) in an owner-marked temporary folder
+    beside it, record `origin` (what it was made from, its weights' sha256) in
+    llmpress_source.json, and rename it into place; a concurrent conversion's result wins."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=_CONVERTING, dir=target.parent))
     try:
         mark_owner(tmp)
-        _write_dequantized(path, tmp, arch)
-        (tmp / "llmpress_source.json").write_text(
-            json.dumps({"path": str(path), "file": path.name, "sha256": digest}, indent=2)
-        )
+        write(tmp)
+        (tmp / "llmpress_source.json").write_text(json.dumps(origin, indent=2))
         (tmp / OWNER).unlink()
         publish_permissions(tmp)
         if target.exists():  # another process converted it meanwhile

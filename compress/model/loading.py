@@ -25,6 +25,7 @@ from compress.model.adapters import (
 )
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.safetensors_check import check_safetensors
+from compress.model.text_part import is_multimodal, text_part
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -54,12 +55,13 @@ class Checkpoint:
         origin = self.path / "llmpress_source.json"
         if origin.is_file():
             return json.loads(origin.read_text())["sha256"]
-        if len(self.files) == 1:
-            return file_sha256(self.files[0])
-        h = hashlib.sha256()
-        for f in self.files:
-            h.update(f"{f.name}:{file_sha256(f)}\n".encode())
-        return h.hexdigest()
+        return weights_sha256(self.files)
+
+    @cached_property
+    def text_part_of(self) -> str | None:
+        """The multimodal architecture whose language model this folder holds (text_part)."""
+        origin = self.path / "llmpress_source.json"
+        return json.loads(origin.read_text()).get("text_part_of") if origin.is_file() else None
 
     @cached_property
     def tensors(self) -> dict[str, tuple[Path, tuple[int, ...], str]]:
@@ -77,6 +79,16 @@ class Checkpoint:
                     )
                 info[name] = (f, tuple(entry["shape"]), entry["dtype"])
         return info
+
+
+def weights_sha256(files: list[Path]) -> str:
+    """The hash a checkpoint's weights are recorded by: the file's, or of every file's."""
+    if len(files) == 1:
+        return file_sha256(files[0])
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}:{file_sha256(f)}\n".encode())
+    return h.hexdigest()
 
 
 def resolve(source: str) -> Checkpoint:
@@ -106,6 +118,9 @@ def _open_folder(path: Path, source: str) -> Checkpoint:
     config = _read_json(config_path, "re-download it")
     if not isinstance(config, dict):
         raise LlmpressError(f"{config_path} is not a JSON object of settings; re-download it")
+    if is_multimodal(config):  # its language model, as a text-only folder made once
+        path = text_part(path, config, _weight_files(path)[0], weights_sha256)
+        config = _read_json(path / "config.json", "remove it from the cache and rerun")
     adapter = adapter_for(config)
     shape = check_config(config, str(config_path))
     files, index = _weight_files(path)

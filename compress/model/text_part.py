@@ -1,0 +1,111 @@
+"""The text part of a multimodal checkpoint, made once into a cached text-only folder.
+
+Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`): a
+vision tower and projector beside a `gemma3_text` language model whose config sits in
+`text_config` and whose tensors are prefixed `language_model.model.` (as published) or
+`model.language_model.` (as some transformers versions save). llmpress compresses and
+runs text, so every command reads the language model alone, as the text family names it,
+with the source's tokenizer: the artifact is a `Gemma3ForCausalLM` that transformers and
+vLLM open as such. The folder is written file by file (memory bounded by one shard),
+keyed by the source's files (name, size, mtime) so a second run reuses it, and records
+the source's weight hash, which eval's base check compares.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from compress.errors import LlmpressError
+from compress.model.default import cache_dir, publish_conversion
+
+# model_type of the multimodal config -> (model_type, architecture) of its text part
+MULTIMODAL = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+# tensor name prefixes of the language model -> the text model's own
+TEXT_PREFIXES = (
+    ("language_model.model.", "model."),
+    ("model.language_model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("lm_head.", "lm_head."),
+)
+# the source's files a text-only folder keeps beside the weights
+KEPT_FILES = (
+    "tokenizer*",
+    "special_tokens_map.json",
+    "*.model",
+    "*.jinja",
+    "chat_template*",
+    "generation_config.json",
+)
+
+
+def is_multimodal(config: dict) -> bool:
+    return config.get("model_type") in MULTIMODAL and isinstance(config.get("text_config"), dict)
+
+
+def text_name(name: str) -> str | None:
+    """The text model's name for a tensor of the multimodal checkpoint (None: not text)."""
+    for prefix, to in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return to + name[len(prefix) :]
+    return None
+
+
+def text_config(config: dict) -> dict:
+    """The language model's config.json: text_config as its own model type, with what the
+    outer config states for the whole model (dtype, tying) where text_config is silent."""
+    model_type, arch = MULTIMODAL[config["model_type"]]
+    text = dict(config["text_config"])
+    for key in ("tie_word_embeddings", "dtype", "torch_dtype", "transformers_version"):
+        if key not in text and key in config:
+            text[key] = config[key]
+    text.update(model_type=model_type, architectures=[arch])
+    return text
+
+
+def text_part(path: Path, config: dict, files: list[Path], weights_sha256) -> Path:
+    """The cached text-only folder of the multimodal checkpoint at `path` (its safetensors
+    `files`); `weights_sha256(files)` hashes the source's weights as a Checkpoint does."""
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    key.update(str(path.resolve()).encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    target = cache_dir() / f"text-{key.hexdigest()[:16]}"
+    if (target / "config.json").is_file():
+        return target
+    origin = {
+        "path": str(path),
+        "text_part_of": (config.get("architectures") or [config["model_type"]])[0],
+        "sha256": weights_sha256(files),
+    }
+    return publish_conversion(target, lambda tmp: _write(path, config, files, tmp), origin)
+
+
+def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    weight_map: dict[str, str] = {}
+    for f in files:
+        with safe_open(str(f), "pt") as src:
+            names = [(n, text_name(n)) for n in src.keys()]  # noqa: SIM118
+            tensors = {to: src.get_tensor(n) for n, to in names if to is not None}
+        if tensors:
+            save_file(tensors, str(out / f.name), metadata={"format": "pt"})
+            weight_map.update(dict.fromkeys(tensors, f.name))
+    if not weight_map:
+        raise LlmpressError(
+            f"{path} is a {config['model_type']} checkpoint with no language-model tensors "
+            "(expected names starting with language_model.model.): re-download it"
+        )
+    if len(set(weight_map.values())) > 1:
+        index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps(text_config(config), indent=2))
+    for pattern in KEPT_FILES:
+        for f in path.glob(pattern):
+            if f.is_file():
+                shutil.copy2(f, out / f.name)
