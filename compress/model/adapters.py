@@ -144,6 +144,9 @@ class Adapter:
     )  # (config key, the roles it gives a bias)
     query_pre_attn_scalar: bool = False  # the attention scale is that key's ** -0.5
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
+    # loaders take the head width as hidden / heads whatever head_dim says (phi3's config
+    # checks its rope factors against it), so a pruned shape must keep that ratio
+    head_width_from_widths: bool = False
     moe: MoeKeys | None = None  # Mixture-of-Experts families: where their config says so
     head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
     # Mixture-of-Experts: the router, the experts' module list and each expert's linears
@@ -252,13 +255,14 @@ class Adapter:
 
     @property
     def prunable(self) -> bool:
-        """Structured pruning slices rows of each role's own tensor: fused tensors would
-        need slices within one tensor, which the surgery does not do."""
-        return not (self.qkv or self.gate_up or self.experts)
+        """Structured pruning slices rows and columns of the block's tensors (a fused
+        tensor's rows part by part, fused_rows); experts are not cut."""
+        return not self.experts
 
     @property
     def cut_groups(self) -> tuple[CutGroup, ...]:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
+        fused = tuple(n for n in (self.qkv, self.gate_up) if n)
         return (
             CutGroup("heads", rows=(self.q,), cols=(self.o,)),
             CutGroup("kv_heads", rows=(self.k, self.v), cols=()),
@@ -266,9 +270,20 @@ class Adapter:
             CutGroup(
                 "hidden",
                 rows=(self.o, self.down, *self.block_norms),
-                cols=(self.q, self.k, self.v, self.gate, self.up),
+                cols=(self.q, self.k, self.v, self.gate, self.up, *fused),
             ),
         )
+
+    def fused_rows(self, shape) -> dict[str, tuple[tuple[str, int], ...]]:
+        """Each fused tensor's row parts as (axis, first row) at `shape`: phi3's qkv_proj is
+        q, k, v rows, gate_up_proj gate then up, so a cut keeps each part's chosen units."""
+        q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+        parts = {}
+        if self.qkv:
+            parts[self.qkv] = (("heads", 0), ("kv_heads", q), ("kv_heads", q + kv))
+        if self.gate_up:
+            parts[self.gate_up] = (("mlp", 0), ("mlp", shape.intermediate))
+        return parts
 
     def linear_shapes(self, shape: ModelShape) -> dict[str, tuple[int, int]]:
         """Each block linear (as block_linears names them) with its [out, in] shape."""
@@ -401,6 +416,7 @@ ADAPTERS: dict[str, Adapter] = {
         qkv="self_attn.qkv_proj",
         gate_up="mlp.gate_up_proj",
         bias_options=(),
+        head_width_from_widths=True,
     ),
 }
 

@@ -211,24 +211,27 @@ def _compose(previous, kept: list[int]):
 def _check_family(config: dict) -> None:
     """Refuse, in one line, a family whose blocks the surgery cannot cut."""
     adapter = adapter_for(config)
-    if adapter.experts:
+    if not adapter.prunable:
         raise LlmpressError(
             f"prune: {adapter.families[0]} is a Mixture-of-Experts model, whose experts the "
             "pruning surgery does not cut yet; quantize it without a prune stage"
-        )
-    if not adapter.prunable:
-        raise LlmpressError(
-            f"prune: {adapter.families[0]} stores q/k/v and gate/up as one tensor each, which "
-            "the pruning surgery does not slice yet; quantize it without a prune stage"
         )
 
 
 def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
     """A family whose embedding is scaled by sqrt(hidden) (gemma3) changes that scale when
-    the hidden width shrinks, which the surgery does not compensate."""
-    if shape.hidden != full.hidden and adapter_for(config).scaled_embedding:
+    the hidden width shrinks, which the surgery does not compensate; one whose loaders
+    derive the head width from hidden / heads (phi3) must keep that ratio."""
+    adapter = adapter_for(config)
+    if shape.hidden != full.hidden and adapter.scaled_embedding:
         raise LlmpressError(
             "prune: cutting the hidden width of a model whose embedding is scaled by "
             "sqrt(hidden) (gemma3) is not supported; prune heads, mlp or layers instead"
+        )
+    if adapter.head_width_from_widths and shape.hidden != shape.heads * shape.head_dim:
+        raise LlmpressError(
+            f"prune: {adapter.families[0]} loaders take the head width as hidden / heads, "
+            f"which this cut makes {shape.hidden}/{shape.heads} instead of {shape.head_dim}; "
+            "cut hidden and heads by the same fraction, or neither"
         )
     return shape

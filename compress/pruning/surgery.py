@@ -81,6 +81,7 @@ def prune_state(
     hidden = torch.tensor(keep.hidden)
     out: dict[str, torch.Tensor] = {}
     cut = {g.axis: g for g in adapter.cut_groups}
+    fused = adapter.fused_rows(full)
     for new, old in enumerate(keep.layers):
         src = adapter.block_prefix(old) + "."
         index = {
@@ -95,6 +96,9 @@ def prune_state(
             rel = name[len(src) :]
             module, _, leaf = rel.rpartition(".")
             t = tensor
+            if module in fused:  # each part's kept rows, at its offset in the tensor
+                rows = [index[axis] + start for axis, start in fused[module]]
+                t = t.index_select(0, torch.cat(rows))
             for axis, rows_cols in cut.items():
                 if module in rows_cols.rows:
                     t = t.index_select(0, index[axis])
