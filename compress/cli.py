@@ -335,7 +335,9 @@ def _write_eval_json(
         "gates": [v.to_dict() for v in verdicts],
         "passed": all(v.passed for v in verdicts),
     }
-    write_json(path, result)
+    from compress.artifact.manifest import portable
+
+    write_json(path, portable(result))  # paths relative to here, as the manifest has them
 
 
 def write_json(path: Path, data: dict) -> None:

@@ -54,6 +54,10 @@ def test_report_and_gate_file(int8_artifact, wikitext, tmp_path):
     assert "![Per-token KL" not in md and "(token_kl.png)" in md and "| original |" in md
     for png in ("drift.png", "token_kl.png", "layer_error.png", "outliers.png"):
         assert (report / png).read_bytes()[:4] == b"\x89PNG"
+    # shared files name no folder of this machine (the artifact, the data, the command)
+    for written in (report / "report.json", report / "report.md", out):
+        text = written.read_text()
+        assert str(tmp_path) not in text and str(wikitext) not in text, written
 
     strict = tmp_path / "strict.yaml"
     strict.write_text("kl: {max: 1.0e-6}\nsize_mb: {max_increase: -90%}\n")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from compress.artifact.manifest import portable
 from compress.calib_data.sources import data_name
 from compress.eval.drift import Drift
 from compress.methods import STAGES
@@ -231,17 +232,20 @@ def write_report(
     stages = (manifest or {}).get("stages", [])
     images = _plots(folder, name, drift, token_kl, errors, stages)
     quant = _kl_quantiles(token_kl)
-    report = {
-        "artifact": artifact,
-        "recipe": (manifest or {}).get("label"),
-        "command": command,
-        "drift": drift.to_dict(),
-        "sizes": sizes,
-        "token_kl_quantiles": quant,
-        "layer_error": errors,
-        "gates": [v.to_dict() for v in verdicts or []],
-        "images": [f for _, f in images],
-    }
+    report = portable(  # a report is shared: paths relative to here, never this machine's
+        {
+            "artifact": artifact,
+            "recipe": (manifest or {}).get("label"),
+            "command": command,
+            "drift": drift.to_dict(),
+            "sizes": sizes,
+            "token_kl_quantiles": quant,
+            "layer_error": errors,
+            "gates": [v.to_dict() for v in verdicts or []],
+            "images": [f for _, f in images],
+        }
+    )
+    command = report["command"]
     (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = _summary(name, report, drift, sizes, quant, errors, verdicts)
     for title, file in images:
