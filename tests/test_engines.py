@@ -1,5 +1,6 @@
 """engines.py's vLLM rules: held to the last real run of vLLM's CPU build on every artifact
-kind (scripts/vllm_check.py, committed in benchmarks/results/vllm_check.json), and each
+kind (scripts/vllm_check.py, committed per instruction set in
+benchmarks/results/vllm_check_<ISA>.json: AVX2 hosts lack vLLM's 4-bit CPU kernel), and each
 rule checked on a hand-made config (no compression, no vLLM: these run in milliseconds)."""
 
 import copy
@@ -18,26 +19,31 @@ from compress.artifact.engines import (
     vllm_verdict,
 )
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "vllm_check.json"
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+REPORTS = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("vllm_check_*.json"))}
+ROWS = [
+    pytest.param(r, report["host"]["isa"], id=f"{name}:{r['kind']}")
+    for name, report in REPORTS.items()
+    for r in report["kinds"]
+]
 
 
-def _measured():
-    report = json.loads(RESULTS.read_text())
-    return report, [pytest.param(r, id=r["kind"]) for r in report["kinds"]]
-
-
-REPORT, ROWS = _measured()
-
-
-def test_the_committed_run_is_of_the_version_the_rules_cite():
-    assert REPORT["vllm"]["vllm"] == VLLM_VERSION
-    kinds = {r["kind"] for r in REPORT["kinds"]}
+@pytest.mark.parametrize("name", sorted(REPORTS))
+def test_the_committed_run_is_of_the_version_the_rules_cite(name):
+    report = REPORTS[name]
+    assert report["vllm"]["vllm"] == VLLM_VERSION
+    assert name.endswith("avx512") == ("avx512f" in report["host"]["isa"])
+    kinds = {r["kind"] for r in report["kinds"]}
     for kind in ("rtn:w4g64", "rtn:w8", "rtn:w4g64 --lm-head w8", "rtn:w4g64 --bits 4.6 (mixed)"):
         assert kind in kinds
 
 
-@pytest.mark.parametrize("row", ROWS)
-def test_engines_predicts_what_vllm_did(row):
+def test_both_instruction_sets_were_run():
+    assert {"vllm_check_avx2", "vllm_check_avx512"} <= set(REPORTS)
+
+
+@pytest.mark.parametrize(("row", "host_isa"), ROWS)
+def test_engines_predicts_what_vllm_did(row, host_isa):
     """For every kind vLLM's CPU build was run on: the predicted outcome (runs, refused at
     load, fails at the first forward) is the measured one, and when it did not run, one of
     the predicted reasons names vLLM's own error."""
@@ -47,7 +53,7 @@ def test_engines_predicts_what_vllm_did(row):
         names,
         CPU,
         dtype=row["vllm_dtype_asked"],
-        host_isa=REPORT["host"]["isa"],
+        host_isa=host_isa,
     )
     measured = row["measured"]
     assert verdict.outcome == measured["outcome"], (verdict, measured.get("error"))

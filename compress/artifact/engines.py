@@ -6,7 +6,7 @@ below, each with where it comes from. Every artifact's config is checked against
 when it is written (compress warns, naming the engine and the reason; the manifest keeps
 the verdicts), and scripts/vllm_check.py runs vLLM's CPU build on every artifact kind:
 tests/test_engines.py holds these rules to its committed results
-(benchmarks/results/vllm_check.json), so a rule that contradicts a real run fails the suite.
+(benchmarks/results/vllm_check_<ISA>.json), so a rule that contradicts a real run fails the suite.
 transformers is run for real in tests/test_interop.py; its rules here are the known failures
 of its loader, so that compress can warn first.
 
