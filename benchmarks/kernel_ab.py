@@ -31,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from batched_decode import cpu_flags  # noqa: E402
+
 from compress.kernels import cpu  # noqa: E402
 from compress.kernels.build import FLAG_SETS, SOURCE  # noqa: E402
 
@@ -38,6 +40,8 @@ HEADS = {"default model (tied)": (49152, 576), "Qwen2.5-0.5B": (151936, 896)}
 SHAPES = {  # (out, in) of q/k/v, gate/up, down, o
     "default model": [(960, 576), (3072, 576), (576, 1536), (576, 576)],
     "Qwen2.5-0.5B": [(1152, 896), (9728, 896), (896, 4864), (896, 896)],
+    # families.py's MoE rows: q/k/v, one expert's gate/up and down, o
+    "MoE (hidden 1024, experts 1024)": [(1536, 1024), (2048, 1024), (1024, 1024)],
 }
 COPIES = 30
 
@@ -52,6 +56,11 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
     lib.llmp_gemm_q4.restype = None
     lib.llmp_set_threads.argtypes = [i]
     return lib
+
+
+def zs_ptr(offsets, early: bool):
+    """The zero offsets an earlier kernel reads (None: it derives them from the scales)."""
+    return cpu._ptr(offsets) if early and offsets is not None else None
 
 
 def interleaved(fns: dict, rounds: int, repeat: int) -> dict[str, float]:
@@ -75,6 +84,12 @@ def report(model: str, n: int, k: int, rows: int, **figures) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="cbb33c2", help="the earlier revision")
+    ap.add_argument(
+        "--change",
+        default="derives a symmetric weight's zero offset from its scale and prefetches 256 "
+        "bytes ahead (the earlier reads each group's offset and prefetches 1024)",
+        help="what the current kernel changes, for the results table",
+    )
     ap.add_argument("--rows", default="1,8,32,512")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
@@ -89,6 +104,12 @@ def main() -> None:
             "earlier": build(old_src, Path(tmp) / "old.so"),
             "now": build(SOURCE, Path(tmp) / "new.so"),
         }
+    reads_offsets = (
+        subprocess.run(
+            ["git", "merge-base", "--is-ancestor", "4b373b1", args.rev], cwd=ROOT
+        ).returncode
+        != 0
+    )
     for lib in libs.values():
         lib.llmp_set_threads(args.threads)
     cpu.set_threads(args.threads)
@@ -108,7 +129,8 @@ def main() -> None:
                 )
                 for _ in range(COPIES)
             ]
-            offsets = [m.scale * 8 for m in mats]  # the earlier kernel reads zs = 8 * scale
+            # a kernel from before 4b373b1 reads zs = 8 * scale; later ones derive it
+            offsets = [m.scale * 8 if reads_offsets else None for m in mats]
             for m_rows in rows:
                 x = cpu.quantize_input(torch.randn(m_rows, k))
                 y = torch.empty(m_rows, n)
@@ -117,7 +139,7 @@ def main() -> None:
                     for mat, z in zip(mats, offsets, strict=True):
                         lib.llmp_gemm_q4(
                             ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
-                            ptr(mat.packed), ptr(mat.scale), ptr(z) if early else None, n, ptr(y),
+                            ptr(mat.packed), ptr(mat.scale), zs_ptr(z, early), n, ptr(y),
                         )  # fmt: skip
 
                 fns = {
@@ -147,7 +169,9 @@ def main() -> None:
                        speedup=round(med["torch"] / med["llmpress"], 3))
             )  # fmt: skip
     record = {
-        "command": "python benchmarks/kernel_ab.py",
+        "command": f"python benchmarks/kernel_ab.py --rev {args.rev}",
+        "cpu": cpu_flags(),
+        "change": args.change,
         "rev": args.rev,
         "threads": args.threads,
         "rounds": args.rounds,

@@ -148,8 +148,8 @@ def test_batched_expert_steps_in_one_call_equal_the_per_op_path(
     models, w4, ids, wikitext, tmp_path, name, quant
 ):
     """Five sequences at once: tokens routed to different experts are gathered per expert
-    in C as the per-op path groups them (all experts' products in one region; one by one
-    where LLM.int8() outlier columns need their own pass), and both count the same reads."""
+    in C as the per-op path groups them (with LLM.int8() outlier columns too), and both
+    count the same expert reads."""
     path = w4[name] if quant == "rtn:w4g32" else None
     if path is None:
         path = _compress(models[name], tmp_path / "int8", [parse_quant(quant)], wikitext)

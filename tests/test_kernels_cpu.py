@@ -44,6 +44,21 @@ def test_packed_matmul_matches_reference(bits, group, zp, k, rows):
     assert (y - exact).norm() / exact.norm() < 0.01
 
 
+@pytest.mark.parametrize("n", [8, 16, 24, 67])  # one tile, a pair, a pair and one, ragged
+@pytest.mark.parametrize("zp", [True, False])
+def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, zp):
+    """Batch-1 decode runs int4 tiles through an unrolled one-row loop; its arithmetic per
+    column is the batched tiles' own, so a row's outputs are the same bits alone as among
+    other rows (what lets decode steps and a served prefill agree)."""
+    torch.manual_seed(n)
+    qw = quantize_weight(torch.randn(n, 576), QuantScheme(bits=4, group_size=64, zero_point=zp))
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
+    x = torch.randn(3, 576)
+    together = lin(x)
+    for i in range(3):
+        assert torch.equal(lin(x[i : i + 1]), together[i : i + 1])
+
+
 def test_a_shared_quantized_input_gives_the_same_result():
     torch.manual_seed(0)
     qw = quantize_weight(torch.randn(40, 576), QuantScheme(bits=4, group_size=64))
