@@ -45,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from batched_decode import cpu_flags  # noqa: E402
 from family_models import COMMON, FAMILIES, MOE_FAMILIES  # noqa: E402
 
 from compress.model.default import convert_gguf, default_gguf  # noqa: E402
@@ -312,6 +313,7 @@ def main() -> None:
     started = time.time()
     record = {
         "command": "python benchmarks/families.py" + (" --llama-cpp BIN" if args.llama_cpp else ""),
+        "cpu": cpu_flags(),
         "rows": [],
         "tiny_kl": {},
         "anchors": None,

@@ -589,7 +589,8 @@ def families(d: dict) -> list[str]:
         "(measured: its expert weights equal the runtime's fp32 dequantization rounded to "
         "bfloat16), while the dense rows compare fp32 with fp32. MBU counts the bytes "
         "decode actually read (for MoE, the experts routing chose). The anchors ran "
-        f"interleaved over rounds; {d['minutes']} minutes in all.",
+        f"interleaved over rounds; {d['minutes']} minutes in all"
+        + (f"; CPU: {d['cpu']}, 2 threads." if d.get("cpu") else "."),
         "",
         *d["table"].rstrip().splitlines(),
     ]
