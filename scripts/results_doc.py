@@ -563,6 +563,22 @@ def served_drift(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def served_activations(d: dict) -> list[str]:
+    body = [
+        [name, f(r["kl"], 5), f(r["top1"], 4), f(r["weights_only_kl"], 5)]
+        for name, r in d["results"].items()
+    ]
+    return [
+        f"`{d['artifact']}`, {d['protocol']}: the served KL when one role's linears take "
+        "fp32 inputs (their weights dequantized) instead of int8 per block of 32, and when "
+        "the norm-fed linears keep their largest-norm-weight channels in fp32. The gap "
+        "between served and weights-only is spread over every role, most of it in the "
+        "norm-fed q/k/v and gate/up; static outlier channels close little of it.",
+        "",
+        *table(["inputs", "KL as served", "top-1", "KL weights only"], body),
+    ]
+
+
 def mixed_fused(d: dict) -> list[str]:
     body = [
         [name, r["bits_per_weight"], f(r["estimated_kl"], 4), f(r["kl"], 4), f(r["top1"], 4),
@@ -683,6 +699,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Drift as served and of the weights alone",
         "benchmarks/served_drift.py --recipes rtn:w4g64,rtn:w8 --windows 16",
         served_drift,
+    ),
+    (
+        "served_activations.json",
+        "Which linears' int8 activations carry the served drift of 8-bit weights",
+        "benchmarks/served_activations.py --windows 8",
+        served_activations,
     ),
     (
         "mixed_fused.json",
