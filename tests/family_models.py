@@ -175,15 +175,54 @@ GGUF_FAMILIES = {
 }
 
 
-def write_gguf(model, path: Path, tokenizer_gguf: Path) -> Path:
+# Rope scaling as llama.cpp's converter stores it in a GGUF (which transformers' GGUF reader
+# drops): family, gguf architecture, and the config overrides that make it observable at
+# a few dozen positions (a low base; gemma3 needs 6 layers for one global layer).
+GGUF_ROPE_CASES = {
+    "llama3 scaling (rope_freqs tensor)": ("llama3", "LLAMA", {"rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 16.0, "original_max_position_embeddings": 256}}),
+    "gemma3 linear (scaling keys)": ("gemma3_text", "GEMMA3", {
+        **GGUF_FAMILIES["gemma3_text"][1], "num_hidden_layers": 6,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}}}),
+    "phi3 LongRoPE (factor tensors)": ("phi3", "PHI3", {"rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 10000.0,
+        "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
+        "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0]}}),
+}  # fmt: skip
+
+
+def _llama3_freqs(rope: dict, dim: int) -> list[float]:
+    """rope_freqs.weight as llama.cpp's converter computes it from a llama3 scaling."""
+    import math
+
+    f, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    ctx = rope["original_max_position_embeddings"]
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi / (1.0 / rope["rope_theta"] ** (i / dim))
+        if wavelen < ctx / high:
+            out.append(1.0)
+        elif wavelen > ctx / low:
+            out.append(f)
+        else:
+            smooth = (ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / f + smooth))
+    return out
+
+
+def write_gguf(model, path: Path, tokenizer_gguf: Path, arch: str | None = None) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
-    as 1 + w, each layer's experts stacked), with the tokenizer of `tokenizer_gguf`."""
+    as 1 + w, each layer's experts stacked, rope scaling as keys or tensors), with the
+    tokenizer of `tokenizer_gguf`."""
     import gguf
     import numpy as np
 
     cfg = model.config
-    enum = getattr(gguf.MODEL_ARCH, GGUF_FAMILIES[cfg.model_type][0])
+    enum = getattr(gguf.MODEL_ARCH, arch or GGUF_FAMILIES[cfg.model_type][0])
     names = gguf.get_tensor_name_map(enum, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[enum])
     w.add_name(f"tiny {cfg.model_type}")
@@ -199,6 +238,18 @@ def write_gguf(model, path: Path, tokenizer_gguf: Path) -> Path:
     rope = cfg.rope_parameters
     rope = rope.get("full_attention", rope)  # gemma3: the global layers' base
     w.add_rope_freq_base(rope["rope_theta"])
+    head_dim_rope = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    if rope.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    elif rope.get("rope_type") == "llama3":
+        freqs = np.array(_llama3_freqs(rope, head_dim_rope), dtype=np.float32)
+        w.add_tensor("rope_freqs.weight", freqs)
+    elif rope.get("rope_type") == "longrope":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
+        w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
+        w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):
         w.add_expert_count(cfg.num_experts)
@@ -236,6 +287,11 @@ def write_gguf(model, path: Path, tokenizer_gguf: Path) -> Path:
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise KeyError(f"no GGUF name for {name}")
+        if enum == gguf.MODEL_ARCH.LLAMA and target.endswith(("attn_q.weight", "attn_k.weight")):
+            # llama.cpp's llama layout: each head's rotary halves interleaved
+            heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads
+            t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
+            t = t.swapaxes(1, 2).reshape(-1, *t.shape[3:])
         if cfg.model_type.startswith("gemma") and target.endswith("norm.weight"):
             t = t + 1.0  # llama.cpp multiplies by w; the (1 + w) is stored
         w.add_tensor(target, np.ascontiguousarray(t))

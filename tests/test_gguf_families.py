@@ -3,7 +3,7 @@ llama.cpp's converter names and lays them out, convert and run like the original
 
 import pytest
 import torch
-from family_models import GGUF_FAMILIES, build_family, write_gguf
+from family_models import GGUF_FAMILIES, GGUF_ROPE_CASES, build_family, write_gguf
 
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
@@ -27,3 +27,26 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     # head_dim (16 here, transformers' qwen3 default is 128) and the experts' width come
     # from the file: built at transformers' defaults, these models would not even load
     assert (got - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("case", list(GGUF_ROPE_CASES))
+def test_rope_scaling_stored_in_a_gguf_is_read(case, tmp_path, monkeypatch):
+    """llama.cpp stores rope scaling as keys (linear, YaRN) or tensors (Llama 3's
+    rope_freqs, Phi-3's LongRoPE factors); transformers' GGUF reader drops all of it, so
+    the converted model would rotate every position otherwise. Read back, the converted
+    model equals the original over 48 positions; without it, it would not."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    name, arch, overrides = GGUF_ROPE_CASES[case]
+    model = build_family(name, vocab_size=1024, **overrides)
+    path = write_gguf(model, tmp_path / "m.gguf", default_gguf(), arch=arch)
+    folder = convert_gguf(path)
+    ids = torch.randint(1024, (1, 48), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    weights = load_weights(resolve(str(folder)), device="cpu")
+    got = RuntimeLM(weights, 64, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    plain = build_family(name, vocab_size=1024, **{**overrides, "rope_parameters": None})
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():  # the same weights without the scaling: visibly other logits
+        assert (plain(ids).logits[0] - want).abs().max() > 1e-2

