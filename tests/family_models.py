@@ -213,7 +213,9 @@ def _llama3_freqs(rope: dict, dim: int) -> list[float]:
     return out
 
 
-def write_gguf(model, path: Path, tokenizer_gguf: Path, arch: str | None = None) -> Path:
+def write_gguf(
+    model, path: Path, tokenizer_gguf: Path, arch: str | None = None, extra: dict | None = None
+) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
     as 1 + w, each layer's experts stacked, rope scaling as keys or tensors), with the
@@ -257,6 +259,8 @@ def write_gguf(model, path: Path, tokenizer_gguf: Path, arch: str | None = None)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if getattr(cfg, "sliding_window", None) and cfg.model_type == "gemma3_text":
         w.add_sliding_window(cfg.sliding_window)
+    for key, value in (extra or {}).items():  # header keys a test adds (strings)
+        w.add_string(key.format(arch=gguf.MODEL_ARCH_NAMES[enum]), value)
     reader = gguf.GGUFReader(str(tokenizer_gguf))
     fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
     tokens = fields["tokenizer.ggml.tokens"].contents()[: cfg.vocab_size]

@@ -4,6 +4,7 @@ llama.cpp's converter names and lays them out, convert and run like the original
 import pytest
 import torch
 from family_models import GGUF_FAMILIES, GGUF_ROPE_CASES, build_family, write_gguf
+from test_bad_input import error_lines, run_cli
 
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
@@ -50,3 +51,20 @@ def test_rope_scaling_stored_in_a_gguf_is_read(case, tmp_path, monkeypatch):
     plain.load_state_dict(model.state_dict())
     with torch.no_grad():  # the same weights without the scaling: visibly other logits
         assert (plain(ids).logits[0] - want).abs().max() > 1e-2
+
+
+def test_rope_scaling_it_cannot_read_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A scaling type named in the header without what it needs (here LongRoPE without its
+    factor tensors) is refused before any conversion, never dropped."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("qwen3", vocab_size=1024, **GGUF_FAMILIES["qwen3"][1])
+    extra = {"{arch}.rope.scaling.type": "longrope"}
+    path = write_gguf(model, tmp_path / "m.gguf", default_gguf(), extra=extra)
+    code, _, err = run_cli(
+        ["compress", str(path), "-o", str(tmp_path / "out"), "--quant", "rtn:w4g32"]
+    )
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert error_lines(err) == [
+        "error: m.gguf uses rope scaling 'longrope', which llmpress cannot read from a GGUF "
+        "file; compress the model's Hugging Face checkpoint instead"
+    ]
