@@ -337,8 +337,8 @@ def no_paths(text: str) -> str:
     return text.replace(str(ROOT) + "/", "").replace(str(Path.home()), "~")
 
 
-def reference_tokens(folder: Path, prompt_ids, dtype: str, max_tokens: int) -> list[list[int]]:
-    """Greedy tokens from transformers on `folder`, computing in `dtype`."""
+def reference_model(folder: Path, dtype: str):
+    """transformers' model of `folder` (its documented call for this kind), in `dtype`."""
     import torch
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
@@ -349,7 +349,13 @@ def reference_tokens(folder: Path, prompt_ids, dtype: str, max_tokens: int) -> l
     if route is None:
         raise RuntimeError("transformers cannot open this artifact")
     extra = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
+
+
+def reference_tokens(model, prompt_ids, max_tokens: int) -> list[list[int]]:
+    """Greedy tokens from transformers' `model`."""
+    import torch
+
     out = []
     with torch.no_grad():
         for ids in prompt_ids:
@@ -360,25 +366,18 @@ def reference_tokens(folder: Path, prompt_ids, dtype: str, max_tokens: int) -> l
                 max_new_tokens=max_tokens,
                 min_new_tokens=max_tokens,
                 do_sample=False,
-                pad_token_id=config.get("eos_token_id"),
+                pad_token_id=model.config.eos_token_id,
             )
             out.append(y[0, len(ids) :].tolist())
     return out
 
 
-def teacher_forced(folder: Path, prompt_ids, tokens, dtype: str) -> dict:
+def teacher_forced(model, prompt_ids, tokens) -> dict:
     """transformers' scores of vLLM's own greedy tokens, fed back as input: how many are
     transformers' argmax too, and the largest gap between transformers' top logit and the
     logit of vLLM's token (a near-tie parts greedy text without either engine being wrong)."""
     import torch
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    from compress.artifact.engines import transformers_route
-
-    config = json.loads((folder / "config.json").read_text())
-    route = transformers_route(config)
-    extra = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), **extra)
     argmax, total, gaps = 0, 0, []
     with torch.no_grad():
         for ids, got in zip(prompt_ids, tokens, strict=True):
@@ -446,15 +445,14 @@ def check_kind(kind: dict, args, machine: dict, tokenizer_ids) -> dict:
                 0
             ]
         try:
-            want = reference_tokens(ref_folder, prompt_ids, measured["dtype"], args.max_tokens)
+            model = reference_model(ref_folder, measured["dtype"])  # loaded once for both
+            want = reference_tokens(model, prompt_ids, args.max_tokens)
             row["transformers"] = {
                 "on": ref_kind or "this artifact",
                 "dtype": measured["dtype"],
                 "tokens": want,
                 **compare(measured["tokens"], want),
-                "scored": teacher_forced(
-                    ref_folder, prompt_ids, measured["tokens"], measured["dtype"]
-                ),
+                "scored": teacher_forced(model, prompt_ids, measured["tokens"]),
             }
         except Exception as e:  # a reference that cannot run is a result, not a crash
             row["transformers"] = {"error": f"{type(e).__name__}: {e}"[:400]}

@@ -145,9 +145,8 @@ def gguf_config(path: Path, arch: str):
         value = reader.fields.get(f"{arch}.{suffix}")
         if value is not None and hasattr(config, field):
             setattr(config, field, int(value.contents()))
-    rope = gguf_rope(reader, arch, config, path.name)  # the scaling the reader drops
-    if rope is not None:
-        config.rope_parameters = rope
+    for field, value in gguf_rope(reader, arch, config, path.name).items():
+        setattr(config, field, value)  # the rope scaling the reader drops
     return config
 
 

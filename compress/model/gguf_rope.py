@@ -76,9 +76,10 @@ def _tensor(reader, name):
     return None if not found else [float(v) for v in found[0].data.reshape(-1)]
 
 
-def gguf_rope(reader, arch: str, config, path_name: str) -> dict | None:
-    """The rope_parameters the file states beyond its base frequency (None: none), in the
-    config's own form (gemma3: the global layers' entry; the local ones keep theirs)."""
+def gguf_rope(reader, arch: str, config, path_name: str) -> dict:
+    """The config fields the file's rope scaling sets ({} without one): rope_parameters in
+    the config's own form (gemma3: the global layers' entry; the local ones keep theirs),
+    and LongRoPE's original context."""
     kind = _field(reader, f"{arch}.rope.scaling.type")
     factor = _field(reader, f"{arch}.rope.scaling.factor")
     original = _field(reader, f"{arch}.rope.scaling.original_context_length")
@@ -110,9 +111,8 @@ def gguf_rope(reader, arch: str, config, path_name: str) -> dict | None:
                 "the model's Hugging Face checkpoint instead"
             )
         found = {"rope_type": "longrope", "long_factor": long_f, "short_factor": short_f}
-        config.original_max_position_embeddings = int(original)
     elif kind in (None, "none"):
-        return None
+        return {}
     elif kind == "linear" and factor:
         found = {"rope_type": "linear", "factor": float(factor)}
     elif kind == "yarn" and factor and original:
@@ -124,4 +124,7 @@ def gguf_rope(reader, arch: str, config, path_name: str) -> dict | None:
             "file; compress the model's Hugging Face checkpoint instead"
         )
     found = {**base, **found, "rope_theta": theta}  # partial_rotary_factor kept
-    return {**rope, "full_attention": found} if nested else found
+    fields = {"rope_parameters": {**rope, "full_attention": found} if nested else found}
+    if found["rope_type"] == "longrope":
+        fields["original_max_position_embeddings"] = int(original)
+    return fields
