@@ -360,7 +360,12 @@ def test_quick_start_server_answers_the_curl_shown(python_example, workdir):
         r = run(["bash", "-c", curl.replace("localhost:8000", f"localhost:{port}")], workdir)
         assert r.returncode == 0, r.stderr
         reply = json.loads(r.stdout)
-        assert reply["choices"][0]["text"] and reply["usage"]["completion_tokens"] == 16
+        choice, used = reply["choices"][0], reply["usage"]["completion_tokens"]
+        assert choice["text"]
+        # The model may end its answer before the limit; then the reply must say it stopped.
+        assert (used == 16 and choice["finish_reason"] == "length") or (
+            0 < used < 16 and choice["finish_reason"] == "stop"
+        ), reply
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
