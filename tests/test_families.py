@@ -13,6 +13,7 @@ from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
 
 from compress.artifact.engines import engine_problems
+from compress.eval.reference import BlockwiseOriginal
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
@@ -66,6 +67,16 @@ def test_runtime_logits_equal_transformers(models, ids, name):
     weights = load_weights(resolve(str(models[name])), device="cpu")
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_block_walk_equals_transformers(models, ids, name):
+    """What compression calibrates on and eval scores the original with: the checkpoint
+    read block by block (the embedding scaled as the family scales it, the blocks, the
+    final norm and head) gives transformers' own log-probs."""
+    want = torch.log_softmax(_transformers_logits(models[name], ids)[:-1], -1)
+    walk = BlockwiseOriginal(resolve(str(models[name])), ids, log=lambda _: None)
+    assert (walk.reference(0, ids[0]) - want).abs().max() < 1e-4
 
 
 # What the tolerance above catches: each fact of gemma3's description, dropped in turn.

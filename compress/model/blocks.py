@@ -58,10 +58,12 @@ class BlockStore:
         self.skeleton.get_submodule(self.adapter.block_prefix(i)).to("meta")
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Hidden states entering block 0 for token ids [n, L]."""
+        """Hidden states entering block 0 for token ids [n, L] (scaled where the family
+        scales its embedding, as gemma's does by sqrt(hidden))."""
         name = f"{self.adapter.embed}.weight"
-        weight = self.read([name])[name].float()
-        return torch.nn.functional.embedding(ids, weight)
+        weight = self.read([name])[name]  # rows looked up as stored, then widened: the
+        hidden = torch.nn.functional.embedding(ids, weight).float()  # table never in fp32
+        return hidden * self.spec.embed_scale if self.spec.embed_scale != 1.0 else hidden
 
     def position_embeddings(self, length: int) -> Positions:
         return Positions(self.spec, length)
