@@ -32,6 +32,9 @@ class Drift:
     activations: str = ""
     # the exact figure measured beside the served one: {ppl, kl, top1, ...}
     weights_only: dict | None = None
+    # where the original's figures came from: "computed" (block by block), or "cached"
+    # (its final hidden states; eval/reference.py)
+    reference: str = "computed"
 
     @property
     def ppl_ratio(self) -> float:
@@ -67,14 +70,18 @@ def measure_drift(
     token_kl: dict | None = None,
 ) -> dict[str, Drift]:
     """Drift of each candidate model (by name) against `base` over `windows` [n, ctx].
-    `token_kl`, if given, receives each candidate's per-token KL (for distributions)."""
+    `base` is a model, or an object whose `reference(i, window)` gives window i's
+    log-probs (eval/reference.py: block by block, or from the cache). `token_kl`, if
+    given, receives each candidate's per-token KL (for distributions)."""
     n, ctx = windows.shape
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0} for name in candidates}
     base_nll = 0.0
     tokens = 0
-    for window in tqdm(windows, desc="eval windows", unit="win", disable=not progress):
+    for i, window in enumerate(
+        tqdm(windows, desc="eval windows", unit="win", disable=not progress)
+    ):
         targets = window[1:]
-        ref = _logprobs(base, window)
+        ref = base.reference(i, window) if hasattr(base, "reference") else _logprobs(base, window)
         ref_p = ref.exp()
         ref_top = ref.argmax(-1)
         base_nll -= ref.gather(-1, targets[:, None]).sum().item()

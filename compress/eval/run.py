@@ -13,6 +13,7 @@ from compress.calib_data.samples import eval_windows, token_stream
 from compress.calib_data.sources import SELF, read_texts
 from compress.errors import LlmpressError, first_line
 from compress.eval.drift import Drift, measure_drift
+from compress.eval.reference import BlockwiseOriginal, Cached, cache_key, load_cached, save_cached
 from compress.model.loading import load_tokenizer, resolve
 
 EVAL_SEED = 20240601  # differs from the calibration default so `self` never reuses its text
@@ -27,8 +28,12 @@ def windows_for(
     text_field: str,
     cache_key: str | None = None,
 ) -> torch.Tensor:
+    """Token windows [n, ctx] of `data`; for `self`, text the original `base` (a
+    Checkpoint, loaded only when its cached text is missing) writes."""
     if data == SELF:
-        return self_generated(lambda: base, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key)
+        return self_generated(
+            lambda: load_model(base), tokenizer, limit or 16, ctx, EVAL_SEED, cache_key
+        )
     return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
 
 
@@ -127,14 +132,23 @@ def evaluate(
     else:
         base_ckpt = resolve(base)
     log(f"eval {artifact} against {base} on {data} (ctx {ctx}, windows {windows or 'all'})")
-    base_model = load_model(base_ckpt)
     tokenizer = load_tokenizer(base_ckpt)
-    wins = windows_for(data, base_model, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
+    wins = windows_for(data, base_ckpt, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
+    key = cache_key(base_ckpt.sha256, wins)
+    cached = load_cached(key)
+    if cached is not None:
+        log(f"the original's figures on these windows come from the cache ({key})")
+        original = Cached(base_ckpt, cached)
+    else:
+        original = BlockwiseOriginal(base_ckpt, wins, log)
     candidates = _candidates(cand_ckpt, engine, kv, ctx, exact)
     kl_of = {} if token_kl is not None else None
-    drift = measure_drift(base_model, candidates, wins, data=data, token_kl=kl_of)
+    drift = measure_drift(original, candidates, wins, data=data, token_kl=kl_of)
+    if cached is None:
+        save_cached(key, original.states)
     name = next(iter(drift))
     result = drift[name]
+    result.reference = "computed" if cached is None else "cached"
     result.kernels = name
     result.activations = getattr(candidates[name], "activations", "as transformers computes")
     if "exact" in drift and name != "exact":
