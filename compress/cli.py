@@ -129,9 +129,11 @@ def compress(
     resume,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
+    from compress.allocator import return_freed_memory
     from compress.pipeline import compress as run
     from compress.recipe import recipe_from_flags
 
+    return_freed_memory()  # memory stays one block, not a heap of every block's
     calib_flags = {
         "source": calib,
         "samples": calib_samples,
@@ -213,6 +215,7 @@ def eval_cmd(
     exact,
 ):
     """Measure ARTIFACT's quality drift against the original; gate it; report it."""
+    from compress.allocator import return_freed_memory
     from compress.artifact.manifest import read_manifest
     from compress.eval.drift import drift_rows, format_table
     from compress.eval.gates import check_gates
@@ -220,6 +223,7 @@ def eval_cmd(
     from compress.eval.run import evaluate
     from compress.model.loading import resolve
 
+    return_freed_memory()  # the original walks block by block
     gates = _eval_preflight(gate, gate_file, ctx, windows, json_out, report_dir)
     base_is_source = _check_eval_models(artifact, base, ctx)
     token_kl: dict | None = {} if report_dir else None

@@ -19,6 +19,7 @@ LAYERS = [
         "base",
         [
             "compress.errors",
+            "compress.allocator",
             "compress.strict_yaml",
             "compress.quantizers.scheme",
             "compress.quantizers.packing",

@@ -35,7 +35,7 @@ from compress.model.adapters import Adapter
 from compress.model.loading import Checkpoint, read_tensors
 from compress.quantizers.scheme import QuantizedWeight
 
-SHARD_BYTES = 4 << 30
+SHARD_BYTES = 5 * 10**9  # the hub's 5 GB shards
 _COPIED = ("generation_config.json", "chat_template.jinja")
 
 

@@ -280,6 +280,17 @@ def _download(repo_id: str) -> Path:
         raise LlmpressError(f"cannot download {repo_id!r} from the Hugging Face Hub: {e}") from e
 
 
+def _chunks(t: torch.Tensor, elements: int = 1 << 24):
+    flat = t.reshape(-1)
+    return (flat[i : i + elements] for i in range(0, flat.numel(), elements))
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """In slices of 16M values: a whole-tensor check makes temporaries several times the
+    tensor's size (a 128k-vocabulary embedding: 2 GB), the largest allocation of a run."""
+    return all(bool(torch.isfinite(c).all()) for c in _chunks(t))
+
+
 def read_tensors(ckpt: Checkpoint, names: list[str] | None = None) -> dict[str, torch.Tensor]:
     """Read tensors (all, or `names`) from the checkpoint, refusing non-finite weights."""
     from safetensors import safe_open
@@ -292,8 +303,8 @@ def read_tensors(ckpt: Checkpoint, names: list[str] | None = None) -> dict[str, 
                 if wanted is not None and name not in wanted:
                     continue
                 tensor = handle.get_tensor(name)
-                if tensor.is_floating_point():
-                    bad = (~torch.isfinite(tensor)).sum().item()
+                if tensor.is_floating_point() and not _all_finite(tensor):
+                    bad = sum(int((~torch.isfinite(c)).sum()) for c in _chunks(tensor))
                     if bad:
                         raise LlmpressError(
                             f"weight {name} in {f.name} has {bad} NaN/Inf value(s) of "
