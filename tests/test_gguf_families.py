@@ -12,12 +12,22 @@ from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights
 
 
+def _refused(*args, **kwargs):
+    raise AssertionError("the conversion loaded a whole model")
+
+
 @pytest.mark.parametrize("name", list(GGUF_FAMILIES))
 def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkeypatch):
+    """Tensor by tensor: no whole model is ever built (a 7B one would be 28 GB in fp32)."""
+    import transformers
+
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    for cls in ("AutoModelForCausalLM", "PreTrainedModel"):
+        monkeypatch.setattr(getattr(transformers, cls), "from_pretrained", _refused)
     model = build_family(name, vocab_size=1024, **GGUF_FAMILIES[name][1])
     path = write_gguf(model, tmp_path / f"{name}.gguf", default_gguf())
     folder = convert_gguf(path)
+    monkeypatch.undo()
     ids = torch.randint(
         model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0)
     )

@@ -1,9 +1,12 @@
-"""Merge safetensors files into (sharded) output files without loading the tensors.
+"""Write safetensors files without holding their tensors: merged from parts, or made
+one tensor at a time.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header (name →
-dtype, shape, byte offsets into the data section) and the data. Knowing every part's
-header, the output header can be written first and each tensor's bytes then copied from
-its part in chunks, so merging costs a few MB of memory whatever the model's size.
+dtype, shape, byte offsets into the data section) and the data. Knowing every tensor's
+dtype and shape, the header can be written first and each tensor's bytes appended after
+it: copied from a part file in chunks (`merge`), or produced by a function when its turn
+comes (`write_produced`: a GGUF dequantized tensor by tensor, random weights). Either way
+memory is one tensor (or a few MB), whatever the model's size.
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ import json
 import struct
 from pathlib import Path
 
+import torch
+
 from compress.model.safetensors_check import check_safetensors
 
 _CHUNK = 16 << 20
+DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I8": 1, "U8": 1, "I64": 8}
 
 
 def _entries(parts: list[Path]) -> list[tuple[str, dict, Path, int]]:
@@ -30,22 +36,25 @@ def _entries(parts: list[Path]) -> list[tuple[str, dict, Path, int]]:
     return out
 
 
-def _write(dest: Path, entries: list[tuple[str, dict, Path, int]]) -> None:
+def _header(specs: list[tuple[str, str, list[int], int]]) -> bytes:
+    """The length-prefixed header for (name, dtype, shape, nbytes) in order."""
     header: dict = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for name, info, _, _ in entries:
-        size = info["data_offsets"][1] - info["data_offsets"][0]
-        header[name] = {
-            "dtype": info["dtype"],
-            "shape": info["shape"],
-            "data_offsets": [offset, offset + size],
-        }
+    for name, dtype, shape, size in specs:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # keep the data section 8-byte aligned
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _write(dest: Path, entries: list[tuple[str, dict, Path, int]]) -> None:
+    specs = [
+        (name, info["dtype"], info["shape"], info["data_offsets"][1] - info["data_offsets"][0])
+        for name, info, _, _ in entries
+    ]
     with open(dest, "wb") as out:
-        out.write(struct.pack("<Q", len(raw)))
-        out.write(raw)
+        out.write(_header(specs))
         for _, info, part, data_start in entries:
             begin, end = info["data_offsets"]
             with open(part, "rb") as src:
@@ -57,28 +66,70 @@ def _write(dest: Path, entries: list[tuple[str, dict, Path, int]]) -> None:
                     left -= len(chunk)
 
 
-def merge(parts: list[Path], folder: Path, shard_bytes: int) -> list[Path]:
-    """Write the tensors of `parts` as model.safetensors, or as shards with an index."""
-    entries = _entries(parts)
-    shards: list[list] = [[]]
+def _shards(sizes: list[int], shard_bytes: int) -> list[list[int]]:
+    """Indices of consecutive entries per shard, each at most `shard_bytes` (or one entry)."""
+    shards: list[list[int]] = [[]]
     size = 0
-    for entry in entries:
-        nbytes = entry[1]["data_offsets"][1] - entry[1]["data_offsets"][0]
+    for i, nbytes in enumerate(sizes):
         if shards[-1] and size + nbytes > shard_bytes:
             shards.append([])
             size = 0
-        shards[-1].append(entry)
+        shards[-1].append(i)
         size += nbytes
+    return shards
+
+
+def _write_shards(folder: Path, names: list[str], sizes: list[int], shard_bytes: int, write):
+    """model.safetensors, or shards plus model.safetensors.index.json; write(path, indices)
+    writes one file."""
+    shards = _shards(sizes, shard_bytes)
     if len(shards) == 1:
-        _write(folder / "model.safetensors", shards[0])
+        write(folder / "model.safetensors", shards[0])
         return [folder / "model.safetensors"]
-    names, weight_map = [], {}
+    files, weight_map = [], {}
     for i, shard in enumerate(shards, 1):
         fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        _write(folder / fname, shard)
-        names.append(folder / fname)
-        weight_map.update({e[0]: fname for e in shard})
-    total = sum(e[1]["data_offsets"][1] - e[1]["data_offsets"][0] for e in entries)
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        write(folder / fname, shard)
+        files.append(folder / fname)
+        weight_map.update({names[j]: fname for j in shard})
+    index = {"metadata": {"total_size": sum(sizes)}, "weight_map": weight_map}
     (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return names
+    return files
+
+
+def merge(parts: list[Path], folder: Path, shard_bytes: int) -> list[Path]:
+    """Write the tensors of `parts` as model.safetensors, or as shards with an index."""
+    entries = _entries(parts)
+    sizes = [e[1]["data_offsets"][1] - e[1]["data_offsets"][0] for e in entries]
+    names = [e[0] for e in entries]
+    return _write_shards(
+        folder, names, sizes, shard_bytes, lambda path, idx: _write(path, [entries[i] for i in idx])
+    )
+
+
+def write_produced(
+    folder: Path, specs: list[tuple[str, str, list[int]]], produce, shard_bytes: int
+) -> list[Path]:
+    """Write tensors (name, safetensors dtype, shape) in order, sharded like `merge`:
+    produce(name) returns each one's contiguous CPU tensor when its turn comes."""
+    sized = [(n, d, list(s), DTYPES[d] * _numel(s)) for n, d, s in specs]
+
+    def write(path: Path, idx: list[int]) -> None:
+        with open(path, "wb") as out:
+            out.write(_header([sized[i] for i in idx]))
+            for i in idx:
+                name, _, shape, size = sized[i]
+                t = produce(name)
+                if list(t.shape) != shape or t.element_size() * t.numel() != size:
+                    got = f"{list(t.shape)} {t.dtype}"
+                    raise ValueError(f"{name}: produced {got}, expected {shape}")
+                out.write(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()))
+
+    return _write_shards(folder, [s[0] for s in sized], [s[3] for s in sized], shard_bytes, write)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n

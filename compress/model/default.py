@@ -1,8 +1,8 @@
 """GGUF checkpoints, the embedded default model among them, converted once into a cached folder.
 
-transformers dequantizes a GGUF file into a torch model (about 25 s for the default
-model); doing that on every run would dominate short jobs, so the result is written as
-an ordinary safetensors folder under the cache and reused, keyed by the file's hash.
+The tensors are converted one at a time (gguf_tensors.py: memory is the largest tensor);
+doing it on every run would still cost seconds per run, so the result is written as an
+ordinary safetensors folder under the cache and reused, keyed by the file's hash.
 """
 
 from __future__ import annotations
@@ -151,27 +151,14 @@ def gguf_config(path: Path, arch: str):
 
 
 def _write_dequantized(path: Path, out: Path, arch: str) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from compress.model.gguf_tensors import write_config, write_tensors
 
     print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
     config = gguf_config(path, arch)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, config=config, dtype=torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    # save_pretrained writes tensors as checkpoints name them (one tensor per expert
-    # linear, where the loaded model stacks them), the tied head once
-    model.hf_quantizer = None  # the tensors are dequantized fp32 by now
-    model._weight_conversions = None  # save as the family's checkpoints (experts one by one)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(str(out))
-    config = json.loads((out / "config.json").read_text())
-    config.pop("quantization_config", None)
-    config["dtype"] = "float32"
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    tokenizer.save_pretrained(str(out))
+    write_config(config, out, write_tensors(path, out, arch, config))
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(out))
 
 
 DEFAULT_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"

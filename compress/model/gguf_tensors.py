@@ -1,0 +1,141 @@
+"""A GGUF file's tensors as a safetensors checkpoint, one tensor at a time.
+
+transformers' GGUF loader builds the whole model in memory (a 7B in fp32: 28 GB). Here
+each tensor is read from the memory-mapped file, dequantized with the gguf package, put
+back in the layout checkpoints of its family use, and appended to the output (sharded at
+5 GB), so memory is the largest tensor whatever the model's size.
+
+What llama.cpp's converter changed, undone here (as transformers' reader does):
+- names: the gguf package's own map between checkpoint and GGUF names;
+- llama: each q/k head's rotary halves were interleaved;
+- gemma3: norms were stored as 1 + w;
+- Mixture-of-Experts: each layer's experts were stacked into one tensor per projection.
+Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
+ones become fp32 (a Q4_1 value, a 16-bit scale times a 4-bit code plus an offset, needs
+more mantissa than bf16 or fp16 have), so the converted model is exactly the GGUF's.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compress.artifact.stream_safetensors import write_produced
+from compress.errors import LlmpressError
+from compress.model.adapters import adapter_for
+
+SHARD_BYTES = 5 * 10**9
+_NATIVE = {
+    "F32": ("F32", torch.float32),
+    "F16": ("F16", torch.float16),
+    "BF16": ("BF16", torch.bfloat16),
+}
+_EXPERT = re.compile(r"(?P<prefix>.*)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
+
+
+def checkpoint_shapes(config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of transformers config `config` holds, with its shape, in
+    the model's order (experts one by one, as checkpoints name them; no tied head)."""
+    from transformers import AutoModelForCausalLM
+
+    from compress.model.moe import install_experts
+
+    config_dict = config.to_dict()
+    adapter = adapter_for(config_dict)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    spec = adapter.spec(config_dict)
+    if spec.mlp is not None:
+        install_experts(skeleton, adapter, spec)
+    shapes = {n: tuple(t.shape) for n, t in skeleton.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop(f"{adapter.lm_head}.weight", None)
+    return shapes
+
+
+def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
+    """Write `path`'s tensors into `out` as the checkpoint of `config` (transformers'
+    config of the file, gguf_config) names and lays them out. Returns the 16-bit dtype the
+    linears were stored in, or None (fp32)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
+    names = gguf.get_tensor_name_map(enum, config.num_hidden_layers)
+    shapes = checkpoint_shapes(config)
+    sources: dict[str, tuple[str, int | None]] = {}  # checkpoint name -> (GGUF name, expert)
+    for name in shapes:
+        expert = _EXPERT.match(name)
+        if expert:
+            block = name.split(".")[2]
+            proj = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}[expert["proj"]]
+            sources[name] = (f"blk.{block}.ffn_{proj}_exps.weight", int(expert["e"]))
+            continue
+        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if target is None or target not in tensors:
+            raise LlmpressError(
+                f"{path.name} has no tensor for {name} (looked for {target}): the file is "
+                "incomplete or of another model; re-download it"
+            )
+        sources[name] = (target, None)
+
+    def stored(name: str) -> tuple[str, torch.dtype]:
+        gguf_name, _ = sources[name]
+        return _NATIVE.get(tensors[gguf_name].tensor_type.name, ("F32", torch.float32))
+
+    def produce(name: str) -> torch.Tensor:
+        gguf_name, expert = sources[name]
+        t = tensors[gguf_name]
+        kind = t.tensor_type.name
+        if kind in _NATIVE:
+            data = np.array(t.data[expert] if expert is not None else t.data)  # off the map
+        else:
+            raw = t.data[expert] if expert is not None else t.data
+            data = dequantize(raw, t.tensor_type)
+        w = torch.from_numpy(np.ascontiguousarray(data)).reshape(shapes[name])
+        w = _undo_layout(arch, gguf_name, w, config).to(stored(name)[1])
+        _drop_pages(reader)
+        return w
+
+    specs = [(name, stored(name)[0], list(shape)) for name, shape in shapes.items()]
+    write_produced(out, specs, produce, SHARD_BYTES)
+    dtypes = {d for _, d, _ in specs if d != "F32"}
+    return {"F16": "float16", "BF16": "bfloat16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
+
+
+def _drop_pages(reader) -> None:
+    """Unmap the file pages read so far: they are the page cache's, but count in this
+    process's resident memory until dropped (a 4 GB GGUF would otherwise end at 4 GB)."""
+    view = getattr(reader.data, "_mmap", None)
+    if view is not None and hasattr(mmap, "MADV_DONTNEED"):
+        view.madvise(mmap.MADV_DONTNEED)
+
+
+def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
+    if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+        heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
+        halves = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
+        return halves.transpose(1, 2).reshape(w.shape)
+    if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+        return w - 1
+    return w
+
+
+def write_config(config, out: Path, dtype: str | None) -> None:
+    """config.json (and generation_config.json) of the converted checkpoint."""
+    from transformers import GenerationConfig
+
+    config.save_pretrained(str(out))
+    GenerationConfig.from_model_config(config).save_pretrained(str(out))
+    data = json.loads((out / "config.json").read_text())
+    data.pop("quantization_config", None)
+    data["architectures"] = [adapter_for(data).architecture]
+    data["dtype"] = dtype or "float32"
+    (out / "config.json").write_text(json.dumps(data, indent=2, sort_keys=True))
