@@ -150,7 +150,7 @@ def test_other_instruction_sets_compute_the_same(flags):
             "no:cacheprovider",
             __file__,
             "-k",
-            "packed_matmul or shared or exact or zero_input or attention",
+            "packed_matmul or shared or exact or zero_input or attention or dense",
         ],
         env=env,
         capture_output=True,
@@ -227,3 +227,25 @@ def test_dense_fp32_decode_product_matches_torch(n, k, rows):
     torch.testing.assert_close(DenseLinear(w, bias)(x), want + bias, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="rows"):
         gemv_f32(torch.randn(5, k), w)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37)])
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
+    """A bf16/fp16 head or embedding is widened as it streams, never upcast into a copy:
+    the products equal fp32 arithmetic on the stored values (decode batches through C,
+    longer inputs a slice at a time), fp16 subnormals and ragged widths included."""
+    from compress.kernels.cpu import gemv_f32
+    from compress.runtime.linears import DenseLinear
+
+    torch.manual_seed(n + k + rows)
+    w = torch.randn(n, k).to(dtype)
+    w[0, :5] = torch.tensor([1e-6, -3e-7, 6e-8, 0.0, -0.0]).to(dtype)  # fp16: subnormals
+    x = torch.randn(rows, k)
+    want = (x.double() @ w.double().T).float()
+    lin = DenseLinear(w)
+    assert lin.weight.dtype == dtype and lin.nbytes == n * k * 2
+    torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
+    if rows <= 4:
+        torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)

@@ -100,6 +100,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_decode_workspace.argtypes = [i] * 9
     lib.llmp_gemv_f32.argtypes = [p, i, i, p, i, p]
     lib.llmp_gemv_f32.restype = None
+    lib.llmp_gemv_16.argtypes = [p, i, i, p, i, i, p]
+    lib.llmp_gemv_16.restype = None
     lib.llmp_rms_rows.argtypes = [p, ctypes.c_int64, i, p, f]
     lib.llmp_rms_rows.restype = None
     lib.llmp_route.argtypes = [p, i, i, p, i, i, i, i, p, p, p]

@@ -121,19 +121,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-GEMV_ROWS = 4  # up to this many rows, dense fp32 weights take llmp_gemv_f32
+GEMV_ROWS = 4  # up to this many rows, dense weights take llmp_gemv_f32 / llmp_gemv_16
+_KIND16 = {torch.bfloat16: 1, torch.float16: 2}
+GEMV_DTYPES = (torch.float32, *_KIND16)
 
 
 def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight [N, K].T for M <= GEMV_ROWS, the weight (fp32, contiguous) streamed
-    once at memory speed, where torch's matrix-vector product reads about half that."""
+    """x [M, K] @ weight [N, K].T for M <= GEMV_ROWS, the weight (fp32, bf16 or fp16,
+    contiguous) streamed once at memory speed in its stored width, where torch's
+    matrix-vector product reads about half that; fp32 arithmetic throughout."""
     x = x.float().contiguous()
     m, k = x.shape
     n = weight.shape[0]
     if not 0 < m <= GEMV_ROWS or weight.shape[1] != k:
         raise ValueError(f"gemv_f32 takes 1 to {GEMV_ROWS} rows of width {weight.shape[1]}")
-    _check_f32(weight, "dense weight")
     y = torch.empty(m, n)
+    if weight.dtype in _KIND16:
+        if weight.device.type != "cpu" or not weight.is_contiguous():
+            raise ValueError("dense weight must be a contiguous CPU tensor")
+        library().llmp_gemv_16(_ptr(x), m, k, _ptr(weight), _KIND16[weight.dtype], n, _ptr(y))
+        return y
+    _check_f32(weight, "dense weight")
     library().llmp_gemv_f32(_ptr(x), m, k, _ptr(weight), n, _ptr(y))
     return y
 

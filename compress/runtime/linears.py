@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
+    GEMV_DTYPES,
     GEMV_ROWS,
     FusedLinear,
     PackedLinear,
@@ -33,12 +34,17 @@ class DenseLinear:
     def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
         x = x.x if isinstance(x, QuantizedInput) else x
         w = self.weight
-        cpu_f32 = w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
-        if cpu_f32 and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:  # decode: stream w once
-            y = gemv_f32(x, w)
-            return y if self.bias is None else y + self.bias
-        y = torch.nn.functional.linear(x.to(w.dtype), w)
-        y = y.float()
+        cpu = w.device.type == "cpu"
+        if cpu and w.dtype in GEMV_DTYPES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:
+            y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
+        elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
+            x = x.float()
+            step = max(1, (64 << 20) // (4 * w.shape[1]))
+            y = torch.cat(
+                [x @ w[lo : lo + step].float().T for lo in range(0, w.shape[0], step)], -1
+            )
+        else:
+            y = torch.nn.functional.linear(x.to(w.dtype), w).float()
         return y if self.bias is None else y + self.bias
 
 

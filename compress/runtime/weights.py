@@ -194,11 +194,20 @@ class ModelWeights:
         return sum(m.active_bytes - m.router.nbytes for m in moe)
 
 
+def _dense(t: torch.Tensor, device) -> torch.Tensor:
+    """A dense weight as the runtime keeps it: in its stored width on CPU, where the
+    kernels read 16-bit weights directly (a 128k x 2048 bf16 head upcast would be 1 GB
+    more read every step); in fp32 on other devices."""
+    if torch.device(device).type == "cpu" and t.dtype in (torch.bfloat16, torch.float16):
+        return t.to(device).contiguous()
+    return t.to(device, torch.float32)
+
+
 def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
     if prefix not in layers:
-        return DenseLinear(tensors[f"{prefix}.weight"].to(device, torch.float32), bias)
+        return DenseLinear(_dense(tensors[f"{prefix}.weight"], device), bias)
     if kernels == "triton":  # the stored layout itself, where the GPU kernels read it
         stored = codec.device_tensors(prefix, tensors, layers[prefix])
         if stored is not None:
@@ -296,7 +305,7 @@ def load_weights(
                 post_mlp_norm=opt(adapter.post_mlp_norm),
             )
         )
-    embed = tensors[f"{adapter.embed}.weight"].to(device, torch.float32)
+    embed = _dense(tensors[f"{adapter.embed}.weight"], device)  # rows widened when looked up
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
         lm_head = _linear(head, tensors, codec, layers, fallbacks, device, kernels)

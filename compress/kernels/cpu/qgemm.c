@@ -432,6 +432,89 @@ void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y
     }
 }
 
+/* The same product with a 16-bit weight (bf16: kind 1, fp16: kind 2), widened to fp32 as
+ * it streams: a stored 16-bit head or embedding is read at 2 bytes a weight, not upcast
+ * once into a copy twice its size that every step then reads. */
+#if defined(__AVX2__)
+INLINE __m256 load16(const uint16_t *p, int kind) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+#if defined(__F16C__)
+    if (kind == 2) return _mm256_cvtph_ps(h);
+#endif
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+static inline float widen16(uint16_t v, int kind) {
+    if (kind == 1) {
+        uint32_t u = (uint32_t)v << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    uint32_t sign = (uint32_t)(v & 0x8000) << 16, exp = (v >> 10) & 0x1F, man = v & 0x3FF, u;
+    if (exp == 0x1F) {
+        u = sign | 0x7F800000u | (man << 13);
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalize */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    } else {
+        u = sign;
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+INLINE void rows16(int MT, const float *x, int K, const uint16_t *w, int kind, int n0, int n1,
+                   int N, float *y) {
+    for (int n = n0; n < n1; n++) {
+        const uint16_t *wr = w + (int64_t)n * K;
+        float out[MT_MAX];
+        int k = 0;
+#if defined(__AVX2__)
+        int vec = kind == 1;
+#if defined(__F16C__)
+        vec = 1;
+#endif
+        __m256 a0[MT_MAX], a1[MT_MAX];
+        for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm256_setzero_ps();
+        for (; vec && k + 16 <= K; k += 16) {
+            __m256 w0 = load16(wr + k, kind), w1 = load16(wr + k + 8, kind);
+            for (int m = 0; m < MT; m++) {
+                a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)m * K + k), a0[m]);
+                a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (int64_t)m * K + k + 8), a1[m]);
+            }
+        }
+        for (int m = 0; m < MT; m++) out[m] = hsum8(_mm256_add_ps(a0[m], a1[m]));
+#else
+        for (int m = 0; m < MT; m++) out[m] = 0.f;
+#endif
+        for (; k < K; k++) {
+            float wk = widen16(wr[k], kind);
+            for (int m = 0; m < MT; m++) out[m] += wk * x[(int64_t)m * K + k];
+        }
+        for (int m = 0; m < MT; m++) y[(int64_t)m * N + n] = out[m];
+    }
+}
+
+void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int N, float *y) {
+    int chunks = (N + 15) / 16;
+    #pragma omp parallel for schedule(static) if ((int64_t)N * K > 65536)
+    for (int c = 0; c < chunks; c++) {
+        int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
+        switch (M) {
+        case 1: rows16(1, x, K, w, kind, n0, n1, N, y); break;
+        case 2: rows16(2, x, K, w, kind, n0, n1, N, y); break;
+        case 3: rows16(3, x, K, w, kind, n0, n1, N, y); break;
+        default: rows16(4, x, K, w, kind, n0, n1, N, y); break;
+        }
+    }
+}
+
 /* The dense fp32 weight [N, K] from the panel layout, for the exact (large-batch) path. */
 static void dequant_panel(int bits, const uint8_t *w, const float *scale, const float *zs,
                           int N, int K, int G, float *out) {
