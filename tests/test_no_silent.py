@@ -116,6 +116,7 @@ def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch):
     (plan,) = [ln for ln in logged_before[0] if ln.startswith("calibration:")]
     assert "4 × 32 tokens of text the model generates itself" in plan
     assert "generating it: ~" in plan and "tokens/s here" in plan
+    assert "whole model in memory (~0.0 GB in fp32)" in plan  # tiny: 5M parameters
     assert "calibrating: ≥ " in plan and "(2 passes through the model)" in plan
 
     lines.clear()  # the same samples again: cached, nothing to generate
@@ -145,6 +146,23 @@ def test_long_self_generation_says_how_to_skip_it(default_ckpt):
     plan = calibration_plan(CalibConfig(seed=987654), default_ckpt, 2)  # never cached
     assert plan.startswith("calibration: 128 × 512 tokens of text the model generates itself")
     assert plan.endswith("to skip generating, calibrate on your own text: --calib FILE.txt")
+
+
+def test_self_generated_text_that_cannot_fit_is_refused_before_any_work(tmp_path, monkeypatch):
+    """Generating text loads the whole model in fp32 (a 7B: 28 GB): where that exceeds the
+    machine's available memory, compress and eval say so in one line and how to work
+    block by block instead, rather than end in an out-of-memory kill hours later."""
+    from compress.calib_data import cost
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))  # nothing generated yet
+    monkeypatch.setattr(cost, "available_bytes", lambda: 10**6)  # 1 MB free
+    model = tiny_model(tmp_path / "tiny")
+    run = run_cli(["compress", str(model), "-o", str(tmp_path / "a"), "--quant", "int8",
+                   "--calib-samples", "4", "--calib-len", "32"])  # fmt: skip
+    assert run[0] == 2
+    (line,) = error_lines(run[2])
+    assert "--calib self loads the whole model" in line and "use --calib FILE.txt" in line
+    assert not (tmp_path / "a").exists()
 
 
 # -- no path of the machine in anything written --

@@ -22,12 +22,14 @@ work runs at:
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
 from compress.calib_data.config import CalibConfig
 from compress.calib_data.generated import BATCH, cached_samples
 from compress.calib_data.sources import SELF, data_name
+from compress.errors import LlmpressError
 
 GENERATION_EFFICIENCY = 0.25  # generate_samples' tokens/s over the batch-16 probe's rate
 LONG_GENERATION_S = 300  # past this, say how to skip generation with a text file
@@ -65,6 +67,33 @@ def _numel(shape) -> int:
     return n
 
 
+def whole_model_bytes(ckpt) -> int:
+    """Memory of the checkpoint as one fp32 transformers model (what text generation loads)."""
+    return 4 * sum(_numel(shape) for _, shape, _ in ckpt.tensors.values())
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of this machine (Linux), or None where it cannot be read."""
+    try:
+        text = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def refuse_if_too_big(need: int, what: str, fix: str) -> None:
+    """One line, before hours of work end in the kernel's out-of-memory kill."""
+    free = available_bytes()
+    if free is not None and need > free:
+        raise LlmpressError(
+            f"{what} loads the whole model ({need / 1e9:.1f} GB in fp32) and this machine has "
+            f"{free / 1e9:.1f} GB available: use {fix} (block by block, any size)"
+        )
+
+
 def duration(seconds: float) -> str:
     minutes = seconds / 60
     if minutes < 1:
@@ -95,7 +124,12 @@ def calibration_plan(cfg: CalibConfig, ckpt, passes: int) -> str:
             seconds = model_flops(ckpt, tokens, cfg.length, with_head=True) / rate
             speed = tokens / seconds
             parts[0] += " of text the model generates itself"
-            parts.append(f"generating it: ~{duration(seconds)} (~{speed:.0f} tokens/s here)")
+            need = whole_model_bytes(ckpt)
+            refuse_if_too_big(need, "--calib self", "--calib FILE.txt")
+            parts.append(
+                f"generating it: ~{duration(seconds)} (~{speed:.0f} tokens/s here) with the "
+                f"whole model in memory (~{need / 1e9:.1f} GB in fp32)"
+            )
             long_generation = seconds > LONG_GENERATION_S
     else:
         parts[0] += f" from {data_name(cfg.source)}"

@@ -8,6 +8,7 @@ import torch
 
 from compress.artifact.dense import load_model
 from compress.artifact.manifest import read_manifest, write_manifest
+from compress.calib_data.cost import refuse_if_too_big, whole_model_bytes
 from compress.calib_data.generated import self_generated
 from compress.calib_data.samples import eval_windows, token_stream
 from compress.calib_data.sources import SELF, read_texts
@@ -31,9 +32,12 @@ def windows_for(
     """Token windows [n, ctx] of `data`; for `self`, text the original `base` (a
     Checkpoint, loaded only when its cached text is missing) writes."""
     if data == SELF:
-        return self_generated(
-            lambda: load_model(base), tokenizer, limit or 16, ctx, EVAL_SEED, cache_key
-        )
+
+        def whole():
+            refuse_if_too_big(whole_model_bytes(base), "--data self", "--data FILE.txt")
+            return load_model(base)
+
+        return self_generated(whole, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key)
     return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
 
 
