@@ -418,19 +418,6 @@ INLINE void f32_rows(int MT, const float *x, int K, const float *w, int n0, int 
     }
 }
 
-void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y) {
-    int chunks = (N + 15) / 16;
-    #pragma omp parallel for schedule(static) if ((int64_t)N * K > 65536)
-    for (int c = 0; c < chunks; c++) {
-        int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        switch (M) {
-        case 1: f32_rows(1, x, K, w, n0, n1, N, y); break;
-        case 2: f32_rows(2, x, K, w, n0, n1, N, y); break;
-        case 3: f32_rows(3, x, K, w, n0, n1, N, y); break;
-        default: f32_rows(4, x, K, w, n0, n1, N, y); break;
-        }
-    }
-}
 
 /* The same product with a 16-bit weight (bf16: kind 1, fp16: kind 2), widened to fp32 as
  * it streams: a stored 16-bit head or embedding is read at 2 bytes a weight, not upcast
@@ -501,18 +488,30 @@ INLINE void rows16(int MT, const float *x, int K, const uint16_t *w, int kind, i
     }
 }
 
-void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int N, float *y) {
+/* kind 0: fp32 weights; 1: bf16; 2: fp16. Threads take 16 output rows at a time. */
+static void gemv_kind(const float *x, int M, int K, const void *w, int kind, int N, float *y) {
     int chunks = (N + 15) / 16;
     #pragma omp parallel for schedule(static) if ((int64_t)N * K > 65536)
     for (int c = 0; c < chunks; c++) {
-        int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N;
-        switch (M) {
-        case 1: rows16(1, x, K, w, kind, n0, n1, N, y); break;
-        case 2: rows16(2, x, K, w, kind, n0, n1, N, y); break;
-        case 3: rows16(3, x, K, w, kind, n0, n1, N, y); break;
-        default: rows16(4, x, K, w, kind, n0, n1, N, y); break;
+        int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N, mt = M < MT_MAX ? M : MT_MAX;
+#define ROWS(MT) (kind ? rows16(MT, x, K, (const uint16_t *)w, kind, n0, n1, N, y) \
+                       : f32_rows(MT, x, K, (const float *)w, n0, n1, N, y))
+        switch (mt) {
+        case 1: ROWS(1); break;
+        case 2: ROWS(2); break;
+        case 3: ROWS(3); break;
+        default: ROWS(4); break;
         }
+#undef ROWS
     }
+}
+
+void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y) {
+    gemv_kind(x, M, K, w, 0, N, y);
+}
+
+void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int N, float *y) {
+    gemv_kind(x, M, K, w, kind, N, y);
 }
 
 /* The dense fp32 weight [N, K] from the panel layout, for the exact (large-batch) path. */
