@@ -25,6 +25,7 @@ LAYERS = [
             "compress.quantizers.packing",
             "compress.artifact.integrity",
             "compress.artifact.target",
+            "compress.artifact.stream_safetensors",
             "compress.model.safetensors_check",
             "compress.kernels.build",
         ],
