@@ -639,6 +639,54 @@ def lm_head(d: dict) -> list[str]:
 
 
 # (results file, title, command that wrote it, renderer)
+def scale(d: dict) -> list[str]:
+    def gb(step: dict | None) -> str:
+        return "" if not step else f"{step['peak_rss_gb']:.2f}"
+
+    rows = []
+    for r in d["rows"]:
+        c, cached, first, b = (
+            r.get(k) or {} for k in ("compress_rtn", "eval_cached", "eval_first", "bench")
+        )
+        speed = f"{cached['wall_s'] / first['wall_s']:.2f}" if cached and first else ""
+        calibrated = [r.get(f"compress_{m}") for m in ("awq", "gptq")]
+        rows.append([
+            r["shape"], r["parameters_b"], r["layers"], r["vocab"],
+            "tied" if r["tied"] else "untied", c.get("s_per_block", ""), c.get("wall_s", ""),
+            gb(c), *(f"{x['s_per_block']} / {gb(x)}" if x else "" for x in calibrated),
+            gb(first), first.get("wall_s", ""), cached.get("wall_s", ""), speed,
+            b.get("tok_s", ""), f"{100 * b['mbu']:.0f}%" if b else "",
+        ])  # fmt: skip
+    head = ["shape", "params (B)", "blocks", "vocab", "head", "rtn s/block", "rtn total s",
+            "rtn peak GB", "awq s/block / peak GB", "gptq s/block / peak GB", "eval peak GB",
+            "eval s", "cached eval s", "cached / first", "decode tok/s", "MBU"]  # fmt: skip
+    out = [
+        f"Random bf16 weights at each model's shape (benchmarks/random_checkpoint.py), "
+        f"`compress --quant METHOD:w4g64` with {d.get('samples', 8)} × {d.get('length', 256)} "
+        "calibration tokens of WikiText-2 valid for awq and gptq, `eval` of the rtn artifact "
+        "on 2 windows of 256 tokens of WikiText-2 test (twice: the second reads the original "
+        "from the cache), `bench --batch 1`. Peak GB is each process's peak resident memory. "
+        f"CPU: {d['cpu']}, {d['threads']} threads; the machine was shared, so times are upper "
+        "bounds. Quality figures of random weights mean nothing and are left out.",
+        "",
+        *table(head, rows),
+    ]
+    notes = [r for r in d["rows"] if r.get("calibrated_blocks")]
+    if notes:
+        out += ["", "awq and gptq ran on a copy of " + ", ".join(r["shape"] for r in notes)
+                + f" with {notes[0]['calibrated_blocks']} block(s) (same widths and vocabulary): "
+                "their search takes minutes per block on 2 cores, and memory and time per "
+                "block do not depend on depth (rtn ran every shape at full depth)."]  # fmt: skip
+    for r in d["rows"]:
+        if r.get("heads"):
+            hrows = [[k, v["head"], v["tok_s"], v["artifact_gb"]] for k, v in r["heads"].items()]
+            out += ["", f"Output projection options at {r['shape']} ({r['vocab']} vocabulary, "
+                    f"{'tied' if r['tied'] else 'untied'}), rtn:w4g64 blocks, interleaved "
+                    "rounds (median tok/s):", "",
+                    *table(["--lm-head", "stored as", "tok/s", "artifact GB"], hrows)]  # fmt: skip
+    return out
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
@@ -746,6 +794,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
+    (
+        "scale.json",
+        "Scale: 1B to 8B shapes in bounded memory",
+        "benchmarks/scale.py --calibrated-blocks 1 --heads w8,none",
+        scale,
+    ),
 ]
 
 
