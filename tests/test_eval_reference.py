@@ -12,7 +12,7 @@ def _windows(tokenizer, wikitext, n=4, ctx=256):
 
 
 def test_the_block_walk_gives_transformers_log_probs(default_ckpt, base_model, tokenizer, wikitext):
-    windows = _windows(tokenizer, wikitext, n=2, ctx=128)
+    windows = _windows(tokenizer, wikitext, n=2, ctx=64)
     walk = BlockwiseOriginal(default_ckpt, windows, log=lambda _: None)
     for i, w in enumerate(windows):
         with torch.no_grad():
@@ -27,7 +27,7 @@ def test_a_second_eval_reads_the_original_from_the_cache(
 ):
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     lines = []
-    args = dict(base="default", data=str(wikitext / "test.txt"), ctx=128, windows=2,
+    args = dict(base="default", data=str(wikitext / "test.txt"), ctx=64, windows=2,
                 record=False, exact=True)  # fmt: skip
     first = evaluate(str(artifacts["rtn:w4g64"]), log=lines.append, **args)
     assert first.reference == "computed" and any("block 30/30" in ln for ln in lines)
@@ -43,5 +43,5 @@ def test_a_second_eval_reads_the_original_from_the_cache(
         first.top1,
     )
     # another text is another entry, never a wrong hit
-    other = evaluate(str(artifacts["rtn:w4g64"]), log=lines.append, **{**args, "ctx": 96})
+    other = evaluate(str(artifacts["rtn:w4g64"]), log=lines.append, **{**args, "ctx": 48})
     assert other.reference == "computed"
