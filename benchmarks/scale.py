@@ -129,7 +129,7 @@ def heads(src: Path, work: Path, logs: Path, auto: Path, choices: list[str], rou
     stages = json.loads((auto / "manifest.json").read_text()).get("stages", [])
     auto_head = next((r["scheme"] for r in stages if r.get("stage") == "lm_head"), "none")
     for choice in choices:
-        if choice == auto_head:  # what auto chose at this shape: the same artifact
+        if choice == auto_head.removesuffix("sym"):  # what auto chose here: the same artifact
             continue
         out = work / f"rtn-head-{choice}"
         shutil.rmtree(out, ignore_errors=True)
