@@ -388,40 +388,13 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
 DEFINE_GEMM(4)
 DEFINE_GEMM(8)
 
-/* ---- fp32 weights at decode batches -------------------------------------------------
+/* ---- dense weights at decode batches ------------------------------------------------
  * y [M, N] = x [M, K] @ w [N, K].T for M <= 4 rows: a dense weight (a tied embedding read as
  * the head, a head kept as stored, a router) streamed once for all rows. torch's fp32
- * matrix-vector product reads about 10 GB/s here; this one streams at memory speed. */
-INLINE void f32_rows(int MT, const float *x, int K, const float *w, int n0, int n1, int N,
-                     float *y) {
-    for (int n = n0; n < n1; n++) {
-        const float *wr = w + (int64_t)n * K;
-        float out[MT_MAX];
-        int k = 0;
-#if defined(__AVX2__)
-        __m256 a0[MT_MAX], a1[MT_MAX];
-        for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm256_setzero_ps();
-        for (; k + 16 <= K; k += 16) {
-            __m256 w0 = _mm256_loadu_ps(wr + k), w1 = _mm256_loadu_ps(wr + k + 8);
-            for (int m = 0; m < MT; m++) {
-                a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)m * K + k), a0[m]);
-                a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (int64_t)m * K + k + 8), a1[m]);
-            }
-        }
-        for (int m = 0; m < MT; m++) out[m] = hsum8(_mm256_add_ps(a0[m], a1[m]));
-#else
-        for (int m = 0; m < MT; m++) out[m] = 0.f;
-#endif
-        for (; k < K; k++)
-            for (int m = 0; m < MT; m++) out[m] += wr[k] * x[(int64_t)m * K + k];
-        for (int m = 0; m < MT; m++) y[(int64_t)m * N + n] = out[m];
-    }
-}
-
-
-/* The same product with a 16-bit weight (bf16: kind 1, fp16: kind 2), widened to fp32 as
- * it streams: a stored 16-bit head or embedding is read at 2 bytes a weight, not upcast
- * once into a copy twice its size that every step then reads. */
+ * matrix-vector product reads about 10 GB/s here; this one streams at memory speed. A
+ * 16-bit weight (bf16, fp16) is widened to fp32 as it streams: a stored 16-bit head or
+ * embedding is read at 2 bytes a weight, never upcast into a copy twice its size that
+ * every step would then read. */
 #if defined(__AVX2__)
 INLINE __m256 load16(const uint16_t *p, int kind) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -456,21 +429,35 @@ static inline float widen16(uint16_t v, int kind) {
     return f;
 }
 
-INLINE void rows16(int MT, const float *x, int K, const uint16_t *w, int kind, int n0, int n1,
-                   int N, float *y) {
+/* Weight k of row wr as fp32 (kind 0: fp32, 1: bf16, 2: fp16); 8 of them from k. */
+static inline float weight_at(const void *wr, int64_t k, int kind) {
+    return kind ? widen16(((const uint16_t *)wr)[k], kind) : ((const float *)wr)[k];
+}
+
+#if defined(__AVX2__)
+INLINE __m256 weights8(const void *wr, int64_t k, int kind) {
+    return kind ? load16((const uint16_t *)wr + k, kind) : _mm256_loadu_ps((const float *)wr + k);
+}
+#endif
+
+/* Rows n0..n1 of a dense weight against MT activation rows; `kind` is a constant at each
+ * call (gemv_kind), so each kind compiles to its own loop. */
+INLINE void dense_rows(int MT, const float *x, int K, const void *w, int kind, int n0, int n1,
+                       int N, float *y) {
+    int64_t width = (int64_t)K * (kind ? 2 : 4);
     for (int n = n0; n < n1; n++) {
-        const uint16_t *wr = w + (int64_t)n * K;
+        const void *wr = (const char *)w + n * width;
         float out[MT_MAX];
         int k = 0;
 #if defined(__AVX2__)
-        int vec = kind == 1;
+        int vec = kind != 2;
 #if defined(__F16C__)
         vec = 1;
 #endif
         __m256 a0[MT_MAX], a1[MT_MAX];
         for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm256_setzero_ps();
         for (; vec && k + 16 <= K; k += 16) {
-            __m256 w0 = load16(wr + k, kind), w1 = load16(wr + k + 8, kind);
+            __m256 w0 = weights8(wr, k, kind), w1 = weights8(wr, k + 8, kind);
             for (int m = 0; m < MT; m++) {
                 a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)m * K + k), a0[m]);
                 a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (int64_t)m * K + k + 8), a1[m]);
@@ -481,7 +468,7 @@ INLINE void rows16(int MT, const float *x, int K, const uint16_t *w, int kind, i
         for (int m = 0; m < MT; m++) out[m] = 0.f;
 #endif
         for (; k < K; k++) {
-            float wk = widen16(wr[k], kind);
+            float wk = weight_at(wr, k, kind);
             for (int m = 0; m < MT; m++) out[m] += wk * x[(int64_t)m * K + k];
         }
         for (int m = 0; m < MT; m++) y[(int64_t)m * N + n] = out[m];
@@ -494,15 +481,16 @@ static void gemv_kind(const float *x, int M, int K, const void *w, int kind, int
     #pragma omp parallel for schedule(static) if ((int64_t)N * K > 65536)
     for (int c = 0; c < chunks; c++) {
         int n0 = c * 16, n1 = n0 + 16 < N ? n0 + 16 : N, mt = M < MT_MAX ? M : MT_MAX;
-#define ROWS(MT) (kind ? rows16(MT, x, K, (const uint16_t *)w, kind, n0, n1, N, y) \
-                       : f32_rows(MT, x, K, (const float *)w, n0, n1, N, y))
+#define KINDS(MT) (kind == 0   ? dense_rows(MT, x, K, w, 0, n0, n1, N, y) \
+                   : kind == 1 ? dense_rows(MT, x, K, w, 1, n0, n1, N, y) \
+                               : dense_rows(MT, x, K, w, 2, n0, n1, N, y))
         switch (mt) {
-        case 1: ROWS(1); break;
-        case 2: ROWS(2); break;
-        case 3: ROWS(3); break;
-        default: ROWS(4); break;
+        case 1: KINDS(1); break;
+        case 2: KINDS(2); break;
+        case 3: KINDS(3); break;
+        default: KINDS(4); break;
         }
-#undef ROWS
+#undef KINDS
     }
 }
 
