@@ -23,14 +23,15 @@ from pathlib import Path
 import torch
 
 from compress.model.blocks import BlockStore, run_block
+from compress.model.default import cache_dir as model_cache_dir
 from compress.model.loading import Checkpoint, read_tensors
+from compress.runtime.linears import DenseLinear
 
 VERSION = 1  # bump when what a cache entry holds changes
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LLMPRESS_CACHE") or Path.home() / ".cache" / "llmpress"
-    return Path(root) / "eval"
+    return model_cache_dir() / "eval"
 
 
 def cache_key(source_sha256: str, windows: torch.Tensor) -> str:
@@ -59,20 +60,17 @@ def save_cached(key: str, states: list[torch.Tensor]) -> None:
 
 
 class _Head:
-    """The original's output projection (kept as stored; rows widened per use)."""
+    """The original's output projection: kept as stored, its products in fp32 (the
+    runtime's DenseLinear widens a 16-bit weight a slice at a time)."""
 
     def __init__(self, store: BlockStore):
         adapter, spec = store.adapter, store.spec
         name = f"{adapter.embed if spec.tied else adapter.lm_head}.weight"
-        self.weight = read_tensors(store.ckpt, [name])[name]
+        self.linear = DenseLinear(read_tensors(store.ckpt, [name])[name])
         self.softcap = spec.logit_softcap
 
     def logprobs(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
-        logits = torch.empty(x.shape[0], w.shape[0])
-        step = max(1, (256 << 20) // (4 * w.shape[1]))  # 256 MB of fp32 rows at a time
-        for lo in range(0, w.shape[0], step):
-            logits[:, lo : lo + step] = x @ w[lo : lo + step].float().T
+        logits = self.linear(x)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return torch.log_softmax(logits, dim=-1)
@@ -117,20 +115,12 @@ class BlockwiseOriginal:
             self.log(f"original, block {i + 1}/{n} ({done:.0f} s, ETA {eta:.0f} s)")
         return hidden
 
-    def _final_norm(self) -> torch.nn.Module:
-        adapter, ckpt = self.store.adapter, self.store.ckpt
-        norm = self.store.skeleton.get_submodule(adapter.final_norm)
-        name = f"{adapter.final_norm}.weight"
-        norm.to_empty(device="cpu")
-        norm.load_state_dict({"weight": read_tensors(ckpt, [name])[name].float()}, assign=True)
-        return norm
-
     @torch.no_grad()
     def reference(self, i: int, window: torch.Tensor) -> torch.Tensor:
         """Window i's next-token log-probs [L-1, V] (fp32)."""
         if self._hidden is None:
             self._hidden = self._walk()
-            self._norm = self._final_norm()
+            self._norm = self.store.module(self.store.adapter.final_norm)
             self.head = _Head(self.store)
         x = self._norm(self._hidden[i, :-1])
         self.states.append(x)

@@ -46,10 +46,15 @@ class BlockStore:
 
     def block(self, i: int) -> torch.nn.Module:
         """Block i with its weights loaded, in fp32."""
-        prefix = self.adapter.block_prefix(i) + "."
+        return self.module(self.adapter.block_prefix(i))
+
+    def module(self, path: str) -> torch.nn.Module:
+        """The skeleton's module at `path` (a block, the final norm) with its weights
+        loaded, in fp32."""
+        prefix = path + "."
         names = [n for n in self.ckpt.tensors if n.startswith(prefix)]
         tensors = {n[len(prefix) :]: t.float() for n, t in self.read(names).items()}
-        module = self.skeleton.get_submodule(self.adapter.block_prefix(i))
+        module = self.skeleton.get_submodule(path)
         module.to_empty(device="cpu")
         module.load_state_dict(tensors, strict=True, assign=True)
         return module.eval()
