@@ -34,7 +34,7 @@ from compress.model.loading import (
     resolve,
 )
 from compress.model.moe import expert_record
-from compress.quantizers.scheme import QuantizedWeight, quantize_weight
+from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe, resolve_lm_head
 from compress.stage import BlockContext, Workspace
 
@@ -387,19 +387,8 @@ def quantize_lm_head(ws: Workspace, scheme) -> dict:
     head, embed = ws.adapter.lm_head, ws.adapter.embed
     names = ws.store.ckpt.tensors
     source = f"{head}.weight" if f"{head}.weight" in names else f"{embed}.weight"
-    weight = read_tensors(ws.store.ckpt, [source])[source]
-    parts = [  # rows are quantized independently: 8,192 at a time, widened to fp32 as used
-        quantize_weight(weight[lo : lo + 8192].float(), scheme, ws.storage_dtype)
-        for lo in range(0, weight.shape[0], 8192)
-    ]  # a 152k x 3584 head whole in fp32 with RTN's temporaries took 10 GB
-    zps = [p.zero_point for p in parts]
-    ws.quantized[head] = QuantizedWeight(
-        q=torch.cat([p.q for p in parts]),
-        scale=torch.cat([p.scale for p in parts]),
-        zero_point=None if zps[0] is None else torch.cat(zps),
-        scheme=scheme,
-        group_size=parts[0].group_size,
-    )
+    weight = read_tensors(ws.store.ckpt, [source])[source]  # as stored: widened in slices
+    ws.quantized[head] = quantize_weight(weight, scheme, ws.storage_dtype)
     return {"stage": "lm_head", "scheme": scheme.label(), "source": source}
 
 

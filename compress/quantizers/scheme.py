@@ -179,7 +179,10 @@ def dequantize(
 def quantize_weight(
     w: torch.Tensor, scheme: QuantScheme, storage_dtype: torch.dtype = torch.float32
 ) -> QuantizedWeight:
-    """Round-to-nearest quantization of one [out, in] weight."""
+    """Round-to-nearest quantization of one [out, in] weight, of any float dtype. Rows are
+    independent, so a weight is done 8,192 rows at a time, each slice widened to fp32
+    when its turn comes: a 152k-row output projection whole in fp32 with RTN's
+    temporaries took 10 GB."""
     if w.ndim != 2:
         raise LlmpressError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     group = scheme.group_for(w.shape[1])
@@ -187,6 +190,16 @@ def quantize_weight(
         raise LlmpressError(
             f"no group size <= {scheme.group_size} divides width {w.shape[1]} (see scheme.py)"
         )
-    scale, zp = compute_qparams(w, scheme, group, storage_dtype)
-    q = quantize_with(w, scale, zp, scheme, group)
+    parts = []
+    for lo in range(0, w.shape[0], ROWS):
+        part = w[lo : lo + ROWS].float()
+        scale, zp = compute_qparams(part, scheme, group, storage_dtype)
+        parts.append((quantize_with(part, scale, zp, scheme, group), scale, zp))
+    if len(parts) == 1:
+        q, scale, zp = parts[0]
+    else:
+        q, scale, zp = (None if t[0] is None else torch.cat(t) for t in zip(*parts, strict=True))
     return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)
+
+
+ROWS = 8192
