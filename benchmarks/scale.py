@@ -43,10 +43,10 @@ from random_checkpoint import SHAPES, parameters, write  # noqa: E402
 LLMPRESS = [sys.executable, "-m", "compress"]
 
 
-def _rss_kb(pid: int) -> int:
+def _rss_kb(pid: int, field: str = "VmRSS") -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -55,11 +55,14 @@ def _rss_kb(pid: int) -> int:
 
 def measure(cmd: list[str], log: Path) -> dict:
     """Run `cmd`; its peak RSS (GB), wall time (s), and the log line last printed before
-    the sampled peak (what was running)."""
+    the sampled peak (what was running). The peak is the child's own high-water mark
+    (VmHWM, sampled every 0.1 s), not wait4's ru_maxrss: Linux starts a forked child's
+    ru_maxrss at the parent's resident size, so a parent holding gigabytes (one that has
+    just written a checkpoint or compared two artifacts) inflated every figure after it."""
     t0 = time.perf_counter()
     with open(log, "w") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True)
-        peak = {"kb": 0, "at": 0}
+        peak = {"kb": 0, "at": 0, "hwm": 0}
         stop = threading.Event()
 
         def sample():
@@ -67,6 +70,7 @@ def measure(cmd: list[str], log: Path) -> dict:
                 kb = _rss_kb(proc.pid)
                 if kb > peak["kb"]:
                     peak["kb"], peak["at"] = kb, log.stat().st_size
+                peak["hwm"] = max(peak["hwm"], _rss_kb(proc.pid, "VmHWM"))
                 stop.wait(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -79,7 +83,7 @@ def measure(cmd: list[str], log: Path) -> dict:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{text[-3000:]}")
     before = text[: peak["at"]].strip().splitlines()
     return {
-        "peak_rss_gb": round(usage.ru_maxrss / 2**20, 2),
+        "peak_rss_gb": round((peak["hwm"] or usage.ru_maxrss) / 2**20, 2),
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_during": before[-1][-120:] if before else "start",
     }

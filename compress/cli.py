@@ -110,6 +110,13 @@ def cli() -> None:
     is_flag=True,
     help="Continue an interrupted run's distillation from its last checkpoint.",
 )
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Where blocks, calibration and searches run: auto (a GPU when torch sees one), cpu, "
+    "cuda or cuda:N.",
+)
 def compress(
     model,
     output,
@@ -127,6 +134,7 @@ def compress(
     kv_cache,
     overwrite,
     resume,
+    device,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
     from compress.allocator import return_freed_memory
@@ -150,6 +158,7 @@ def compress(
         resume=resume,
         command=_command_line(),
         log=click.echo,
+        device=device,
     )
 
 

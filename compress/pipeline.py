@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections import defaultdict
@@ -23,6 +24,7 @@ from compress.artifact.target import check_not_source, check_output, claim, clea
 from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
 from compress.calib_data.cost import calibration_passes, calibration_plan
 from compress.calib_data.prepare import load_calibration
+from compress.device import activation_home, describe, resolve_device
 from compress.errors import LlmpressError
 from compress.model.blocks import BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
@@ -114,16 +116,19 @@ def compress(
     resume: bool = False,
     command: str | None = None,
     log=print,
+    device: str | torch.device = "cpu",
 ) -> Path:
     """Compress `model` with `recipe` into `output`. Model stages (prune, distill) run
-    first on the whole model; `resume` continues their last checkpoint after a kill."""
+    first on the whole model; `resume` continues their last checkpoint after a kill.
+    `device` (auto, cpu, cuda[:N]) is where blocks, their statistics and searches live."""
     output = Path(output)
+    device = resolve_device(device)
     check_output(output, overwrite)
     with claim(output):
-        return _compress(model, recipe, output, overwrite, resume, command, log)
+        return _compress(model, recipe, output, overwrite, resume, command, log, device)
 
 
-def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
+def _compress(model, recipe, output, overwrite, resume, command, log, device) -> Path:
     clean_stale(output, log)
     model_stages, stages, after = _split(recipe.build())
     started = time.perf_counter()
@@ -135,14 +140,14 @@ def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
         planned = stage.planned_config(planned)
     for stage in after:
         stage.preflight(planned)
-    ws = _workspace(recipe, ckpt)
+    ws = _workspace(recipe, ckpt, device)
     _preflight(recipe, stages, ws, planned["hidden_size"])
     part = ckpt.text_part_of
     if part:
         log(f"{model} is a {part}: compressing its language model; the vision part is left out")
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
-        f"{recipe.label()}"
+        f"{recipe.label()}" + ("" if device.type == "cpu" else f", on {describe(device)}")
     )
     if not model_stages:  # after pruning the widths are known only once it has run
         warn_engines(planned_engine_problems(recipe, stages, ws), log)
@@ -161,7 +166,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log) -> Path:
             source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing,
             ws.storage_dtype, recipe.ignore,
         )  # fmt: skip
-        ws = _workspace(recipe, ckpt)  # again, on the widths the model stages left
+        ws = _workspace(recipe, ckpt, device)  # again, on the widths the model stages left
         ws.schemes = schemes
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
     ws.tokenizer = tokenizer
@@ -205,9 +210,9 @@ def _source(model: str, output: Path) -> Checkpoint:
     return ckpt
 
 
-def _workspace(recipe: Recipe, ckpt: Checkpoint) -> Workspace:
+def _workspace(recipe: Recipe, ckpt: Checkpoint, device: torch.device) -> Workspace:
     return Workspace(
-        store=BlockStore(ckpt),
+        store=BlockStore(ckpt, device),
         tokenizer=None,
         storage_dtype=storage_dtype(recipe.dtype, ckpt.config, recipe.export),
         ignore=recipe.ignore,
@@ -388,7 +393,7 @@ def quantize_lm_head(ws: Workspace, scheme) -> dict:
     names = ws.store.ckpt.tensors
     source = f"{head}.weight" if f"{head}.weight" in names else f"{embed}.weight"
     weight = read_tensors(ws.store.ckpt, [source])[source]  # as stored: widened in slices
-    ws.quantized[head] = quantize_weight(weight, scheme, ws.storage_dtype)
+    ws.quantized[head] = quantize_weight(weight, scheme, ws.storage_dtype, ws.store.device)
     return {"stage": "lm_head", "scheme": scheme.label(), "source": source}
 
 
@@ -416,7 +421,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     ws, stages, clock = run.ws, run.stages, _Clock(run.timing)
     hidden = rope = None
     if any(stage.needs_calibration for stage in stages):
-        hidden = ws.store.embed(samples)
+        hidden = _activations(run, ws.store.embed(samples))
         rope = ws.store.position_embeddings(samples.shape[1])
     rounders = [k for k, st in enumerate(stages) if st.scheme is not None]
     # the original model's hidden states, walked beside the compressed ones when asked
@@ -446,6 +451,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
             with clock("propagate"):
                 hidden = ctx.output if ctx.output is not None else run_block(block, hidden, rope)
         ws.store.release(i)
+        ws.to_host(i)
         if not run.after:  # else written once the repair has changed its scales
             with clock("write"):
                 run.writer.add_block(i)
@@ -459,6 +465,29 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         with clock("lm_head"):
             run.records.append(quantize_lm_head(ws, run.recipe.lm_head_scheme()))
     run.writer.finish(ws.store.ckpt.path, lambda folder: _write_manifest(run, folder))
+
+
+def _activations(run: _Run, hidden: torch.Tensor) -> torch.Tensor:
+    """The calibration activations entering block 0, on the compute device when every
+    stream the walk carries (the compressed one, a block's output, the original's and the
+    reference, as the stages ask) fits there beside a block; else in host memory."""
+    ws, stages = run.ws, run.stages
+    device = ws.store.device
+    if device.type == "cpu":
+        return hidden
+    streams = 2 + any(st.needs_original for st in stages) + any(st.needs_reference for st in stages)
+    prefix = ws.adapter.block_prefix(0) + "."
+    block = 4 * sum(
+        math.prod(shape) for name, (_, shape, _) in ws.store.ckpt.tensors.items()
+        if name.startswith(prefix)
+    )  # fmt: skip
+    home = activation_home(device, streams * hidden.nbytes, block)
+    if home != device:
+        run.log(
+            f"calibration activations ({streams} x {hidden.nbytes / 2**30:.1f} GiB) do not fit "
+            f"{device} beside a block: kept in host memory, moved to {device} in chunks"
+        )
+    return hidden.to(home)
 
 
 def _write_manifest(run: _Run, folder: Path) -> None:
@@ -475,6 +504,10 @@ def _write_manifest(run: _Run, folder: Path) -> None:
     if run.ws.experts:
         manifest["experts"] = expert_record(run.ws.experts, run.ws.store.spec.mlp)
     manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
+    manifest["device"] = describe(run.ws.store.device)
+    if run.ws.store.device.type == "cuda":  # what the device had to hold, at most
+        peak = torch.cuda.max_memory_allocated(run.ws.store.device)
+        manifest["device_peak_gib"] = round(peak / 2**30, 2)
     manifest["engines"], manifest["transformers_kwargs"] = written_engines(folder)
     if any(r.get("stage") in ("prune", "distill") for r in run.records):
         warn_engines(manifest["engines"], run.log)  # not known before pruning ran

@@ -93,6 +93,17 @@ class Workspace:
     def weight_shape(self, name: str) -> tuple[int, ...]:
         return self.store.ckpt.tensors[f"{name}.weight"][1]
 
+    def to_host(self, index: int) -> None:
+        """Bring block `index`'s results to the CPU, where the writer reads them, once no
+        stage of the block needs them on the compute device any more."""
+        prefix = self.adapter.block_prefix(index) + "."
+        for name, qw in self.quantized.items():
+            if name.startswith(prefix):
+                self.quantized[name] = qw.to("cpu")
+        for name, tensor in self.updated.items():
+            if name.startswith(prefix):
+                self.updated[name] = tensor.cpu()
+
 
 @dataclass
 class BlockContext:

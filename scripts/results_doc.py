@@ -687,6 +687,53 @@ def scale(d: dict) -> list[str]:
     return out
 
 
+def device_compress(d: dict) -> list[str]:
+    runs = [d] + [load(n) for n in ("device_compress_8b.json",) if (RESULTS / n).exists()]
+    full = []
+    for run in runs:
+        for r in run["rows"]:
+            x = r.get("full_depth")
+            if x and "s_per_block" in x:
+                peak = x.get("device_peak_gib", "")
+                full.append([run["shape"], run["layers"], r["method"], x["device"],
+                             x["s_per_block"], x["wall_s"], peak])  # fmt: skip
+    pairs = []
+    for r in d["rows"]:
+        one = {k.rsplit("_", 1)[1]: v for k, v in r.items() if k.startswith(f"{1}_blocks_")}
+        c = r.get("compared") or {}
+        if one:
+            pairs.append([r["method"], one.get("cuda", {}).get("s_per_block", ""),
+                          one.get("cpu", {}).get("s_per_block", ""),
+                          c.get("codes_equal", ""), c.get("float_max_rel_diff", "")])  # fmt: skip
+    b = d.get("bench") or {}
+    return [
+        "`compress --device cuda` on random bf16 checkpoints of two models' shapes "
+        "(benchmarks/device_compress.py, run by `scripts/gpu_check` on a lent NVIDIA H200 "
+        f"with 16 CPU cores), {d['calibration']['samples']} × {d['calibration']['length']} "
+        "calibration tokens of WikiText-2 valid for awq and gptq. Time per block is the "
+        "manifest's block walk over the block count; total is the process's wall time "
+        "(start, reading, writing the artifact included). Peak resident memory on that "
+        "machine was measured with wait4's ru_maxrss, which Linux starts at the parent's size, "
+        "and is left out (benchmarks/scale.py now samples the child's own high-water mark).",
+        "",
+        *table(["shape", "blocks", "method", "device", "s/block", "total s", "GPU peak GiB"], full),
+        "",
+        "One-block copy of the Llama-3.2-1B shape on both devices of that machine: time per "
+        "block, and the two artifacts compared (share of equal 4-bit codes, largest relative "
+        "difference of a float tensor). RTN is bit for bit; GPTQ's error feedback carries a "
+        "flipped code into the columns after it, so a few percent differ (tests/test_device.py "
+        "checks on a tiny model that the GPU artifact's logits stay as close to the "
+        "original's as the CPU artifact's):",
+        "",
+        *table(["method", "cuda s/block", "cpu s/block", "codes equal", "max diff"], pairs),
+        "",
+        f"`llmpress bench --batch 1` of the full-depth rtn artifact on the H200 (Triton "
+        f"backend): {b.get('tok_s', '?')} tok/s, MBU {100 * b.get('mbu', 0):.1f}%. The GPU "
+        "decode path is per-op Python around Triton kernels and is not yet tuned for "
+        "speed: no CUDA graphs, no fused decoder.",
+    ]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
@@ -800,6 +847,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/scale.py --calibrated-blocks 1 --heads w8,none",
         scale,
     ),
+    (
+        "device_compress.json",
+        "Compression on a GPU",
+        "scripts/gpu_check OUT TOKENIZER_DIR CALIB_TXT",
+        device_compress,
+    ),
 ]
 
 
@@ -848,7 +901,7 @@ def generic(d) -> list[str]:
 
 
 def render() -> str:
-    known = {name for name, *_ in SECTIONS}
+    known = {name for name, *_ in SECTIONS} | {"device_compress_8b.json"}  # read by its section
     extra = sorted(
         str(p.relative_to(RESULTS))
         for p in RESULTS.rglob("*.json")
@@ -863,7 +916,8 @@ def render() -> str:
         stem = name.removesuffix(".json")
         lines = [f"## {title}", ""]
         if command:
-            lines += [f"`{PY} {command}`", ""]
+            run = command if command.startswith("scripts/") else f"{PY} {command}"
+            lines += [f"`{run}`", ""]
         lines += renderer(load(name))
         lines += [
             "",

@@ -23,10 +23,11 @@ CHUNK = 8
 
 
 class BlockStore:
-    def __init__(self, ckpt: Checkpoint):
+    def __init__(self, ckpt: Checkpoint, device: torch.device | str = "cpu"):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         self.ckpt = ckpt
+        self.device = torch.device(device)  # where blocks are materialized
         self.adapter = ckpt.adapter
         config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
         self.hf_config = AutoConfig.for_model(**config)
@@ -45,17 +46,17 @@ class BlockStore:
         return read_tensors(self.ckpt, names)
 
     def block(self, i: int) -> torch.nn.Module:
-        """Block i with its weights loaded, in fp32."""
+        """Block i with its weights loaded, in fp32, on the store's device."""
         return self.module(self.adapter.block_prefix(i))
 
     def module(self, path: str) -> torch.nn.Module:
         """The skeleton's module at `path` (a block, the final norm) with its weights
-        loaded, in fp32."""
+        loaded, in fp32, on the store's device (moved as stored, widened there)."""
         prefix = path + "."
         names = [n for n in self.ckpt.tensors if n.startswith(prefix)]
-        tensors = {n[len(prefix) :]: t.float() for n, t in self.read(names).items()}
+        tensors = {n[len(prefix) :]: t.to(self.device).float() for n, t in self.read(names).items()}
         module = self.skeleton.get_submodule(path)
-        module.to_empty(device="cpu")
+        module.to_empty(device=self.device)
         module.load_state_dict(tensors, strict=True, assign=True)
         return module.eval()
 
@@ -85,30 +86,39 @@ class Positions:
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = block.self_attn.layer_idx
-        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length)
+        device = next(block.parameters()).device
+        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length, device)
 
     def prefix(self, length: int) -> Positions:
         return replace(self, length=length)
 
 
 @lru_cache(maxsize=16)
-def _block_kwargs(rope: RopeSpec, window: int | None, length: int) -> dict:
-    cos, sin = tables(rope, length)
+def _block_kwargs(rope: RopeSpec, window: int | None, length: int, device) -> dict:
+    cos, sin = tables(rope, length, device)
     rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
     mask = None  # plain causal attention
     if window is not None and length > window:
         q, k = torch.arange(length)[:, None], torch.arange(length)[None]
         hidden = (k > q) | (k <= q - window)
-        mask = torch.zeros(length, length).masked_fill(hidden, float("-inf"))[None, None]
+        mask = torch.zeros(length, length).masked_fill(hidden, float("-inf"))
+        mask = mask[None, None].to(device)
     return {"position_embeddings": rotary, "attention_mask": mask}
+
+
+def _device(block: torch.nn.Module) -> torch.device:
+    return next(block.parameters()).device
 
 
 @torch.no_grad()
 def run_block(block: torch.nn.Module, hidden: torch.Tensor, rope) -> torch.Tensor:
-    """The block's output for every sample (causal attention), computed in chunks."""
+    """The block's output for every sample (causal attention), computed in chunks on the
+    block's device; the output lives where `hidden` does (host memory, when the
+    activations did not fit the device)."""
     out = torch.empty_like(hidden)
+    device, kwargs = _device(block), rope.kwargs(block)
     for lo in range(0, hidden.shape[0], CHUNK):
-        out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK], **rope.kwargs(block))
+        out[lo : lo + CHUNK] = block(hidden[lo : lo + CHUNK].to(device), **kwargs)
     return out
 
 
@@ -129,9 +139,10 @@ def observe_inputs(
         return lambda _module, args: observe(name, args[0])
 
     handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
+    device, kwargs = _device(block), rope.kwargs(block)
     try:
         for lo in range(0, hidden.shape[0], CHUNK):
-            out = block(hidden[lo : lo + CHUNK], **rope.kwargs(block))
+            out = block(hidden[lo : lo + CHUNK].to(device), **kwargs)
             if outputs is not None:
                 outputs[lo : lo + CHUNK] = out
     finally:

@@ -109,7 +109,7 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
 def _clipped(w: torch.Tensor, scheme: QuantScheme, group: int, clip) -> torch.Tensor:
     """`w` clamped per group to the range min-max quantization with `clip` would cover."""
     g = w.reshape(w.shape[0], -1, group)
-    clip = torch.as_tensor(clip, dtype=w.dtype)
+    clip = torch.as_tensor(clip, dtype=w.dtype, device=w.device)
     if clip.ndim:
         clip = clip[..., None]
     if scheme.zero_point:
@@ -303,8 +303,8 @@ class AWQ(Described):
         gram = xg.transpose(1, 2) @ xg / x.shape[0]  # [G, g, g]
         wg = w.reshape(rows, cols // group, group)
         steps = max(1, int(cfg.max_shrink * cfg.clip_grid))
-        best_err = torch.full((rows, cols // group), float("inf"))
-        best = torch.ones(rows, cols // group)
+        best_err = torch.full((rows, cols // group), float("inf"), device=w.device)
+        best = torch.ones(rows, cols // group, device=w.device)
         for i in range(steps):
             ratio = 1 - i / cfg.clip_grid
             scale, zp = compute_qparams(w, scheme, group, torch.float32, clip=ratio)

@@ -72,17 +72,20 @@ def gptq_quantize(
     del h
     if act_order:
         w = w[:, perm]
-    order = perm if act_order else torch.arange(cols)
-    q = torch.zeros(rows, cols, dtype=torch.int8)
-    scale = torch.zeros(rows, cols // group, dtype=storage_dtype)
-    zp = torch.zeros(rows, cols // group, dtype=torch.int8) if scheme.zero_point else None
+    order = (perm if act_order else torch.arange(cols)).tolist()  # read per column, on the host
+    dev = w.device
+    q = torch.zeros(rows, cols, dtype=torch.int8, device=dev)
+    scale = torch.zeros(rows, cols // group, dtype=storage_dtype, device=dev)
+    zp = None
+    if scheme.zero_point:
+        zp = torch.zeros(rows, cols // group, dtype=torch.int8, device=dev)
     block = group * max(1, BLOCK // group) if group < cols else BLOCK  # groups never straddle
     s = z = None
     for b0 in range(0, cols, block):
         b1 = min(b0 + block, cols)
-        wb, err = w[:, b0:b1].clone(), torch.zeros(rows, b1 - b0)
+        wb, err = w[:, b0:b1].clone(), torch.zeros(rows, b1 - b0, device=dev)
         for j in range(b1 - b0):
-            col = int(order[b0 + j])  # the stored column this one is
+            col = order[b0 + j]  # the stored column this one is
             g = col // group
             if static is not None:
                 s = static[0][:, g : g + 1].float()
@@ -133,8 +136,8 @@ def _inverse_factor(h: torch.Tensor, dampening: float, act_order: bool, own: boo
     inverse = torch.empty_like(factor)
     for lo in range(0, n, 2048):  # cholesky_solve: torch's cholesky_inverse is 40x slower
         hi = min(n, lo + 2048)
-        eye = torch.zeros(n, hi - lo, dtype=factor.dtype)
-        eye[lo:hi] = torch.eye(hi - lo, dtype=factor.dtype)
+        eye = torch.zeros(n, hi - lo, dtype=factor.dtype, device=factor.device)
+        eye[lo:hi] = torch.eye(hi - lo, dtype=factor.dtype, device=factor.device)
         inverse[:, lo:hi] = torch.cholesky_solve(eye, factor)
     del factor
     return torch.linalg.cholesky(inverse, upper=True), perm
@@ -185,7 +188,7 @@ class GPTQ(Described):
         def observe(rel: str, x: torch.Tensor) -> None:
             x = x.reshape(-1, x.shape[-1]).float()
             if rel not in self._h:
-                self._h[rel] = torch.zeros(x.shape[1], x.shape[1])
+                self._h[rel] = torch.zeros(x.shape[1], x.shape[1], device=x.device)
                 self._n[rel] = 0
             self._h[rel] += 2 * x.T @ x
             self._n[rel] += x.shape[0]

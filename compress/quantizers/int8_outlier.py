@@ -72,7 +72,7 @@ class Int8OutlierConfig:
         else:
             k = self.top_k if self.top_k is not None else int(self.fraction * amax.numel())
             k = min(k, amax.numel())
-            idx = amax.topk(k).indices if k else torch.empty(0, dtype=torch.long)
+            idx = amax.topk(k).indices if k else amax.new_empty(0, dtype=torch.long)
         return idx.sort().values.to(torch.int32)
 
 

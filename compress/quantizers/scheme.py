@@ -17,7 +17,7 @@ stages refuse it before any work, naming it (see quantizers/preflight.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -123,6 +123,15 @@ class QuantizedWeight:
     def shape(self) -> torch.Size:
         return self.q.shape
 
+    def to(self, device: torch.device | str) -> QuantizedWeight:
+        """The same weight with every tensor on `device` (the writer reads host memory)."""
+        moved = {
+            k: getattr(self, k).to(device)
+            for k in ("q", "scale", "zero_point", "outlier_index", "outlier_weight")
+            if getattr(self, k) is not None
+        }
+        return replace(self, **moved)
+
 
 def _grouped(x: torch.Tensor, group_size: int) -> torch.Tensor:
     rows, cols = x.shape
@@ -141,15 +150,23 @@ def compute_qparams(
     if scheme.zero_point:
         lo = g.amin(dim=-1).clamp(max=0) * clip
         hi = g.amax(dim=-1).clamp(min=0) * clip
-        scale = (hi - lo) / (scheme.qmax - scheme.qmin)
+        scale = _exact_div(hi - lo, scheme.qmax - scheme.qmin)
     else:  # max|w| / 7.5 at 4 bits (compressed-tensors' rule): -8 is used, +max rounds to 7
-        scale = g.abs().amax(dim=-1) * clip / ((scheme.qmax - scheme.qmin) / 2)
+        scale = _exact_div(g.abs().amax(dim=-1) * clip, (scheme.qmax - scheme.qmin) / 2)
     tiny = torch.finfo(storage_dtype).tiny
     scale = scale.clamp(min=tiny).to(storage_dtype).float().clamp(min=tiny)
     if not scheme.zero_point:
         return scale.to(storage_dtype), None
     zp = torch.round(scheme.qmin - lo / scale).clamp(scheme.qmin, scheme.qmax)
     return scale.to(storage_dtype), zp.to(torch.int8)
+
+
+def _exact_div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+    """x / divisor, correctly rounded on every device. CUDA divides by a host scalar as a
+    product with its reciprocal, one ulp off at times; at max|w| / 7.5 that ulp decides
+    whether the group's negative extreme rounds to -8 or -7, so a GPU and a CPU run made
+    different integers from the same weights."""
+    return x / torch.full((), divisor, dtype=x.dtype, device=x.device)
 
 
 def quantize_with(
@@ -177,12 +194,16 @@ def dequantize(
 
 
 def quantize_weight(
-    w: torch.Tensor, scheme: QuantScheme, storage_dtype: torch.dtype = torch.float32
+    w: torch.Tensor,
+    scheme: QuantScheme,
+    storage_dtype: torch.dtype = torch.float32,
+    device: torch.device | None = None,
 ) -> QuantizedWeight:
     """Round-to-nearest quantization of one [out, in] weight, of any float dtype. Rows are
     independent, so a weight is done 8,192 rows at a time, each slice widened to fp32
     when its turn comes: a 152k-row output projection whole in fp32 with RTN's
-    temporaries took 10 GB."""
+    temporaries took 10 GB. With `device`, each slice is computed there and its results
+    come back to w's device."""
     if w.ndim != 2:
         raise LlmpressError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     group = scheme.group_for(w.shape[1])
@@ -191,10 +212,12 @@ def quantize_weight(
             f"no group size <= {scheme.group_size} divides width {w.shape[1]} (see scheme.py)"
         )
     parts = []
+    home = w.device
     for lo in range(0, w.shape[0], ROWS):
-        part = w[lo : lo + ROWS].float()
+        part = w[lo : lo + ROWS].to(device or home).float()
         scale, zp = compute_qparams(part, scheme, group, storage_dtype)
-        parts.append((quantize_with(part, scale, zp, scheme, group), scale, zp))
+        q = quantize_with(part, scale, zp, scheme, group)
+        parts.append(tuple(None if t is None else t.to(home) for t in (q, scale, zp)))
     if len(parts) == 1:
         q, scale, zp = parts[0]
     else:

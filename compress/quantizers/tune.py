@@ -193,6 +193,7 @@ class Tune(Described):
         target = ctx.original if cfg.target == "original" else ctx.reference
         x, y = ctx.inputs[:n], target[:n]
         module, rope = ctx.module, ctx.rope
+        device = next(module.parameters()).device  # x and y may live in host memory
 
         length = x.shape[1] if cfg.positions is None else min(cfg.positions, x.shape[1])
         prefix = rope.prefix(length).kwargs(module)
@@ -214,14 +215,15 @@ class Tune(Described):
         if cfg.schedule == "linear":
             schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / cfg.steps)
         gen = torch.Generator().manual_seed(cfg.seed + ctx.index)
-        order = torch.randperm(n, generator=gen)
+        order = torch.randperm(n, generator=gen, device="cpu")  # the same on every device
         module.requires_grad_(False)
         for step in range(cfg.steps):
             lo = (step * cfg.batch) % n
             if lo + cfg.batch > n:
-                order = torch.randperm(n, generator=gen)
-            idx = order[(step * cfg.batch + torch.arange(cfg.batch)) % n]
-            loss = (run(x[idx, :length], weights()) - y[idx, :length]).pow(2).mean()
+                order = torch.randperm(n, generator=gen, device="cpu")
+            idx = order[(step * cfg.batch + torch.arange(cfg.batch, device="cpu")) % n]
+            xb, yb = x[idx, :length].to(device), y[idx, :length].to(device)
+            loss = (run(xb, weights()) - yb).pow(2).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
