@@ -137,6 +137,7 @@ def compress(
     device,
 ):
     """Compress MODEL (a folder, a .gguf file, a hub id, or `default`) into an artifact."""
+    from compress import distributed
     from compress.allocator import return_freed_memory
     from compress.pipeline import compress as run
     from compress.recipe import recipe_from_flags
@@ -160,6 +161,7 @@ def compress(
         log=click.echo,
         device=device,
     )
+    distributed.stop()  # under torchrun: leave the process group
 
 
 @cli.command("eval")

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from compress import distributed
 from compress.artifact.codecs import codec
 from compress.artifact.ct_format import LayerFormat
 from compress.artifact.dense import load_model
@@ -26,7 +27,7 @@ from compress.calib_data.cost import calibration_passes, calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.device import activation_home, describe, resolve_device
 from compress.errors import LlmpressError
-from compress.model.blocks import BlockStore, route_calibration, run_block
+from compress.model.blocks import CHUNK, BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import (
     Checkpoint,
@@ -122,17 +123,32 @@ def compress(
     first on the whole model; `resume` continues their last checkpoint after a kill.
     `device` (auto, cpu, cuda[:N]) is where blocks, their statistics and searches live."""
     output = Path(output)
-    device = resolve_device(device)
+    device = distributed.local_device(resolve_device(device))
+    distributed.start(device)  # under torchrun: join the group (gloo on CPU, nccl on CUDA)
+    if not distributed.is_writer():  # the other ranks compute, log nothing, write nothing
+        return _compress(model, recipe, output, overwrite, resume, command, _quiet, device)
     check_output(output, overwrite)
     with claim(output):
         return _compress(model, recipe, output, overwrite, resume, command, log, device)
 
 
+def _quiet(_line: str) -> None:
+    pass
+
+
 def _compress(model, recipe, output, overwrite, resume, command, log, device) -> Path:
-    clean_stale(output, log)
+    writer_rank = distributed.is_writer()
+    if writer_rank:
+        clean_stale(output, log)
     model_stages, stages, after = _split(recipe.build())
+    if distributed.world() > 1 and (model_stages or after):
+        names = ", ".join(st.name for st in [*model_stages, *after])
+        raise LlmpressError(
+            f"{names} run(s) on the whole model in one process: run this recipe without "
+            "torchrun (the block stages alone run on several)"
+        )
     started = time.perf_counter()
-    ckpt = source = _source(model, output)
+    ckpt = source = distributed.first_then_rest(lambda: _source(model, output))
     recipe = resolve_lm_head(recipe, untied=not ckpt.adapter.spec(ckpt.config).tied)
     planned = ckpt.config
     for stage in model_stages:
@@ -159,8 +175,10 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         check_context(ckpt, c.length, "calibration length (--calib-len)")
         passes = calibration_passes([*model_stages, *stages, *after])
         log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
-        with _Clock(timing)("calibration data"):
-            samples = load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
+        with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
+            samples = distributed.first_then_rest(
+                lambda: load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
+            )
     if model_stages:
         ckpt, records, schemes = run_model_stages(
             source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing,
@@ -170,16 +188,21 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         ws.schemes = schemes
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
     ws.tokenizer = tokenizer
-    writer = ArtifactWriter(ws.export_state(), output, recipe.export, overwrite, _extra(recipe))
+    writer = None
+    if writer_rank:
+        state = ws.export_state()
+        writer = ArtifactWriter(state, output, recipe.export, overwrite, _extra(recipe))
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
     run.after, run.resume = after, resume
     try:
         _run_stages(run, samples)
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
     if model_stages or after:
         shutil.rmtree(work_dir(output), ignore_errors=True)
+    distributed.barrier()  # the artifact is in place before any rank returns
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
 
@@ -405,7 +428,7 @@ class _Run:
     source: Checkpoint
     ws: Workspace
     stages: list
-    writer: ArtifactWriter
+    writer: ArtifactWriter | None  # None on the ranks that do not write
     log: Callable
     started: float
     command: str | None
@@ -419,20 +442,22 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     """Walk the blocks: calibrate and transform each, write it, feed its output onward;
     then the lm_head, the manifest, and the artifact moved into place."""
     ws, stages, clock = run.ws, run.stages, _Clock(run.timing)
-    hidden = rope = None
+    hidden = rope = shard = None
     if any(stage.needs_calibration for stage in stages):
-        hidden = _activations(run, ws.store.embed(samples))
+        shard = distributed.Shard.of(samples.shape[0], CHUNK)  # all of them in one process
+        hidden = _activations(run, ws.store.embed(samples[list(shard.indices)]))
         rope = ws.store.position_embeddings(samples.shape[1])
     rounders = [k for k, st in enumerate(stages) if st.scheme is not None]
     # the original model's hidden states, walked beside the compressed ones when asked
     original = hidden if any(stage.needs_original for stage in stages) else None
-    for i in tqdm(range(ws.num_layers), desc="blocks", unit="block"):
+    quiet = not distributed.is_writer()
+    for i in tqdm(range(ws.num_layers), desc="blocks", unit="block", disable=quiet):
         with clock("read blocks"):
             block = ws.store.block(i)
         if hidden is not None and ws.store.spec.mlp is not None:
             with clock("expert routing"):
                 ws.experts[i] = route_calibration(block, hidden, rope)
-        ctx = BlockContext(ws, i, block, hidden, rope)
+        ctx = BlockContext(ws, i, block, hidden, rope, shard=shard)
         ctx.want_reference = any(stage.needs_reference for stage in stages)
         if original is not None:  # the block as read, before any stage changes it
             with clock("original outputs"):
@@ -452,7 +477,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
                 hidden = ctx.output if ctx.output is not None else run_block(block, hidden, rope)
         ws.store.release(i)
         ws.to_host(i)
-        if not run.after:  # else written once the repair has changed its scales
+        if not run.after and run.writer:  # else written once the repair changed its scales
             with clock("write"):
                 run.writer.add_block(i)
     run.records = run.records + [stage.export(ws) for stage in stages]
@@ -461,6 +486,8 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         with clock("write"):
             for i in range(ws.num_layers):
                 run.writer.add_block(i)
+    if run.writer is None:  # a rank that does not write is done
+        return
     if run.recipe.lm_head_scheme() is not None:
         with clock("lm_head"):
             run.records.append(quantize_lm_head(ws, run.recipe.lm_head_scheme()))
@@ -505,6 +532,8 @@ def _write_manifest(run: _Run, folder: Path) -> None:
         manifest["experts"] = expert_record(run.ws.experts, run.ws.store.spec.mlp)
     manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
     manifest["device"] = describe(run.ws.store.device)
+    if distributed.world() > 1:
+        manifest["processes"] = distributed.world()
     if run.ws.store.device.type == "cuda":  # what the device had to hold, at most
         peak = torch.cuda.max_memory_allocated(run.ws.store.device)
         manifest["device_peak_gib"] = round(peak / 2**30, 2)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from compress.artifact.writer import ExportState
+from compress.distributed import Shard
 from compress.model.blocks import BlockStore, Positions, observe_inputs
 from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
@@ -129,6 +130,21 @@ class BlockContext:
     unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
     # set while a stage runs that a later stage will round: it prepares the weights only
     round_later: bool = False
+    # which calibration samples `inputs` holds (all of them in one process; a shard of them
+    # under torchrun, whose statistics stages sum over the ranks: compress/distributed.py)
+    shard: Shard | None = None
+
+    @property
+    def samples(self) -> int:
+        """Calibration samples over every rank."""
+        return self.shard.total if self.shard is not None else self.inputs.shape[0]
+
+    def rows_below(self, count: int) -> int:
+        """How many of `inputs`' rows are among the first `count` calibration samples (they
+        come first): a stage that works on the first few samples works on these."""
+        if self.shard is None:
+            return min(count, self.inputs.shape[0])
+        return self.shard.below(count)
 
     @property
     def prefix(self) -> str:

@@ -20,6 +20,8 @@ LAYERS = [
         [
             "compress.errors",
             "compress.allocator",
+            "compress.device",
+            "compress.distributed",
             "compress.strict_yaml",
             "compress.quantizers.scheme",
             "compress.quantizers.packing",

@@ -13,6 +13,7 @@ from functools import lru_cache
 
 import torch
 
+from compress.distributed import all_sum
 from compress.model.loading import Checkpoint, read_tensors
 from compress.model.moe import install_experts, moe_modules
 from compress.model.rope import RopeSpec, tables
@@ -160,7 +161,7 @@ def route_calibration(block: torch.nn.Module, hidden: torch.Tensor, rope) -> dic
     moe.all_tokens = set()
     try:
         run_block(block, hidden, rope)
-        counts = moe.counts.tolist()
+        counts = all_sum(moe.counts).tolist()  # over the ranks' samples
     finally:
         moe.counts = None
     width = hidden.shape[-1]

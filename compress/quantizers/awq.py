@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.distributed import all_sum, sum_floats
 from compress.errors import LlmpressError
 from compress.model.adapters import InputGroup
 from compress.model.blocks import CHUNK
@@ -154,23 +155,25 @@ class AWQ(Described):
     # -- calibrate: activation statistics over all samples, inputs of a few kept for search
 
     def calibrate(self, ctx: BlockContext) -> None:
-        sums: dict[str, torch.Tensor] = {}
         kept: dict[str, list[torch.Tensor]] = {}
-        keep = self.config.search_samples
+        keep = ctx.rows_below(self.config.search_samples)  # the first samples, where held
 
         def observe(rel: str, x: torch.Tensor) -> None:
-            flat = x.abs().reshape(-1, x.shape[-1]).sum(0)
-            sums[rel] = flat if rel not in sums else sums[rel] + flat
+            sums[rel] += x.abs().reshape(-1, x.shape[-1]).sum(0).double()  # exact in any order
             room = keep - sum(t.shape[0] for t in kept.setdefault(rel, []))
             if room > 0:
                 kept[rel].append(x[:room].clone())
 
         adapter = ctx.ws.adapter
         first = sorted({_input_key(adapter, rel) for rel in adapter.block_linears})
+        sums = {  # allocated before any chunk: a rank may hold no sample
+            rel: torch.zeros(ctx.sub(rel).in_features, dtype=torch.float64, device=_device(ctx))
+            for rel in first
+        }
         ctx.observe(first, observe)
-        tokens = ctx.inputs.shape[0] * ctx.inputs.shape[1]
-        self._stats = {rel: s / tokens for rel, s in sums.items()}
-        self._inputs = {rel: torch.cat(v) for rel, v in kept.items()}
+        tokens = ctx.samples * ctx.inputs.shape[1]
+        self._stats = {rel: (all_sum(s) / tokens).float() for rel, s in sums.items()}
+        self._inputs = {rel: torch.cat(v) for rel, v in kept.items() if v}
 
     # -- transform: scale search and folding, then clipping search and quantization
 
@@ -214,7 +217,7 @@ class AWQ(Described):
     ) -> None:
         cfg, scheme, dtype = self.config, self.config.scheme, ctx.ws.storage_dtype
         key = group.linears[0]
-        x = self._inputs[key]
+        x = self._inputs.get(key)  # None on a rank that holds none of the search samples
         x_mean = self._stats[key].clamp(min=1e-6)
         reduce, expand = channels.reduce, channels.expand
         linears = {rel: ctx.sub(rel) for rel in group.linears}
@@ -242,7 +245,7 @@ class AWQ(Described):
                 w = originals[rel] * s
                 q = _fake_quant(w, ctx.scheme(rel, scheme), dtype) if rel in targets else w
                 m.weight.copy_(q / s)
-            loss = (self._run(parent, x) - target).pow(2).mean().item()
+            loss = _squared_error(self._run(parent, x), target)
             if loss < best[0]:
                 best = (loss, s_produced, alpha)
         _, s_produced, alpha = best
@@ -261,12 +264,14 @@ class AWQ(Described):
         else:
             producer.weight.div_(s_produced)
         ctx.mark_changed(group.producer)
-        self._inputs[key] = x / s  # what the scaled linears now read
+        if x is not None:
+            self._inputs[key] = x / s  # what the scaled linears now read
         self.alphas[f"{ctx.prefix}.{key}"] = alpha
 
     @staticmethod
-    def _run(fn, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([fn(x[lo : lo + CHUNK]) for lo in range(0, x.shape[0], CHUNK)])
+    def _run(fn, x: torch.Tensor | None) -> list[torch.Tensor]:
+        """fn's output on each chunk of x (the chunks every rank count agrees on)."""
+        return [] if x is None else [fn(x[lo : lo + CHUNK]) for lo in range(0, x.shape[0], CHUNK)]
 
     def _quantize(self, ctx: BlockContext, rel: str) -> None:
         cfg, dtype = self.config, ctx.ws.storage_dtype
@@ -277,7 +282,8 @@ class AWQ(Described):
         adapter = ctx.ws.adapter
         # q/k errors act through the attention scores; AWQ found clipping them hurts
         if cfg.clip and rel not in (adapter.q, adapter.k):
-            clip = self._search_clip(w, self._inputs[_input_key(adapter, rel)], group, scheme)
+            x = self._inputs.get(_input_key(adapter, rel))
+            clip = self._search_clip(w, x, group, scheme)
         self.groups[f"{ctx.prefix}.{rel}"] = group
         if ctx.round_later:  # a later stage rounds: leave it the scaled, clipped weights
             self.deferred = True
@@ -288,7 +294,7 @@ class AWQ(Described):
         ctx.set_quantized(rel, QuantizedWeight(q, scale, zp, scheme, group))
 
     def _search_clip(
-        self, w: torch.Tensor, x: torch.Tensor, group: int, scheme: QuantScheme
+        self, w: torch.Tensor, x: torch.Tensor | None, group: int, scheme: QuantScheme
     ) -> torch.Tensor:
         """Per (output row, weight group) clipping ratio minimizing that group's output error.
 
@@ -297,10 +303,8 @@ class AWQ(Described):
         of out × g × tokens, and every search token counts.
         """
         cfg = self.config
-        x = x.reshape(-1, x.shape[-1])
         rows, cols = w.shape
-        xg = x.reshape(x.shape[0], cols // group, group).transpose(0, 1)  # [G, n, g]
-        gram = xg.transpose(1, 2) @ xg / x.shape[0]  # [G, g, g]
+        gram = _gram(x, cols // group, group, w.device)  # [G, g, g], summed over ranks
         wg = w.reshape(rows, cols // group, group)
         steps = max(1, int(cfg.max_shrink * cfg.clip_grid))
         best_err = torch.full((rows, cols // group), float("inf"), device=w.device)
@@ -330,6 +334,34 @@ class AWQ(Described):
             "not_scaled": self.skipped,
             "seconds": {k: round(v, 2) for k, v in self.seconds.items()},
         }
+
+
+def _device(ctx: BlockContext) -> torch.device:
+    return next(ctx.module.parameters()).device
+
+
+def _squared_error(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
+    """Mean squared error over every rank's search samples: per-chunk fp32 sums added in
+    float64, so the figure is the same for any number of ranks."""
+    total = sum((float((o - t).pow(2).sum()) for o, t in zip(outputs, targets, strict=True)), 0.0)
+    count = sum(o.numel() for o in outputs)
+    total, count = sum_floats(total, count)
+    return total / count
+
+
+def _gram(x: torch.Tensor | None, groups: int, group: int, device) -> torch.Tensor:
+    """Per weight group, mean over tokens of x_gᵀ x_g, from every rank's search samples
+    (chunk by chunk, summed in float64)."""
+    gram = torch.zeros(groups, group, group, dtype=torch.float64, device=device)
+    n = 0
+    if x is not None:
+        for lo in range(0, x.shape[0], CHUNK):
+            part = x[lo : lo + CHUNK].reshape(-1, x.shape[-1])
+            xg = part.reshape(part.shape[0], groups, group).transpose(0, 1)  # [G, n, g]
+            gram += (xg.transpose(1, 2) @ xg).double()
+            n += part.shape[0]
+    (n,) = sum_floats(n)
+    return (all_sum(gram) / n).float()
 
 
 def _input_key(adapter, rel: str) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.distributed import all_sum, sum_floats
 from compress.errors import LlmpressError
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import RTNConfig, adjusted_groups
@@ -187,22 +188,27 @@ class GPTQ(Described):
 
         def observe(rel: str, x: torch.Tensor) -> None:
             x = x.reshape(-1, x.shape[-1]).float()
-            if rel not in self._h:
-                self._h[rel] = torch.zeros(x.shape[1], x.shape[1], device=x.device)
-                self._n[rel] = 0
-            self._h[rel] += 2 * x.T @ x
+            self._h[rel] += (2 * x.T @ x).double()  # exact sums in any order (distributed.py)
             self._n[rel] += x.shape[0]
 
         self._key = _shared_inputs(ctx)
         observed = sorted(set(self._key.values()))
+        for rel in observed:  # allocated before any chunk: a rank may hold no sample
+            width = ctx.sub(rel).in_features
+            device = ctx.sub(rel).weight.device
+            self._h[rel] = torch.zeros(width, width, dtype=torch.float64, device=device)
+            self._n[rel] = 0
         ctx.observe(observed, observe)
+        for rel in observed:  # summed over the ranks under torchrun
+            all_sum(self._h[rel])
+            (self._n[rel],) = sum_floats(self._n[rel])
         self.seconds["hessians"] += time.perf_counter() - started
 
     @torch.no_grad()
     def transform(self, ctx: BlockContext) -> None:
         started = time.perf_counter()
         cfg = self.config
-        hessians = {k: h / self._n[k] for k, h in self._h.items()}
+        hessians = {k: self._h.pop(k).div_(n).float() for k, n in self._n.items()}
         self._h, self._n = {}, {}
         targets = ctx.targets()
         users = {key: sum(self._key[rel] == key for rel in targets) for key in hessians}

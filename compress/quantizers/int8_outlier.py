@@ -20,6 +20,7 @@ import dataclasses
 import torch
 
 from compress.artifact.dense import decompose
+from compress.distributed import all_max
 from compress.errors import LlmpressError
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.scheme import (
@@ -133,14 +134,16 @@ class Int8Outlier(Described):
         check_layers(ws, self.config.scheme)
 
     def calibrate(self, ctx: BlockContext) -> None:
-        amax: dict[str, torch.Tensor] = {}
+        amax = {  # allocated before any chunk: a rank may hold no sample
+            rel: ctx.sub(rel).weight.new_zeros(ctx.sub(rel).in_features) for rel in ctx.targets()
+        }
 
         def observe(rel: str, x: torch.Tensor) -> None:
-            m = x.abs().reshape(-1, x.shape[-1]).amax(0)
-            amax[rel] = m if rel not in amax else torch.maximum(amax[rel], m)
+            if x.numel():
+                amax[rel] = torch.maximum(amax[rel], x.abs().reshape(-1, x.shape[-1]).amax(0))
 
         ctx.observe(ctx.targets(), observe)
-        self._amax = amax
+        self._amax = {rel: all_max(m) for rel, m in amax.items()}  # over the ranks
 
     @torch.no_grad()
     def transform(self, ctx: BlockContext) -> None:

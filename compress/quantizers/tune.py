@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch.func import functional_call
 
+from compress.distributed import all_sum, mean_squared_error, world
 from compress.errors import LlmpressError
-from compress.model.blocks import run_block
+from compress.model.blocks import CHUNK, run_block
 from compress.quantizers.scheme import QuantizedWeight
 from compress.stage import BlockContext, Described, Workspace, register_stage
 
@@ -189,9 +190,11 @@ class Tune(Described):
 
     def _tune(self, ctx: BlockContext, tunables: dict[str, _Tunable]) -> None:
         cfg, dtype = self.config, ctx.ws.storage_dtype
-        n = ctx.inputs.shape[0] if cfg.samples is None else min(cfg.samples, ctx.inputs.shape[0])
+        # global sample counts; under torchrun this rank holds some of them (ctx.shard)
+        n = ctx.samples if cfg.samples is None else min(cfg.samples, ctx.samples)
         target = ctx.original if cfg.target == "original" else ctx.reference
-        x, y = ctx.inputs[:n], target[:n]
+        local = ctx.rows_below(n)
+        x, y = ctx.inputs[:local], target[:local]
         module, rope = ctx.module, ctx.rope
         device = next(module.parameters()).device  # x and y may live in host memory
 
@@ -204,13 +207,14 @@ class Tune(Described):
         def weights() -> dict[str, torch.Tensor]:
             return {f"{rel}.weight": t.weight(dtype) for rel, t in tunables.items()}
 
-        k = min(n, CHECK_SAMPLES)
+        k = ctx.rows_below(min(n, CHECK_SAMPLES))
 
         def error(out: torch.Tensor) -> float:
-            return (out[:k] - y[:k]).pow(2).mean().item()
+            return mean_squared_error(out[:k], y[:k], CHUNK)
 
         before = error(run_block(module, x[:k], rope))
-        optimizer = torch.optim.Adam([p for t in tunables.values() for p in t.params()], cfg.lr)
+        params = [p for t in tunables.values() for p in t.params()]
+        optimizer = torch.optim.Adam(params, cfg.lr)
         schedule = None
         if cfg.schedule == "linear":
             schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: 1 - i / cfg.steps)
@@ -222,10 +226,21 @@ class Tune(Described):
             if lo + cfg.batch > n:
                 order = torch.randperm(n, generator=gen, device="cpu")
             idx = order[(step * cfg.batch + torch.arange(cfg.batch, device="cpu")) % n]
-            xb, yb = x[idx, :length].to(device), y[idx, :length].to(device)
-            loss = (run(xb, weights()) - yb).pow(2).mean()
+            rows = idx if ctx.shard is None else ctx.shard.rows(idx.tolist())
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            if len(rows):
+                xb, yb = x[rows, :length].to(device), y[rows, :length].to(device)
+                error_b = (run(xb, weights()) - yb).pow(2)
+                if len(rows) == len(idx):  # every sample of the step is here (one process)
+                    loss = error_b.mean()
+                else:  # this rank's share of the step's mean
+                    loss = error_b.sum() / (len(idx) * error_b[0].numel())
+                loss.backward()
+            if world() > 1:  # every rank takes the same step
+                for p in params:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    all_sum(p.grad)
             optimizer.step()
             if schedule is not None:
                 schedule.step()
@@ -241,7 +256,7 @@ class Tune(Described):
             self.kept.append(ctx.prefix)
             for rel, qw in starting.items():
                 ctx.set_quantized(rel, qw)
-        elif n == ctx.inputs.shape[0]:  # else the output of some samples was not computed
+        elif n == ctx.samples:  # else the output of some samples was not computed
             ctx.output = out
 
     def export(self, ws: Workspace) -> dict:

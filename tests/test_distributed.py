@@ -1,0 +1,85 @@
+"""Several processes through torch.distributed: `torchrun --nproc-per-node 2 -m compress
+compress ...` on CPU (gloo) writes the artifact one process writes, bit for bit: each rank
+calibrates on its shard of the samples, and every statistic is summed over the ranks in
+float64 before it is used (compress/distributed.py)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from family_models import write_family
+from safetensors.torch import load_file
+
+from compress.errors import LlmpressError
+from compress.model.loading import resolve
+from compress.pipeline import compress
+from compress.recipe import parse_recipe
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# AWQ's statistics, search losses and clipping Grams, then tune's gradients
+# and errors (30 steps: its tuning is kept), on a dense model; GPTQ's Hessians and the
+# expert routing counts on a Mixture-of-Experts one
+CASES = {
+    "llama3": [{"awq": {}}, {"tune": {"steps": 30}}],
+    "qwen3_moe": [{"gptq": {}}],
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _artifact(folder: Path) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+
+
+@pytest.mark.parametrize("family", CASES)
+def test_two_ranks_write_the_one_process_artifact(tmp_path, family):
+    model = write_family(tmp_path / family, family, resolve("default").path)
+    calib = tmp_path / "calib.txt"
+    calib.write_text((ROOT / "README.md").read_text() * 4)
+    # 32 samples: four chunks of the walk's 8, two on each rank
+    recipe = {"stages": CASES[family], "calib": {"source": str(calib), "samples": 32,
+                                                  "length": 48}}  # fmt: skip
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    one = compress(str(model), parse_recipe(recipe), tmp_path / "one", log=lambda _: None)
+    two = tmp_path / "two"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(_free_port()), "-m", "compress", "compress", str(model),
+         "-o", str(two), "--recipe", str(tmp_path / "recipe.json"), "--device", "cpu"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("wrote ") == 1  # rank 0 alone writes and logs
+    a, b = _artifact(one), _artifact(two)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    manifests = [json.loads((f / "manifest.json").read_text()) for f in (one, two)]
+    assert manifests[1]["processes"] == 2
+    tuned = [s for m in manifests for s in m["stages"] if s["stage"] == "tune"]
+    if tuned:  # the same tuning, kept where it helped
+        assert tuned[0]["output_mse"] == tuned[1]["output_mse"]
+        assert len(tuned[0]["not_improved"]) < len(tuned[0]["output_mse"])
+    assert manifests[0].get("experts") == manifests[1].get("experts")
+
+
+def test_whole_model_stages_refuse_several_processes(tmp_path, monkeypatch):
+    """prune, distill and mixed precision see the whole model in one process: under
+    torchrun they are refused in one line before any work."""
+    monkeypatch.setattr("compress.distributed.world", lambda: 2)
+    monkeypatch.setattr("compress.distributed.rank", lambda: 0)
+    recipe = parse_recipe({"stages": [{"prune": {"layers": 20}}, {"rtn": {}}]})
+    with pytest.raises(LlmpressError, match="without torchrun"):
+        compress("default", recipe, tmp_path / "out", log=lambda _: None)
+    assert not (tmp_path / "out").exists()
