@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "compress", "evaluate", "verify"]
 
 
-_NOT_FLAGS = {"model", "output", "recipe", "overwrite", "resume", "log"}
+_NOT_FLAGS = {"model", "output", "recipe", "overwrite", "resume", "log", "device"}
 
 
 def compress(
@@ -48,6 +48,7 @@ def compress(
     overwrite: bool = False,
     resume: bool = False,
     log=print,
+    device: str = "auto",
 ) -> Path:
     """`llmpress compress MODEL -o OUTPUT ...`: write the artifact, return its folder.
 
@@ -74,7 +75,9 @@ def compress(
                        "text_field": text_field}  # fmt: skip
         flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv}
         built = recipe_from_flags(recipe, quant, calib_flags, flags, ignore, bits)
-    return run(str(model), built, Path(output), overwrite=overwrite, resume=resume, log=log)
+    return run(
+        str(model), built, Path(output), overwrite=overwrite, resume=resume, log=log, device=device
+    )
 
 
 def evaluate(

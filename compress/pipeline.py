@@ -41,6 +41,7 @@ from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe, resolve_lm_head
 from compress.stage import BlockContext, Workspace
 
+_CPU = torch.device("cpu")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -233,7 +234,7 @@ def _source(model: str, output: Path) -> Checkpoint:
     return ckpt
 
 
-def _workspace(recipe: Recipe, ckpt: Checkpoint, device: torch.device) -> Workspace:
+def _workspace(recipe: Recipe, ckpt: Checkpoint, device: torch.device = _CPU) -> Workspace:
     return Workspace(
         store=BlockStore(ckpt, device),
         tokenizer=None,

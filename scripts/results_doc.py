@@ -734,6 +734,30 @@ def device_compress(d: dict) -> list[str]:
     ]
 
 
+def distributed(d: dict) -> list[str]:
+    c = d["compared"]
+    rows = [[k, ", ".join(str(x) for x in v)] for k, v in d["wall_s"].items()]
+    exact = c.get("codes_equal") == 1.0 and not c.get("float_max_rel_diff")
+    same = (
+        "every tensor equal"
+        if exact
+        else (
+            f"codes equal {c.get('codes_equal')}, float max rel diff {c.get('float_max_rel_diff')}"
+        )
+    )
+    return [
+        f"`compress default --quant {d['method']}` with {d['calibration']['samples']} × "
+        f"{d['calibration']['length']} calibration tokens of WikiText-2 valid, in one process "
+        f"and under torchrun (gloo), interleaved. CPU: {d['cpu']}, {d['threads']} threads: the "
+        "ranks share the same cores (one thread each, where one process takes all), so this "
+        "shows that several ranks write the one-process artifact, not a speedup.",
+        "",
+        *table(["run", "wall s"], rows),
+        "",
+        f"The two artifacts: {same}.",
+    ]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
@@ -846,6 +870,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Scale: 1B to 8B shapes in bounded memory",
         "benchmarks/scale.py --calibrated-blocks 1 --heads w8,none",
         scale,
+    ),
+    (
+        "distributed.json",
+        "Several processes through torch.distributed",
+        "benchmarks/distributed.py",
+        distributed,
     ),
     (
         "device_compress.json",

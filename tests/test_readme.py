@@ -32,7 +32,14 @@ PAGES = [README] + [
     for name in ("commands.md", "recipes.md", "methods.md", "eval.md", "results.md")
 ]
 # the sections the README must have, in this order
-SECTIONS = ["Install", "Quick start", "Python", "Commands", "Documentation"]
+SECTIONS = [
+    "Install",
+    "Quick start",
+    "Large models, on one GPU or several",
+    "Python",
+    "Commands",
+    "Documentation",
+]
 
 
 def text(path: Path) -> str:
