@@ -230,11 +230,16 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "scale.json"
-    if path.exists():  # rows of shapes not run this time stay, each with its own command
-        ran = {r["shape"] for r in rows}
-        kept = [r for r in json.loads(path.read_text())["rows"] if r["shape"] not in ran]
+    if path.exists():  # what was not run this time stays: other shapes, other steps
+        old = {r["shape"]: r for r in json.loads(path.read_text())["rows"]}
+        merged = []
+        for r in rows:
+            before = old.pop(r["shape"], {})
+            commands = [c for c in before.get("command", "").split(" ; ") if c]
+            r = {**before, **r, "command": " ; ".join(dict.fromkeys([*commands, r["command"]]))}
+            merged.append(r)
         order = list(SHAPES)
-        record["rows"] = sorted(kept + rows, key=lambda r: order.index(r["shape"]))
+        record["rows"] = sorted([*old.values(), *merged], key=lambda r: order.index(r["shape"]))
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -32,6 +32,9 @@ from compress.quantizers.scheme import (
 from compress.stage import BlockContext, Described, Workspace, register_stage
 
 BLOCK = 128  # columns updated together (the lazy batch update of the paper)
+# Hessian rows accumulated at a time: at a 7B model's down_proj (18,944 inputs) the whole
+# fp32 product and its float64 copy beside the float64 sum peaked compress at 8.6 GB
+ROWS = 2048
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,10 @@ class GPTQ(Described):
 
         def observe(rel: str, x: torch.Tensor) -> None:
             x = x.reshape(-1, x.shape[-1]).float()
-            self._h[rel] += (2 * x.T @ x).double()  # exact sums in any order (distributed.py)
+            h = self._h[rel]
+            for lo in range(0, h.shape[0], ROWS):  # fp32 products, summed in float64 (exact
+                # in any order: distributed.py); by rows, so the fp32 temporary stays small
+                h[lo : lo + ROWS].add_(x[:, lo : lo + ROWS].T @ x, alpha=2)
             self._n[rel] += x.shape[0]
 
         self._key = _shared_inputs(ctx)
