@@ -96,6 +96,19 @@ def compare(a: Path, b: Path) -> dict:
             "float_max_rel_diff": float(f"{worst:.3g}")}  # fmt: skip
 
 
+def _portable(argv: list[str]) -> str:
+    """The command as anyone reruns it: where files go (--work, --out) is this machine's."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--work", "--out"):
+            skip = True
+        else:
+            kept.append(arg)
+    return " ".join(kept)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="llama-3.2-1b", choices=list(SHAPES))
@@ -129,7 +142,7 @@ def main() -> None:
             write(s, folder, args.tokenizer)
             print(f"wrote {folder.name} in {time.perf_counter() - t:.0f} s", flush=True)
     record = {
-        "command": "python benchmarks/device_compress.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/device_compress.py " + _portable(sys.argv[1:]),
         "shape": args.shape,
         "parameters_b": round(parameters(shape) / 1e9, 2),
         "layers": shape.layers,

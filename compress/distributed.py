@@ -89,12 +89,15 @@ def _reduce(t: torch.Tensor, op: str) -> torch.Tensor:
     return t
 
 
-def mean_squared_error(a: torch.Tensor, b: torch.Tensor, chunk: int) -> float:
-    """Mean of (a - b)² over every rank's rows: each chunk's fp32 sum added in float64,
-    so the figure does not depend on how the rows are spread over ranks."""
-    total = sum((float((a[i : i + chunk] - b[i : i + chunk]).pow(2).sum())
-                 for i in range(0, a.shape[0], chunk)), 0.0)  # fmt: skip
-    total, count = sum_floats(total, a.numel())
+def mean_squared_error(outputs, targets) -> float:
+    """Mean of (output - target)² over every rank's chunks (sequences of tensors, zipped):
+    each chunk's fp32 sum added in float64, so the figure does not depend on how the
+    chunks are spread over ranks."""
+    total, count = 0.0, 0
+    for o, t in zip(outputs, targets, strict=True):
+        total += float((o - t).pow(2).sum())
+        count += o.numel()
+    total, count = sum_floats(total, count)
     return total / count
 
 

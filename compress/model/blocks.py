@@ -87,8 +87,7 @@ class Positions:
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = block.self_attn.layer_idx
-        device = next(block.parameters()).device
-        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length, device)
+        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length, _device(block))
 
     def prefix(self, length: int) -> Positions:
         return replace(self, length=length)

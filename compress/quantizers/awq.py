@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.distributed import all_sum, sum_floats
+from compress.distributed import all_sum, mean_squared_error, sum_floats
 from compress.errors import LlmpressError
 from compress.model.adapters import InputGroup
 from compress.model.blocks import CHUNK
@@ -245,7 +245,7 @@ class AWQ(Described):
                 w = originals[rel] * s
                 q = _fake_quant(w, ctx.scheme(rel, scheme), dtype) if rel in targets else w
                 m.weight.copy_(q / s)
-            loss = _squared_error(self._run(parent, x), target)
+            loss = mean_squared_error(self._run(parent, x), target)
             if loss < best[0]:
                 best = (loss, s_produced, alpha)
         _, s_produced, alpha = best
@@ -338,15 +338,6 @@ class AWQ(Described):
 
 def _device(ctx: BlockContext) -> torch.device:
     return next(ctx.module.parameters()).device
-
-
-def _squared_error(outputs: list[torch.Tensor], targets: list[torch.Tensor]) -> float:
-    """Mean squared error over every rank's search samples: per-chunk fp32 sums added in
-    float64, so the figure is the same for any number of ranks."""
-    total = sum((float((o - t).pow(2).sum()) for o, t in zip(outputs, targets, strict=True)), 0.0)
-    count = sum(o.numel() for o in outputs)
-    total, count = sum_floats(total, count)
-    return total / count
 
 
 def _gram(x: torch.Tensor | None, groups: int, group: int, device) -> torch.Tensor:

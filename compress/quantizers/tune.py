@@ -210,7 +210,7 @@ class Tune(Described):
         k = ctx.rows_below(min(n, CHECK_SAMPLES))
 
         def error(out: torch.Tensor) -> float:
-            return mean_squared_error(out[:k], y[:k], CHUNK)
+            return mean_squared_error(out[:k].split(CHUNK), y[:k].split(CHUNK))
 
         before = error(run_block(module, x[:k], rope))
         params = [p for t in tunables.values() for p in t.params()]
