@@ -21,6 +21,7 @@ from compress.artifact.ct_format import LayerFormat
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
+from compress.artifact.size import PlannedLinear, needed_bytes
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
 from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
 from compress.calib_data.cost import calibration_passes, calibration_plan
@@ -192,7 +193,10 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     writer = None
     if writer_rank:
         state = ws.export_state()
-        writer = ArtifactWriter(state, output, recipe.export, overwrite, _extra(recipe))
+        writer = ArtifactWriter(
+            state, output, recipe.export, planned_disk(recipe, stages, ws), overwrite,
+            _extra(recipe),
+        )  # fmt: skip
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
     run.after, run.resume = after, resume
     try:
@@ -271,18 +275,57 @@ def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, 
     """What vLLM and transformers will refuse in the artifact this recipe will write,
     known before any work from the schemes and the layer widths alone."""
     layers = {}
-    for stage in (st for st in stages if st.scheme is not None):
-        for name in ws.target_linears():
-            width = ws.weight_shape(name)[1]
-            group = stage.scheme.group_for(width)
-            layers[name] = LayerFormat.planned(stage.scheme, group, width, stage.activations)
-    head = recipe.lm_head_scheme()
-    if head is not None:
-        hidden = ws.config["hidden_size"]
-        layers[ws.adapter.lm_head] = LayerFormat.planned(head, head.group_for(hidden), hidden, None)
+    hidden = ws.config["hidden_size"]
+    for name, (scheme, stage) in _planned_schemes(recipe, stages, ws).items():
+        width = hidden if stage is None else ws.weight_shape(name)[1]
+        activations = None if stage is None else stage.activations
+        layers[name] = LayerFormat.planned(scheme, scheme.group_for(width), width, activations)
     config = artifact_config(ws.export_state(), recipe.export, layers=layers)
     outliers = recipe.export == "auto" and any(s.name == "int8" for s in stages)
     return engine_problems(config, ["x.weight_outlier"] if outliers else [])
+
+
+def _planned_schemes(recipe: Recipe, stages, ws: Workspace) -> dict:
+    """Each linear the artifact will store quantized: (its scheme, the block stage that
+    writes it, None for the lm_head), the last quantizing stage's unless a model stage
+    chose one (mixed precision)."""
+    layers = {}
+    for stage in (st for st in stages if st.scheme is not None):
+        for name in ws.target_linears():
+            layers[name] = (ws.schemes.get(name, stage.scheme), stage)
+    head = recipe.lm_head_scheme()
+    if head is not None:
+        layers[ws.adapter.lm_head] = (head, None)
+    return layers
+
+
+def planned_disk(recipe: Recipe, stages, ws: Workspace) -> int:
+    """The free bytes writing this recipe's artifact needs (artifact/size.py)."""
+    plan = {
+        name: PlannedLinear(scheme, _outlier_share(stage))
+        for name, (scheme, stage) in _planned_schemes(recipe, stages, ws).items()
+    }
+    tensors = ws.store.ckpt.tensors
+    head = f"{ws.adapter.lm_head}.weight"
+    added = {}
+    if ws.adapter.lm_head in plan and head not in tensors:  # tied: the artifact adds it
+        added[head] = (ws.config["vocab_size"], ws.config["hidden_size"])
+    blocks = ws.adapter.block_prefix(0).rpartition(".")[0] + "."
+
+    def part(name: str) -> str:
+        return name[len(blocks) :].split(".")[0] if name.startswith(blocks) else "rest"
+
+    itemsize = torch.empty((), dtype=ws.storage_dtype).element_size()
+    return needed_bytes(tensors, plan, itemsize, part, added)
+
+
+def _outlier_share(stage) -> float:
+    """The share of input columns an LLM.int8() stage may keep in 16-bit (5% when it picks
+    them by threshold or count, which only calibration settles)."""
+    if stage is None or stage.name != "int8":
+        return 0.0
+    fraction = stage.config.fraction
+    return 0.05 if fraction is None else fraction
 
 
 def written_engines(folder: Path) -> tuple[dict[str, list[str]], dict | None]:

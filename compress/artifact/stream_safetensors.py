@@ -48,14 +48,16 @@ def _header(specs: list[tuple[str, str, list[int], int]]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
-def _write(dest: Path, entries: list[tuple[str, dict, Path, int]]) -> None:
+def _write(dest: Path, entries: list[tuple[str, dict, Path, int]], copied=None) -> None:
+    """Write `entries` to `dest`; copied(entry), if given, runs after each one's bytes."""
     specs = [
         (name, info["dtype"], info["shape"], info["data_offsets"][1] - info["data_offsets"][0])
         for name, info, _, _ in entries
     ]
     with open(dest, "wb") as out:
         out.write(_header(specs))
-        for _, info, part, data_start in entries:
+        for entry in entries:
+            _, info, part, data_start = entry
             begin, end = info["data_offsets"]
             with open(part, "rb") as src:
                 src.seek(data_start + begin)
@@ -64,6 +66,8 @@ def _write(dest: Path, entries: list[tuple[str, dict, Path, int]]) -> None:
                     chunk = src.read(min(left, _CHUNK))
                     out.write(chunk)
                     left -= len(chunk)
+            if copied is not None:
+                copied(entry)
 
 
 def _shards(sizes: list[int], shard_bytes: int) -> list[list[int]]:
@@ -97,13 +101,26 @@ def _write_shards(folder: Path, names: list[str], sizes: list[int], shard_bytes:
     return files
 
 
-def merge(parts: list[Path], folder: Path, shard_bytes: int) -> list[Path]:
-    """Write the tensors of `parts` as model.safetensors, or as shards with an index."""
+def merge(parts: list[Path], folder: Path, shard_bytes: int, consume: bool = False) -> list[Path]:
+    """Write the tensors of `parts` as model.safetensors, or as shards with an index.
+
+    consume: delete each part once its last tensor is copied, so the disk holds the
+    artifact plus one part at most, not the artifact twice."""
     entries = _entries(parts)
     sizes = [e[1]["data_offsets"][1] - e[1]["data_offsets"][0] for e in entries]
     names = [e[0] for e in entries]
+    last = {e[2]: e[0] for e in entries}  # each part's last tensor, in copy order
+
+    def copied(entry) -> None:
+        if consume and last[entry[2]] == entry[0]:
+            entry[2].unlink()
+
     return _write_shards(
-        folder, names, sizes, shard_bytes, lambda path, idx: _write(path, [entries[i] for i in idx])
+        folder,
+        names,
+        sizes,
+        shard_bytes,
+        lambda path, idx: _write(path, [entries[i] for i in idx], copied),
     )
 
 

@@ -138,15 +138,16 @@ class ArtifactWriter:
         ws: ExportState,
         out: Path,
         export: str,
+        needed: int,
         overwrite: bool = False,
         extra_config: dict | None = None,
     ):
+        """needed: the free bytes writing it takes (artifact/size.py), checked first."""
         self.ws, self.out, self.export = ws, Path(out), export
         self.codec = codec(export)
         self.extra_config = extra_config
         check_output(self.out, overwrite)
         self.replaces = identity(self.out)  # what --overwrite was checked against
-        needed = sum(f.stat().st_size for f in ws.ckpt.files) + (64 << 20)
         free = shutil.disk_usage(existing_ancestor(self.out.parent)).free
         if free < needed:
             raise LlmpressError(
@@ -207,7 +208,7 @@ class ArtifactWriter:
             rest.append(f"{head}.weight")
         self._save(self._tensors(rest), "rest")
         with self._disk_errors():
-            merge(self.parts, self.tmp, SHARD_BYTES)
+            merge(self.parts, self.tmp, SHARD_BYTES, consume=True)
             shutil.rmtree(self.parts_dir)
             config = artifact_config(ws, self.export, self.extra_config)
             (self.tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
