@@ -24,6 +24,13 @@ def _reference(x: torch.Tensor) -> torch.Tensor:
     return (q * d).reshape(x.shape)
 
 
+def _served(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """The activations a b-bit layer reads: one int8 term, or for 8-bit weights two (the
+    codes and the rounded residual), which carry about 15 bits."""
+    first = _reference(x)
+    return first if bits == 4 else first + _reference(x - first)
+
+
 @pytest.mark.parametrize(("bits", "group", "zp"), CASES)
 @pytest.mark.parametrize("k", [576, 1536, 96])
 @pytest.mark.parametrize("rows", [1, 3, 8, 37])  # 37: row blocks of 8, then 4 + 1
@@ -36,12 +43,13 @@ def test_packed_matmul_matches_reference(bits, group, zp, k, rows):
     assert torch.allclose(lin.dense(), dense, atol=1e-5)
     x = torch.randn(rows, k) * torch.rand(1, k) * 4  # uneven channel magnitudes
     y = lin(x)
-    expected = _reference(x) @ dense.T
+    expected = _served(x, bits) @ dense.T
     assert y.shape == (rows, n) and torch.isfinite(y).all()
     torch.testing.assert_close(y, expected, rtol=1e-4, atol=1e-3)
-    # against the exact product the error is the activation rounding alone: well under 1%
+    # against the exact product the error is the activation rounding alone: well under 1%,
+    # and for 8-bit weights (two terms) under 0.01%
     exact = x @ dense.T
-    assert (y - exact).norm() / exact.norm() < 0.01
+    assert (y - exact).norm() / exact.norm() < (0.01 if bits == 4 else 1e-4)
 
 
 @pytest.mark.parametrize("n", [8, 16, 24, 67])  # one tile, a pair, a pair and one, ragged
@@ -100,7 +108,9 @@ def test_symmetric_weights_read_no_zero_offsets_and_fuse_with_asymmetric_ones(bi
     torch.testing.assert_close(fused(x), torch.cat([p(x) for p, _ in parts], 1))
     for lin, qw in parts:
         torch.testing.assert_close(lin.dense(), qw.dequantize(), atol=1e-5, rtol=0)
-        torch.testing.assert_close(lin(x), _reference(x) @ qw.dequantize().T, rtol=1e-4, atol=1e-3)
+        torch.testing.assert_close(
+            lin(x), _served(x, bits) @ qw.dequantize().T, rtol=1e-4, atol=1e-3
+        )
     both = PackedLinear.concat([parts[0][0], parts[2][0]])
     assert both.zs is None
 
@@ -111,6 +121,38 @@ def test_large_batches_take_the_exact_path():
     lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
     x = torch.randn(EXACT_ABOVE + 1, 576)
     torch.testing.assert_close(lin(x), x @ qw.dequantize().T, rtol=1e-5, atol=1e-4)
+
+
+def test_8bit_layers_split_prompts_of_any_length_in_bounded_chunks():
+    """Served prompts of more rows than the two-term kernel's scratch (64) run in chunks
+    and compute what the reference does, row for row."""
+    torch.manual_seed(1)
+    qw = quantize_weight(torch.randn(40, 576), QuantScheme(bits=8, group_size=None))
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 8)
+    x = torch.randn(150, 576) * torch.rand(1, 576) * 4
+    y = lin(quantize_input(x))  # quantized: the packed kernels at any size
+    torch.testing.assert_close(y, _served(x, 8) @ qw.dequantize().T, rtol=1e-4, atol=1e-3)
+    exact = x @ qw.dequantize().T
+    assert (y - exact).norm() / exact.norm() < 1e-4
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_exact_path_dequantizes_a_large_weight_a_slice_at_a_time(bits, monkeypatch):
+    """A 7B model's 8-bit head whole in fp32 is 2.2 GB: the exact path takes
+    EXACT_SLICE_BYTES of output rows at a time, ragged last slice included, and computes
+    the same product."""
+    from compress.kernels import cpu
+
+    torch.manual_seed(bits)
+    qw = quantize_weight(torch.randn(203, 576), QuantScheme(bits=bits, group_size=64))
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits)
+    x = torch.randn(EXACT_ABOVE + 1, 576)
+    whole = lin(x)
+    monkeypatch.setattr(cpu, "EXACT_SLICE_BYTES", 48 * 576 * 4)  # 48 rows a slice
+    torch.testing.assert_close(lin(x), whole, rtol=1e-5, atol=1e-4)  # BLAS blocks by width
+    torch.testing.assert_close(lin.dense(48, 203), qw.dequantize()[48:], rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="tile"):
+        lin.dense(3, 9)
 
 
 def test_zero_input_and_zero_rows():

@@ -90,6 +90,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name in ("llmp_dequant_q4", "llmp_dequant_q8"):
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p]
     f = ctypes.c_float
+    lib.llmp_gemm_q8_split.argtypes = [p, p, p, p, i, i, i, i, i, p, p, p, i, p]
+    lib.llmp_gemm_q8_split.restype = ctypes.c_int
     lib.llmp_rmsnorm_quant.argtypes = [p, p, f, i, i, i, p, p, p, p]
     lib.llmp_act_mul_quant.argtypes = [p, i, i, i, i, p, p, p, p]
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]

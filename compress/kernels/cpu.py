@@ -19,6 +19,11 @@ import torch
 from compress.kernels.build import library
 
 EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
+EXACT_SLICE_BYTES = 64 << 20  # the exact path dequantizes a weight this much at a time
+# 8-bit weights take two-term int8 activations (llmp_gemm_q8_split): with one int8 term
+# the activations erred as much as the 8-bit weights did (served KL 0.0061 against 0.0036
+# exact on the default model, benchmarks/served_drift.py)
+SPLIT_W8 = True
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -350,22 +355,54 @@ class PackedLinear:
         batch)."""
         if not isinstance(x, QuantizedInput):
             if x.shape[0] > EXACT_ABOVE if exact is None else exact:
-                return x.float() @ self.dense().T
+                return self._exact(x.float())
             x = quantize_input(x)
         elif x.x8.shape[1] != self.kp:
             x = quantize_input(x.x)
         rows = x.x8.shape[0]
         y = torch.empty(rows, self.out_features)
-        fn = library().llmp_gemm_q4 if self.bits == 4 else library().llmp_gemm_q8
         args = (_ptr(x.x8), _ptr(x.dx), _ptr(x.bsum), rows, self.kp, self.group)
-        fn(*args, _ptr(self.packed), _ptr(self.scale), _opt(self.zs), self.out_features, _ptr(y))
+        weights = (_ptr(self.packed), _ptr(self.scale), _opt(self.zs), self.out_features, _ptr(y))
+        if self.split:
+            xf = x.x.float().contiguous()
+            head = (_ptr(x.x8), _ptr(x.dx), _ptr(x.bsum), _ptr(xf), xf.shape[1], xf.shape[1])
+            if library().llmp_gemm_q8_split(*head, *args[3:], *weights):
+                raise MemoryError("llmp_gemm_q8_split: out of memory")
+            return y
+        fn = library().llmp_gemm_q4 if self.bits == 4 else library().llmp_gemm_q8
+        fn(*args, *weights)
         return y
 
-    def dense(self) -> torch.Tensor:
-        out = torch.empty(self.out_features, self.kp)
+    @property
+    def split(self) -> bool:
+        """Whether this layer's activations go in as two int8 terms (SPLIT_W8)."""
+        return self.bits == 8 and SPLIT_W8
+
+    def _exact(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T with W dequantized EXACT_SLICE_BYTES at a time: whole, a 152k-word
+        8-bit head would be a 2.2 GB fp32 copy at a 7B width."""
+        n = self.out_features
+        step = max(TILE, EXACT_SLICE_BYTES // (4 * self.kp) // TILE * TILE)
+        if step >= n:
+            return x @ self.dense().T
+        y = torch.empty(x.shape[0], n)
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            y[:, lo:hi] = x @ self.dense(lo, hi).T
+        return y
+
+    def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
+        """The fp32 weight [N, in], or its output rows lo:hi (lo a multiple of 8)."""
+        hi = self.out_features if hi is None else hi
+        if lo % TILE:
+            raise ValueError(f"dense rows start at a tile of {TILE}, not {lo}")
+        t0 = lo // TILE
+        out = torch.empty(hi - lo, self.kp)
         fn = library().llmp_dequant_q4 if self.bits == 4 else library().llmp_dequant_q8
-        n, kp, g = self.out_features, self.kp, self.group
-        fn(_ptr(self.packed), _ptr(self.scale), _opt(self.zs), n, kp, g, _ptr(out))
+        codes = self.packed[t0 * self.kp * self.bits :]  # a tile is 8 x kp x bits/8 bytes
+        zs = None if self.zs is None else self.zs[t0:]
+        kp, g = self.kp, self.group
+        fn(_ptr(codes), _ptr(self.scale[t0:]), _opt(zs), hi - lo, kp, g, _ptr(out))
         return out[:, : self.in_features]
 
 
@@ -377,6 +414,7 @@ class _QLin(ctypes.Structure):
         ("ow", ctypes.c_void_p),
         ("n_out", ctypes.c_int),
         ("bias", ctypes.c_void_p),
+        ("split", ctypes.c_int),
     ]
 
 
@@ -412,7 +450,7 @@ def _qlin(lin: FusedLinear | None) -> _QLin:
     idx, w = lin.outliers if lin.outliers is not None else (None, None)
     return _QLin(
         _ptr(p.packed), _ptr(p.scale), _opt(p.zs), p.out_features, p.kp, p.group, p.bits,
-        _opt(idx), _opt(w), 0 if idx is None else idx.numel(), _opt(lin.bias),
+        _opt(idx), _opt(w), 0 if idx is None else idx.numel(), _opt(lin.bias), int(p.split),
     )  # fmt: skip
 
 
@@ -540,5 +578,8 @@ class FusedDecoder:
             _ptr(positions), _ptr(work), _ptr(work) + moe_offset,
         )  # fmt: skip
         if status != 0:
-            raise MemoryError("the CPU decoder could not allocate the outlier columns' buffer")
+            raise MemoryError(
+                "the CPU decoder could not allocate a linear's scratch (outlier columns or "
+                "two-term activations)"
+            )
         return h
