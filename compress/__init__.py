@@ -45,6 +45,7 @@ def compress(
     export: str | None = None,
     lm_head: str | None = None,
     kv: str | None = None,
+    targets: Iterable[str] = (),
     overwrite: bool = False,
     resume: bool = False,
     log=print,
@@ -55,8 +56,9 @@ def compress(
     `model`: a model folder, a .gguf file, a hub id, or "default". Give `quant` (e.g.
     "rtn:w4g64", "best:w4g64") or `recipe`: a recipe YAML file, or the same recipe as a
     dict (or a parsed `Recipe`), whose own keys then replace the flag arguments. The other
-    arguments are the CLI's flags of the same names (`kv` is `--kv`)."""
-    ignore = tuple(ignore)
+    arguments are the CLI's flags of the same names (`kv` is `--kv`, `targets` the
+    `--target` engines)."""
+    ignore, targets = tuple(ignore), tuple(targets)
     flags_given = {k: v for k, v in locals().items() if k not in _NOT_FLAGS}
     from compress.errors import LlmpressError
     from compress.pipeline import compress as run
@@ -74,7 +76,7 @@ def compress(
         calib_flags = {"source": calib, "samples": calib_samples, "length": calib_len,
                        "text_field": text_field}  # fmt: skip
         flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv}
-        built = recipe_from_flags(recipe, quant, calib_flags, flags, ignore, bits)
+        built = recipe_from_flags(recipe, quant, calib_flags, flags, ignore, bits, targets)
     return run(
         str(model), built, Path(output), overwrite=overwrite, resume=resume, log=log, device=device
     )

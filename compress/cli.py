@@ -104,6 +104,14 @@ def cli() -> None:
     "the most sensitive linears get smaller groups or 8 bits.",
 )
 @click.option("--kv", "kv_cache", help="KV-cache scheme for the runtime: int8, int4 (KIVI).")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    type=click.Choice(["vllm", "vllm-cpu", "transformers"]),
+    help="An engine the artifact must load in (repeatable): mixed precision and the lm_head "
+    "keep to what it runs, and a recipe it would refuse is refused before any work.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing output folder.")
 @click.option(
     "--resume",
@@ -132,6 +140,7 @@ def compress(
     lm_head,
     bits,
     kv_cache,
+    targets,
     overwrite,
     resume,
     device,
@@ -150,7 +159,7 @@ def compress(
         "text_field": text_field,
     }
     flags = {"dtype": dtype, "export": export, "lm_head": lm_head, "kv_cache": kv_cache}
-    recipe = recipe_from_flags(recipe_file, quant, calib_flags, flags, ignore, bits)
+    recipe = recipe_from_flags(recipe_file, quant, calib_flags, flags, ignore, bits, targets)
     run(
         model,
         recipe,

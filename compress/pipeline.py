@@ -17,13 +17,11 @@ from tqdm.auto import tqdm
 
 from compress import distributed
 from compress.artifact.codecs import codec
-from compress.artifact.ct_format import LayerFormat
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
-from compress.artifact.size import PlannedLinear, needed_bytes
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
-from compress.artifact.writer import ArtifactWriter, artifact_config, preflight_export
+from compress.artifact.writer import ArtifactWriter, preflight_export
 from compress.calib_data.cost import calibration_passes, calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.device import activation_home, describe, resolve_device
@@ -38,8 +36,15 @@ from compress.model.loading import (
     resolve,
 )
 from compress.model.moe import expert_record
+from compress.plan import (
+    ENGINE_NAMES,
+    fit_targets,
+    planned_disk,
+    planned_engine_problems,
+    refuse_off_target,
+)
 from compress.quantizers.scheme import quantize_weight
-from compress.recipe import Recipe, resolve_lm_head
+from compress.recipe import Recipe
 from compress.stage import BlockContext, Workspace
 
 _CPU = torch.device("cpu")
@@ -151,7 +156,9 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         )
     started = time.perf_counter()
     ckpt = source = distributed.first_then_rest(lambda: _source(model, output))
-    recipe = resolve_lm_head(recipe, untied=not ckpt.adapter.spec(ckpt.config).tied)
+    untied = not ckpt.adapter.spec(ckpt.config).tied
+    recipe = fit_targets(recipe, untied, _workspace(recipe, ckpt), log)
+    model_stages, stages, after = _split(recipe.build())
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)
@@ -160,6 +167,8 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         stage.preflight(planned)
     ws = _workspace(recipe, ckpt, device)
     _preflight(recipe, stages, ws, planned["hidden_size"])
+    if not model_stages or not any(st.changes_model for st in model_stages):
+        refuse_off_target(recipe, stages, ws)
     part = ckpt.text_part_of
     if part:
         log(f"{model} is a {part}: compressing its language model; the vision part is left out")
@@ -189,6 +198,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         ws = _workspace(recipe, ckpt, device)  # again, on the widths the model stages left
         ws.schemes = schemes
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
+        refuse_off_target(recipe, stages, ws)  # with the schemes mixed chose, the new widths
     ws.tokenizer = tokenizer
     writer = None
     if writer_rank:
@@ -271,63 +281,6 @@ def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:
     preflight_export(recipe.export, widths, schemes)
 
 
-def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, list[str]]:
-    """What vLLM and transformers will refuse in the artifact this recipe will write,
-    known before any work from the schemes and the layer widths alone."""
-    layers = {}
-    hidden = ws.config["hidden_size"]
-    for name, (scheme, stage) in _planned_schemes(recipe, stages, ws).items():
-        width = hidden if stage is None else ws.weight_shape(name)[1]
-        activations = None if stage is None else stage.activations
-        layers[name] = LayerFormat.planned(scheme, scheme.group_for(width), width, activations)
-    config = artifact_config(ws.export_state(), recipe.export, layers=layers)
-    outliers = recipe.export == "auto" and any(s.name == "int8" for s in stages)
-    return engine_problems(config, ["x.weight_outlier"] if outliers else [])
-
-
-def _planned_schemes(recipe: Recipe, stages, ws: Workspace) -> dict:
-    """Each linear the artifact will store quantized: (its scheme, the block stage that
-    writes it, None for the lm_head), the last quantizing stage's unless a model stage
-    chose one (mixed precision)."""
-    layers = {}
-    for stage in (st for st in stages if st.scheme is not None):
-        for name in ws.target_linears():
-            layers[name] = (ws.schemes.get(name, stage.scheme), stage)
-    head = recipe.lm_head_scheme()
-    if head is not None:
-        layers[ws.adapter.lm_head] = (head, None)
-    return layers
-
-
-def planned_disk(recipe: Recipe, stages, ws: Workspace) -> int:
-    """The free bytes writing this recipe's artifact needs (artifact/size.py)."""
-    plan = {
-        name: PlannedLinear(scheme, _outlier_share(stage))
-        for name, (scheme, stage) in _planned_schemes(recipe, stages, ws).items()
-    }
-    tensors = ws.store.ckpt.tensors
-    head = f"{ws.adapter.lm_head}.weight"
-    added = {}
-    if ws.adapter.lm_head in plan and head not in tensors:  # tied: the artifact adds it
-        added[head] = (ws.config["vocab_size"], ws.config["hidden_size"])
-    blocks = ws.adapter.block_prefix(0).rpartition(".")[0] + "."
-
-    def part(name: str) -> str:
-        return name[len(blocks) :].split(".")[0] if name.startswith(blocks) else "rest"
-
-    itemsize = torch.empty((), dtype=ws.storage_dtype).element_size()
-    return needed_bytes(tensors, plan, itemsize, part, added)
-
-
-def _outlier_share(stage) -> float:
-    """The share of input columns an LLM.int8() stage may keep in 16-bit (5% when it picks
-    them by threshold or count, which only calibration settles)."""
-    if stage is None or stage.name != "int8":
-        return 0.0
-    fraction = stage.config.fraction
-    return 0.05 if fraction is None else fraction
-
-
 def written_engines(folder: Path) -> tuple[dict[str, list[str]], dict | None]:
     """What each engine will refuse in the artifact written to `folder`, and the arguments
     transformers' `from_pretrained` needs for it (None: no route), for the manifest."""
@@ -346,14 +299,10 @@ def written_engines(folder: Path) -> tuple[dict[str, list[str]], dict | None]:
 
 
 def warn_engines(problems: dict[str, list[str]], log) -> None:
-    names = {
-        "vllm": "vLLM (GPU)",
-        "vllm-cpu": "vLLM's CPU build",
-        "transformers": "transformers (plain from_pretrained)",
-    }
     for engine, found in problems.items():
         for problem in found:
-            log(f"warning: {names.get(engine, engine)} will not load this artifact: {problem}")
+            name = ENGINE_NAMES.get(engine, engine)
+            log(f"warning: {name} will not load this artifact: {problem}")
 
 
 def work_dir(output: Path) -> Path:

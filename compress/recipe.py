@@ -59,6 +59,9 @@ class Recipe:
     # known)
     lm_head: str | None = "auto"
     kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
+    # engines the artifact must load in ("vllm", "vllm-cpu", "transformers"): plans keep to
+    # what they run and the rest is refused before any work (pipeline.fit_targets)
+    targets: tuple[str, ...] = ()
 
     def lm_head_scheme(self):
         """The lm_head's QuantScheme, or None to keep it as stored (or not yet resolved)."""
@@ -84,6 +87,7 @@ class Recipe:
             "export": self.export,
             "lm_head": self.lm_head,
             "kv_cache": self.kv_cache,
+            "targets": list(self.targets),
         }
 
     def label(self) -> str:
@@ -179,7 +183,7 @@ def _check_value(where: str, value: Any) -> None:
 def parse_recipe(data: Any) -> Recipe:
     if not isinstance(data, dict):
         raise LlmpressError("recipe: expected a mapping with a `stages` list")
-    allowed = ("stages", "calib", "ignore", "dtype", "export", "lm_head", "kv_cache")
+    allowed = ("stages", "calib", "ignore", "dtype", "export", "lm_head", "kv_cache", "targets")
     for key in data:
         if key not in allowed:
             raise LlmpressError(
@@ -201,6 +205,7 @@ def parse_recipe(data: Any) -> Recipe:
         export=export,
         lm_head=None if lm_head is None else str(lm_head),
         kv_cache=None if data.get("kv_cache") is None else str(data["kv_cache"]),
+        targets=_parse_targets(data.get("targets") or []),
     )
     if recipe.kv_cache is not None:
         from compress.runtime.kv_cache import parse_kv
@@ -211,6 +216,21 @@ def parse_recipe(data: Any) -> Recipe:
     except LlmpressError as e:
         raise LlmpressError(f"recipe: lm_head {lm_head!r}: {e} (use e.g. w8 or w4g64)") from e
     return recipe
+
+
+TARGETS = ("vllm", "vllm-cpu", "transformers")
+
+
+def _parse_targets(raw: Any) -> tuple[str, ...]:
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple):
+        raise LlmpressError(f"recipe: targets must be a list of engines ({', '.join(TARGETS)})")
+    for name in items:
+        if name not in TARGETS:
+            raise LlmpressError(
+                f"recipe: target {name!r} is not an engine llmpress knows; use {', '.join(TARGETS)}"
+            )
+    return tuple(dict.fromkeys(items))
 
 
 def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
@@ -386,10 +406,11 @@ def recipe_from_flags(
     flags: dict,
     ignore: tuple[str, ...] = (),
     bits: float | None = None,
+    targets: tuple[str, ...] = (),
 ) -> Recipe:
     """The recipe `llmpress compress` runs: a recipe file or one `--quant` stage, with the
-    flags that were given (not None) overriding its settings, `--ignore` adding to its
-    patterns and `--bits` setting (or adding) mixed precision's budget."""
+    flags that were given (not None) overriding its settings, `--ignore` and `--target`
+    adding to its lists and `--bits` setting (or adding) mixed precision's budget."""
     if bool(recipe_file) == bool(quant):
         raise LlmpressError("give exactly one of --recipe FILE or --quant SPEC (e.g. rtn:w4g64)")
     data = load_recipe(recipe_file) if recipe_file else quant_recipe(quant, flags.get("export"))
@@ -402,6 +423,8 @@ def recipe_from_flags(
     calib = dict(data.get("calib") or {})
     calib.update({k: v for k, v in calib_flags.items() if v is not None})
     data = {**data, "calib": calib, **{k: v for k, v in flags.items() if v}}
+    if targets:
+        data["targets"] = [*(data.get("targets") or []), *targets]
     if ignore:
         data["ignore"] = [*(data.get("ignore") or []), *ignore]
     return parse_recipe(data)

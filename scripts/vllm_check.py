@@ -61,6 +61,17 @@ def kinds(args) -> list[dict]:
     cal = calib_flags(args)
     calib = {"source": str(args.calib), "samples": 8, "length": 128}
     w4 = ["--quant", "rtn:w4g64"]
+    best = {
+        "stages": [
+            {"mixed": {"bits_budget": 4.6, "samples": 4}},
+            {"awq": {"bits": 4, "group_size": 64, "grid": 4, "clip_grid": 4}},
+            {"gptq": {"bits": 4, "group_size": 64}},
+            {"tune": {"steps": 8}},
+            {"distill": {"tokens": 2048, "batch": 2}},
+        ],
+        "dtype": "auto16",
+        "calib": calib,
+    }
     return [
         {"name": "original (unquantized)", "args": None},
         {"name": "rtn:w4g64", "args": w4},
@@ -94,6 +105,11 @@ def kinds(args) -> list[dict]:
         {"name": "rtn:w4g64 --lm-head w4g64", "args": [*w4, "--lm-head", "w4g64"]},
         {"name": "rtn:w4g64 --bits 4.6 (mixed)", "args": [*w4, "--bits", "4.6", *cal]},
         {
+            # the same budget kept to what the CPU build runs: mixed is offered no w8
+            "name": "rtn:w4g64 --bits 4.6 --target vllm-cpu",
+            "args": [*w4, "--bits", "4.6", "--target", "vllm-cpu", *cal],
+        },
+        {
             # one member of a fused q/k/v left in 16 bits: what fused loading refuses
             "name": "rtn:w4g64 --ignore one k_proj",
             "args": [*w4, "--ignore", "model.layers.3.self_attn.k_proj"],
@@ -117,17 +133,12 @@ def kinds(args) -> list[dict]:
             # 2048-token repair
             "name": "best:w4g64 chain (shortened)",
             "args": [],
-            "recipe": {
-                "stages": [
-                    {"mixed": {"bits_budget": 4.6, "samples": 4}},
-                    {"awq": {"bits": 4, "group_size": 64, "grid": 4, "clip_grid": 4}},
-                    {"gptq": {"bits": 4, "group_size": 64}},
-                    {"tune": {"steps": 8}},
-                    {"distill": {"tokens": 2048, "batch": 2}},
-                ],
-                "dtype": "auto16",
-                "calib": calib,
-            },
+            "recipe": best,
+        },
+        {
+            "name": "best:w4g64 chain (shortened) --target vllm-cpu",
+            "args": [],
+            "recipe": {**best, "targets": ["vllm-cpu"]},
         },
         {
             "name": "rtn:w4g64 run with dtype=float32",

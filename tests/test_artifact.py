@@ -103,7 +103,8 @@ def test_disk_estimate_fits_the_artifact(artifacts, spec):
     and no more than that plus the margin: a disk that holds the artifact is not refused
     for a whole-model fp32 copy it never writes (CI had 395 MiB free, the check asked 577
     for a 169 MiB artifact)."""
-    from compress.pipeline import _source, _workspace, planned_disk
+    from compress.pipeline import _source, _workspace
+    from compress.plan import planned_disk
     from compress.recipe import resolve_lm_head
 
     path = artifacts[spec]

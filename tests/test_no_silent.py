@@ -322,3 +322,53 @@ def test_card_relation_follows_what_changed_the_weights(tmp_path):
     assert "base_model: tiny" in fronts["pruned"] and "- pruned" in fronts["pruned"]
     assert "base_model_relation: quantized" in fronts["repaired"]
     assert "- 4-bit" in fronts["trained"] and "- 4-bit" in fronts["pruned"]
+
+
+# -- --target: the plan keeps to what the named engine runs, or is refused before work --
+
+
+def test_a_target_engine_keeps_mixed_precision_and_the_head_to_what_it_runs(tmp_path):
+    """vLLM's CPU build has no 8-bit kernel: with `--target vllm-cpu` mixed precision is
+    not offered w8 (it would give some linears 8 bits at 7 bits a weight, as the card test
+    above shows), the untied head `auto` would store in int8 stays as stored, each said
+    in one line, and the artifact's recorded verdict for that engine is clean."""
+    model = tiny_model(tmp_path / "tiny")
+    calib = calib_file(tmp_path / "calib.txt")
+    flags = ["--calib", str(calib), "--calib-samples", "4", "--calib-len", "32"]
+    out = compressed(
+        [str(model), "-o", str(tmp_path / "cpu"), "--quant", "rtn:w4g32", "--bits", "7",
+         "--target", "vllm-cpu", *flags]
+    )  # fmt: skip
+    assert "mixed precision: option w8 left out: vLLM's CPU build will not load it" in out
+    config = json.loads((tmp_path / "cpu" / "config.json").read_text())["quantization_config"]
+    assert {g["weights"]["num_bits"] for g in config["config_groups"].values()} == {4}
+    manifest = read_manifest(tmp_path / "cpu")
+    assert manifest["engines"]["vllm-cpu"] == [] and manifest["recipe"]["targets"] == ["vllm-cpu"]
+
+    for target, head in ((["--target", "vllm-cpu"], False), ([], True)):
+        out = tmp_path / f"head-{head}"
+        said = compressed([str(model), "-o", str(out), "--quant", "rtn:w4g32", *target])
+        groups = json.loads((out / "config.json").read_text())["quantization_config"]
+        targets = [t for g in groups["config_groups"].values() for t in g["targets"]]
+        assert ("lm_head" in targets) == head and ("lm_head kept as stored" in said) != head
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["--quant", "rtn:w8"], "8-bit weights have no kernel in vLLM's CPU build"),
+        (["--quant", "rtn:w3g64"], "3-bit weights have no kernel"),
+    ],
+)
+def test_a_recipe_the_target_engine_refuses_is_refused_before_work(tmp_path, args, names):
+    model = tiny_model(tmp_path / "tiny")
+    code, _, err = run_cli(
+        ["compress", str(model), "-o", str(tmp_path / "a"), *args, "--target", "vllm-cpu"]
+    )
+    (line,) = error_lines(err)
+    assert (
+        code == 2
+        and line.startswith("error: --target vllm-cpu: vLLM's CPU build")
+        and names in line
+    )
+    assert not (tmp_path / "a").exists()

@@ -245,8 +245,9 @@ class Mixed(Described):
                 f"({least:.3f} bits per weight with scales): raise it or add a cheaper option"
             )
         started = time.perf_counter()
-        ctx.log(f"mixed precision: Fisher information on {cfg.samples} calibration samples")
-        fisher = fisher_diagonal(ctx.model, ctx.samples[: cfg.samples], names, cfg.seed)
+        samples = ctx.samples[: cfg.samples]
+        ctx.log(f"mixed precision: Fisher information on {len(samples)} calibration samples")
+        fisher = fisher_diagonal(ctx.model, samples, names, cfg.seed)
         measured = time.perf_counter()
         single: dict[str, dict[str, tuple[float, int]]] = {}
         with torch.no_grad():
