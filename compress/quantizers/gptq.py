@@ -150,6 +150,20 @@ def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool,
     return torch.linalg.cholesky(inverse, upper=True), perm
 
 
+def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The float64 sum (slabs of rows) over n as one fp32 matrix, each slab freed once
+    copied: whole, the float64 H beside its fp32 copy was 4.3 GB at a 7B down_proj."""
+    width = slabs[0].shape[1]
+    out = torch.empty(width, width, dtype=torch.float32, device=slabs[0].device)
+    lo = 0
+    while slabs:
+        slab = slabs.pop(0)
+        out[lo : lo + slab.shape[0]] = slab.div_(n)
+        lo += slab.shape[0]
+        del slab
+    return out
+
+
 def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
     """Each target linear → the linear whose input H is measured on: linears that read the
     very same tensor (q/k/v, gate/up, one expert's gate/up: adapter.shared_inputs) share
@@ -173,7 +187,7 @@ class GPTQ(Described):
         self.config = config
         self.groups: dict[str, int] = {}
         self.seconds = {"hessians": 0.0, "rounding": 0.0}
-        self._h: dict[str, torch.Tensor] = {}
+        self._h: dict[str, list[torch.Tensor]] = {}  # each H as float64 slabs of ROWS rows
         self._n: dict[str, int] = {}
         self._key: dict[str, str] = {}
 
@@ -194,10 +208,10 @@ class GPTQ(Described):
 
         def observe(rel: str, x: torch.Tensor) -> None:
             x = x.reshape(-1, x.shape[-1]).float()
-            h = self._h[rel]
-            for lo in range(0, h.shape[0], ROWS):  # fp32 products, summed in float64 (exact
-                # in any order: distributed.py); by rows, so the fp32 temporary stays small
-                h[lo : lo + ROWS].add_(x[:, lo : lo + ROWS].T @ x, alpha=2)
+            for i, slab in enumerate(self._h[rel]):  # fp32 products, summed in float64
+                # (exact in any order: distributed.py); by slabs, so the fp32 temporary
+                # stays small
+                slab.add_(x[:, i * ROWS : (i + 1) * ROWS].T @ x, alpha=2)
             self._n[rel] += x.shape[0]
 
         self._key = _shared_inputs(ctx)
@@ -205,11 +219,15 @@ class GPTQ(Described):
         for rel in observed:  # allocated before any chunk: a rank may hold no sample
             width = ctx.sub(rel).in_features
             device = ctx.sub(rel).weight.device
-            self._h[rel] = torch.zeros(width, width, dtype=torch.float64, device=device)
+            self._h[rel] = [
+                torch.zeros(min(ROWS, width - lo), width, dtype=torch.float64, device=device)
+                for lo in range(0, width, ROWS)
+            ]
             self._n[rel] = 0
         ctx.observe(observed, observe)
         for rel in observed:  # summed over the ranks under torchrun
-            all_sum(self._h[rel])
+            for slab in self._h[rel]:
+                all_sum(slab)
             (self._n[rel],) = sum_floats(self._n[rel])
         self.seconds["hessians"] += time.perf_counter() - started
 
@@ -217,7 +235,7 @@ class GPTQ(Described):
     def transform(self, ctx: BlockContext) -> None:
         started = time.perf_counter()
         cfg = self.config
-        hessians = {k: self._h.pop(k).div_(n).float() for k, n in self._n.items()}
+        hessians = {k: _mean_fp32(self._h.pop(k), n) for k, n in self._n.items()}
         self._h, self._n = {}, {}
         targets = ctx.targets()
         users = {key: sum(self._key[rel] == key for rel in targets) for key in hessians}
