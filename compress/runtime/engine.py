@@ -17,7 +17,7 @@ import torch
 
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Model
-from compress.runtime.sampling import SamplingParams, sample
+from compress.runtime.sampling import SamplingParams, TokenLogprob, sample, token_logprobs
 from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
@@ -35,6 +35,8 @@ class Request:
     first_token_at: float | None = None
     finished_at: float | None = None
     generator: torch.Generator | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # first: None
 
     @property
     def done(self) -> bool:
@@ -96,10 +98,20 @@ class Engine:
             req = self.waiting.popleft()
             req.slot = self.free.pop()
             self.running[req.slot] = req
+            p = req.params
+            prompt = torch.tensor(req.prompt)
             logits = self.model.prefill(
-                torch.tensor(req.prompt), self.cache, req.slot, last_only=True
+                prompt, self.cache, req.slot, last_only=not p.prompt_logprobs
             )
-            self._emit(req, logits[-1])
+            if p.prompt_logprobs:
+                req.prompt_logprobs = [
+                    None,
+                    *token_logprobs(logits[:-1], prompt[1:], p.logprobs or 0),
+                ]
+            if p.max_tokens == 0:  # scored, nothing to generate
+                self._finish(req, "length")
+            else:
+                self._emit(req, logits[-1])
             touched.append(req)
         decoding = [r for r in self.running.values() if r not in touched]
         if decoding:
@@ -113,6 +125,9 @@ class Engine:
 
     def _emit(self, req: Request, logits: torch.Tensor) -> None:
         token = sample(logits, req.params, req.generator)
+        if req.params.logprobs is not None:
+            (record,) = token_logprobs(logits[None], torch.tensor([token]), req.params.logprobs)
+            req.logprobs.append(record)
         if req.first_token_at is None:
             req.first_token_at = time.perf_counter()
         req.output.append(token)

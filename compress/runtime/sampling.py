@@ -17,6 +17,12 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False  # benchmarks generate exactly max_tokens
+    # log-probabilities of the model's own distribution (before temperature, top-k, top-p),
+    # for clients that score text: each new token's and its `logprobs` most likely
+    # alternatives (None: none recorded); `prompt_logprobs`: also every prompt token's
+    # after the first, with `logprobs` alternatives (max_tokens may then be 0: score only)
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
 
     def __post_init__(self):
         finite = math.isfinite(self.temperature) and math.isfinite(self.top_p)
@@ -25,12 +31,39 @@ class SamplingParams:
             or self.temperature < 0
             or not 0 < self.top_p <= 1
             or self.top_k < 0
-            or self.max_tokens < 1
+            or self.max_tokens < (0 if self.prompt_logprobs else 1)
+            or (self.logprobs is not None and self.logprobs < 0)
         ):
             raise ValueError(
                 "sampling parameters out of range: finite temperature >= 0, 0 < top_p <= 1, "
-                "top_k >= 0, max_tokens >= 1"
+                "top_k >= 0, logprobs >= 0, max_tokens >= 1 (0 only to score a prompt)"
             )
+
+
+@dataclass
+class TokenLogprob:
+    """A token's log-probability under the model, and the `top` most likely tokens' as
+    (id, log-probability), most likely first."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list[TokenLogprob]:
+    """For rows of logits [N, vocab] and the token each row chose or was followed by [N]:
+    log_softmax in float32, row by row (a whole prompt's [T, vocab] float64 copy would be
+    large)."""
+    out = []
+    for row, token in zip(logits, tokens.tolist(), strict=True):
+        lp = torch.log_softmax(row.float(), -1)
+        best = torch.topk(lp, top) if top else None
+        pairs = (
+            []
+            if best is None
+            else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
+        )
+        out.append(TokenLogprob(float(lp[token]), pairs))
+    return out
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -25,6 +25,7 @@ MAX_DEPTH = 32  # a request needs 3 levels (body, messages, message); 100k crash
 # by it (1e-300 overflowed to inf, then NaN), and for t < 1e-30 sampling and argmax agree
 # unless the top two logits lie within 1e-28 of each other.
 GREEDY_BELOW = 1e-30
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM allows (OpenAI's completions: 5)
 
 
 class BadRequest(ValueError):
@@ -44,6 +45,9 @@ class Parsed:
     include_usage: bool
     chat: bool
     model: str
+    logprobs: int | None = None  # alternatives per token; None: no logprobs asked
+    echo: bool = False  # completions: the prompt's text (and logprobs) come first
+    prompt_text: str = ""
 
 
 def _number(body, key, default, lo, hi, kind=float):
@@ -101,14 +105,15 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     _check_model(body, model)
     if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
         raise BadRequest("only n = 1 is supported")
-    if body.get("echo") or body.get("suffix") or body.get("logprobs") or body.get("top_logprobs"):
-        raise BadRequest("echo, suffix and logprobs are not supported")
+    if body.get("suffix"):
+        raise BadRequest("`suffix` is not supported")
+    logprobs, echo = _logprobs(body, chat)
     for key in ("presence_penalty", "frequency_penalty"):
         if body.get(key) not in (None, 0, 0.0):
             raise BadRequest(f"`{key}` is not supported (only 0)")
     prompt_ids = _chat_ids(body, tokenizer) if chat else _prompt_ids(body, tokenizer)
     key = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-    max_tokens = _number(body, key, None, 1, max_len, int)
+    max_tokens = _number(body, key, None, 0 if echo else 1, max_len, int)
     if max_tokens is None:
         max_tokens = max(1, min(256, max_len - len(prompt_ids)))
     if len(prompt_ids) + max_tokens > max_len:
@@ -138,8 +143,39 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
         top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
         top_k=_number(body, "top_k", 0, 0, 1 << 20, int),
         seed=seed,
+        logprobs=logprobs,
+        prompt_logprobs=echo and logprobs is not None,
     )
-    return Parsed(prompt_ids, params, stop, stream, bool(options.get("include_usage")), chat, model)
+    prompt_text = _echoed(body, prompt_ids, tokenizer) if echo else ""
+    include = bool(options.get("include_usage"))
+    return Parsed(
+        prompt_ids, params, stop, stream, include, chat, model, logprobs, echo, prompt_text
+    )
+
+
+def _echoed(body: dict, ids: list[int], tokenizer) -> str:
+    """The prompt as `echo` returns it: the client's own text, or its token ids decoded."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if isinstance(prompt, str) else tokenizer.decode(ids)
+
+
+def _logprobs(body: dict, chat: bool) -> tuple[int | None, bool]:
+    """(alternatives per token or None, echo). Completions: `logprobs` N (0..20) and
+    `echo`; chat: `logprobs` true and `top_logprobs` N."""
+    if chat:
+        asked = body.get("logprobs", False)
+        if not isinstance(asked, bool):
+            raise BadRequest("`logprobs` must be true or false")
+        top = _number(body, "top_logprobs", None, 0, MAX_LOGPROBS, int)
+        if top is not None and not asked:
+            raise BadRequest("`top_logprobs` needs `logprobs: true`")
+        return (top or 0) if asked else None, False
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise BadRequest("`echo` must be true or false")
+    return _number(body, "logprobs", None, 0, MAX_LOGPROBS, int), echo
 
 
 def _check_model(body: dict, served: str) -> None:
@@ -164,8 +200,8 @@ def _temperature(body: dict) -> float:
 
 def _prompt_ids(body: dict, tokenizer) -> list[int]:
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one (lm-eval sends its token ids so)
     if isinstance(prompt, str):
         ids = tokenizer(prompt, add_special_tokens=False).input_ids
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
@@ -173,7 +209,9 @@ def _prompt_ids(body: dict, tokenizer) -> list[int]:
             raise BadRequest("`prompt` token ids must lie in the vocabulary")
         ids = list(prompt)
     else:
-        raise BadRequest("`prompt` must be a string, a list of one string, or token ids")
+        raise BadRequest(
+            "`prompt` must be a string, token ids, or a list of one of them (one prompt a request)"
+        )
     if not ids:
         raise BadRequest("`prompt` is empty")
     return ids
@@ -209,7 +247,42 @@ def new_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
 
 
-def response_body(p: Parsed, rid: str, text: str, finish: str, prompt_n: int, out_n: int):
+def logprobs_body(p: Parsed, tokenizer, ids: list[int], records: list, offset: int = 0):
+    """The `logprobs` of a choice for tokens `ids` and their TokenLogprob records (None for
+    a prompt's first token): completions' parallel lists (tokens, token_logprobs,
+    top_logprobs, text_offset from `offset` in the choice's text), or chat's `content`."""
+    if p.logprobs is None:
+        return None
+
+    def text(i: int) -> str:
+        return tokenizer.decode([i])
+
+    if p.chat:
+
+        def entry(i: int, lp: float) -> dict:
+            t = text(i)
+            return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+
+        return {"content": [
+            {**entry(i, r.logprob), "top_logprobs": [entry(j, lp) for j, lp in r.top]}
+            for i, r in zip(ids, records, strict=True)
+        ]}  # fmt: skip
+    tokens = [text(i) for i in ids]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [None if r is None else r.logprob for r in records],
+        "top_logprobs": [None if r is None else {text(j): lp for j, lp in r.top} for r in records],
+        "text_offset": offsets,
+    }
+
+
+def response_body(
+    p: Parsed, rid: str, text: str, finish: str, prompt_n: int, out_n: int, logprobs=None
+):
     usage = {
         "prompt_tokens": prompt_n,
         "completion_tokens": out_n,
@@ -219,26 +292,29 @@ def response_body(p: Parsed, rid: str, text: str, finish: str, prompt_n: int, ou
         choice = {
             "index": 0,
             "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
             "finish_reason": finish,
         }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     return {**envelope(p, rid, obj, [choice]), "usage": usage}
 
 
-def chunk_body(p: Parsed, rid: str, text: str | None, finish: str | None, first: bool) -> dict:
+def chunk_body(
+    p: Parsed, rid: str, text: str | None, finish: str | None, first: bool, logprobs=None
+) -> dict:
     if p.chat:
         delta = {}
         if first:
             delta["role"] = "assistant"
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         obj = "text_completion"
     return envelope(p, rid, obj, [choice])
 

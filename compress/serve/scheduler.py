@@ -69,6 +69,7 @@ class Stream:
         self.request = request
         self.tokens: queue.Queue = queue.Queue()
         self.stopped = False  # ended by one of the client's stop strings
+        self.consumed = 0  # output tokens the text sent so far was made of (EOS left out)
         self.failure: GenerationFailed | None = None  # set before DONE when it failed
 
 
@@ -179,11 +180,13 @@ class Scheduler:
                     self._retire(stream, GenerationFailed(f"generation failed: {why}"))
                     continue
                 if req.id in was_waiting:  # admitted this step: its first token
-                    m.ttft.observe(req.first_token_at - req.submitted)
+                    if req.output:  # a prompt scored with max_tokens 0 has none
+                        m.ttft.observe(req.first_token_at - req.submitted)
                     m.counters["requests_total"] += 1
-                stream.tokens.put(req.output[-1])
-                published += 1
-                m.counters["generated_tokens_total"] += 1
+                if req.output:
+                    stream.tokens.put(req.output[-1])
+                    published += 1
+                    m.counters["generated_tokens_total"] += 1
                 if req.done:
                     if len(req.output) > 1:
                         per = (req.finished_at - req.first_token_at) / (len(req.output) - 1)

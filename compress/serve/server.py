@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import io
 import ipaddress
+import itertools
 import json
 import queue
 import select
@@ -32,6 +33,7 @@ from compress.serve.protocol import (
     chunk_body,
     envelope,
     error_body,
+    logprobs_body,
     new_id,
     parse_body,
     parse_request,
@@ -318,6 +320,7 @@ class Handler(BaseHTTPRequestHandler):
             if token == app.eos and not stream.request.params.ignore_eos:
                 continue
             ids.append(token)
+            stream.consumed = len(ids)
             text = tok.decode(ids, skip_special_tokens=True)
             cut = min((i for s in parsed.stop if (i := text.find(s)) >= 0), default=-1)
             if cut >= 0:
@@ -358,9 +361,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         req = stream.request
         rid = new_id(parsed.chat)
+        ids, records = req.output[: stream.consumed], req.logprobs[: stream.consumed]
+        if parsed.echo:
+            text = parsed.prompt_text + text
+            scored = req.prompt_logprobs or [None] * len(req.prompt)
+            ids, records = req.prompt + ids, scored + records
+        logprobs = logprobs_body(parsed, self.app.tokenizer, ids, records)
         out = response_body(
-            parsed, rid, text, self._finish_reason(stream), len(req.prompt), len(req.output)
-        )
+            parsed, rid, text, self._finish_reason(stream), len(req.prompt), len(req.output),
+            logprobs,
+        )  # fmt: skip
         self._json(200, out)
 
     def _stream(self, parsed: Parsed, stream: Stream) -> None:
@@ -374,13 +384,26 @@ class Handler(BaseHTTPRequestHandler):
         def event(obj) -> None:
             self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
+        req, tok = stream.request, self.app.tokenizer
         try:
             first = True
             if parsed.chat:
                 event(chunk_body(parsed, rid, None, None, first=True))
                 first = False
-            for piece in self._pieces(parsed, stream):
-                event(chunk_body(parsed, rid, piece, None, first))
+            sent = offset = 0  # output tokens whose logprobs went out; text sent
+            pieces = self._pieces(parsed, stream)
+            if parsed.echo:  # the prompt first, with its logprobs once the prefill made them
+                piece = next(pieces, None)
+                scored = req.prompt_logprobs or [None] * len(req.prompt)
+                lp = logprobs_body(parsed, tok, req.prompt, scored)
+                event(chunk_body(parsed, rid, parsed.prompt_text, None, first, lp))
+                offset, first = len(parsed.prompt_text), False
+                pieces = itertools.chain([] if piece is None else [piece], pieces)
+            for piece in pieces:
+                ids = req.output[sent : stream.consumed]
+                lp = logprobs_body(parsed, tok, ids, req.logprobs[sent : stream.consumed], offset)
+                sent, offset = stream.consumed, offset + len(piece)
+                event(chunk_body(parsed, rid, piece, None, first, lp))
                 first = False
             event(chunk_body(parsed, rid, None, self._finish_reason(stream), first))
             if parsed.include_usage:
