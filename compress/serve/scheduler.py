@@ -69,7 +69,7 @@ class Stream:
         self.request = request
         self.tokens: queue.Queue = queue.Queue()
         self.stopped = False  # ended by one of the client's stop strings
-        self.consumed = 0  # output tokens the text sent so far was made of (EOS left out)
+        self.consumed = 0  # output tokens read so far (an EOS included; it has no text)
         self.failure: GenerationFailed | None = None  # set before DONE when it failed
 
 

@@ -317,10 +317,10 @@ class Handler(BaseHTTPRequestHandler):
                 continue
             if token is DONE:
                 break
+            stream.consumed += 1  # EOS too: its logprob is reported, its text is not
             if token == app.eos and not stream.request.params.ignore_eos:
                 continue
             ids.append(token)
-            stream.consumed = len(ids)
             text = tok.decode(ids, skip_special_tokens=True)
             cut = min((i for s in parsed.stop if (i := text.find(s)) >= 0), default=-1)
             if cut >= 0:
@@ -405,7 +405,13 @@ class Handler(BaseHTTPRequestHandler):
                 sent, offset = stream.consumed, offset + len(piece)
                 event(chunk_body(parsed, rid, piece, None, first, lp))
                 first = False
-            event(chunk_body(parsed, rid, None, self._finish_reason(stream), first))
+            rest = req.output[sent : stream.consumed]  # an EOS has no text, only its logprob
+            lp = logprobs_body(parsed, tok, rest, req.logprobs[sent : stream.consumed], offset)
+            event(
+                chunk_body(
+                    parsed, rid, None, self._finish_reason(stream), first, lp if rest else None
+                )
+            )
             if parsed.include_usage:
                 req = stream.request
                 n, p = len(req.output), len(req.prompt)
