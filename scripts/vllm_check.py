@@ -137,6 +137,7 @@ def kinds(args) -> list[dict]:
         },
         {
             "name": "best:w4g64 chain (shortened) --target vllm-cpu",
+            "folder": "best-w4g64-chain-target-vllm-cpu",
             "args": [],
             "recipe": {**best, "targets": ["vllm-cpu"]},
         },
