@@ -98,6 +98,9 @@ def _tensors(value):
     elif isinstance(value, dict):
         for v in value.values():
             yield from _tensors(v)
+    elif isinstance(value, list | tuple):  # GPTQ's Hessians: slabs of rows
+        for v in value:
+            yield from _tensors(v)
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq", "int8"])
