@@ -271,6 +271,21 @@ def from_panels(panel: torch.Tensor, bits: int, n: int, kp: int) -> torch.Tensor
     return c.reshape(tiles * TILE, kp)[:n]
 
 
+def panels_of(q: torch.Tensor, kp: int, offset: int, bits: int, rows: int = 8192):
+    """to_panels of the codes q [N, K] (+ offset, zero-padded to kp inputs), made `rows`
+    output rows at a time: whole, a 152k-word head's int16 codes and their permuted copy
+    were 2.2 GB beside the weights while a 7B artifact loaded."""
+    n, k = q.shape
+    per_row = kp * bits // 8  # bytes one output row takes in the panels
+    dtype = torch.uint8 if bits == 4 else torch.int8
+    out = torch.empty(-(-n // TILE) * TILE * per_row, dtype=dtype)
+    for lo in range(0, n, rows):
+        codes = torch.nn.functional.pad(q[lo : lo + rows].to(torch.int16), (0, kp - k))
+        chunk = to_panels(codes + offset, bits)
+        out[lo * per_row : lo * per_row + chunk.numel()] = chunk
+    return out
+
+
 def _panel_params(p: torch.Tensor) -> torch.Tensor:
     """[N, groups] → [tiles, groups, 8], zero past N."""
     p = torch.nn.functional.pad(p, (0, 0, 0, -p.shape[0] % TILE))
@@ -300,13 +315,13 @@ class PackedLinear:
         zp = torch.zeros_like(scale) if zero_point is None else zero_point.float().reshape(n, -1)
         if zp.shape != scale.shape:
             zp = torch.nn.functional.pad(zp, (0, scale.shape[1] - zp.shape[1]))
-        codes = torch.nn.functional.pad(q.to(torch.int16), (0, kp - k)) + offset
-        self._set(codes, scale, None if zero_point is None else (zp + offset) * scale)
+        packed = panels_of(q, kp, offset, bits)
+        self._set(packed, scale, None if zero_point is None else (zp + offset) * scale)
 
-    def _set(self, codes: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor | None) -> None:
+    def _set(self, packed: torch.Tensor, scale: torch.Tensor, zs: torch.Tensor | None) -> None:
         """zs None: symmetric codes, whose zs (offset x scale) the kernel derives from the
         scale instead of reading 4 more bytes per group."""
-        self.packed = to_panels(codes, self.bits)
+        self.packed = packed
         self.scale = _panel_params(scale)
         self.zs = None if zs is None else _panel_params(zs)
 
@@ -336,7 +351,10 @@ class PackedLinear:
         fused.out_features = sum(p.out_features for p in parts)
         symmetric = all(p.zs is None for p in parts)
         fused._set(
-            torch.cat([from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]),
+            to_panels(
+                torch.cat([from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]),
+                first.bits,
+            ),
             torch.cat([_row_params(p.scale, p.out_features) for p in parts]),
             None if symmetric else torch.cat([p._row_zs() for p in parts]),
         )
