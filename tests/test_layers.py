@@ -44,6 +44,7 @@ LAYERS = [
         "commands",
         [
             "compress.pipeline",
+            "compress.plan",
             "compress.artifact.manifest",
             "compress.eval*",
             "compress.hub*",
