@@ -211,17 +211,24 @@ def quantize_weight(
         raise LlmpressError(
             f"no group size <= {scheme.group_size} divides width {w.shape[1]} (see scheme.py)"
         )
-    parts = []
-    home = w.device
-    for lo in range(0, w.shape[0], ROWS):
+    home, n = w.device, w.shape[0]
+    # q, scale and zero point filled a slice at a time (concatenated at the end, a 152k
+    # head's codes were held twice)
+    out: list[torch.Tensor | None] = []
+    for lo in range(0, n, ROWS):
         part = w[lo : lo + ROWS].to(device or home).float()
         scale, zp = compute_qparams(part, scheme, group, storage_dtype)
         q = quantize_with(part, scale, zp, scheme, group)
-        parts.append(tuple(None if t is None else t.to(home) for t in (q, scale, zp)))
-    if len(parts) == 1:
-        q, scale, zp = parts[0]
-    else:
-        q, scale, zp = (None if t[0] is None else torch.cat(t) for t in zip(*parts, strict=True))
+        got = [None if t is None else t.to(home) for t in (q, scale, zp)]
+        if n <= ROWS:
+            out = got
+            break
+        if not out:
+            out = [None if t is None else t.new_empty(n, t.shape[1]) for t in got]
+        for whole, t in zip(out, got, strict=True):
+            if t is not None:
+                whole[lo : lo + t.shape[0]] = t
+    q, scale, zp = out
     return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)
 
 
