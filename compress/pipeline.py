@@ -44,7 +44,7 @@ from compress.plan import (
     refuse_off_target,
 )
 from compress.quantizers.scheme import quantize_weight
-from compress.recipe import Recipe
+from compress.recipe import Recipe, resolve_lm_head
 from compress.stage import BlockContext, Workspace
 
 _CPU = torch.device("cpu")
@@ -157,8 +157,11 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     started = time.perf_counter()
     ckpt = source = distributed.first_then_rest(lambda: _source(model, output))
     untied = not ckpt.adapter.spec(ckpt.config).tied
-    recipe = fit_targets(recipe, untied, _workspace(recipe, ckpt), log)
-    model_stages, stages, after = _split(recipe.build())
+    if recipe.targets:  # planned on the source's shapes: mixed's options, the lm_head
+        recipe = fit_targets(recipe, untied, _workspace(recipe, ckpt), log)
+        model_stages, stages, after = _split(recipe.build())
+    else:
+        recipe = resolve_lm_head(recipe, untied)
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)
@@ -167,7 +170,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         stage.preflight(planned)
     ws = _workspace(recipe, ckpt, device)
     _preflight(recipe, stages, ws, planned["hidden_size"])
-    if not model_stages or not any(st.changes_model for st in model_stages):
+    if not any(st.changes_model for st in model_stages):  # else after them, on new widths
         refuse_off_target(recipe, stages, ws)
     part = ckpt.text_part_of
     if part:
@@ -198,7 +201,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         ws = _workspace(recipe, ckpt, device)  # again, on the widths the model stages left
         ws.schemes = schemes
         _preflight(recipe, stages, ws, ckpt.config["hidden_size"])
-        refuse_off_target(recipe, stages, ws)  # with the schemes mixed chose, the new widths
+        refuse_off_target(recipe, stages, ws)  # with the schemes mixed chose
     ws.tokenizer = tokenizer
     writer = None
     if writer_rank:

@@ -82,13 +82,11 @@ def _outlier_share(stage) -> float:
 
 
 def fit_targets(recipe: Recipe, untied: bool, ws: Workspace, log) -> Recipe:
-    """`recipe` (lm_head not yet resolved) kept to what its target engines run: mixed
-    precision offered only the schemes they all run at every width, and an `auto` lm_head
-    left as stored where they refuse the quantized one. Anything else they refuse stays for
-    `refuse_off_target`, which names it."""
+    """`recipe` (with targets, lm_head not yet resolved) kept to what its target engines
+    run: mixed precision offered only the schemes they all run at every width, and an
+    `auto` lm_head left as stored where they refuse the quantized one. Anything else they
+    refuse stays for `refuse_off_target`, which names it."""
     resolved = resolve_lm_head(recipe, untied)
-    if not recipe.targets:
-        return resolved
     stages = []
     for name, cfg in recipe.stages:
         if name == "mixed":
@@ -131,6 +129,8 @@ def _target_problems(recipe: Recipe, problems: dict[str, list[str]]) -> list[str
 
 def refuse_off_target(recipe: Recipe, stages, ws: Workspace) -> None:
     """One line naming what a target engine would refuse in the planned artifact."""
+    if not recipe.targets:
+        return
     refused = _target_problems(recipe, planned_engine_problems(recipe, stages, ws))
     if refused:
         targets = " ".join(f"--target {t}" for t in recipe.targets)

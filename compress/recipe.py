@@ -60,7 +60,7 @@ class Recipe:
     lm_head: str | None = "auto"
     kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
     # engines the artifact must load in ("vllm", "vllm-cpu", "transformers"): plans keep to
-    # what they run and the rest is refused before any work (pipeline.fit_targets)
+    # what they run and the rest is refused before any work (plan.fit_targets)
     targets: tuple[str, ...] = ()
 
     def lm_head_scheme(self):

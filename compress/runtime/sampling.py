@@ -56,12 +56,8 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list
     out = []
     for row, token in zip(logits, tokens.tolist(), strict=True):
         lp = torch.log_softmax(row.float(), -1)
-        best = torch.topk(lp, top) if top else None
-        pairs = (
-            []
-            if best is None
-            else list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
-        )
+        best = torch.topk(lp, top)
+        pairs = list(zip(best.indices.tolist(), best.values.tolist(), strict=True))
         out.append(TokenLogprob(float(lp[token]), pairs))
     return out
 
