@@ -9,7 +9,7 @@ the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
                                  [--dtype bfloat16] [--tune-steps 50] [--repair-steps 128]
-                                 [--samples 128]
+                                 [--samples 128] [--preset-samples N]
                                  [--windows 64] [--append]
 
 `--append` adds rows to the results file of an earlier run (same protocol); quality
@@ -49,9 +49,16 @@ ROWS = {
     "awq+gptq+tune+distill": ["awq", "gptq", "tune", "distill"],
     "mixed+awq+gptq+tune": ["mixed", "awq", "gptq", "tune"],  # to --bits per weight
     "mixed+awq+gptq+tune+distill": ["mixed", "awq", "gptq", "tune", "distill"],
-    # the preset exactly as `--quant best:<scheme>` runs it (its own budget and dtype)
+    "gptq+distill": ["gptq", "distill"],
+    "mixed+gptq": ["mixed", "gptq"],
+    "mixed+gptq+distill": ["mixed", "gptq", "distill"],
+    "mixed+gptq+tune+distill": ["mixed", "gptq", "tune", "distill"],
+    # the presets exactly as `--quant NAME:<scheme>` runs them (their own budget, dtype and
+    # number of calibration samples unless --preset-samples is given)
+    "fast": [],
     "best": [],
 }
+PRESET_ROWS = ("fast", "best")
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
     "w3g64": {"bits": 3, "group_size": 64, "zero_point": False},
@@ -75,10 +82,11 @@ def recipe_for(
     tune: dict | None = None,
     repair: dict | None = None,
     label: str = "",
+    preset_n: int | None = None,
 ):
-    if row == "best":  # the preset as the CLI builds it; --dtype still overrides
+    if row in PRESET_ROWS:  # the preset as the CLI builds it; --dtype still overrides
         flags = {"dtype": None if dtype == "auto" else dtype}
-        return recipe_from_flags(None, f"best:{label}", calib, flags)
+        return recipe_from_flags(None, f"{row}:{label}", calib | {"samples": preset_n}, flags)
     settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": {"bits_budget": bits}}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
@@ -101,8 +109,19 @@ def main() -> None:
     )
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument(
+        "--preset-samples",
+        type=int,
+        help="calibration samples of the preset rows (default: theirs)",
+    )
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument(
+        "--calib",
+        default="valid.txt",
+        help="calibration text: valid.txt of --data (the protocol), or `self` (what a user "
+        "without data gets: text the model writes); a `self` row's label says so",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="quality", help="results file stem")
     ap.add_argument(
@@ -116,7 +135,8 @@ def main() -> None:
     base = load_model(base_ckpt)
     stream = token_stream(tokenizer, read_texts(str(args.data / "test.txt")))
     windows = eval_windows(stream, 512, args.windows)
-    calib = {"source": str(args.data / "valid.txt"), "samples": args.samples, "length": args.length}
+    source = "self" if args.calib == "self" else str(args.data / args.calib)
+    calib = {"source": source, "samples": args.samples, "length": args.length}
     results, extra, timing = {}, {}, {}
     args.out.mkdir(parents=True, exist_ok=True)
     previous = args.out / f"{args.name}.json"
@@ -125,10 +145,12 @@ def main() -> None:
     for scheme in args.schemes:
         for row in args.rows:
             label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
-            if row == "best":
-                label = f"best:{scheme}"
+            if row in PRESET_ROWS:
+                label = f"{row}:{scheme}"
             if args.dtype != "auto":
                 label += f" {args.dtype}"
+            if args.calib == "self":
+                label += " (self-generated calibration)"
             tune = {"steps": args.tune_steps} if args.tune_steps else {}
             if tune and "tune" in ROWS[row]:
                 label += f" tune{args.tune_steps}"
@@ -140,7 +162,15 @@ def main() -> None:
                 out = Path(tmp) / "artifact"
                 t0 = time.perf_counter()
                 recipe = recipe_for(
-                    row, SCHEMES[scheme], calib, args.bits, args.dtype, tune, repair, scheme
+                    row,
+                    SCHEMES[scheme],
+                    calib,
+                    args.bits,
+                    args.dtype,
+                    tune,
+                    repair,
+                    scheme,
+                    preset_n=args.preset_samples,
                 )
                 compress("default", recipe, out, log=print)
                 minutes = (time.perf_counter() - t0) / 60

@@ -69,7 +69,8 @@ def cli() -> None:
 @click.option(
     "--quant",
     "quant",
-    help="Shorthand: best:w4g64 (awq → gptq → tune → distill), awq:w4g64, gptq:w4g64, rtn:w4g64, "
+    help="Shorthand: w4g64 (the fast preset: GPTQ with searched scales, 16 samples), "
+    "best:w4g64 (mixed → awq → gptq → tune → distill), awq:w4g64, gptq:w4g64, rtn:w4g64, "
     "rtn:w8 (per-channel), int8.",
 )
 @click.option("--calib", help="Calibration text: .txt/.jsonl/.parquet, a dataset name, or `self`.")

@@ -191,7 +191,9 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
         with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
             samples = distributed.first_then_rest(
-                lambda: load_calibration(c, tokenizer, lambda: load_model(ckpt), ckpt.sha256)
+                lambda: load_calibration(
+                    c, tokenizer, lambda: load_model(ckpt), ckpt.sha256, ckpt, log
+                )
             )
     if model_stages:
         ckpt, records, schemes = run_model_stages(

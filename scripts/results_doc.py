@@ -104,10 +104,14 @@ def quality(d: dict) -> list[str]:
         "natural order; `tune50`: 50 tune steps per block; `repair128`: a 128-step repair. "
         "`--quant best:w4g64` builds the recipe of the row "
         "`mixed@4.6+awq+gptq+tune+distill w4g64 bfloat16`; `best:w3g64` is the preset as "
-        "the CLI builds it. Each row is the recipe as the code stood when it was measured; "
+        "the CLI builds it; `fast:w4g64` is the default (`--quant w4g64`: GPTQ on the "
+        "preset's own 16 samples). GPTQ searches its group scales against the inputs' "
+        "importance (gptq.py, scale_search.py) in the rows `gptq w4g64` and `fast:w4g64`; "
+        "the other GPTQ rows were measured before it did, with min-max scales. "
+        "Each row is the recipe as the code stood when it was measured; "
         "to measure a row again with the current code: "
         f"`{PY} benchmarks/quality.py --rows ROW --schemes SCHEME --append` "
-        "(`--rows best` runs a preset).",
+        "(`--rows best` and `--rows fast` run a preset).",
         "",
         *quality_timing(d),
     ]

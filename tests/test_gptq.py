@@ -52,22 +52,28 @@ def test_uncorrelated_inputs_leave_nothing_to_compensate():
     assert torch.equal(g.q, r.q) and torch.equal(g.scale, r.scale)
 
 
-def test_on_a_real_block_every_linear_errs_less_than_rtn(default_ckpt, tokenizer, wikitext):
-    """What GPTQ minimizes, on the default model's block 3 and WikiText calibration text:
-    each linear's output error on the calibration inputs, below RTN's for every linear."""
+def real_block_inputs(default_ckpt, tokenizer, wikitext, index: int = 3):
+    """The default model's block `index` and each of its linears' inputs [tokens, in] on
+    8 × 256 WikiText calibration tokens."""
     stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt")))
     ids = calibration_samples(stream, 8, 256, seed=0)
     store = BlockStore(default_ckpt)
     hidden, rope = store.embed(ids), store.position_embeddings(ids.shape[1])
-    for i in range(3):
+    for i in range(index):
         hidden = run_block(store.block(i), hidden, rope)
-    block = store.block(3)
+    block = store.block(index)
     inputs: dict[str, list[torch.Tensor]] = {}
     names = list(LLAMA.block_linears)
     observe_inputs(block, hidden, rope, names, lambda n, x: inputs.setdefault(n, []).append(x))
+    return block, {n: torch.cat([t.reshape(-1, t.shape[-1]) for t in inputs[n]]) for n in names}
+
+
+def test_on_a_real_block_every_linear_errs_less_than_rtn(default_ckpt, tokenizer, wikitext):
+    """What GPTQ minimizes, on the default model's block 3 and WikiText calibration text:
+    each linear's output error on the calibration inputs, below RTN's for every linear."""
+    block, inputs = real_block_inputs(default_ckpt, tokenizer, wikitext)
     scheme = QuantScheme(4, 64, False)
-    for name in names:
-        x = torch.cat([t.reshape(-1, t.shape[-1]) for t in inputs[name]])
+    for name, x in inputs.items():
         w = block.get_submodule(name).weight.detach()
         g = gptq_quantize(w, 2 * x.T @ x / len(x), scheme, torch.float32)
         err_g = (x @ (g.dequantize() - w).T).square().mean()

@@ -315,7 +315,7 @@ def test_quick_start_compress_is_the_first_commands(python_example):
     writes what the Python example wrote, which the other quick-start steps use."""
     (compress_line,) = [c for c in quick_start() if c.startswith("llmpress compress ")]
     assert ".venv/bin/" + compress_line in first_command()
-    assert "-o out/smollm2-w4g64 --quant rtn:w4g64" in compress_line
+    assert "-o out/smollm2-w4g64 --quant w4g64" in compress_line
 
 
 def test_quick_start_eval_passes_its_gates(python_example, workdir):

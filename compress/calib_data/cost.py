@@ -7,11 +7,12 @@ it. The estimate is the work (2 FLOPs per weight per token, plus attention) over
 machine's matrix-multiply rate, measured now in a fraction of a second at the shapes the
 work runs at:
 
-- generation multiplies 16 rows (the batch generate_samples decodes) by every weight, so
-  it streams the weights from memory; the probe's 64 MB matrix does too. The model's
-  other per-step work (30 layers of small operations, sampling over the vocabulary) makes
-  generation run at about a quarter of that rate: measured on the default model on
-  2 cores, 3-7 tokens/s against a probe of 4-7 GFLOP/s (GENERATION_EFFICIENCY).
+- generation multiplies 16 rows (the batch generate_samples decodes; the runtime decodes
+  up to 32) by every weight, so it streams the weights from memory; the probe's 64 MB
+  matrix does too. The model's other per-step work (30 layers of small operations,
+  sampling over the vocabulary) makes generation run at about half of that rate:
+  measured on the default model on 2 cores, the runtime wrote 16 × 512 tokens at
+  110-150 tokens/s against a probe that predicted 52 at a quarter (GENERATION_EFFICIENCY).
 - calibrating runs every sample through every block: full rows, compute-bound, at about
   the probe's rate (on the default model, one pass over 2,048 tokens took 35 s against a
   predicted 13-33 s on a loaded machine). Each block stage that calibrates makes one
@@ -31,7 +32,7 @@ from compress.calib_data.generated import BATCH, cached_samples
 from compress.calib_data.sources import SELF, data_name
 from compress.errors import LlmpressError
 
-GENERATION_EFFICIENCY = 0.25  # generate_samples' tokens/s over the batch-16 probe's rate
+GENERATION_EFFICIENCY = 0.5  # generation's tokens/s over the batch-16 probe's rate
 LONG_GENERATION_S = 300  # past this, say how to skip generation with a text file
 
 

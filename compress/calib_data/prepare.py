@@ -12,10 +12,13 @@ from compress.calib_data.sources import SELF, read_texts
 
 
 def load_calibration(
-    cfg, tokenizer, load_model: Callable, cache_key: str | None = None
+    cfg, tokenizer, load_model: Callable, cache_key: str | None = None, ckpt=None, log=print
 ) -> torch.Tensor:
-    """Samples from `cfg.source`; `self` has the original model write them (cached)."""
+    """Samples from `cfg.source`; `self` has the original model write them (cached), by
+    the runtime when `ckpt` (the original) is given and the runtime runs it."""
     if cfg.source == SELF:
-        return self_generated(load_model, tokenizer, cfg.samples, cfg.length, cfg.seed, cache_key)
+        return self_generated(
+            load_model, tokenizer, cfg.samples, cfg.length, cfg.seed, cache_key, ckpt, log
+        )
     stream = token_stream(tokenizer, read_texts(cfg.source, cfg.text_field))
     return calibration_samples(stream, cfg.samples, cfg.length, cfg.seed)

@@ -16,7 +16,7 @@ produce, in the same bounded memory: one H per distinct linear input of the bloc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -24,6 +24,7 @@ from compress.distributed import all_sum, sum_floats
 from compress.errors import LlmpressError
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import RTNConfig, adjusted_groups
+from compress.quantizers.scale_search import search_qparams
 from compress.quantizers.scheme import (
     QuantizedWeight,
     QuantScheme,
@@ -46,6 +47,9 @@ class GPTQConfig(RTNConfig):
     # order with groups computed as they are reached
     act_order: bool = True
     dampening: float = 0.01  # added to H's diagonal, as a fraction of its mean
+    # group scales searched against H's diagonal (scale_search.py) instead of min-max: on
+    # the default model (16 × 512 calibration tokens, 16 windows) KL 0.348 → 0.173
+    scale_search: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -61,11 +65,18 @@ def gptq_quantize(
     act_order: bool = False,
     dampening: float = 0.01,
     own: bool = False,
+    scale_search: bool = False,
 ) -> QuantizedWeight:
     """GPTQ of one weight [out, in] against the Hessian h [in, in] of its inputs (`own`:
     h is this call's to overwrite, its memory freed as the factorization proceeds; pass
     it as a one-element list, which this call empties, so that no caller's frame keeps
-    it alive: at a 7B down_proj that is 1.4 GB)."""
+    it alive: at a 7B down_proj that is 1.4 GB).
+
+    With `scale_search`, group scales are searched against H's diagonal
+    (scale_search.py) instead of min-max. Measured on the default model (w4g64, 16 × 512
+    calibration tokens, 16 windows): KL 0.348 → 0.175. Choosing per row whichever of the
+    two leaves less GPTQ loss on the calibration inputs was tried and is worse, KL 0.224:
+    the searched scales lose on that loss in most q/v rows and still win on the text."""
     held = h if isinstance(h, list) else [h]
     del h
     w = w.detach().float().clone()
@@ -73,9 +84,17 @@ def gptq_quantize(
     group = scheme.group_for(cols)
     dead = torch.diagonal(held[0]) == 0  # inputs never seen: their columns cannot matter
     w[:, dead] = 0
+    importance = torch.diagonal(held[0]).clone() if scale_search else None
+
+    def qparams(span: torch.Tensor, first: int):
+        if importance is None:
+            return compute_qparams(span, scheme, group, storage_dtype)
+        d = importance[first : first + span.shape[1]]
+        return search_qparams(span, scheme, group, storage_dtype, d)
+
     static = None
     if act_order:  # groups fixed from the original weights, in stored column order
-        static = compute_qparams(w, scheme, group, storage_dtype)
+        static = qparams(w, 0)
     hinv, perm = _inverse_factor(held, dampening, act_order, own)
     if act_order:
         w = w[:, perm]
@@ -99,7 +118,7 @@ def gptq_quantize(
                 z = None if static[1] is None else static[1][:, g : g + 1].float()
             elif (b0 + j) % group == 0:  # a new group: its parameters from w as it is now
                 span = wb[:, j : j + group] if group < cols else w
-                s16, z8 = compute_qparams(span, scheme, group, storage_dtype)
+                s16, z8 = qparams(span, b0 + j if group < cols else 0)
                 scale[:, g : g + 1] = s16
                 if zp is not None:
                     zp[:, g : g + 1] = z8
@@ -148,6 +167,16 @@ def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool,
         inverse[:, lo:hi] = torch.cholesky_solve(eye, factor)
     del factor
     return torch.linalg.cholesky(inverse, upper=True), perm
+
+
+def _rows(qw: QuantizedWeight, lo: int, hi: int) -> QuantizedWeight:
+    """Rows lo:hi of a stacked weight's quantization, as their own tensors."""
+    return replace(
+        qw,
+        q=qw.q[lo:hi].clone(),
+        scale=qw.scale[lo:hi].clone(),
+        zero_point=None if qw.zero_point is None else qw.zero_point[lo:hi].clone(),
+    )
 
 
 def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
@@ -237,25 +266,33 @@ class GPTQ(Described):
         cfg = self.config
         hessians = {k: _mean_fp32(self._h.pop(k), n) for k, n in self._n.items()}
         self._h, self._n = {}, {}
-        targets = ctx.targets()
-        users = {key: sum(self._key[rel] == key for rel in targets) for key in hessians}
-        for rel in targets:
-            key = self._key[rel]
+        # linears that share an H and a scheme are rounded as one stacked weight (rows are
+        # independent given H): q/k/v and gate/up take one pass of the column loop, whose
+        # per-column overhead is most of GPTQ's rounding time at these widths
+        stacks: dict[tuple, list[str]] = {}
+        for rel in ctx.targets():
+            stacks.setdefault((self._key[rel], ctx.scheme(rel, cfg.scheme)), []).append(rel)
+        users = {key: sum(k == key for k, _ in stacks) for key in hessians}
+        for (key, scheme), rels in stacks.items():
             users[key] -= 1
             last = users[key] == 0  # then H is handed over, not copied
-            w = ctx.sub(rel).weight
-            scheme = ctx.scheme(rel, cfg.scheme)
+            weights = [ctx.sub(rel).weight for rel in rels]
             qw = gptq_quantize(
-                w,
+                weights[0] if len(rels) == 1 else torch.cat(weights),
                 [hessians.pop(key)] if last else hessians[key],  # handed over: see own
                 scheme,
                 ctx.ws.storage_dtype,
                 cfg.act_order,
                 cfg.dampening,
                 own=last,
+                scale_search=cfg.scale_search,
             )
-            ctx.set_quantized(rel, qw)
-            self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
+            lo = 0
+            for rel, w in zip(rels, weights, strict=True):
+                part = qw if len(rels) == 1 else _rows(qw, lo, lo + w.shape[0])
+                lo += w.shape[0]
+                ctx.set_quantized(rel, part)
+                self.groups[f"{ctx.prefix}.{rel}"] = part.group_size
         self.seconds["rounding"] += time.perf_counter() - started
 
     def export(self, ws: Workspace) -> dict:
@@ -264,6 +301,7 @@ class GPTQ(Described):
             "scheme": self.config.scheme.label(),
             "act_order": self.config.act_order,
             "dampening": self.config.dampening,
+            "scale_search": self.config.scale_search,
             "layers": len(self.groups),
             "group_size_adjusted": adjusted_groups(self.groups, self.config.scheme, ws.schemes),
             "seconds": {k: round(v, 1) for k, v in self.seconds.items()},
