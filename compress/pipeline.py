@@ -189,10 +189,16 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         check_context(ckpt, c.length, "calibration length (--calib-len)")
         passes = calibration_passes([*model_stages, *stages, *after])
         log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
+        from compress.runtime.calib_text import runtime_writer  # the kernels load on use
+
         with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
             samples = distributed.first_then_rest(
                 lambda: load_calibration(
-                    c, tokenizer, lambda: load_model(ckpt), ckpt.sha256, ckpt, log
+                    c,
+                    tokenizer,
+                    lambda: load_model(ckpt),
+                    ckpt.sha256,
+                    runtime_writer(ckpt, tokenizer, log),
                 )
             )
     if model_stages:

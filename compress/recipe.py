@@ -488,10 +488,10 @@ class Preset:
 # 16-bit scales (32-bit ones take 0.5 of w4g64's 4.5 bits, 16-bit ones 0.25, and every
 # engine computes in 16 bits anyway), then AWQ, GPTQ, block tuning and a 32-step repair.
 # `fast` (also what `--quant w4g64` with no method means) is the lowest KL measured within
-# about two minutes on 2 cores for the default model (benchmarks/quality.py, issue 36):
-# GPTQ with importance-searched group scales on 16 × 512 calibration tokens: KL 0.144 at
-# w4g64 (32 samples: 0.141, but writing them as self-generated text takes twice the
-# 40 s), where RTN drifts 0.424 and 128-sample min-max GPTQ 0.235 in 5 minutes.
+# about two minutes on 2 cores for the default model (benchmarks/quality.py): GPTQ with
+# importance-searched group scales on 16 × 512 calibration tokens, KL 0.144 at w4g64 in
+# 67 s (32 samples: 0.141, but self-generated text for them takes two minutes, not one),
+# where RTN drifts 0.424 and 128-sample min-max GPTQ 0.235 in 5 minutes.
 PRESETS: dict[str, Preset] = {
     "fast": Preset(stages=(("gptq", {}),), calib=(("samples", 16),)),
     "best": Preset(

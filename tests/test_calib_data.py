@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
-from compress.calib_data.generated import generate_samples, runtime_samples, self_generated
+from compress.calib_data.generated import generate_samples, self_generated
 from compress.errors import LlmpressError
 
 
@@ -76,6 +76,7 @@ def test_the_runtime_writes_self_generated_text(
     each sample from its own seeded generator, so the same ids in any batch, and far
     more likely under the original (transformers' forward) than random tokens. (Mean
     NLL against transformers' own samples, 64 × 64 tokens each: 3.633 vs 3.608.)"""
+    from compress.runtime.calib_text import runtime_samples, runtime_writer
     from compress.runtime.weights import load_weights
 
     weights = load_weights(default_ckpt)
@@ -90,22 +91,24 @@ def test_the_runtime_writes_self_generated_text(
     assert nll < nll_rand - 3
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path))
     said = []
-    c = self_generated(lambda: None, tokenizer, 5, 40, 3, "r" * 16, default_ckpt, said.append)
+    write = runtime_writer(default_ckpt, tokenizer, said.append)
+    c = self_generated(lambda: None, tokenizer, 5, 40, 3, "r" * 16, write)
     assert torch.equal(c, a) and not said
 
 
 def test_a_model_the_runtime_refuses_writes_its_text_with_transformers(
     default_ckpt, base_model, tokenizer, tmp_path, monkeypatch
 ):
-    import compress.runtime.weights as runtime_weights
+    import compress.runtime.calib_text as calib_text
 
     def refuse(ckpt):
         raise LlmpressError("the runtime cannot run this")
 
-    monkeypatch.setattr(runtime_weights, "load_weights", refuse)
+    monkeypatch.setattr(calib_text, "load_weights", refuse)
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path))
     said = []
-    c = self_generated(lambda: base_model, tokenizer, 2, 16, 1, "t" * 16, default_ckpt, said.append)
+    write = calib_text.runtime_writer(default_ckpt, tokenizer, said.append)
+    c = self_generated(lambda: base_model, tokenizer, 2, 16, 1, "t" * 16, write)
     assert torch.equal(c, generate_samples(base_model, tokenizer, 2, 16, seed=1))
     assert said == [
         "generating calibration text with transformers (slower): the runtime cannot run this"

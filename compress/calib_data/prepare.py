@@ -12,13 +12,13 @@ from compress.calib_data.sources import SELF, read_texts
 
 
 def load_calibration(
-    cfg, tokenizer, load_model: Callable, cache_key: str | None = None, ckpt=None, log=print
+    cfg, tokenizer, load_model: Callable, cache_key: str | None = None, writer=None
 ) -> torch.Tensor:
     """Samples from `cfg.source`; `self` has the original model write them (cached), by
-    the runtime when `ckpt` (the original) is given and the runtime runs it."""
+    `writer` first when given (generated.self_generated)."""
     if cfg.source == SELF:
         return self_generated(
-            load_model, tokenizer, cfg.samples, cfg.length, cfg.seed, cache_key, ckpt, log
+            load_model, tokenizer, cfg.samples, cfg.length, cfg.seed, cache_key, writer
         )
     stream = token_stream(tokenizer, read_texts(cfg.source, cfg.text_field))
     return calibration_samples(stream, cfg.samples, cfg.length, cfg.seed)
