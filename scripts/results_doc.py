@@ -117,6 +117,23 @@ def quality(d: dict) -> list[str]:
     ]
 
 
+def scale_search(d: dict) -> list[str]:
+    body = [[f"`{k}`", *drift_cells(r), r["seconds"]] for k, r in d["results"].items()]
+    c = d["calibration"]
+    return [
+        "Every linear of the default model rounded at once to w4g64 (symmetric) from the "
+        "fp32 original's own inputs, statistics from "
+        f"{c['samples']} × {c['length']} tokens of `{c['source']}`, drift on the first "
+        f"{d['windows']} windows of test.txt: a screen of the scale choice, not the "
+        "protocol (benchmarks/quality.py has the pipeline's figures). `search`: each "
+        "group's scale chosen by the error it causes weighted by its inputs' mean square "
+        "(scale_search.py), GPTQ's default; `gptq+pick`: each row keeps whichever GPTQ "
+        "result has less loss on the calibration inputs, which is worse on the text.",
+        "",
+        *table(["rows", *DRIFT, "seconds"], body),
+    ]
+
+
 def quality_timing(d: dict) -> list[str]:
     """Where the time of the lowest-KL 4-bit row went, from its manifest's timing."""
     results = d["results"]
@@ -804,6 +821,12 @@ def distributed(d: dict) -> list[str]:
 
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
+    (
+        "scale_search.json",
+        "Group scales: min-max or searched",
+        "benchmarks/scale_search.py",
+        scale_search,
+    ),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
     ("awq_drift.json", "AWQ against RTN", "benchmarks/awq_drift.py", awq_drift),
     (

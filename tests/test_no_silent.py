@@ -95,21 +95,21 @@ def test_awq_gemm_when_a_layer_is_as_wide_as_the_group(tmp_path):
 
 
 def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch):
-    from compress.calib_data import generated
     from compress.pipeline import compress
     from compress.recipe import recipe_from_flags
+    from compress.runtime import calib_text
 
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))  # nothing generated yet
     model = tiny_model(tmp_path / "tiny")
     lines: list[str] = []
     logged_before = []
-    real = generated.generate_samples
+    real = calib_text.runtime_samples  # what writes the text (the runtime runs tiny llamas)
 
     def generate(*args, **kwargs):
         logged_before.append(list(lines))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(generated, "generate_samples", generate)
+    monkeypatch.setattr(calib_text, "runtime_samples", generate)
     calib = {"samples": 4, "length": 32}
     recipe = recipe_from_flags(None, "int8", calib, {})
     compress(str(model), recipe, tmp_path / "a", log=lines.append)

@@ -73,10 +73,10 @@ def gptq_quantize(
     it alive: at a 7B down_proj that is 1.4 GB).
 
     With `scale_search`, group scales are searched against H's diagonal
-    (scale_search.py) instead of min-max. Measured on the default model (w4g64, 16 × 512
-    calibration tokens, 16 windows): KL 0.348 → 0.175. Choosing per row whichever of the
-    two leaves less GPTQ loss on the calibration inputs was tried and is worse, KL 0.224:
-    the searched scales lose on that loss in most q/v rows and still win on the text."""
+    (scale_search.py) instead of min-max. On the default model (benchmarks/scale_search.py,
+    w4g64, 16 windows): KL 0.348 → 0.175. Choosing per row whichever of the two leaves
+    less GPTQ loss on the calibration inputs is worse, KL 0.224: the searched scales lose
+    on that loss in most q/v rows and still win on the text."""
     held = h if isinstance(h, list) else [h]
     del h
     w = w.detach().float().clone()

@@ -9,11 +9,12 @@ the least importance-weighted error, then refits that scale to its integers by w
 least squares (s = Σ d w q / Σ d q², the scale those integers want), kept only if it
 lowers the error again.
 
-On the default model, w4g64 symmetric, 16 windows (benchmarks/quality.py rows for the
-pipeline's figures): RTN's min-max KL 0.452; this search with E[x²] weights 0.254; with
-plain weight MSE (no importance) 0.480, worse than min-max, which is why the search
-always takes an importance. Scales keep the storage dtype's rounding as compute_qparams
-does, so the integers fit the stored scale exactly.
+On the default model, w4g64 symmetric (benchmarks/scale_search.py, a 16-window screen;
+benchmarks/quality.py has the pipeline's figures): RTN's min-max KL 0.452, this search
+0.248; GPTQ 0.348, GPTQ on searched scales 0.175. Plain weight MSE (no importance) came
+out worse than min-max in an earlier version of the screen (0.480), which is why the
+search always takes an importance. Scales keep the storage dtype's rounding as
+compute_qparams does, so the integers fit the stored scale exactly.
 """
 
 from __future__ import annotations
