@@ -45,6 +45,7 @@ from compress.plan import (
 )
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe, resolve_lm_head
+from compress.runtime.calib_text import runtime_writer
 from compress.stage import BlockContext, Workspace
 
 _CPU = torch.device("cpu")
@@ -189,8 +190,6 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         check_context(ckpt, c.length, "calibration length (--calib-len)")
         passes = calibration_passes([*model_stages, *stages, *after])
         log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
-        from compress.runtime.calib_text import runtime_writer  # the kernels load on use
-
         with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
             samples = distributed.first_then_rest(
                 lambda: load_calibration(

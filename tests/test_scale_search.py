@@ -1,15 +1,15 @@
-"""Group scales searched against the inputs' importance, GPTQ's stacked rounding, and the
-`fast` preset that `--quant w4g64` (no method) names."""
+"""Group scales searched against the inputs' importance, and the `fast` preset that
+`--quant w4g64` (no method) names."""
 
 import pytest
 import torch
 
 from compress.errors import LlmpressError
-from compress.quantizers.gptq import _rows, gptq_quantize
+from compress.quantizers.gptq import gptq_quantize
 from compress.quantizers.scale_search import search_qparams
 from compress.quantizers.scheme import QuantScheme, compute_qparams, dequantize, quantize_with
 from compress.recipe import parse_quant, quant_recipe, recipe_from_flags
-from tests.test_gptq import _layer, real_block_inputs
+from tests.test_gptq import real_block_inputs
 
 
 def _weighted_error(w, d, scale, zp, scheme):
@@ -70,21 +70,6 @@ def test_gptq_keeps_an_outlier_group_from_ruining_a_layer(default_ckpt, tokenize
         g = gptq_quantize(w, h, QuantScheme(4, 64, False), torch.float32, True, scale_search=search)
         errs.append(float((x @ (g.dequantize() - w).T).square().sum()))
     assert errs[1] < 0.2 * errs[0], errs
-
-
-def test_stacked_rows_round_as_each_weight_alone():
-    """q/k/v (or gate/up) share H, and GPTQ's rows are independent given H: the stage
-    rounds them as one stacked weight, which must give each its own codes."""
-    w, _, h = _layer(rows=96)
-    a, b = w[:40], w[40:]
-    scheme = QuantScheme(4, 64, False)
-    stacked = gptq_quantize(w, h, scheme, torch.float32, act_order=True, scale_search=True)
-    for lo, hi, part in ((0, 40, a), (40, 96, b)):
-        alone = gptq_quantize(part, h, scheme, torch.float32, act_order=True, scale_search=True)
-        rows = _rows(stacked, lo, hi)
-        assert torch.equal(rows.scale, alone.scale)
-        same = (rows.q == alone.q).float().mean()
-        assert same > 0.999, float(same)  # a matmul's summation order may differ per shape
 
 
 def test_a_spec_without_method_is_the_fast_preset():

@@ -16,7 +16,7 @@ produce, in the same bounded memory: one H per distinct linear input of the bloc
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -48,7 +48,7 @@ class GPTQConfig(RTNConfig):
     act_order: bool = True
     dampening: float = 0.01  # added to H's diagonal, as a fraction of its mean
     # group scales searched against H's diagonal (scale_search.py) instead of min-max: on
-    # the default model (16 × 512 calibration tokens, 16 windows) KL 0.348 → 0.173
+    # the default model KL 0.348 → 0.175 (benchmarks/scale_search.py)
     scale_search: bool = True
 
     def __post_init__(self) -> None:
@@ -169,16 +169,6 @@ def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool,
     return torch.linalg.cholesky(inverse, upper=True), perm
 
 
-def _rows(qw: QuantizedWeight, lo: int, hi: int) -> QuantizedWeight:
-    """Rows lo:hi of a stacked weight's quantization, as their own tensors."""
-    return replace(
-        qw,
-        q=qw.q[lo:hi].clone(),
-        scale=qw.scale[lo:hi].clone(),
-        zero_point=None if qw.zero_point is None else qw.zero_point[lo:hi].clone(),
-    )
-
-
 def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
     """The float64 sum (slabs of rows) over n as one fp32 matrix, each slab freed once
     copied: whole, the float64 H beside its fp32 copy was 4.3 GB at a 7B down_proj."""
@@ -266,19 +256,16 @@ class GPTQ(Described):
         cfg = self.config
         hessians = {k: _mean_fp32(self._h.pop(k), n) for k, n in self._n.items()}
         self._h, self._n = {}, {}
-        # linears that share an H and a scheme are rounded as one stacked weight (rows are
-        # independent given H): q/k/v and gate/up take one pass of the column loop, whose
-        # per-column overhead is most of GPTQ's rounding time at these widths
-        stacks: dict[tuple, list[str]] = {}
-        for rel in ctx.targets():
-            stacks.setdefault((self._key[rel], ctx.scheme(rel, cfg.scheme)), []).append(rel)
-        users = {key: sum(k == key for k, _ in stacks) for key in hessians}
-        for (key, scheme), rels in stacks.items():
+        targets = ctx.targets()
+        users = {key: sum(self._key[rel] == key for rel in targets) for key in hessians}
+        for rel in targets:
+            key = self._key[rel]
             users[key] -= 1
             last = users[key] == 0  # then H is handed over, not copied
-            weights = [ctx.sub(rel).weight for rel in rels]
+            w = ctx.sub(rel).weight
+            scheme = ctx.scheme(rel, cfg.scheme)
             qw = gptq_quantize(
-                weights[0] if len(rels) == 1 else torch.cat(weights),
+                w,
                 [hessians.pop(key)] if last else hessians[key],  # handed over: see own
                 scheme,
                 ctx.ws.storage_dtype,
@@ -287,12 +274,8 @@ class GPTQ(Described):
                 own=last,
                 scale_search=cfg.scale_search,
             )
-            lo = 0
-            for rel, w in zip(rels, weights, strict=True):
-                part = qw if len(rels) == 1 else _rows(qw, lo, lo + w.shape[0])
-                lo += w.shape[0]
-                ctx.set_quantized(rel, part)
-                self.groups[f"{ctx.prefix}.{rel}"] = part.group_size
+            ctx.set_quantized(rel, qw)
+            self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
         self.seconds["rounding"] += time.perf_counter() - started
 
     def export(self, ws: Workspace) -> dict:

@@ -21,7 +21,13 @@ from __future__ import annotations
 
 import torch
 
-from compress.quantizers.scheme import QuantScheme, compute_qparams
+from compress.quantizers.scheme import (
+    QuantScheme,
+    compute_qparams,
+    dequantize,
+    quantize_with,
+    storage_rounded,
+)
 
 # clip factors tried per group; above 1 lets a group's largest positive weight round to
 # qmax instead of past it (at 4 bits max|w| / 7.5 puts it at 7.5)
@@ -41,58 +47,38 @@ def search_qparams(
     d = importance.detach().float().to(w.device).clamp(min=0)
     if not bool((d > 0).any()):  # no input was ever seen: nothing to weigh by
         return compute_qparams(w, scheme, group, storage_dtype)
-    d = d.reshape(1, -1, group)
     scales, zps = [], []
     for lo in range(0, w.shape[0], ROWS):
-        part = w[lo : lo + ROWS].float()
-        s, z = _search(part.reshape(part.shape[0], -1, group), scheme, storage_dtype, d)
+        s, z = _search(w[lo : lo + ROWS].float(), scheme, group, storage_dtype, d)
         scales.append(s)
         zps.append(z)
     scale = torch.cat(scales)
     return scale, None if zps[0] is None else torch.cat(zps)
 
 
-def _search(g: torch.Tensor, scheme: QuantScheme, dtype: torch.dtype, d: torch.Tensor):
-    tiny = torch.finfo(dtype).tiny
-    best_err = best_s = best_z = None
-    if scheme.zero_point:
-        lo0 = g.amin(-1, keepdim=True).clamp(max=0)
-        hi0 = g.amax(-1, keepdim=True).clamp(min=0)
-    else:
-        amax = g.abs().amax(-1, keepdim=True)
+def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Tensor):
+    best: list[torch.Tensor | None] = [None, None, None]  # error, scale, zero point
 
-    def rounded(s: torch.Tensor) -> torch.Tensor:
-        return s.clamp(min=tiny).to(dtype).float().clamp(min=tiny)
-
-    def consider(s: torch.Tensor, z: torch.Tensor | None) -> torch.Tensor:
-        nonlocal best_err, best_s, best_z
-        q = torch.round(g / s) + (0 if z is None else z)
-        q = q.clamp(scheme.qmin, scheme.qmax)
-        err = (d * (g - (q - (0 if z is None else z)) * s) ** 2).sum(-1, keepdim=True)
-        if best_err is None:
-            best_err, best_s, best_z = err, s, z
-        else:
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_s = torch.where(better, s, best_s)
-            if z is not None:
-                best_z = torch.where(better, z, best_z)
-        return q
+    def consider(scale: torch.Tensor, zp: torch.Tensor | None) -> None:
+        wq = dequantize(quantize_with(w, scale, zp, scheme, group), scale, zp, group)
+        err = (d * (w - wq) ** 2).reshape(w.shape[0], -1, group).sum(-1)
+        if best[0] is None:
+            best[:] = [err, scale, zp]
+            return
+        better = err < best[0]
+        best[0] = torch.where(better, err, best[0])
+        best[1] = torch.where(better, scale, best[1])
+        if zp is not None:
+            best[2] = torch.where(better, zp, best[2])
 
     for c in GRID:
-        if scheme.zero_point:
-            lo, hi = lo0 * c, hi0 * c
-            s = rounded((hi - lo) / (scheme.qmax - scheme.qmin))
-            z = torch.round(scheme.qmin - lo / s).clamp(scheme.qmin, scheme.qmax)
-            consider(s, z)
-        else:
-            consider(rounded(amax * c / ((scheme.qmax - scheme.qmin) / 2)), None)
+        consider(*compute_qparams(w, scheme, group, dtype, clip=c))
     if not scheme.zero_point:  # least-squares refit of the winner's scale to its integers
         for _ in range(2):
-            q = (torch.round(g / best_s)).clamp(scheme.qmin, scheme.qmax)
-            num = (d * g * q).sum(-1, keepdim=True)
-            den = (d * q * q).sum(-1, keepdim=True)
-            refit = torch.where((num > 0) & (den > 0), num / den.clamp(min=tiny), best_s)
-            consider(rounded(refit), None)
-    scale = best_s[..., 0].to(dtype)
-    return scale, None if best_z is None else best_z[..., 0].to(torch.int8)
+            s = best[1].float()
+            q = quantize_with(w, best[1], None, scheme, group).float()
+            num = (d * w * q).reshape(w.shape[0], -1, group).sum(-1)
+            den = (d * q * q).reshape(w.shape[0], -1, group).sum(-1)
+            refit = torch.where((num > 0) & (den > 0), num / den.clamp(min=1e-30), s)
+            consider(storage_rounded(refit, dtype), None)
+    return best[1], best[2]

@@ -153,12 +153,17 @@ def compute_qparams(
         scale = _exact_div(hi - lo, scheme.qmax - scheme.qmin)
     else:  # max|w| / 7.5 at 4 bits (compressed-tensors' rule): -8 is used, +max rounds to 7
         scale = _exact_div(g.abs().amax(dim=-1) * clip, (scheme.qmax - scheme.qmin) / 2)
-    tiny = torch.finfo(storage_dtype).tiny
-    scale = scale.clamp(min=tiny).to(storage_dtype).float().clamp(min=tiny)
+    scale = storage_rounded(scale, storage_dtype)
     if not scheme.zero_point:
-        return scale.to(storage_dtype), None
-    zp = torch.round(scheme.qmin - lo / scale).clamp(scheme.qmin, scheme.qmax)
-    return scale.to(storage_dtype), zp.to(torch.int8)
+        return scale, None
+    zp = torch.round(scheme.qmin - lo / scale.float()).clamp(scheme.qmin, scheme.qmax)
+    return scale, zp.to(torch.int8)
+
+
+def storage_rounded(scale: torch.Tensor, storage_dtype: torch.dtype) -> torch.Tensor:
+    """Positive scales as the storage dtype holds them (never 0: its smallest normal)."""
+    tiny = torch.finfo(storage_dtype).tiny
+    return scale.clamp(min=tiny).to(storage_dtype).float().clamp(min=tiny).to(storage_dtype)
 
 
 def _exact_div(x: torch.Tensor, divisor: float) -> torch.Tensor:
