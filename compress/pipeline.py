@@ -203,7 +203,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     if model_stages:
         ckpt, records, schemes = run_model_stages(
             source, model_stages, samples, tokenizer, work_dir(output), resume, log, timing,
-            ws.storage_dtype, recipe.ignore,
+            ws.storage_dtype, recipe.ignore, device,
         )  # fmt: skip
         ws = _workspace(recipe, ckpt, device)  # again, on the widths the model stages left
         ws.schemes = schemes
@@ -322,10 +322,12 @@ def work_dir(output: Path) -> Path:
 
 
 def run_model_stages(
-    source, stages, samples, tokenizer, folder, resume, log, timing, storage_dtype, ignore
-):
-    """Run the whole-model stages and save their result as a checkpoint the block walk reads
-    (the source itself when none changed the weights); also the per-linear schemes they chose."""
+    source, stages, samples, tokenizer, folder, resume, log, timing, storage_dtype, ignore,
+    device=_CPU,
+):  # fmt: skip
+    """Run the whole-model stages on `device` and save their result as a checkpoint the
+    block walk reads (the source itself when none changed the weights); also the per-linear
+    schemes they chose."""
     import json
 
     from compress.calib_data.prepare import load_calibration as load_text
@@ -336,7 +338,7 @@ def run_model_stages(
         shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     with clock("load model"):
-        teacher = load_model(source)
+        teacher = load_model(source).to(device)
     ctx = ModelContext(
         teacher=teacher,
         model=teacher,
@@ -350,6 +352,7 @@ def run_model_stages(
         log=log,
         storage_dtype=storage_dtype,
         ignore=ignore,
+        device=device,
     )
     records = []
     for stage in stages:
@@ -360,7 +363,8 @@ def run_model_stages(
     out = folder / "model"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    state = {k: v.contiguous() for k, v in ctx.model.state_dict().items()}
+    state = {k: v.contiguous().cpu() for k, v in ctx.model.state_dict().items()}
+    teacher = ctx.model = ctx.teacher = None  # the device's memory goes back to the walk
     if ctx.config.get("tie_word_embeddings"):
         state.pop(f"{source.adapter.lm_head}.weight", None)
     save_file(state, str(out / "model.safetensors"))
@@ -380,9 +384,10 @@ def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
     from compress.stage import ModelContext
 
     ws, clock = run.ws, _Clock(run.timing)
+    device = ws.store.device
     with clock("load model"):
-        teacher = load_model(run.source)
-        student = load_model(ws.store.ckpt)
+        teacher = load_model(run.source).to(device)
+        student = load_model(ws.store.ckpt).to(device)
         with torch.no_grad():
             for name, tensor in ws.updated.items():
                 student.get_parameter(name).copy_(tensor.float())
@@ -403,6 +408,7 @@ def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
         log=run.log,
         quantized=ws.quantized,
         storage_dtype=ws.storage_dtype,
+        device=device,
     )
     records = []
     for stage in run.after:

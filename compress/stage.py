@@ -296,6 +296,9 @@ class ModelContext:
     # and the recipe's `ignore` patterns (linears no stage quantizes)
     schemes: dict[str, QuantScheme] = field(default_factory=dict)
     ignore: tuple[str, ...] = ()
+    # where the models are and the stages compute (`--device`); `samples` stay in host
+    # memory and each stage moves what it feeds the model
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
 
 class ModelStage(Protocol):

@@ -124,7 +124,19 @@ RECIPES = {
     "awq+gptq": [{"awq": {}}, {"gptq": {}}],
     "gptq+tune": [{"gptq": {}}, {"tune": {"steps": 3}}],
     "int8": [{"int8": {"top_k": 2}}],
+    # the whole-model stages: Fisher information, the quantized repair, pruning's scores
+    "mixed+gptq+distill": [
+        {"mixed": {"bits_budget": 5.0, "samples": 2}},
+        {"gptq": {}},
+        {"distill": {"tokens": 3 * 2 * 48, "batch": 2}},
+    ],
+    "prune+distill+rtn": [
+        {"prune": {"mlp": 0.25, "layers": 1}},
+        {"distill": {"tokens": 3 * 2 * 48, "batch": 2}},
+        {"rtn": {}},
+    ],
 }
+MODEL_STAGES = ("mixed+gptq+distill", "prune+distill+rtn")
 
 
 class _DeviceNamed(TorchFunctionMode):
@@ -156,7 +168,7 @@ def test_stage_code_names_its_datas_device(tiny, calib_text, tmp_path, monkeypat
     recipe = parse_recipe({"stages": RECIPES[name], "calib": calib_text, "lm_head": "none"})
     plain = compress(str(tiny), recipe, tmp_path / "plain", log=lambda _: None)
     for entry in STAGES.values():
-        for method in ("calibrate", "transform"):
+        for method in ("calibrate", "transform", "run"):
             original = getattr(entry.factory, method, None)
             if original is None:
                 continue
@@ -200,7 +212,9 @@ def test_cuda_compresses_what_the_cpu_does(tiny, calib_text, tmp_path, name):
     ids = torch.randint(0, 4096, (2, 32), generator=torch.Generator().manual_seed(0))
     original, on_cpu, on_gpu = (_logits(f, ids) for f in (tiny, cpu, gpu))
     error = (on_cpu - original).norm()
-    if name.startswith("awq"):
+    if name.startswith("awq") or name in MODEL_STAGES:
+        # near ties split the other way (AWQ's search, mixed's allocation, pruning's
+        # choice of units), and training carries every difference on
         assert (on_gpu - original).norm() <= 1.25 * error
     else:
         assert (on_gpu - on_cpu).norm() <= 0.25 * error

@@ -62,22 +62,25 @@ def self_generated(
 def generate_samples(
     model, tokenizer, n: int, length: int, seed: int, batch_size: int = BATCH
 ) -> torch.Tensor:
-    """[n, length] token ids sampled from `model` (temperature 1), seeded."""
+    """[n, length] token ids sampled from `model` (temperature 1), seeded; drawn in host
+    memory, so a model on a GPU samples from the same generator."""
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     gen = torch.Generator().manual_seed(seed)
-    out = torch.empty(n, length, dtype=torch.long)
+    device = next(model.parameters()).device
+    out = torch.empty(n, length, dtype=torch.long, device="cpu")
     bar = tqdm(total=n * (length - 1), desc="generating calibration text", unit="tok")
     for lo in range(0, n, batch_size):
         rows = min(batch_size, n - lo)
-        ids = torch.full((rows, 1), start, dtype=torch.long)
+        ids = torch.full((rows, 1), start, dtype=torch.long, device=device)
         out[lo : lo + rows, 0] = start
         past = None
         for t in range(1, length):
             result = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = result.past_key_values
-            probs = torch.softmax(result.logits[:, -1].float(), dim=-1)
-            ids = torch.multinomial(probs, 1, generator=gen)
-            out[lo : lo + rows, t] = ids[:, 0]
+            probs = torch.softmax(result.logits[:, -1].float(), dim=-1).cpu()
+            drawn = torch.multinomial(probs, 1, generator=gen)
+            out[lo : lo + rows, t] = drawn[:, 0]
+            ids = drawn.to(device)
             bar.update(rows)
     bar.close()
     return out

@@ -58,9 +58,10 @@ def batch_indices(step: int, batch: int, n: int, seed: int) -> torch.Tensor:
     idx = []
     for k in range(step * batch, (step + 1) * batch):
         epoch, pos = divmod(k, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100003 + epoch))
+        gen = torch.Generator().manual_seed(seed * 100003 + epoch)
+        perm = torch.randperm(n, generator=gen, device="cpu")
         idx.append(int(perm[pos]))
-    return torch.tensor(idx)
+    return torch.tensor(idx, device="cpu")  # indexes the samples, kept in host memory
 
 
 def kd_loss(student_logits, teacher_logits, temperature: float) -> torch.Tensor:
@@ -90,7 +91,7 @@ def hidden_loss(student_out, teacher_out, layer_map, hidden_index) -> torch.Tens
     for j, s in enumerate(student_out):
         t = teacher_out[layer_map[j]]
         if hidden_index is not None:
-            t = t.index_select(-1, hidden_index)
+            t = t.index_select(-1, hidden_index.to(t.device))
         total = total + (s - t).square().mean() / t.square().mean().clamp_min(1e-8)
     return total / len(student_out)
 
@@ -101,7 +102,7 @@ def fingerprint(settings: DistillSettings, config: dict, data: torch.Tensor, stu
     h = hashlib.sha256(json.dumps([asdict(settings), config], sort_keys=True).encode())
     h.update(data.numpy().tobytes())
     for t in student.state_dict().values():
-        h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -248,11 +249,12 @@ def _train(student, teacher, data, s, opt, sched, params, history, start, grab, 
            hidden_index, checkpoint) -> tuple[int, str, int]:  # fmt: skip
     """The steps from `start`: (last step, why it stopped, tokens trained on)."""
     started, done_tokens = time.perf_counter(), 0
+    device = next(student.parameters()).device  # the samples stay in host memory
     bar = tqdm(range(start, s.steps), desc="distill", unit="step", initial=start, total=s.steps)
     for step in bar:
         if s.max_seconds is not None and time.perf_counter() - started > s.max_seconds:
             return step, "time", done_tokens
-        ids = data[batch_indices(step, s.batch, data.shape[0], s.seed)]
+        ids = data[batch_indices(step, s.batch, data.shape[0], s.seed)].to(device)
         with torch.no_grad():
             t_logits = teacher(input_ids=ids, use_cache=False).logits
         t_hidden = grab[1].take() if grab else None

@@ -58,10 +58,11 @@ class QuantLinear(torch.nn.Module):
     @torch.no_grad()
     def result(self, storage_dtype: torch.dtype) -> QuantizedWeight:
         z = self.zero()
+        cpu = torch.device("cpu")  # what the artifact writer reads
         return QuantizedWeight(
-            q=self.q.clone(),
-            scale=self.scale().to(storage_dtype),
-            zero_point=None if z is None else z.to(torch.int8),
+            q=self.q.to(cpu, copy=True),
+            scale=self.scale().to(cpu, storage_dtype),
+            zero_point=None if z is None else z.to(cpu, torch.int8),
             scheme=self.scheme,
             group_size=self.group,
         )
@@ -79,7 +80,7 @@ def wrap(model: torch.nn.Module, quantized: dict[str, QuantizedWeight]) -> dict[
         linear = getattr(owner, child)
         if not isinstance(linear, torch.nn.Linear):
             continue
-        wrapped[name] = QuantLinear(qw, linear.bias)
+        wrapped[name] = QuantLinear(qw, linear.bias).to(linear.weight.device)
         setattr(owner, child, wrapped[name])
     return wrapped
 

@@ -58,10 +58,11 @@ def activation_importance(
     layers = model.get_submodule(adapter.blocks)
     n_layers, heads = len(layers), cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    head_sq = torch.zeros(n_layers, heads, dtype=torch.float64)
-    mlp_sq = torch.zeros(n_layers, cfg.intermediate_size, dtype=torch.float64)
-    hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64)
-    cos_sum = torch.zeros(n_layers, dtype=torch.float64)
+    dev = next(model.parameters()).device  # sums kept where the model runs
+    head_sq = torch.zeros(n_layers, heads, dtype=torch.float64, device=dev)
+    mlp_sq = torch.zeros(n_layers, cfg.intermediate_size, dtype=torch.float64, device=dev)
+    hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64, device=dev)
+    cos_sum = torch.zeros(n_layers, dtype=torch.float64, device=dev)
     handles = []
 
     def on_o(i):
@@ -106,7 +107,7 @@ def activation_importance(
     handles.append(final.register_forward_hook(on_norm(2 * n_layers)))
     try:
         for lo in tqdm(range(0, samples.shape[0], chunk), desc="importance", unit="chunk"):
-            model(input_ids=samples[lo : lo + chunk], use_cache=False)
+            model(input_ids=samples[lo : lo + chunk].to(dev), use_cache=False)
     finally:
         for h in handles:
             h.remove()
@@ -114,11 +115,11 @@ def activation_importance(
     down_norm = torch.stack(
         [block.get_submodule(adapter.down).weight.norm(dim=0).double() for block in layers]
     )
-    result = Importance(
-        heads=(head_sq / tokens).sqrt().float(),
-        mlp=((mlp_sq / tokens).sqrt() * down_norm).float(),
-        hidden=(hidden_sq / tokens).sqrt().sum(0).float(),
-        layer_bi=(1 - cos_sum / tokens).float(),
+    result = Importance(  # scores in host memory, where the plan is made
+        heads=(head_sq / tokens).sqrt().float().cpu(),
+        mlp=((mlp_sq / tokens).sqrt() * down_norm).float().cpu(),
+        hidden=(hidden_sq / tokens).sqrt().sum(0).float().cpu(),
+        layer_bi=(1 - cos_sum / tokens).float().cpu(),
         tokens=tokens,
     )
     if drift_samples:
@@ -143,6 +144,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
         for layer in layers
     ]
     try:
+        samples = samples.to(next(model.parameters()).device)
         base = torch.log_softmax(model(input_ids=samples, use_cache=False).logits.float(), -1)
     finally:
         for h in handles:
@@ -151,14 +153,14 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
 
     rope = Positions(adapter.spec(model.config.to_dict()), samples.shape[1])
     norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.lm_head)
-    out = torch.zeros(len(layers))
+    out = torch.zeros(len(layers), device="cpu")
     for i in tqdm(range(len(layers)), desc="layer removal", unit="layer"):
         h = entering[i]
         for layer in layers[i + 1 :]:
             h = layer(h, **rope.kwargs(layer))
             h = h[0] if isinstance(h, tuple) else h
         logp = torch.log_softmax(head(norm(h)).float(), -1)
-        out[i] = (base.exp() * (base - logp)).sum(-1).mean()
+        out[i] = float((base.exp() * (base - logp)).sum(-1).mean())
     return out
 
 
@@ -168,7 +170,7 @@ def random_importance(config: dict, seed: int, layers: int | None = None) -> Imp
     n = layers or config["num_hidden_layers"]
 
     def rand(*shape):
-        return torch.rand(*shape, generator=gen)
+        return torch.rand(*shape, generator=gen, device="cpu")
 
     return Importance(
         heads=rand(n, config["num_attention_heads"]),

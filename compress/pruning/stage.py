@@ -161,8 +161,9 @@ class Prune(Described):
         for _, shape, cuts in candidates:
             keep = choose(imp, full, shape, c.head_mode, c.layer_metric)
             config = pruned_config(ctx.config, shape, keep)
-            state = prune_state(ctx.model.state_dict(), ctx.adapter, full, keep)
-            model = build_model(config, state, ctx.adapter)
+            state = {k: v.cpu() for k, v in ctx.model.state_dict().items()}
+            state = prune_state(state, ctx.adapter, full, keep)
+            model = build_model(config, state, ctx.adapter).to(ctx.device)
             kl = 0.0
             if len(candidates) > 1:
                 kl = output_kl(ctx.model, model, samples[: c.drift_samples])
@@ -198,13 +199,14 @@ class Prune(Described):
 @torch.no_grad()
 def output_kl(reference, model, samples: torch.Tensor) -> float:
     """KL(reference ‖ model) per token on `samples`: how far a candidate drifts, unrepaired."""
+    samples = samples.to(next(model.parameters()).device)
     p = torch.log_softmax(reference(input_ids=samples, use_cache=False).logits.float(), -1)
     q = torch.log_softmax(model(input_ids=samples, use_cache=False).logits.float(), -1)
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
 def _compose(previous, kept: list[int]):
-    kept_t = torch.tensor(kept)
+    kept_t = torch.tensor(kept, device="cpu")
     return kept_t if previous is None else previous[kept_t]
 
 

@@ -71,14 +71,16 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
 
 def _units(index: list[int], size: int) -> torch.Tensor:
     """Row/column indices of whole units (e.g. a head is head_dim rows)."""
-    return (torch.tensor(index)[:, None] * size + torch.arange(size)).flatten()
+    cpu = torch.device("cpu")  # the surgery cuts a state dict in host memory
+    rows = torch.tensor(index, device=cpu)[:, None] * size
+    return (rows + torch.arange(size, device=cpu)).flatten()
 
 
 def prune_state(
     state: dict[str, torch.Tensor], adapter, full: Shape, keep: Keep
 ) -> dict[str, torch.Tensor]:
     """The state dict of the pruned model (tied lm_head left out, as checkpoints store it)."""
-    hidden = torch.tensor(keep.hidden)
+    hidden = torch.tensor(keep.hidden, device="cpu")
     out: dict[str, torch.Tensor] = {}
     cut = {g.axis: g for g in adapter.cut_groups}
     fused = adapter.fused_rows(full)
@@ -87,7 +89,7 @@ def prune_state(
         index = {
             "heads": _units(keep.heads[new], full.head_dim),
             "kv_heads": _units(keep.kv_heads[new], full.head_dim),
-            "mlp": torch.tensor(keep.mlp[new]),
+            "mlp": torch.tensor(keep.mlp[new], device="cpu"),
             "hidden": hidden,
         }
         for name, tensor in state.items():

@@ -137,10 +137,11 @@ def fisher_diagonal(model, samples: torch.Tensor, names: list[str], seed: int) -
     for w in weights.values():
         w.requires_grad_(True)
     fisher = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in weights.items()}
-    gen = torch.Generator().manual_seed(seed)
+    device = next(iter(weights.values())).device
+    gen = torch.Generator(device=device).manual_seed(seed)  # labels drawn where logits are
     try:
         for ids in tqdm(samples, desc="fisher", unit="sample"):
-            logits = model(input_ids=ids[None]).logits[0].float()
+            logits = model(input_ids=ids[None].to(device)).logits[0].float()
             with torch.no_grad():
                 labels = torch.multinomial(logits.softmax(-1), 1, generator=gen)[:, 0]
             loss = F.cross_entropy(logits, labels, reduction="sum")
