@@ -62,6 +62,7 @@ PRESET_ROWS = ("fast", "best")
 SCHEMES = {
     "w4g64": {"bits": 4, "group_size": 64, "zero_point": False},
     "w3g64": {"bits": 3, "group_size": 64, "zero_point": False},
+    "w2g64": {"bits": 2, "group_size": 64, "zero_point": False},
     # zero points: better quality, but only transformers' dequantize=True path and vLLM
     # load them (docs/format.md), so they are a comparison, not the default
     "w4g64zp": {"bits": 4, "group_size": 64, "zero_point": True},
@@ -182,6 +183,7 @@ def main() -> None:
             }
             timing[label] = {
                 "pipeline": manifest["timing_s"],
+                "estimate": manifest.get("estimate_s", {}),  # what compress said before
                 **{r["stage"]: r.get("seconds", {}) for r in manifest["stages"]},
             }
             # each row evaluated as soon as it is made: a long run keeps what it measured

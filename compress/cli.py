@@ -70,7 +70,7 @@ def cli() -> None:
     "--quant",
     "quant",
     help="Shorthand: w4g64 (the fast preset: GPTQ with searched scales, 16 samples), "
-    "best:w4g64 (mixed → awq → gptq → tune → distill), awq:w4g64, gptq:w4g64, rtn:w4g64, "
+    "best:w4g64 (mixed → gptq → distill, 64 samples), awq:w4g64, gptq:w4g64, rtn:w4g64, "
     "rtn:w8 (per-channel), int8.",
 )
 @click.option("--calib", help="Calibration text: .txt/.jsonl/.parquet, a dataset name, or `self`.")

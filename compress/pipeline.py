@@ -22,10 +22,11 @@ from compress.artifact.engines import engine_problems, transformers_route
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
 from compress.artifact.writer import ArtifactWriter, preflight_export
-from compress.calib_data.cost import calibration_passes, calibration_plan
+from compress.calib_data.cost import calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.device import activation_home, describe, resolve_device
 from compress.errors import LlmpressError
+from compress.estimate import estimate, estimate_line, workload
 from compress.model.blocks import CHUNK, BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import (
@@ -185,11 +186,12 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     tokenizer = load_tokenizer(ckpt)
     samples = records = None
     timing: dict[str, float] = defaultdict(float)
+    estimated = _estimate(recipe, ckpt, [*model_stages, *stages, *after])
+    log(estimate_line(estimated))  # before any of the work
     if recipe.needs_calibration:
         c = recipe.calib
         check_context(ckpt, c.length, "calibration length (--calib-len)")
-        passes = calibration_passes([*model_stages, *stages, *after])
-        log(calibration_plan(c, ckpt, passes))  # what it will cost, before any of it
+        log(calibration_plan(c, ckpt))  # where the text comes from, and generating it
         with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
             samples = distributed.first_then_rest(
                 lambda: load_calibration(
@@ -218,7 +220,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
             _extra(recipe),
         )  # fmt: skip
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
-    run.after, run.resume = after, resume
+    run.after, run.resume, run.estimate = after, resume, estimated
     try:
         _run_stages(run, samples)
     except BaseException:
@@ -230,6 +232,16 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     distributed.barrier()  # the artifact is in place before any rank returns
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
+
+
+def _estimate(recipe: Recipe, ckpt: Checkpoint, stages: list) -> dict:
+    """Seconds per part of the recipe on this machine (compress/estimate.py): the block
+    stages' calibration passes and the walk's, then each stage's own work."""
+    calibrating = [st for st in stages if st.needs_calibration and not st.whole_model]
+    passes = len(calibrating) + bool(calibrating)
+    c = recipe.calib
+    load = workload(ckpt, c.samples if recipe.needs_calibration else 0, c.length)
+    return estimate(stages, load, passes)
 
 
 def _split(stages: list) -> tuple[list, list, list]:
@@ -445,6 +457,7 @@ class _Run:
     records: list[dict]  # the model stages' records; the block stages' join at the end
     after: list = field(default_factory=list)  # whole-model stages on the quantized model
     resume: bool = False
+    estimate: dict = field(default_factory=dict)  # seconds per part, said before the run
 
 
 def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
@@ -540,6 +553,8 @@ def _write_manifest(run: _Run, folder: Path) -> None:
     if run.ws.experts:
         manifest["experts"] = expert_record(run.ws.experts, run.ws.store.spec.mlp)
     manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
+    # what was said before the run, beside what it took (timing_s, compress_seconds)
+    manifest["estimate_s"] = {**run.estimate, "total": round(sum(run.estimate.values()), 1)}
     manifest["device"] = describe(run.ws.store.device)
     if distributed.world() > 1:
         manifest["processes"] = distributed.world()

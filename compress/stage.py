@@ -242,6 +242,12 @@ class Described:
     def figures(record: dict) -> list[Figure]:
         return []
 
+    def work(self, load) -> float:
+        """FLOPs of this stage's own work on a `compress.estimate.Workload`, beyond the
+        calibration passes the pipeline counts (the estimate printed before a run); 0
+        where it is negligible."""
+        return 0.0
+
 
 class Stage(Protocol):
     """One step of a recipe. `needs_calibration` tells the pipeline to carry activations;

@@ -117,6 +117,40 @@ def quality(d: dict) -> list[str]:
     ]
 
 
+# figures measured elsewhere, under the same protocol, that the presets are read against
+ELSEWHERE = [
+    ["HQQ w4g64 (issue 36's text, measured elsewhere)", "", "", "", "0.215", "", "", "0.5", ""],
+    ["llm-compressor GPTQ w4g64 symmetric (MEASURING.md, measured elsewhere)", "39.22", "",
+     "", "0.272", "", "4.5", "", ""],
+]  # fmt: skip
+
+
+def presets(d: dict) -> list[str]:
+    """The issue-36 run: each preset and scheme, its minutes and what compress estimated."""
+    rows = sorted(d["results"].items(), key=lambda kv: (-kv[1]["bits/weight"], kv[1]["kl"]))
+    body = []
+    for name, r in rows:
+        estimate = d["timing_s"].get(name, {}).get("estimate", {})
+        said = f(estimate["total"] / 60, 1) if "total" in estimate else ""
+        body.append([f"`{name}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"], said])
+    c = d["calibration"]
+    return [
+        f"Calibration: `{c['source']}`, each preset's own number of 512-token samples "
+        f"(fast 16, best 64; the `rtn` row none, `gptq` {c['samples']}); evaluation: "
+        f"{d['windows']} windows. Minutes are compress's wall time on this machine "
+        "(2 cores), loading and writing included; `estimated` is what compress printed "
+        "before it started (compress/estimate.py; reading and writing not counted). "
+        "`fast:w4g64` is `--quant w4g64`, the default; `best:wBg64` is mixed precision "
+        "to B + 0.6 bits per weight, GPTQ with searched scales and a 32-step repair, "
+        "scales in bfloat16. Rows sorted by bits, then KL; the last two rows were "
+        "measured elsewhere under the same protocol. The 3- and 2-bit rows were added right "
+        f"after, on the same machine: `{PY} benchmarks/quality.py --rows best --schemes "
+        "w3g64 w2g64 --name presets --append`.",
+        "",
+        *table(["recipe", *DRIFT, "bits/weight", "minutes", "estimated"], body + ELSEWHERE),
+    ]
+
+
 def scale_search(d: dict) -> list[str]:
     body = [[f"`{k}`", *drift_cells(r), r["seconds"]] for k, r in d["results"].items()]
     c = d["calibration"]
@@ -848,6 +882,12 @@ def distributed(d: dict) -> list[str]:
 
 
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
+    (
+        "presets.json",
+        "Quality per minute: the presets",
+        "benchmarks/quality.py --rows rtn gptq fast best --schemes w4g64 --name presets",
+        presets,
+    ),
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
     (
         "scale_search.json",

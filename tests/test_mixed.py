@@ -134,7 +134,7 @@ def test_mixed_recipe_errors(stages, message):
 
 def test_bits_flag_sets_or_adds_the_budget():
     recipe = recipe_from_flags(None, "best:w4g64", {}, {}, (), 4.6)
-    assert [n for n, _ in recipe.stages] == ["mixed", "awq", "gptq", "tune", "distill"]
+    assert [n for n, _ in recipe.stages] == ["mixed", "gptq", "distill"]
     assert recipe.stages[0][1].bits_budget == 4.6 and recipe.stages[0][1].base == "w4g64sym"
     with pytest.raises(LlmpressError, match="export holds one scheme"):
         recipe_from_flags(None, "awq:w4g64zp", {}, {"export": "awq-gemm"}, (), 4.6)

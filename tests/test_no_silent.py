@@ -117,7 +117,8 @@ def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch):
     assert "4 × 32 tokens of text the model generates itself" in plan
     assert "generating it: ~" in plan and "tokens/s here" in plan
     assert "whole model in memory (~0.0 GB in fp32)" in plan  # tiny: 5M parameters
-    assert "calibrating: ≥ " in plan and "(2 passes through the model)" in plan
+    said = [ln for ln in logged_before[0] if ln.startswith("estimated time here:")]
+    assert len(said) == 1  # the recipe's own time, before the text is written
 
     lines.clear()  # the same samples again: cached, nothing to generate
     compress(str(model), recipe, tmp_path / "b", log=lines.append)
@@ -129,21 +130,16 @@ def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch):
     recipe = recipe_from_flags(None, "gptq:w4g32", {**calib, "source": str(text)}, {})
     compress(str(model), recipe, tmp_path / "c", log=lines.append)
     (plan,) = [ln for ln in lines if ln.startswith("calibration:")]
-    assert "4 × 32 tokens from my.txt; calibrating: ≥ " in plan and "generating" not in plan
+    assert plan == "calibration: 4 × 32 tokens from my.txt"
 
 
 def test_long_self_generation_says_how_to_skip_it(default_ckpt):
     """The default model's default 128 × 512 samples: an hour or more on 2 cores (the
     battery's `--quant int8` took 55-90 min and nothing said so)."""
     from compress.calib_data.config import CalibConfig
-    from compress.calib_data.cost import calibration_passes, calibration_plan
-    from compress.recipe import recipe_from_flags
+    from compress.calib_data.cost import calibration_plan
 
-    stages = recipe_from_flags(None, "int8", {}, {}).build()
-    assert calibration_passes(stages) == 2  # int8's pass, and the walk's
-    chain = recipe_from_flags(None, "best:w4g64", {}, {}).build()
-    assert calibration_passes(chain) == 6  # mixed, awq, gptq, tune, distill, the walk
-    plan = calibration_plan(CalibConfig(seed=987654), default_ckpt, 2)  # never cached
+    plan = calibration_plan(CalibConfig(seed=987654), default_ckpt)  # never cached
     assert plan.startswith("calibration: 128 × 512 tokens of text the model generates itself")
     assert plan.endswith("to skip generating, calibrate on your own text: --calib FILE.txt")
 

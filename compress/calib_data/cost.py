@@ -1,23 +1,17 @@
-"""What calibration will cost, said in one line before any of it starts.
+"""What generating calibration text will cost, said in one line before any of it starts.
 
 Calibrating on self-generated text (the default) first has the model write
 samples × length tokens one step at a time, which on a CPU can take an hour for a 135M
 model: a user should know that before it starts, and that a text file of their own skips
 it. The estimate is the work (2 FLOPs per weight per token, plus attention) over this
-machine's matrix-multiply rate, measured now in a fraction of a second at the shapes the
-work runs at:
-
-- generation multiplies 16 rows (the batch generate_samples decodes; the runtime decodes
-  up to 32) by every weight, so it streams the weights from memory; the probe's 64 MB
-  matrix does too. The model's other per-step work (30 layers of small operations,
-  sampling over the vocabulary) makes generation run at about half of that rate:
-  measured on the default model on 2 cores, the runtime wrote 16 × 512 tokens at
-  110-150 tokens/s against a probe that predicted 52 at a quarter (GENERATION_EFFICIENCY).
-- calibrating runs every sample through every block: full rows, compute-bound, at about
-  the probe's rate (on the default model, one pass over 2,048 tokens took 35 s against a
-  predicted 13-33 s on a loaded machine). Each block stage that calibrates makes one
-  pass, and the walk one more to feed each block's output onward; GPTQ's per-layer
-  solve, tuning's steps and distillation come on top, so this part is a lower bound.
+machine's matrix-multiply rate, measured now in a fraction of a second: generation
+multiplies 16 rows (the batch generate_samples decodes; the runtime decodes up to 32) by
+every weight, so it streams the weights from memory; the probe's 64 MB matrix does too.
+The model's other per-step work (30 layers of small operations, sampling over the
+vocabulary) makes generation run at about half of that rate: measured on the default
+model on 2 cores, the runtime wrote 16 × 512 tokens at 110-150 tokens/s against a probe
+that predicted 52 at a quarter (GENERATION_EFFICIENCY). What the recipe itself will take
+is compress/estimate.py's.
 """
 
 from __future__ import annotations
@@ -102,18 +96,10 @@ def duration(seconds: float) -> str:
     return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
 
 
-def calibration_passes(stages) -> int:
-    """Passes of every sample through the model the recipe's `stages` make at least: one
-    per stage that calibrates, and one more when the block walk feeds each block's output
-    to the next."""
-    walk = any(s.needs_calibration and not s.whole_model for s in stages)
-    return sum(bool(s.needs_calibration) for s in stages) + walk
-
-
-def calibration_plan(cfg: CalibConfig, ckpt, passes: int) -> str:
+def calibration_plan(cfg: CalibConfig, ckpt) -> str:
     """The line `compress` prints before calibrating: the source, samples × length, and
-    the estimated time to generate the text (`self`, unless cached) and to calibrate
-    (`passes` passes of every sample through the model)."""
+    the estimated time to generate the text (`self`, unless cached); what calibrating
+    takes is in the line before it (compress/estimate.py)."""
     tokens = cfg.samples * cfg.length
     parts = [f"calibration: {cfg.samples} × {cfg.length} tokens"]
     long_generation = False
@@ -134,9 +120,6 @@ def calibration_plan(cfg: CalibConfig, ckpt, passes: int) -> str:
             long_generation = seconds > LONG_GENERATION_S
     else:
         parts[0] += f" from {data_name(cfg.source)}"
-    seconds = passes * model_flops(ckpt, tokens, cfg.length, with_head=False)
-    seconds /= matmul_rate(512, 1024)
-    parts.append(f"calibrating: ≥ {duration(seconds)} ({passes} passes through the model)")
     line = "; ".join(parts)
     if long_generation:
         line += "; to skip generating, calibrate on your own text: --calib FILE.txt"

@@ -25,6 +25,9 @@ from compress.distill.quantized import param_groups, wrap
 from compress.errors import LlmpressError
 from compress.stage import Described, ModelContext, register_stage
 
+# the repair ran at 1/1.1 of a pass's rate on the default model (compress/estimate.py)
+REPAIR_FACTOR = 1.1
+
 
 @dataclass(frozen=True)
 class DistillConfig:
@@ -79,6 +82,13 @@ class Distill(Described):
     whole_model = True
     requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why
     repairs_quantized = True  # may also come last, after the quantizing stages
+
+    def work(self, load) -> float:
+        """Every step: the teacher forward, the student forward and backward."""
+        c = self.config
+        length = c.length or load.length
+        tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
+        return REPAIR_FACTOR * 4 * load.forward(tokens, head=True)
 
     def __init__(self, config: DistillConfig):
         self.config = config

@@ -100,6 +100,14 @@ class Prune(Described):
     needs_calibration = True
     whole_model = True
 
+    def work(self, load) -> float:
+        """Scoring every unit (one pass), and the layer-removal KL: each layer's removal
+        reruns the layers after it, half the model on average."""
+        c = self.config
+        n = min(c.samples or load.samples, load.samples)
+        drift = load.layers / 2 * load.forward(c.drift_samples * load.length, head=True)
+        return load.forward(n * load.length, head=True) + drift
+
     def __init__(self, config: PruneConfig):
         self.config = config
 

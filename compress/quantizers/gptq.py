@@ -37,6 +37,13 @@ BLOCK = 128  # columns updated together (the lazy batch update of the paper)
 # fp32 product and its float64 copy beside the float64 sum peaked compress at 8.6 GB
 ROWS = 2048
 
+# FLOP-equivalents of the column solve (compress/estimate.py): its lazy-batch updates are
+# skinny products, out·in² FLOPs at a fraction of the probe's rate, and each column has
+# steps of its own (quantizing it, the error feedback inside its block); fitted on the
+# default model and the Llama-3.2-1B and Qwen2.5-7B shapes
+SOLVE_FACTOR = 13.0
+COLUMN_FLOPS = 1.7e7
+
 
 @dataclass(frozen=True)
 class GPTQConfig(RTNConfig):
@@ -201,6 +208,13 @@ class GPTQ(Described):
     per_layer_schemes = True
     activations = None
     needs_calibration = True
+
+    def work(self, load) -> float:
+        """The Hessians (x·xᵀ over every token, per distinct input) and the column solve
+        (out·in² for the lazy-batch updates, plus each column's own steps)."""
+        hessians = sum(2 * load.tokens * d * d for d in load.inputs)
+        solve = sum(SOLVE_FACTOR * o * i * i + COLUMN_FLOPS * i for o, i in load.linears)
+        return load.layers * (hessians + solve)
 
     def __init__(self, config: GPTQConfig):
         self.config = config

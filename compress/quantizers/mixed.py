@@ -42,6 +42,9 @@ from compress.stage import Described, ModelContext, matches_ignore, register_sta
 
 _LABEL = re.compile(r"^w(?P<bits>\d+)(?:g(?P<group>\d+))?(?P<zp>zp|sym)?$")
 
+# the Fisher pass ran at 1/1.33 of a pass's rate on the default model (estimate.py)
+FISHER_FACTOR = 1.33
+
 
 @dataclass(frozen=True)
 class MixedConfig:
@@ -207,6 +210,12 @@ class Mixed(Described):
     def summary(record: dict) -> str | None:
         counts = ", ".join(f"{k} ×{v}" for k, v in record["schemes"].items())
         return f"mixed precision: {record['bits_per_weight']} bits/weight ({counts})"
+
+    def work(self, load) -> float:
+        """The Fisher pass: forward and backward of every sample, output projection
+        included."""
+        tokens = min(self.config.samples, load.samples) * load.length
+        return FISHER_FACTOR * 3 * load.forward(tokens, head=True)
 
     def __init__(self, config: MixedConfig):
         self.config = config

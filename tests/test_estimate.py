@@ -1,0 +1,80 @@
+"""The time a recipe will take, said before it starts and kept in the manifest: the
+workload read from the checkpoint, each stage's work, and the line and record compress
+writes. (How close the estimate comes is measured by benchmarks/quality.py, which keeps
+each row's estimate beside its timing: docs/results.md.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from family_models import write_family
+from test_no_silent import tiny_model
+
+from compress.estimate import estimate, estimate_line, workload
+from compress.model.loading import resolve
+from compress.pipeline import compress
+from compress.recipe import recipe_from_flags
+
+RATE = 1.3e11  # a fixed matrix-multiply rate: the figures below do not depend on the machine
+
+
+def _stages(quant: str):
+    return recipe_from_flags(None, quant, {}, {}).build()
+
+
+def test_workload_of_the_default_model(default_ckpt):
+    load = workload(default_ckpt, 16, 512)
+    per_block = 576 * (576 + 192 + 192 + 576) + 3 * 576 * 1536
+    assert load.block_weights == 30 * per_block
+    # q/k/v read one input, gate/up another: four Hessians a block (attention in, o, MLP in,
+    # down)
+    assert sorted(load.inputs) == [576, 576, 576, 1536]
+    assert load.tokens == 16 * 512 and load.active == 1.0
+
+
+def test_experts_count_at_top_k_of_their_weights(tmp_path):
+    folder = write_family(tmp_path / "mixtral", "mixtral")
+    load = workload(resolve(str(folder)), 4, 64)
+    attention = 128 * (64 + 32 + 32) + 64 * 128  # q, k, v (2 KV heads of 16), o
+    experts = 4 * 3 * 128 * 128
+    assert load.block_weights == 2 * (attention + experts)
+    assert load.active == pytest.approx((attention + experts / 2) / (attention + experts))
+
+
+def test_each_preset_costs_what_its_stages_do(default_ckpt):
+    """More calibration, more stages: more time; each stage that does work is named."""
+    fast = estimate(_stages("w4g64"), workload(default_ckpt, 16, 512), 2, RATE)
+    more = estimate(_stages("w4g64"), workload(default_ckpt, 128, 512), 2, RATE)
+    best = estimate(_stages("best:w4g64"), workload(default_ckpt, 64, 512), 2, RATE)
+    assert set(fast) == {"calibration passes", "gptq"}
+    assert set(best) == {"calibration passes", "mixed", "gptq", "distill"}
+    assert sum(fast.values()) < sum(more.values()) < sum(best.values())
+    assert more["gptq"] > fast["gptq"]  # the Hessians grow with the tokens
+    assert max(best, key=best.get) == "distill"  # as measured: 306 s of 9.6 min
+    assert estimate_line(fast) == (
+        "estimated time here: ~2 min (gptq 55 s, calibration passes 39 s; reading and "
+        "writing not counted)"
+    )
+    assert estimate_line(best).startswith("estimated time here: ~13 min (distill 7 min, ")
+    assert estimate_line({"rtn": 1.0}).startswith("estimated time here: <1 min")
+
+
+def test_compress_says_the_estimate_first_and_keeps_it(tmp_path):
+    model = tiny_model(tmp_path / "tiny")
+    lines: list[str] = []
+    text = tmp_path / "calib.txt"
+    text.write_text("The estimate comes before the work. " * 400)
+    calib = {"source": str(text), "samples": 4, "length": 32}
+    recipe = recipe_from_flags(None, "gptq:w4g64", calib, {})
+    out = compress(str(model), recipe, tmp_path / "a", log=lines.append)
+    said = [i for i, ln in enumerate(lines) if ln.startswith("estimated time here:")]
+    planned = [i for i, ln in enumerate(lines) if ln.startswith("calibration:")]
+    assert len(said) == 1 and said[0] < planned[0]
+    manifest = json.loads((out / "manifest.json").read_text())
+    estimate_s = manifest["estimate_s"]
+    assert set(estimate_s) == {"calibration passes", "gptq", "total"}
+    assert estimate_s["total"] == pytest.approx(
+        estimate_s["calibration passes"] + estimate_s["gptq"], abs=0.11
+    )
+    assert "gptq transform" in manifest["timing_s"] and manifest["compress_seconds"] > 0
