@@ -37,7 +37,13 @@ LAYERS = [
     ("runtime", ["compress.kernels*", "compress.runtime*"]),
     (
         "methods",
-        ["compress.stage", "compress.quantizers*", "compress.pruning*", "compress.distill*"],
+        [
+            "compress.stage",
+            "compress.estimate",
+            "compress.quantizers*",
+            "compress.pruning*",
+            "compress.distill*",
+        ],
     ),
     ("recipe", ["compress.methods", "compress.recipe"]),
     (
