@@ -186,8 +186,12 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     tokenizer = load_tokenizer(ckpt)
     samples = records = None
     timing: dict[str, float] = defaultdict(float)
-    estimated = _estimate(recipe, ckpt, [*model_stages, *stages, *after])
-    log(estimate_line(estimated))  # before any of the work
+    estimated = {}
+    if device.type == "cpu":  # its factors are fitted on CPUs: a GPU gets no made-up figure
+        estimated = _estimate(recipe, ckpt, [*model_stages, *stages, *after])
+        log(estimate_line(estimated))  # before any of the work
+    else:
+        log(f"estimated time: not estimated on {device} (fitted on CPUs); timing_s records it")
     if recipe.needs_calibration:
         c = recipe.calib
         check_context(ckpt, c.length, "calibration length (--calib-len)")
@@ -554,7 +558,9 @@ def _write_manifest(run: _Run, folder: Path) -> None:
         manifest["experts"] = expert_record(run.ws.experts, run.ws.store.spec.mlp)
     manifest["timing_s"] = {k: round(v, 2) for k, v in run.timing.items()}
     # what was said before the run, beside what it took (timing_s, compress_seconds)
-    manifest["estimate_s"] = {**run.estimate, "total": round(sum(run.estimate.values()), 1)}
+    if run.estimate:
+        total = round(sum(run.estimate.values()), 1)
+        manifest["estimate_s"] = {**run.estimate, "total": total}
     manifest["device"] = describe(run.ws.store.device)
     if distributed.world() > 1:
         manifest["processes"] = distributed.world()

@@ -852,7 +852,7 @@ def device_presets(d: dict) -> list[str]:
         "well. Time per block counts every stage's seconds but reading, writing and the "
         "calibration text, over the blocks. Peak RSS is ru_maxrss of the child (the best "
         "preset loads the original and the student whole in fp32 before moving them to the "
-        f"GPU). {d['tests']}.",
+        f"GPU). {d['tests']}. Note: {d['note']}.",
         "",
         *table(COLUMNS_PRESETS, rows),
     ]

@@ -230,6 +230,7 @@ def test_cuda_with_activations_in_host_memory_is_exact(tiny, calib_text, tmp_pat
     lines = []
     hosted = compress(str(tiny), recipe, tmp_path / "hosted", log=lines.append, device="cuda")
     assert any("kept in host memory" in line for line in lines)
+    assert any(ln.startswith("estimated time: not estimated on cuda") for ln in lines)
     a, b = _artifact(resident), _artifact(hosted)
     for key in a:
         assert torch.equal(a[key], b[key]), key
