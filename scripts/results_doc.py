@@ -121,7 +121,7 @@ def quality(d: dict) -> list[str]:
 
 # figures measured elsewhere, under the same protocol, that the presets are read against
 ELSEWHERE = [
-    ["HQQ w4g64 (issue 36's text, measured elsewhere)", "", "", "", "0.215", "", "", "0.5", ""],
+    ["HQQ w4g64 (measured elsewhere, same protocol)", "", "", "", "0.215", "", "", "0.5", ""],
     ["llm-compressor GPTQ w4g64 symmetric (MEASURING.md, measured elsewhere)", "39.22", "",
      "", "0.272", "", "4.5", "", ""],
 ]  # fmt: skip
