@@ -8,7 +8,7 @@ through the blocks for each stage that calibrates, and one for the walk. The sum
 this machine's matrix-multiply rate, measured now in a tenth of a second, is the
 estimate. Each kind of work carries a factor for how far it runs from the probe's rate,
 fitted on the default model and the Llama-3.2-1B and Qwen2.5-7B shapes on a 2-core AMD
-EPYC (docs/results.md, "Preset time: estimated and measured"); reading the checkpoint
+EPYC (docs/results.md, "Quality per minute: the presets"); reading the checkpoint
 and writing the artifact are not counted.
 """
 
