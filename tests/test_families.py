@@ -234,8 +234,7 @@ def test_the_cli_decodes_each_family(w4, name):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in MOE_FAMILIES])
 def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, name):
-    # gemma3's sqrt(hidden) embedding scale; phi3 keeps hidden / heads = head width
-    hidden = {"gemma3_text": 0.0, "phi3": 0.5}.get(name, 0.25)
+    hidden = {"phi3": 0.5}.get(name, 0.25)  # phi3 keeps hidden / heads = head width
     prune = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}}
     out = _compress(models[name], tmp_path / "pruned", [prune, parse_quant("rtn:w4g32")], wikitext)
     config = json.loads((out / "config.json").read_text())
@@ -248,7 +247,6 @@ def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, na
 
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
     cases = {
-        "gemma3_text": ({"hidden": 0.25}, "scaled by sqrt(hidden)"),
         "phi3": ({"hidden": 0.25}, "head width as hidden / heads"),
         "mixtral": ({"mlp": 0.25}, "Mixture-of-Experts"),
     }

@@ -7,12 +7,16 @@ import copy
 
 import pytest
 import torch
+from family_models import build_family
 
 from compress.calib_data import calibration_samples, read_texts, token_stream
 from compress.errors import LlmpressError
+from compress.model.adapters import adapter_for
+from compress.model.loading import build_model
 from compress.pruning.importance import activation_importance
 from compress.pruning.plan import Shape, split_params, target_shape
 from compress.pruning.stage import Prune, PruneConfig, output_kl
+from compress.pruning.surgery import Keep, prune_state, pruned_config
 from compress.recipe import parse_recipe
 from compress.stage import ModelContext
 
@@ -156,3 +160,33 @@ def test_bad_prune_recipes_fail_in_one_line(stages, message):
 def test_removing_every_layer_is_refused(default_ckpt):
     with pytest.raises(LlmpressError, match="cannot remove 30 of 30"):
         Prune(PruneConfig(layers=30)).preflight(default_ckpt.config)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_scaled_embedding_keeps_its_values_when_the_hidden_width_shrinks(tied):
+    """gemma3 multiplies the embedding by sqrt(hidden): after a hidden cut the kept channels
+    still enter the residual stream with their original values, and the head (tied: the
+    same matrix, rescaled; untied: its own) gives the original logits of the kept channels
+    from the same final hidden state, normalized over those channels."""
+    original = build_family("gemma3_text", tie_word_embeddings=tied)
+    config = original.config.to_dict()
+    adapter = adapter_for(config)
+    full = Shape.of(config)
+    target = Shape(**{**vars(full), "hidden": full.hidden // 2})
+    gen = torch.Generator().manual_seed(0)
+    kept = sorted(torch.randperm(full.hidden, generator=gen)[: target.hidden].tolist())
+    every = [list(range(n)) for n in (full.heads, full.kv_heads, full.intermediate)]
+    keep = Keep(list(range(full.layers)), *([x] * full.layers for x in every), kept)
+    state = prune_state(original.state_dict(), adapter, full, keep)
+    pruned = build_model(pruned_config(config, target, keep), state, adapter).eval()
+    ids = torch.randint(0, config["vocab_size"], (1, 12), generator=gen)
+    with torch.no_grad():
+        want = original.get_submodule("model.embed_tokens")(ids)[..., kept]
+        torch.testing.assert_close(pruned.get_submodule("model.embed_tokens")(ids), want)
+        h = torch.randn(5, target.hidden, generator=gen)
+        w = original.get_submodule(adapter.final_norm).weight[kept]
+        eps = config["rms_norm_eps"]
+        normed = h * torch.rsqrt(h.square().mean(-1, keepdim=True) + eps) * (1 + w)
+        head = original.get_submodule(adapter.lm_head).weight[:, kept]
+        got = pruned.get_submodule(adapter.lm_head)(pruned.get_submodule(adapter.final_norm)(h))
+        torch.testing.assert_close(got, normed @ head.T, rtol=1e-5, atol=1e-5)

@@ -354,4 +354,23 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         setattr(owner, child, type(getattr(owner, child))(config=hf_config))
+    _fill_init_buffers(model, adapter)
     return model.eval()
+
+
+def _fill_init_buffers(model, adapter: Adapter) -> None:
+    """Buffers a module computes at init and no checkpoint stores (gemma3's embedding
+    scale, kept beside its float as `scalar_<buffer>`) are left empty by the meta-device
+    build: fill them, and refuse one that cannot be rebuilt rather than compute with it."""
+    derived = tuple(adapter.derived_modules)
+    for name, module in model.named_modules():
+        if name.startswith(derived):
+            continue
+        for buffer in module._non_persistent_buffers_set:
+            scalar = getattr(module, f"scalar_{buffer}", None)
+            if scalar is None:
+                raise LlmpressError(
+                    f"{name}.{buffer} is computed when transformers builds the model and is "
+                    "not in the checkpoint, which llmpress cannot rebuild; open an issue"
+                )
+            getattr(module, buffer).fill_(scalar)

@@ -229,15 +229,9 @@ def _check_family(config: dict) -> None:
 
 
 def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
-    """A family whose embedding is scaled by sqrt(hidden) (gemma3) changes that scale when
-    the hidden width shrinks, which the surgery does not compensate; one whose loaders
-    derive the head width from hidden / heads (phi3) must keep that ratio."""
+    """A family whose loaders derive the head width from hidden / heads (phi3) must keep
+    that ratio."""
     adapter = adapter_for(config)
-    if shape.hidden != full.hidden and adapter.scaled_embedding:
-        raise LlmpressError(
-            "prune: cutting the hidden width of a model whose embedding is scaled by "
-            "sqrt(hidden) (gemma3) is not supported; prune heads, mlp or layers instead"
-        )
     if adapter.head_width_from_widths and shape.hidden != shape.heads * shape.head_dim:
         raise LlmpressError(
             f"prune: {adapter.families[0]} loaders take the head width as hidden / heads, "

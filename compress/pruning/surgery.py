@@ -107,20 +107,45 @@ def prune_state(
                 elif module in rows_cols.cols and leaf == "weight":
                     t = t.index_select(1, index[axis])
             out[f"{adapter.block_prefix(new)}.{rel}"] = t.contiguous()
+    head = f"{adapter.lm_head}.weight"
+    embed = state[f"{adapter.embed}.weight"]
+    tied = head not in state or state[head].data_ptr() == embed.data_ptr()
+    embed_scale, head_scale = _embedding_rescale(adapter, full.hidden, len(keep.hidden), tied)
     blocks = adapter.blocks + "."
     for name, tensor in state.items():
-        if name.startswith(blocks) or name == f"{adapter.lm_head}.weight":
+        if name.startswith(blocks) or name == head:
             continue
         if name.startswith(adapter.embed + "."):
-            out[name] = tensor.index_select(1, hidden).contiguous()
+            out[name] = (tensor.index_select(1, hidden) * embed_scale).contiguous()
         elif name.startswith(adapter.final_norm + "."):
-            out[name] = tensor.index_select(0, hidden).contiguous()
+            kept = tensor.index_select(0, hidden)
+            out[name] = _scale_norm(kept, head_scale, adapter.norm).contiguous()
         else:
             out[name] = tensor
-    head = f"{adapter.lm_head}.weight"
-    if head in state and state[head].data_ptr() != state[f"{adapter.embed}.weight"].data_ptr():
+    if not tied:
         out[head] = state[head].index_select(1, hidden).contiguous()
     return out
+
+
+def _embedding_rescale(adapter, before: int, after: int, tied: bool) -> tuple[float, float]:
+    """A family that multiplies the embedding by sqrt(hidden) (gemma3) would scale what
+    enters the residual stream by sqrt(after / before) once the width shrinks: the stored
+    embedding takes the inverse factor so the kept channels carry the original values. A
+    tied head reads that same matrix, so the final norm takes the factor back and the
+    logits are unchanged. Returns (embedding factor, final-norm factor)."""
+    if not adapter.scaled_embedding or after == before:
+        return 1.0, 1.0
+    factor = (before / after) ** 0.5
+    return factor, (1 / factor if tied else 1.0)
+
+
+def _scale_norm(weight: torch.Tensor, factor: float, kind: str) -> torch.Tensor:
+    """A norm weight whose output is `factor` times the original's: x·w or x·(1+w)."""
+    if factor == 1.0:
+        return weight
+    if kind == "rms1p":
+        return ((1 + weight.double()) * factor - 1).to(weight.dtype)
+    return (weight.double() * factor).to(weight.dtype)
 
 
 def pruned_config(config: dict, target: Shape, keep: Keep) -> dict:
