@@ -4,6 +4,7 @@ quantizer, the artifact in plain transformers, the one-call C decoder and the CL
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
@@ -245,10 +246,70 @@ def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, na
     assert (got - want).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize("name", list(MOE_FAMILIES))
+def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_path, ids, name):
+    """Whole experts and each expert's width are cut (with heads and hidden): the pruned
+    repaired fp32 artifact is read by plain transformers and the runtime alike, and it
+    quantizes."""
+    cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": 0.25, "multiple": 16}
+    repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
+    out = _compress(models[name], tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
+    config = json.loads((out / "config.json").read_text())
+    count = "num_local_experts"  # transformers writes qwen3_moe's num_experts under this name
+    width = {"qwen3_moe": "moe_intermediate_size"}.get(name, "intermediate_size")
+    before = json.loads((models[name] / "config.json").read_text())
+    assert config[count] == before[count] // 2 and config[width] == 96
+    want = _transformers_logits(out, ids)
+    weights = load_weights(resolve(str(out)), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-3
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [r["stage"] for r in manifest["stages"]] == ["prune", "distill"]
+    kept = manifest["stages"][0]["kept"]["experts"]
+    assert all(len(layer) == before[count] // 2 for layer in kept)
+    quantized = _compress(out, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    assert load_weights(resolve(str(quantized)), device="cpu").layers[0].moe is not None
+
+
+def test_experts_and_expert_neurons_that_contribute_nothing_are_the_ones_removed(
+    models, wikitext, tmp_path
+):
+    """Experts 1 and 3 of the tiny mixtral write nothing (zero down projections), and
+    expert 0's first 32 neurons neither: halving the experts and cutting a quarter of each
+    one's width removes exactly those, and the rest are the original slices."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "mixtral"
+    shutil.copytree(models["mixtral"], src)
+    (weights_file,) = src.glob("*.safetensors")
+    state = load_file(weights_file)
+    expert = "model.layers.{}.block_sparse_moe.experts.{}.{}.weight"
+    layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    for i in range(layers):
+        for e in (1, 3):
+            state[expert.format(i, e, "w2")].zero_()
+        state[expert.format(i, 0, "w2")][:, :32] = 0
+    save_file(state, weights_file, metadata={"format": "pt"})
+    cut = {"experts": 0.5, "mlp": 0.25, "multiple": 16}
+    out = _compress(src, tmp_path / "pruned", [{"prune": cut}], wikitext)
+    record = json.loads((out / "manifest.json").read_text())["stages"][0]
+    assert record["kept"]["experts"] == [[0, 2]] * layers
+    (pruned_file,) = out.glob("*.safetensors")
+    pruned = load_file(pruned_file)
+    for i in range(layers):
+        for role, dim in (("w1", 0), ("w3", 0), ("w2", 1)):
+            original = state[expert.format(i, 0, role)]
+            kept = original[32:] if dim == 0 else original[:, 32:]
+            assert torch.equal(pruned[expert.format(i, 0, role)], kept)
+        router = f"model.layers.{i}.block_sparse_moe.gate.weight"
+        assert torch.equal(pruned[router], state[router][[0, 2]])
+
+
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
     cases = {
         "phi3": ({"hidden": 0.25}, "head width as hidden / heads"),
-        "mixtral": ({"mlp": 0.25}, "Mixture-of-Experts"),
+        "llama3": ({"experts": 0.5}, "not a Mixture-of-Experts model"),
+        "mixtral": ({"experts": 0.9}, "fewer than the 2 each token is routed to"),
     }
     for name, (targets, message) in cases.items():
         code, _, err = run_cli([

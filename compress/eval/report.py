@@ -196,8 +196,9 @@ def plot_pruning(path: Path, record: dict) -> None:
     b.set_title("Head importance (RMS contribution norm)")
     fig.colorbar(shown, ax=b, label="RMS ‖head output · W_o‖")
     c = axes[2]
-    mlp = torch.tensor(imp["mlp"])
-    c.plot(mlp.sort(dim=1, descending=True).values.mean(0).numpy(), label="MLP neurons (mean)")
+    mlp = torch.tensor(imp["mlp"])  # [layers, width], or [layers, experts, width]
+    mlp = mlp.reshape(-1, mlp.shape[-1]).sort(dim=1, descending=True).values.mean(0)
+    c.plot(mlp.numpy(), label="MLP neurons (mean)")
     hidden = torch.tensor(imp["hidden"]).sort(descending=True).values
     c.plot(hidden.numpy(), label="hidden channels")
     after = record["shape_after"]

@@ -11,7 +11,7 @@ a consumer that cannot run some kind (the runtime) refuses it by reading the dec
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from compress.errors import LlmpressError
 from compress.model.spec import MoeSpec
@@ -48,7 +48,9 @@ class CutGroup:
 
 @dataclass(frozen=True)
 class Widths:
-    """The sizes pruning changes, and the parameter count they imply."""
+    """The sizes pruning changes, and the parameter count they imply. In a
+    Mixture-of-Experts model `intermediate` is each expert's width, `experts` how many a
+    layer holds and `top_k` how many a token uses (0 and 0 for a dense MLP)."""
 
     hidden: int
     heads: int
@@ -56,29 +58,50 @@ class Widths:
     head_dim: int
     intermediate: int
     layers: int
+    experts: int = field(default=0, kw_only=True)
+    top_k: int = field(default=0, kw_only=True)
 
     @classmethod
     def of(cls, config: dict) -> Widths:
-        m = adapter_for(config).shape(config)
+        adapter = adapter_for(config)
+        m = adapter.shape(config)
+        if adapter.experts:
+            moe = adapter.moe(_hf(config))
+            return Widths(
+                m.hidden, m.heads, m.kv_heads, m.head_dim, moe.intermediate, m.layers,
+                experts=moe.experts, top_k=moe.top_k,
+            )  # fmt: skip
         return Widths(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
 
     def non_embedding_params(self) -> int:
-        """Block weights plus the final norm: what pruning targets are measured against."""
+        """Block weights plus the final norm: what pruning targets are measured against
+        (every expert and the router counted)."""
         attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate
+        mlp = 3 * self.hidden * self.intermediate * max(self.experts, 1)
+        mlp += self.experts * self.hidden  # the router
         return self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
 
     def apply(self, config: dict) -> dict:
-        """`config` with these widths (head_dim written out: it no longer follows from hidden)."""
-        return {
+        """`config` with these widths (head_dim written out: it no longer follows from hidden);
+        an MoE model's expert count and width under its family's own keys."""
+        out = {
             **config,
             "hidden_size": self.hidden,
             "num_attention_heads": self.heads,
             "num_key_value_heads": self.kv_heads,
             "head_dim": self.head_dim,
-            "intermediate_size": self.intermediate,
             "num_hidden_layers": self.layers,
         }
+        keys = adapter_for(config).moe
+        if keys is None:
+            out["intermediate_size"] = self.intermediate
+            return out
+        aliases = type(_hf(config)).attribute_map  # e.g. num_experts is num_local_experts
+        for key, value in ((keys.width, self.intermediate), (keys.count, self.experts)):
+            out[key] = value
+            if key in aliases:
+                out[aliases[key]] = value
+        return out
 
 
 @dataclass(frozen=True)
@@ -493,9 +516,7 @@ def adapter_for(config: dict) -> Adapter:
     model_type = config.get("model_type")
     adapter = ADAPTERS.get(model_type or "")
     if adapter is not None and adapter.moe is not None:
-        from compress.model.spec import hf_config
-
-        moe = adapter.moe(hf_config(config))
+        moe = adapter.moe(_hf(config))
         adapter = replace(adapter, experts=moe.experts, expert_width=moe.intermediate)
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))
@@ -504,3 +525,9 @@ def adapter_for(config: dict) -> Adapter:
             "open an issue with the model's config.json"
         )
     return adapter
+
+
+def _hf(config: dict):
+    from compress.model.spec import hf_config
+
+    return hf_config(config)

@@ -53,6 +53,8 @@ class MoeMLP(nn.Module):
             for _ in range(moe.experts)
         )
         self.counts: torch.Tensor | None = None  # tokens routed to each expert, when counting
+        # when scoring experts for pruning: Σ over routed tokens of ‖weight · output‖²
+        self.contributions: torch.Tensor | None = None
         self.all_tokens: set[int] = set()  # experts calibrated on every token
 
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +79,10 @@ class MoeMLP(nn.Module):
                 y = expert(flat[rows])
             else:
                 continue
-            out.index_add_(0, rows, y * weights[rows, slot, None])
+            y = y * weights[rows, slot, None]
+            if self.contributions is not None:
+                self.contributions[e] += y.double().square().sum()
+            out.index_add_(0, rows, y)
         return out.reshape(x.shape)
 
 

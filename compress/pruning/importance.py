@@ -3,7 +3,9 @@
 Minitron-style: one forward pass of the original model over calibration tokens, with
 hooks. Widths are scored by what a unit adds to the residual stream: the RMS over tokens
 of the norm of its contribution (for an MLP neuron, |activation| times the norm of its
-down-projection column; for a head, its slice of o_proj applied to its output). Hidden
+down-projection column; for a head, its slice of o_proj applied to its output). In a
+Mixture-of-Experts layer a neuron is scored within its expert, over the tokens routed to
+it, and an expert by the RMS over all tokens of its routing-weighted output. Hidden
 channels are scored by the RMS of every normalization's output in that channel, summed.
 Layers get block influence, 1 − cos(input, output), and, when layers are to be removed,
 the KL divergence of the model's output when that layer alone is skipped.
@@ -20,12 +22,13 @@ from tqdm.auto import tqdm
 @dataclass
 class Importance:
     heads: torch.Tensor  # [layers, heads]
-    mlp: torch.Tensor  # [layers, intermediate]
+    mlp: torch.Tensor  # [layers, intermediate], or [layers, experts, expert width] (MoE)
     hidden: torch.Tensor  # [hidden]
     layer_bi: torch.Tensor  # [layers]: 1 − mean cos(block input, block output)
     layer_drift: torch.Tensor | None = None  # [layers]: KL(original ‖ layer skipped)
     tokens: int = 0
     method: str = "activation"
+    experts: torch.Tensor | None = None  # [layers, experts]: MoE only
 
     def to_manifest(self) -> dict:
         """Every score, rounded to 4 significant digits: small enough to keep, enough to plot."""
@@ -37,7 +40,8 @@ class Importance:
             "method": self.method,
             "tokens": self.tokens,
             "heads": [r(row) for row in self.heads],
-            "mlp": [r(row) for row in self.mlp],
+            "mlp": [r(row) if row.dim() == 1 else [r(e) for e in row] for row in self.mlp],
+            "experts": None if self.experts is None else [r(row) for row in self.experts],
             "hidden": r(self.hidden),
             "layer_block_influence": r(self.layer_bi),
             "layer_removal_kl": r(self.layer_drift),
@@ -54,13 +58,17 @@ def activation_importance(
     model, adapter, samples: torch.Tensor, *, drift_samples: int = 0, chunk: int = 4, log=print
 ) -> Importance:
     """Score every unit of `model` on `samples` [n, length] (see the module docstring)."""
+    from compress.model.adapters import Widths
+    from compress.model.moe import moe_modules
+
     cfg = model.config
+    widths = Widths.of(cfg.to_dict())
     layers = model.get_submodule(adapter.blocks)
-    n_layers, heads = len(layers), cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    n_layers, heads, head_dim = len(layers), widths.heads, widths.head_dim
     dev = next(model.parameters()).device  # sums kept where the model runs
     head_sq = torch.zeros(n_layers, heads, dtype=torch.float64, device=dev)
-    mlp_sq = torch.zeros(n_layers, cfg.intermediate_size, dtype=torch.float64, device=dev)
+    units = (widths.experts, widths.intermediate) if widths.experts else (widths.intermediate,)
+    mlp_sq = torch.zeros(n_layers, *units, dtype=torch.float64, device=dev)
     hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64, device=dev)
     cos_sum = torch.zeros(n_layers, dtype=torch.float64, device=dev)
     handles = []
@@ -76,9 +84,9 @@ def activation_importance(
 
         return hook
 
-    def on_down(i):
+    def on_down(i, *expert):
         def hook(_m, args):
-            mlp_sq[i] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
+            mlp_sq[(i, *expert)] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
 
         return hook
 
@@ -98,7 +106,15 @@ def activation_importance(
 
     for i, block in enumerate(layers):
         handles.append(block.get_submodule(adapter.o).register_forward_pre_hook(on_o(i)))
-        handles.append(block.get_submodule(adapter.down).register_forward_pre_hook(on_down(i)))
+        if widths.experts:
+            for moe in moe_modules(block):
+                moe.contributions = torch.zeros(widths.experts, dtype=torch.float64, device=dev)
+            for e in range(widths.experts):
+                down = block.get_submodule(adapter.expert_linear(e, "down"))
+                handles.append(down.register_forward_pre_hook(on_down(i, e)))
+        else:
+            down = block.get_submodule(adapter.down)
+            handles.append(down.register_forward_pre_hook(on_down(i)))
         handles.append(block.get_submodule(adapter.attn_norm).register_forward_hook(on_norm(2 * i)))
         mlp_norm = block.get_submodule(adapter.mlp_norm)
         handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
@@ -112,15 +128,29 @@ def activation_importance(
         for h in handles:
             h.remove()
     tokens = samples.numel()
-    down_norm = torch.stack(
-        [block.get_submodule(adapter.down).weight.norm(dim=0).double() for block in layers]
-    )
+    experts = None
+    if widths.experts:
+        contributions = []
+        for block in layers:
+            (moe,) = moe_modules(block)
+            contributions.append(moe.contributions)
+            moe.contributions = None
+        experts = (torch.stack(contributions) / tokens).sqrt().float().cpu()
+
+    def down_norms(block):
+        if not widths.experts:
+            return block.get_submodule(adapter.down).weight.norm(dim=0).double()
+        names = (adapter.expert_linear(e, "down") for e in range(widths.experts))
+        return torch.stack([block.get_submodule(n).weight.norm(dim=0).double() for n in names])
+
+    down_norm = torch.stack([down_norms(block) for block in layers])
     result = Importance(  # scores in host memory, where the plan is made
         heads=(head_sq / tokens).sqrt().float().cpu(),
         mlp=((mlp_sq / tokens).sqrt() * down_norm).float().cpu(),
         hidden=(hidden_sq / tokens).sqrt().sum(0).float().cpu(),
         layer_bi=(1 - cos_sum / tokens).float().cpu(),
         tokens=tokens,
+        experts=experts,
     )
     if drift_samples:
         result.layer_drift = layer_removal_kl(model, adapter, samples[:drift_samples], log=log)
@@ -166,17 +196,22 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
 
 def random_importance(config: dict, seed: int, layers: int | None = None) -> Importance:
     """Scores drawn at random (seeded): the baseline an activation-based choice must beat."""
+    from compress.model.adapters import Widths
+
     gen = torch.Generator().manual_seed(seed)
-    n = layers or config["num_hidden_layers"]
+    w = Widths.of(config)
+    n = layers or w.layers
 
     def rand(*shape):
         return torch.rand(*shape, generator=gen, device="cpu")
 
+    units = (w.experts, w.intermediate) if w.experts else (w.intermediate,)
     return Importance(
-        heads=rand(n, config["num_attention_heads"]),
-        mlp=rand(n, config["intermediate_size"]),
-        hidden=rand(config["hidden_size"]),
+        heads=rand(n, w.heads),
+        mlp=rand(n, *units),
+        hidden=rand(w.hidden),
         layer_bi=rand(n),
         layer_drift=rand(n),
         method="random",
+        experts=rand(n, w.experts) if w.experts else None,
     )

@@ -1,5 +1,7 @@
-"""From targets (`mlp: 0.25`, `heads: 0.33`, `hidden: 0.1`, `layers: 4`, `params: 0.7`) to
-the widths and depth of the pruned model, before any importance is computed.
+"""From targets (`mlp: 0.25`, `heads: 0.33`, `hidden: 0.1`, `layers: 4`, `experts: 0.5`,
+`params: 0.7`) to the widths and depth of the pruned model, before any importance is
+computed. In a Mixture-of-Experts model `mlp` cuts each expert's width and `experts`
+removes whole experts (every layer the same count, at least top_k).
 
 Widths stay uniform across layers (every layer keeps the same number of heads and
 neurons) so that the result is a plain config.json that transformers loads. Hidden and
@@ -18,7 +20,7 @@ import math
 from compress.errors import LlmpressError
 from compress.model.adapters import Widths
 
-AXES = ("mlp", "heads", "hidden", "layers")
+AXES = ("mlp", "heads", "hidden", "layers", "experts")
 HEAD_MODES = ("within_groups", "kv_groups")
 
 
@@ -59,6 +61,8 @@ def target_shape(
         head_dim=shape.head_dim,
         intermediate=_round(shape.intermediate, 1 - cuts.get("mlp", 0.0), multiple),
         layers=shape.layers - int(cuts.get("layers", 0)),
+        experts=round(shape.experts * (1 - cuts.get("experts", 0.0))),
+        top_k=shape.top_k,
     )
 
 
@@ -79,7 +83,7 @@ def split_params(
         if "layers" in split:
             cuts["layers"] = round(shape.layers * frac)
         candidate = target_shape(shape, cuts, head_mode=head_mode, multiple=multiple)
-        if candidate.layers < 1:
+        if candidate.layers < 1 or candidate.experts < candidate.top_k:
             break
         miss = abs(candidate.non_embedding_params() - target)
         if best is None or miss < best[0]:
@@ -94,10 +98,23 @@ def check_targets(cuts: dict, split: tuple[str, ...], head_mode: str, shape: Sha
             raise LlmpressError(f"prune.split: unknown axis {axis!r}; use some of {AXES}")
     if head_mode not in HEAD_MODES:
         raise LlmpressError(f"prune.head_mode: {head_mode!r} is not one of {HEAD_MODES}")
-    for axis in ("mlp", "heads", "hidden"):
+    for axis in ("mlp", "heads", "hidden", "experts"):
         if not 0.0 <= cuts.get(axis, 0.0) < 1.0:
             raise LlmpressError(
                 f"prune.{axis}: {cuts[axis]} is not a fraction to remove in [0, 1), e.g. 0.25"
+            )
+    if shape is not None and (cuts.get("experts") or "experts" in split) and not shape.experts:
+        raise LlmpressError(
+            "prune.experts: this is not a Mixture-of-Experts model; cut mlp, heads, hidden or "
+            "layers instead"
+        )
+    if shape is not None and shape.experts and cuts.get("experts"):
+        kept = round(shape.experts * (1 - cuts["experts"]))
+        if kept < shape.top_k:
+            raise LlmpressError(
+                f"prune.experts: keeping {kept} of {shape.experts} experts leaves fewer than "
+                f"the {shape.top_k} each token is routed to; remove at most "
+                f"{(shape.experts - shape.top_k) / shape.experts:.2f} of them"
             )
     if shape is not None and not 0 <= cuts.get("layers", 0) < shape.layers:
         raise LlmpressError(

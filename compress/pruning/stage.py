@@ -6,6 +6,7 @@ Recipe form:
     - prune: {params: 0.7}                       # of the non-embedding parameters
     - prune: {params: 0.7, split: [layers]}      # depth only
     - prune: {params: 0.7, importance: random}   # the baseline to beat
+    - prune: {experts: 0.5, mlp: 0.25}           # MoE: half the experts, narrower ones
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class PruneConfig:
     heads: float = 0.0  # fraction of query heads to remove
     hidden: float = 0.0  # fraction of hidden (embedding) channels to remove
     layers: int = 0  # whole layers to remove
+    experts: float = 0.0  # MoE: fraction of each layer's experts to remove
     params: float | None = None  # target non-embedding parameters: fraction (<= 1) or count
     split: str | tuple[str, ...] = "auto"  # axes a `params` target is cut from (auto: try)
     head_mode: str = "within_groups"  # or kv_groups: drop a KV head with its query heads
@@ -41,9 +43,10 @@ class PruneConfig:
     seed: int = 0  # for importance: random
 
     def __post_init__(self) -> None:
-        if self.params is None and not (self.mlp or self.heads or self.hidden or self.layers):
+        axes = (self.mlp, self.heads, self.hidden, self.layers, self.experts)
+        if self.params is None and not any(axes):
             raise LlmpressError("prune: nothing to remove; give e.g. {mlp: 0.25} or {params: 0.7}")
-        if self.params is not None and (self.mlp or self.heads or self.hidden or self.layers):
+        if self.params is not None and any(axes):
             raise LlmpressError("prune: give either `params` or per-axis targets, not both")
         if self.params is not None and (
             self.params <= 0 or (self.params > 1 and self.params != int(self.params))
@@ -59,12 +62,14 @@ class PruneConfig:
         if self.multiple < 1:
             raise LlmpressError("prune.multiple: must be >= 1")
         cuts = {"mlp": self.mlp, "heads": self.heads, "hidden": self.hidden}
+        cuts["experts"] = self.experts
         check_targets(cuts, self.splits()[0], self.head_mode, None)
 
-    def splits(self) -> list[tuple[str, ...]]:
-        """The candidate splits of a `params` target (one unless `auto`)."""
+    def splits(self, full: Shape | None = None) -> list[tuple[str, ...]]:
+        """The candidate splits of a `params` target (one unless `auto`; a
+        Mixture-of-Experts model, `full`, also tries removing whole experts)."""
         if self.split == "auto":
-            return list(AUTO_SPLITS)
+            return list(AUTO_SPLITS) + (list(MOE_SPLITS) if full and full.experts else [])
         return [(self.split,) if isinstance(self.split, str) else tuple(self.split)]
 
 
@@ -77,6 +82,7 @@ AUTO_SPLITS = (
     ("mlp", "heads", "hidden"),
     ("layers",),
 )
+MOE_SPLITS = (("experts",), ("experts", "mlp"))  # `mlp` is each expert's width there
 
 
 @register_stage("prune", PruneConfig)
@@ -87,10 +93,11 @@ class Prune(Described):
     @staticmethod
     def summary(record: dict) -> str | None:
         a, n = record["shape_after"], record["non_embedding_params"]
+        experts = f", experts {a['experts']}" if a.get("experts") else ""
         return (
             f"pruned: hidden {a['hidden']}, heads {a['heads']} (KV {a['kv_heads']}), "
-            f"MLP {a['intermediate']}, layers {a['layers']}; non-embedding parameters "
-            f"{n['before']:,} → {n['after']:,}"
+            f"MLP {a['intermediate']}, layers {a['layers']}{experts}; non-embedding "
+            f"parameters {n['before']:,} → {n['after']:,}"
         )
 
     @staticmethod
@@ -115,7 +122,6 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
-        _check_family(config)
         full = Shape.of(config)
         if full.heads % full.kv_heads:
             raise LlmpressError(
@@ -123,6 +129,7 @@ class Prune(Described):
             )
         if c.params is None:
             cuts = {"mlp": c.mlp, "heads": c.heads, "hidden": c.hidden, "layers": c.layers}
+            cuts["experts"] = c.experts
             check_targets(cuts, (), c.head_mode, full)
             shape = target_shape(full, cuts, head_mode=c.head_mode, multiple=c.multiple)
             return full, _check_hidden(config, full, shape), cuts
@@ -133,14 +140,15 @@ class Prune(Described):
                 f"prune.params: target {goal:,} is not below the model's {before:,} "
                 "non-embedding parameters"
             )
-        cuts, shape = split_params(
-            full, goal, split or c.splits()[0], head_mode=c.head_mode, multiple=c.multiple
-        )
+        split = split or c.splits(full)[0]
+        check_targets({}, split, c.head_mode, full)
+        cuts, shape = split_params(full, goal, split, head_mode=c.head_mode, multiple=c.multiple)
         return full, _check_hidden(config, full, shape), cuts
 
     def preflight(self, config: dict) -> None:
         """Every candidate split is planned now, so an impossible target fails at once."""
-        for split in self.config.splits() if self.config.params is not None else [()]:
+        full = Shape.of(config)
+        for split in self.config.splits(full) if self.config.params is not None else [()]:
             self.plan(config, split or None)
 
     def planned_config(self, config: dict) -> dict:
@@ -150,7 +158,7 @@ class Prune(Described):
         c = self.config
         started = time.perf_counter()
         samples = ctx.samples[: c.samples] if c.samples else ctx.samples
-        splits = c.splits() if c.params is not None else [()]
+        splits = c.splits(Shape.of(ctx.config)) if c.params is not None else [()]
         candidates = [self.plan(ctx.config, split or None) for split in splits]
         full = candidates[0][0]
         if c.importance == "random":
@@ -190,13 +198,14 @@ class Prune(Described):
             f"hidden {full.hidden}→{target.hidden}, heads {full.heads}→{target.heads} "
             f"(KV {full.kv_heads}→{target.kv_heads}), MLP {full.intermediate}→"
             f"{target.intermediate}, layers {full.layers}→{target.layers}"
+            + (f", experts {full.experts}→{target.experts}" if full.experts else "")
         )
         return {
             "stage": "prune",
             "cuts": cuts,
             "splits_tried": tried,
-            "shape_before": vars(full),
-            "shape_after": vars(target),
+            "shape_before": _shape_record(full),
+            "shape_after": _shape_record(target),
             "non_embedding_params": {"before": before, "after": after},
             "kept": keep.to_manifest(full),
             "importance": imp.to_manifest(),
@@ -213,19 +222,14 @@ def output_kl(reference, model, samples: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
+def _shape_record(shape: Shape) -> dict:
+    """The manifest's shape: expert count and top-k only for a Mixture-of-Experts model."""
+    return {k: v for k, v in vars(shape).items() if shape.experts or k not in ("experts", "top_k")}
+
+
 def _compose(previous, kept: list[int]):
     kept_t = torch.tensor(kept, device="cpu")
     return kept_t if previous is None else previous[kept_t]
-
-
-def _check_family(config: dict) -> None:
-    """Refuse, in one line, a family whose blocks the surgery cannot cut."""
-    adapter = adapter_for(config)
-    if not adapter.prunable:
-        raise LlmpressError(
-            f"prune: {adapter.families[0]} is a Mixture-of-Experts model, whose experts the "
-            "pruning surgery does not cut yet; quantize it without a prune stage"
-        )
 
 
 def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:

@@ -17,13 +17,15 @@ from compress.pruning.plan import Shape
 
 @dataclass
 class Keep:
-    """Original indices kept: layers, and per kept layer its heads, KV heads and neurons."""
+    """Original indices kept: layers, and per kept layer its heads, KV heads and neurons
+    (in a Mixture-of-Experts model: its experts, and per kept expert its neurons)."""
 
     layers: list[int]
     heads: list[list[int]]
     kv_heads: list[list[int]]
-    mlp: list[list[int]]
+    mlp: list[list[int]] | list[list[list[int]]]
     hidden: list[int]
+    experts: list[list[int]] | None = None
 
     def to_manifest(self, full: Shape) -> dict:
         out: dict = {"layers": self.layers}
@@ -33,7 +35,12 @@ class Keep:
             out["kv_heads"] = self.kv_heads
         if len(self.hidden) < full.hidden:
             out["hidden"] = self.hidden
-        if any(len(m) < full.intermediate for m in self.mlp):
+        if self.experts is not None:
+            if any(len(e) < full.experts for e in self.experts):
+                out["experts"] = self.experts
+            if any(len(m) < full.intermediate for per in self.mlp for m in per):
+                out["mlp_kept"] = [[len(m) for m in per] for per in self.mlp]
+        elif any(len(m) < full.intermediate for m in self.mlp):
             out["mlp_kept"] = [len(m) for m in self.mlp]
         return out
 
@@ -53,7 +60,7 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
         layer_score = imp.layer_bi
     layers = _top(layer_score, target.layers)
     group = full.heads // full.kv_heads
-    heads, kv_heads, mlp = [], [], []
+    heads, kv_heads, mlp, experts = [], [], [], []
     for i in layers:
         per_group = imp.heads[i].view(full.kv_heads, group)
         if head_mode == "kv_groups":
@@ -65,8 +72,13 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
             kept_q = [g * group + j for g in kept_kv for j in _top(per_group[g], per)]
         heads.append(kept_q)
         kv_heads.append(kept_kv)
-        mlp.append(_top(imp.mlp[i], target.intermediate))
-    return Keep(layers, heads, kv_heads, mlp, _top(imp.hidden, target.hidden))
+        if full.experts:  # the strongest experts, and each one's strongest neurons
+            experts.append(_top(imp.experts[i], target.experts))
+            mlp.append([_top(imp.mlp[i][e], target.intermediate) for e in experts[-1]])
+        else:
+            mlp.append(_top(imp.mlp[i], target.intermediate))
+    hidden = _top(imp.hidden, target.hidden)
+    return Keep(layers, heads, kv_heads, mlp, hidden, experts if full.experts else None)
 
 
 def _units(index: list[int], size: int) -> torch.Tensor:
@@ -92,11 +104,24 @@ def prune_state(
             "mlp": torch.tensor(keep.mlp[new], device="cpu"),
             "hidden": hidden,
         }
+        experts = _expert_renames(adapter, keep, new) if keep.experts is not None else {}
         for name, tensor in state.items():
             if not name.startswith(src):
                 continue
             rel = name[len(src) :]
             module, _, leaf = rel.rpartition(".")
+            if keep.experts is not None and module.startswith(adapter.expert + "."):
+                if module not in experts:  # a removed expert
+                    continue
+                module, role, neurons = experts[module]
+                rows, cols = (hidden, neurons) if role == "down" else (neurons, hidden)
+                t = tensor.index_select(0, rows).index_select(1, cols)
+                out[f"{adapter.block_prefix(new)}.{module}.{leaf}"] = t.contiguous()
+                continue
+            if module == adapter.router and keep.experts is not None:
+                t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
+                out[f"{adapter.block_prefix(new)}.{rel}"] = t.index_select(1, hidden).contiguous()
+                continue
             t = tensor
             if module in fused:  # each part's kept rows, at its offset in the tensor
                 rows = [index[axis] + start for axis, start in fused[module]]
@@ -124,6 +149,17 @@ def prune_state(
             out[name] = tensor
     if not tied:
         out[head] = state[head].index_select(1, hidden).contiguous()
+    return out
+
+
+def _expert_renames(adapter, keep: Keep, layer: int) -> dict[str, tuple[str, str, torch.Tensor]]:
+    """Each kept expert linear of kept layer `layer`: its new name (kept experts renumbered
+    in order), its role and the neurons it keeps."""
+    out = {}
+    for new, (old, neurons) in enumerate(zip(keep.experts[layer], keep.mlp[layer], strict=True)):
+        index = torch.tensor(neurons, device="cpu")
+        for role in ("gate", "up", "down"):
+            out[adapter.expert_linear(old, role)] = (adapter.expert_linear(new, role), role, index)
     return out
 
 
