@@ -14,9 +14,10 @@ and writing the artifact are not counted.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from compress.calib_data.cost import duration, matmul_rate
+import torch
 
 # A pass of calibration tokens through the blocks ran at this fraction of the probe's
 # rate: on the default model, 105 s for 128 × 512 tokens (1.5e13 FLOPs) in fp32 on
@@ -103,3 +104,23 @@ def estimate_line(parts: dict) -> str:
 
 def _seconds(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else duration(seconds)
+
+
+def matmul_rate(rows: int, width: int, seconds: float = 0.1) -> float:
+    """FLOP/s of a float32 [rows, width] × [width, width] product on this machine now."""
+    a, b = torch.randn(rows, width), torch.randn(width, width)
+    a @ b  # warm-up: threads started, memory touched
+    done, start = 0, time.perf_counter()
+    while True:
+        a @ b
+        done += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return done * 2 * rows * width * width / elapsed
+
+
+def duration(seconds: float) -> str:
+    minutes = seconds / 60
+    if minutes < 1:
+        return "<1 min"
+    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"

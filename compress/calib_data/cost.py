@@ -16,43 +16,16 @@ is compress/estimate.py's.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-
-import torch
 
 from compress.calib_data.config import CalibConfig
 from compress.calib_data.generated import BATCH, cached_samples
 from compress.calib_data.sources import SELF, data_name
 from compress.errors import LlmpressError
+from compress.estimate import duration, matmul_rate, workload
 
 GENERATION_EFFICIENCY = 0.5  # generation's tokens/s over the batch-16 probe's rate
 LONG_GENERATION_S = 300  # past this, say how to skip generation with a text file
-
-
-def matmul_rate(rows: int, width: int, seconds: float = 0.1) -> float:
-    """FLOP/s of a float32 [rows, width] × [width, width] product on this machine now."""
-    a, b = torch.randn(rows, width), torch.randn(width, width)
-    a @ b  # warm-up: threads started, memory touched
-    done, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        done += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done * 2 * rows * width * width / elapsed
-
-
-def model_flops(ckpt, tokens: int, length: int, with_head: bool) -> float:
-    """FLOPs of `tokens` tokens through the blocks (and the output projection) in
-    sequences of `length`: 2 per weight, plus attention over half the sequence on average."""
-    prefix = ckpt.adapter.blocks + "."
-    block_weights = sum(_numel(shape) for name, (_, shape, _) in ckpt.tensors.items()
-                        if name.startswith(prefix))  # fmt: skip
-    config = ckpt.config
-    attention = 2 * length * config["hidden_size"] * ckpt.num_layers
-    head = config["vocab_size"] * config["hidden_size"] if with_head else 0
-    return tokens * (2 * (block_weights + head) + attention)
 
 
 def _numel(shape) -> int:
@@ -89,13 +62,6 @@ def refuse_if_too_big(need: int, what: str, fix: str) -> None:
         )
 
 
-def duration(seconds: float) -> str:
-    minutes = seconds / 60
-    if minutes < 1:
-        return "<1 min"
-    return f"{minutes:.0f} min" if minutes < 90 else f"{minutes / 60:.1f} h"
-
-
 def calibration_plan(cfg: CalibConfig, ckpt) -> str:
     """The line `compress` prints before calibrating: the source, samples × length, and
     the estimated time to generate the text (`self`, unless cached); what calibrating
@@ -108,7 +74,7 @@ def calibration_plan(cfg: CalibConfig, ckpt) -> str:
             parts[0] += " of self-generated text (cached)"
         else:
             rate = matmul_rate(BATCH, 4096) * GENERATION_EFFICIENCY
-            seconds = model_flops(ckpt, tokens, cfg.length, with_head=True) / rate
+            seconds = workload(ckpt, cfg.samples, cfg.length).forward(tokens, head=True) / rate
             speed = tokens / seconds
             parts[0] += " of text the model generates itself"
             need = whole_model_bytes(ckpt)
