@@ -152,6 +152,16 @@ MOE_FAMILIES = {
         "MixtralConfig",
         {"hidden_size": 128, "num_local_experts": 4, "num_experts_per_tok": 2},
     ),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 192,
+        },
+    ),
 }
 FAMILIES.update(MOE_FAMILIES)
 
@@ -162,6 +172,7 @@ FAMILIES.update(MOE_FAMILIES)
 GGUF_FAMILIES = {
     "qwen3": ("QWEN3", {"use_sliding_window": False}),
     "qwen3_moe": ("QWEN3MOE", {}),
+    "qwen2_moe": ("QWEN2MOE", {}),
     "gemma3_text": (
         "GEMMA3",
         {
@@ -257,6 +268,8 @@ def write_gguf(
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if getattr(cfg, "shared_expert_intermediate_size", None):
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if getattr(cfg, "sliding_window", None) and cfg.model_type == "gemma3_text":
         w.add_sliding_window(cfg.sliding_window)
     for key, value in (extra or {}).items():  # header keys a test adds (strings)
@@ -291,6 +304,8 @@ def write_gguf(
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise KeyError(f"no GGUF name for {name}")
+        if target.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp stores it as [hidden]
+            t = t.reshape(-1)
         if enum == gguf.MODEL_ARCH.LLAMA and target.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp's llama layout: each head's rotary halves interleaved
             heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads

@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from compress.artifact.engines import engine_problems
 from compress.eval.reference import BlockwiseOriginal
+from compress.model.adapters import Widths
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
@@ -254,11 +255,9 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": 0.25, "multiple": 16}
     repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
     out = _compress(models[name], tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
-    config = json.loads((out / "config.json").read_text())
-    count = "num_local_experts"  # transformers writes qwen3_moe's num_experts under this name
-    width = {"qwen3_moe": "moe_intermediate_size"}.get(name, "intermediate_size")
-    before = json.loads((models[name] / "config.json").read_text())
-    assert config[count] == before[count] // 2 and config[width] == 96
+    before = Widths.of(json.loads((models[name] / "config.json").read_text()))
+    after = Widths.of(json.loads((out / "config.json").read_text()))  # the family's own keys
+    assert after.experts == before.experts // 2 and after.intermediate == 96
     want = _transformers_logits(out, ids)
     weights = load_weights(resolve(str(out)), device="cpu")
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
@@ -266,7 +265,7 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     manifest = json.loads((out / "manifest.json").read_text())
     assert [r["stage"] for r in manifest["stages"]] == ["prune", "distill"]
     kept = manifest["stages"][0]["kept"]["experts"]
-    assert all(len(layer) == before[count] // 2 for layer in kept)
+    assert all(len(layer) == before.experts // 2 for layer in kept)
     quantized = _compress(out, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
     assert load_weights(resolve(str(quantized)), device="cpu").layers[0].moe is not None
 

@@ -108,6 +108,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_rms_rows.restype = None
     lib.llmp_route.argtypes = [p, i, i, p, i, i, i, i, p, p, p]
     lib.llmp_route.restype = None
+    lib.llmp_sigmoid_gate.argtypes = [p, i, i, p, i, p]
+    lib.llmp_sigmoid_gate.restype = None
     lib.llmp_decode_workspace.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
     for name in (

@@ -167,6 +167,18 @@ def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool):
     return weights, chosen.long()
 
 
+def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sigmoid(weight · x_b) [B, 1] for rows x [B, hidden] and an fp32 weight [1, hidden]:
+    a shared expert's gate, as the one-call decoder computes it."""
+    x = x.float().contiguous()
+    _check_f32(weight, "shared expert gate")
+    gate = torch.empty(x.shape[0], 1)
+    library().llmp_sigmoid_gate(
+        _ptr(x), x.shape[0], x.shape[1], _ptr(weight), weight.shape[1], _ptr(gate)
+    )
+    return gate
+
+
 class _KVC(ctypes.Structure):
     """qgemm.c's KVC: the cache's arrays as the C attention reads them."""
 
@@ -442,6 +454,9 @@ class _QMoe(ctypes.Structure):
         ("experts", ctypes.c_void_p),
         *((name, ctypes.c_int) for name in ("n_experts", "top_k", "renorm", "inter")),
         ("reads", ctypes.c_void_p),
+        ("shared", ctypes.c_void_p),
+        ("shared_gate", ctypes.c_void_p),
+        ("shared_inter", ctypes.c_int),
     ]
 
 
@@ -486,17 +501,23 @@ class FusedLinear:
 class FusedExperts:
     """A Mixture-of-Experts MLP for the one-call decoder: the fp32 router [E, hidden],
     each expert's (gate_up, down), and `reads` (int64 [E]), which the C step adds 1 to for
-    each expert it reads."""
+    each expert it reads; a shared expert's (gate_up, down) and its fp32 gate [1, hidden]."""
 
     router: torch.Tensor
     experts: list[tuple[FusedLinear, FusedLinear]]
     top_k: int
     renormalize: bool
     reads: torch.Tensor
+    shared: tuple[FusedLinear, FusedLinear] | None = None
+    shared_gate: torch.Tensor | None = None
 
     @property
     def inter(self) -> int:
         return self.experts[0][0].packed.out_features // 2
+
+    @property
+    def shared_inter(self) -> int:
+        return 0 if self.shared is None else self.shared[0].packed.out_features // 2
 
     def native(self) -> tuple[_QMoe, object]:
         """The C struct, and the linears' table it points into (keep both alive)."""
@@ -508,11 +529,17 @@ class FusedExperts:
         table = (_QLin * (2 * len(self.experts)))(
             *(_qlin(x) for pair in self.experts for x in pair)
         )
+        shared, gate = None, None
+        if self.shared is not None:
+            _check_f32(self.shared_gate, "shared expert gate")
+            shared = (_QLin * 2)(*(_qlin(x) for x in self.shared))
+            gate = _ptr(self.shared_gate)
         moe = _QMoe(
             _ptr(self.router), ctypes.addressof(table), len(self.experts), self.top_k,
             int(self.renormalize), self.inter, _ptr(self.reads),
+            None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
         )  # fmt: skip
-        return moe, table
+        return moe, (table, shared)
 
 
 @dataclass
@@ -564,7 +591,11 @@ class FusedDecoder:
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
-        kinds = {(len(x.moe.experts), x.moe.top_k, x.moe.inter) for x in layers if x.moe}
+        kinds = {  # the scratch is as wide as the wider of an expert and a shared expert
+            (len(x.moe.experts), x.moe.top_k, max(x.moe.inter, x.moe.shared_inter))
+            for x in layers
+            if x.moe
+        }
         if len(kinds) > 1:
             raise ValueError("every expert layer must have the same experts, top_k and width")
         self.moe_dims = kinds.pop() if kinds else (0, 0, 0)

@@ -180,6 +180,12 @@ class Adapter:
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     experts: int = 0
     expert_width: int = 0
+    # a shared expert beside the routed ones (qwen2_moe): its module (gate/up/down named
+    # gate_proj/up_proj/down_proj) and the 16-bit [1, hidden] linear whose sigmoid gates
+    # it; `shared_width` is bound from config.json
+    shared_expert: str | None = None
+    shared_gate: str | None = None
+    shared_width: int = 0
 
     def shape(self, config: dict) -> ModelShape:
         return ModelShape.of(config, self.head_dim)
@@ -199,9 +205,16 @@ class Adapter:
         """Every linear in a block, in execution order (as the checkpoint stores them)."""
         attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
         if self.experts:
-            return (*attn, self.o, *self.expert_linears)
+            return (*attn, self.o, *self.expert_linears, *self.shared_linears)
         mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
         return (*attn, self.o, *mlp, self.down)
+
+    @property
+    def shared_linears(self) -> tuple[str, ...]:
+        """The shared expert's gate, up and down (none without one)."""
+        if not self.shared_width:
+            return ()
+        return tuple(f"{self.shared_expert}.{n}" for n in ("gate_proj", "up_proj", "down_proj"))
 
     @property
     def expert_linears(self) -> tuple[str, ...]:
@@ -224,7 +237,8 @@ class Adapter:
                 (self.expert_linear(e, "gate"), self.expert_linear(e, "up"))
                 for e in range(self.experts)
             )
-            return (attn, *pairs)
+            shared = (self.shared_linears[:2],) if self.shared_width else ()
+            return (attn, *pairs, *shared)
         return (attn, (self.gate_up,) if self.gate_up else (self.gate, self.up))
 
     @property
@@ -249,10 +263,15 @@ class Adapter:
                 InputGroup(self.expert_linear(e, "up"), (self.expert_linear(e, "down"),))
                 for e in range(self.experts)
             )
+            norm_fed = (self.router, *gates_ups)
+            if self.shared_width:  # its gate, 16-bit like the router, reads the norm too
+                sg, su, sd = self.shared_linears
+                norm_fed = (*norm_fed, self.shared_gate, sg, su)
+                per_expert = (*per_expert, InputGroup(su, (sd,)))
             return (
                 InputGroup(self.attn_norm, (self.q, self.k, self.v)),
                 InputGroup(self.v, (self.o,)),
-                InputGroup(self.mlp_norm, (self.router, *gates_ups)),
+                InputGroup(self.mlp_norm, norm_fed),
                 *per_expert,
             )
         return (
@@ -272,15 +291,11 @@ class Adapter:
             groups.append((self.q, self.k, self.v))
         if self.experts:  # vLLM's FusedMoE: one scheme for every expert of a layer
             groups.append(self.expert_linears)
+            if self.shared_width:  # the shared expert's gate_up_proj
+                groups.append(self.shared_linears[:2])
         elif not self.gate_up:
             groups.append((self.gate, self.up))
         return tuple(groups)
-
-    @property
-    def prunable(self) -> bool:
-        """Structured pruning slices rows and columns of the block's tensors (a fused
-        tensor's rows part by part, fused_rows); experts are not cut."""
-        return not self.experts
 
     @property
     def cut_groups(self) -> tuple[CutGroup, ...]:
@@ -334,6 +349,10 @@ class Adapter:
             every[self.expert_linear(e, "gate")] = (width, hidden)
             every[self.expert_linear(e, "up")] = (width, hidden)
             every[self.expert_linear(e, "down")] = (hidden, width)
+        if self.shared_width:
+            sg, su, sd = self.shared_linears
+            every[sg] = every[su] = (self.shared_width, hidden)
+            every[sd] = (hidden, self.shared_width)
         return {name: every[name] for name in self.block_linears}
 
     def block_prefix(self, index: int) -> str:
@@ -356,6 +375,7 @@ class MoeKeys:
     count: str
     width: str
     renormalize: str | None
+    shared: str | None = None  # the shared expert's width
 
     def __call__(self, hf) -> MoeSpec:
         layers = hf.num_hidden_layers
@@ -368,11 +388,13 @@ class MoeKeys:
             intermediate=getattr(hf, self.width),
             renormalize=self.renormalize is None or bool(getattr(hf, self.renormalize)),
             dense_layers=tuple(sorted(dense)),
+            shared=getattr(hf, self.shared) if self.shared else 0,
         )
 
 
 LLAMA = Adapter(families=("llama",))
 
+_QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
 _ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
 _QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
 
@@ -416,7 +438,7 @@ ADAPTERS: dict[str, Adapter] = {
         families=("qwen3_moe",),
         architecture="Qwen3MoeForCausalLM",
         bias_options=_ATTENTION_BIAS,
-        moe=MoeKeys("num_experts", "moe_intermediate_size", "norm_topk_prob"),
+        moe=MoeKeys(*_QWEN_MOE_KEYS),
         router="mlp.gate",
         expert="mlp.experts",
         **_QK_NORMS,
@@ -431,6 +453,17 @@ ADAPTERS: dict[str, Adapter] = {
         router="block_sparse_moe.gate",
         expert="block_sparse_moe.experts",
         expert_names=("w1", "w3", "w2"),
+    ),
+    "qwen2_moe": replace(
+        LLAMA,
+        families=("qwen2_moe",),
+        architecture="Qwen2MoeForCausalLM",
+        bias_options=(("qkv_bias", ("q", "k", "v")),),
+        moe=MoeKeys(*_QWEN_MOE_KEYS, shared="shared_expert_intermediate_size"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_expert",
+        shared_gate="mlp.shared_expert_gate",
     ),
     "phi3": replace(
         LLAMA,
@@ -499,6 +532,8 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
             per_block[norm] = (shape.head_dim,)
     if adapter.experts:
         per_block[adapter.router] = (adapter.experts, shape.hidden)
+    if adapter.shared_width:
+        per_block[adapter.shared_gate] = (1, shape.hidden)
     out = {
         f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
         f"{adapter.final_norm}.weight": (shape.hidden,),
@@ -517,7 +552,9 @@ def adapter_for(config: dict) -> Adapter:
     adapter = ADAPTERS.get(model_type or "")
     if adapter is not None and adapter.moe is not None:
         moe = adapter.moe(_hf(config))
-        adapter = replace(adapter, experts=moe.experts, expert_width=moe.intermediate)
+        adapter = replace(
+            adapter, experts=moe.experts, expert_width=moe.intermediate, shared_width=moe.shared
+        )
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))
         raise LlmpressError(

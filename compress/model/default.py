@@ -29,6 +29,7 @@ SUPPORTED_GGUF_ARCHS = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
+    "qwen2moe": "qwen2_moe",
     "gemma3": "gemma3_text",
     "phi3": "phi3",
 }
@@ -37,6 +38,7 @@ SUPPORTED_GGUF_ARCHS = {
 GGUF_FACTS = {
     "attention.key_length": "head_dim",
     "expert_feed_forward_length": "moe_intermediate_size",
+    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
 }
 
 
@@ -143,7 +145,9 @@ def gguf_config(path: Path, arch: str):
     reader = GGUFReader(str(path))
     for suffix, field in GGUF_FACTS.items():
         value = reader.fields.get(f"{arch}.{suffix}")
-        if value is not None and hasattr(config, field):
+        # head_dim also where the config class has no field for it (qwen2, qwen2_moe):
+        # their attention reads getattr(config, "head_dim", hidden // heads)
+        if value is not None and (hasattr(config, field) or field == "head_dim"):
             setattr(config, field, int(value.contents()))
     for field, value in gguf_rope(reader, arch, config, path.name).items():
         setattr(config, field, value)  # the rope scaling the reader drops

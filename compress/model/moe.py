@@ -52,6 +52,15 @@ class MoeMLP(nn.Module):
             Expert(adapter.expert_names, hidden, moe.intermediate, spec.activation)
             for _ in range(moe.experts)
         )
+        self.shared_names = None  # a shared expert every token runs, gated by sigmoid
+        if moe.shared:  # (qwen2_moe): registered under the checkpoint's names
+            names = ("gate_proj", "up_proj", "down_proj")
+            self.shared_names = tuple(
+                n.rsplit(".", 1)[-1] for n in (adapter.shared_expert, adapter.shared_gate)
+            )
+            expert, gate = self.shared_names
+            self.add_module(expert, Expert(names, hidden, moe.shared, spec.activation))
+            self.add_module(gate, nn.Linear(hidden, 1, bias=False))
         self.counts: torch.Tensor | None = None  # tokens routed to each expert, when counting
         # when scoring experts for pruning: Σ over routed tokens of ‖weight · output‖²
         self.contributions: torch.Tensor | None = None
@@ -83,6 +92,9 @@ class MoeMLP(nn.Module):
             if self.contributions is not None:
                 self.contributions[e] += y.double().square().sum()
             out.index_add_(0, rows, y)
+        if self.shared_names is not None:
+            expert, gate = (getattr(self, n) for n in self.shared_names)
+            out = out + torch.sigmoid(gate(flat)) * expert(flat)
         return out.reshape(x.shape)
 
 

@@ -29,6 +29,8 @@ class MoeSpec:
     intermediate: int  # each expert's MLP width
     renormalize: bool  # the top-k weights are rescaled to sum to 1
     dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP
+    shared: int = 0  # width of a shared expert every token runs (0: none), its output
+    # times sigmoid(shared_gate · x) (qwen2_moe), added to the routed experts'
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,14 @@ def prune_state(
                 t = tensor.index_select(0, rows).index_select(1, cols)
                 out[f"{adapter.block_prefix(new)}.{module}.{leaf}"] = t.contiguous()
                 continue
+            if adapter.shared_width and module.startswith(adapter.shared_expert + "."):
+                dim = 0 if module.endswith("down_proj") else 1  # only the hidden width is cut
+                t = tensor.index_select(dim, hidden).contiguous()
+                out[f"{adapter.block_prefix(new)}.{rel}"] = t
+                continue
+            if module == adapter.shared_gate and adapter.shared_width:
+                out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(1, hidden)
+                continue
             if module == adapter.router and keep.experts is not None:
                 t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
                 out[f"{adapter.block_prefix(new)}.{rel}"] = t.index_select(1, hidden).contiguous()

@@ -68,7 +68,13 @@ def _experts(moe) -> FusedExperts | None:
     if not all(isinstance(x, QuantLinear) for pair in moe.experts for x in pair):
         return None
     pairs = [(g.fused_form(), d.fused_form()) for g, d in moe.experts]
-    return FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
+    fused = FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
+    if moe.shared is not None:
+        if not all(isinstance(x, QuantLinear) for x in moe.shared):
+            return None
+        fused.shared = tuple(x.fused_form() for x in moe.shared)
+        fused.shared_gate = moe.shared_gate.weight
+    return fused
 
 
 def _fused_decoder(w: ModelWeights, ropes):

@@ -16,6 +16,7 @@ from compress.kernels.cpu import (
     rms_norm_quantized,
     rope_,
     route,
+    sigmoid_gate,
 )
 from compress.kernels.cpu import rms_norm as cpu_rms_norm
 from compress.model.rope import RopeSpec, tables
@@ -90,6 +91,12 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
         moe.reads[e] += 1
         y = _gated(gate_up, down, xe, act, packed, exact=None if packed else True)
         out.index_add_(0, rows, y * weights[rows, slot, None])
+    if moe.shared is not None:  # every token, gated by sigmoid(shared_gate · x)
+        if xf.device.type == "cpu":  # the one-call decoder's dot product
+            gate = sigmoid_gate(xf, moe.shared_gate.weight)
+        else:
+            gate = torch.sigmoid(xf @ moe.shared_gate.weight.T)
+        out = out + gate * _gated(*moe.shared, x, act, packed)
     return out
 
 

@@ -56,6 +56,7 @@ RUNS = {
     "windows": _any,
     "tied": _any,
     "mlp": lambda moe: None if moe is None or not moe.dense_layers else "dense layers among MoE",
+    # a shared expert (qwen2_moe) runs in every path: MoeWeights.shared
 }
 
 
@@ -80,6 +81,8 @@ class MoeWeights:
     top_k: int
     renormalize: bool
     reads: torch.Tensor = None  # int64 [E]: steps that read each expert (both paths add)
+    shared: tuple[object, object] | None = None  # a shared expert's (gate_up, down)
+    shared_gate: DenseLinear | None = None  # [1, hidden] fp32: sigmoid of it gates `shared`
 
     def __post_init__(self):
         if self.reads is None:
@@ -95,13 +98,31 @@ class MoeWeights:
         yield self.router
         for gate_up, down in self.experts:
             yield from (gate_up, down)
+        if self.shared is not None:
+            yield from (self.shared_gate, *self.shared)
+
+    @property
+    def routed_bytes(self) -> int:
+        """Bytes of top_k experts (each as large as the average expert): one token's."""
+        experts = sum(g.nbytes + d.nbytes for g, d in self.experts)
+        return experts * self.top_k // len(self.experts)
 
     @property
     def active_bytes(self) -> int:
-        """Bytes one token reads: the router and top_k experts (each as large as the
-        average expert)."""
-        experts = sum(g.nbytes + d.nbytes for g, d in self.experts)
-        return self.router.nbytes + experts * self.top_k // len(self.experts)
+        """Bytes one token reads: the router, top_k experts and a shared expert."""
+        shared = 0 if self.shared is None else sum(x.nbytes for x in self.linears_shared())
+        return self.router.nbytes + self.routed_bytes + shared
+
+    def linears_shared(self):
+        return () if self.shared is None else (self.shared_gate, *self.shared)
+
+    @property
+    def active_params(self) -> int:
+        """Weights one token multiplies by: the router, top_k experts, a shared expert."""
+        experts = sum(x.out_features * x.in_features for g, d in self.experts for x in (g, d))
+        always = (self.router, *self.linears_shared())
+        n = sum(x.out_features * x.in_features for x in always)
+        return n + experts * self.top_k // len(self.experts)
 
 
 @dataclass
@@ -141,13 +162,7 @@ class Layer:
         """Weights one token multiplies by (of experts: the router and top_k of them)."""
         lins = [self.qkv, self.o] + ([self.gate_up, self.down] if self.moe is None else [])
         n = sum(lin.out_features * lin.in_features for lin in lins)
-        if self.moe is not None:
-            r = self.moe.router
-            experts = sum(
-                x.out_features * x.in_features for g, d in self.moe.experts for x in (g, d)
-            )
-            n += r.out_features * r.in_features + experts * self.moe.top_k // len(self.moe.experts)
-        return n
+        return n + (0 if self.moe is None else self.moe.active_params)
 
     def norms(self):
         opt = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
@@ -192,7 +207,7 @@ class ModelWeights:
     def expert_step_bytes(self) -> int:
         """The part of step_bytes that is experts (the batch-1 estimate)."""
         moe = [layer.moe for layer in self.layers if layer.moe is not None]
-        return sum(m.active_bytes - m.router.nbytes for m in moe)
+        return sum(m.routed_bytes for m in moe)
 
 
 class _BlockTensors(Mapping):
@@ -314,6 +329,11 @@ def load_weights(
             ]
             router = DenseLinear(tensors[f"{p}.{adapter.router}.weight"].to(device, torch.float32))
             moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
+            if spec.mlp.shared:
+                gate, up, down = (lin(n) for n in adapter.shared_linears)
+                moe.shared = (fuse([gate, up]), down)
+                weight = tensors[f"{p}.{adapter.shared_gate}.weight"]
+                moe.shared_gate = DenseLinear(weight.to(device, torch.float32))
         elif adapter.gate_up:
             gate_up, down = lin(adapter.gate_up), lin(adapter.down)
         else:

@@ -1131,6 +1131,9 @@ typedef struct {
     const QLin *experts; /* [2E]: gate_up of expert e at 2e, its down at 2e + 1 */
     int n_experts, top_k, renorm, inter;
     int64_t *reads;      /* [E]: steps that read each expert (the runtime's MBU) */
+    const QLin *shared;  /* [2]: a shared expert's gate_up and down (qwen2_moe); or NULL */
+    const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x) */
+    int shared_inter;
 } QMoe;
 
 typedef struct {
@@ -1142,6 +1145,13 @@ typedef struct {
     int window;                                 /* sliding window; 0: every key */
     const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
 } QLayer;
+
+/* gate [B] = sigmoid(w . x_b) for rows xf [B, ld]: the shared expert's gate, the same dot
+ * product in the one-call decoder and the per-op path. */
+void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate) {
+    for (int b = 0; b < B; b++)
+        gate[b] = 1.f / (1.f + expf(-dot_f32(xf + (int64_t)b * ld, w, hidden)));
+}
 
 /* x [rows, D] <- rmsnorm(x) * w, row by row, in place. */
 static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
@@ -1222,12 +1232,8 @@ static int qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y
     } else {
         llmp_gemm_q8(x8, dx, bs, M, l->k, l->g, (const uint8_t *)l->w, l->scale, l->zs, l->n, y);
     }
-    if (l->bias)
-        for (int m = 0; m < M; m++)
-            for (int n = 0; n < l->n; n++) y[(int64_t)m * l->n + n] += l->bias[n];
-    if (l->n_out == 0) return 0;
-    for (int m = 0; m < M; m++) {
-        const float *xr = xf + (int64_t)m * ld;
+    for (int m = 0; m < M && l->n_out > 0; m++) { /* outlier columns, then the bias: */
+        const float *xr = xf + (int64_t)m * ld;  /* the per-op path's order of sums */
         float *yr = y + (int64_t)m * l->n;
         #pragma omp parallel for schedule(static) if (l->n > 256)
         for (int n = 0; n < l->n; n++) {
@@ -1237,6 +1243,9 @@ static int qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y
             yr[n] += acc;
         }
     }
+    if (l->bias)
+        for (int m = 0; m < M; m++)
+            for (int n = 0; n < l->n; n++) y[(int64_t)m * l->n + n] += l->bias[n];
     return 0;
 }
 
@@ -1286,13 +1295,15 @@ int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D,
  * path does. */
 static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
                    const int8_t *x8, const float *dx, const float *bs, float *out, float *w) {
-    int E = M->n_experts, K = M->top_k, I = M->inter;
-    int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, nbh = hp / 32, nbi = ip / 32;
+    int E = M->n_experts, K = M->top_k, I = M->inter, S = M->shared ? M->shared_inter : 0;
+    int W = I > S ? I : S; /* the scratch holds the wider of an expert and the shared one */
+    int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, sp = (S + 31) / 32 * 32;
+    int wp = (W + 31) / 32 * 32, nbh = hp / 32, nbi = wp / 32;
     float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + (int64_t)B * K;
     int32_t *choice = (int32_t *)(rw + B), *rows = choice + (int64_t)B * K;
     float *gpad = (float *)(rows + B), *gdx = gpad + (int64_t)B * hp, *gbs = gdx + (int64_t)B * nbh;
-    float *gu = gbs + (int64_t)B * nbh, *apad = gu + (int64_t)B * 2 * I;
-    float *adx = apad + (int64_t)B * ip, *abs_ = adx + (int64_t)B * nbi;
+    float *gu = gbs + (int64_t)B * nbh, *apad = gu + (int64_t)B * 2 * W;
+    float *adx = apad + (int64_t)B * wp, *abs_ = adx + (int64_t)B * nbi;
     float *y = abs_ + (int64_t)B * nbi;
     int8_t *gx8 = (int8_t *)(y + (int64_t)B * hidden), *ax8 = gx8 + (int64_t)B * hp;
     llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
@@ -1320,6 +1331,19 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
             for (int d = 0; d < hidden; d++) o[d] += yr[d];
         }
     }
+    if (S == 0) return 0;
+    /* the shared expert, every row: gate * shared(x), rounded, then added (as torch) */
+    float *gate = logits; /* routing is done: its B * E floats are free */
+    llmp_sigmoid_gate(xf, B, hp, M->shared_gate, hidden, gate);
+    memcpy(gx8, x8, (size_t)B * hp); /* qlin may requantize its input in place */
+    memcpy(gpad, xf, (size_t)B * hp * sizeof(float));
+    memcpy(gdx, dx, (size_t)B * nbh * sizeof(float));
+    memcpy(gbs, bs, (size_t)B * nbh * sizeof(float));
+    if (qlin(M->shared, gx8, gdx, gbs, B, gu, gpad, hp)) return -1;
+    llmp_act_mul_quant(gu, B, S, sp, act, apad, ax8, adx, abs_);
+    if (qlin(M->shared + 1, ax8, adx, abs_, B, y, apad, sp)) return -1;
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += y[i];
     return 0;
 }
 
