@@ -332,9 +332,9 @@ def _recipe_file(tmp_path, stages):
 @pytest.mark.parametrize("name", ["gemma3_text", "phi3", "qwen2_moe"])
 def test_the_triton_backend_runs_the_description(w4, ids, name):
     """The GPU backend on CPU tensors (TRITON_INTERPRET=1): gemma3's scale, windows,
-    sandwich and q/k norms, phi3's partial rotary, qwen2_moe's experts and shared expert. Its prefill and decode steps (Triton
-    attention over a window shorter than the sequence) equal transformers on the artifact:
-    both compute in fp32."""
+    sandwich and q/k norms, phi3's partial rotary, qwen2_moe's experts and shared expert.
+    Its prefill and decode steps (Triton attention over a window shorter than the
+    sequence) equal transformers on the artifact: both compute in fp32."""
     prompt, steps = 10, 3
     tokens = ids[0, : prompt + steps]
     want = _transformers_logits(w4[name], tokens[None])[prompt - 1 :]

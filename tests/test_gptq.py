@@ -113,3 +113,45 @@ def test_bad_gptq_settings_fail_in_one_line():
         parse_recipe({"stages": [{"gptq": {"dampening": 2}}]})
     with pytest.raises(LlmpressError, match="act_ordr"):
         parse_recipe({"stages": [{"gptq": {"act_ordr": True}}]})
+
+
+@pytest.mark.parametrize("act_order", [True, False])
+def test_the_in_place_factor_equals_the_textbook_one(act_order):
+    """H⁻¹'s upper Cholesky factor computed in H's own memory (permuted, factored,
+    inverted by blocks and reversed in place) equals the one of two full matrices, across
+    a block boundary (2,500 columns) and with an input never seen."""
+    from compress.quantizers.gptq import _inverse_factor
+
+    gen = torch.Generator().manual_seed(0)
+    n = 2500
+    a = torch.randn(n, n + 64, generator=gen)
+    h = a @ a.T / n
+    h[7, :] = h[:, 7] = 0  # a dead input
+    want = h.clone()
+    want[7, 7] = 1
+    perm = torch.argsort(torch.diagonal(want), descending=True) if act_order else None
+    if perm is not None:
+        want = want[perm][:, perm]
+    torch.diagonal(want).add_(0.01 * torch.diagonal(want).mean())
+    want = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(want)), upper=True)
+    got, got_perm = _inverse_factor([h], 0.01, act_order, own=True)
+    assert (got_perm is None) == (perm is None)
+    assert perm is None or torch.equal(got_perm, perm)
+    assert torch.equal(got, got.triu())
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4 * want.abs().max().item())
+
+
+def test_the_hessians_upper_triangle_mirrors_into_the_whole():
+    """Summed by slabs of the upper triangle (half the float64 memory), H comes out whole
+    and symmetric: 2·xᵀx / n, across slab boundaries."""
+    from compress.quantizers.gptq import _accumulate, _mean_fp32, _slabs
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 150, 4500, generator=gen)
+    slabs = _slabs(4500, "cpu")
+    for chunk in x:
+        _accumulate(slabs, chunk)
+    got = _mean_fp32(slabs, 300)
+    flat = x.reshape(300, 4500).double()
+    torch.testing.assert_close(got.double(), 2 * flat.T @ flat / 300, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got, got.T) and not slabs

@@ -145,6 +145,7 @@ def evaluate(
         original = Cached(base_ckpt, cached)
     else:
         original = BlockwiseOriginal(base_ckpt, wins, log)
+        original.prepare()  # before the artifact is loaded: the two peaks one after another
     candidates = _candidates(cand_ckpt, engine, kv, ctx, exact)
     kl_of = {} if token_kl is not None else None
     drift = measure_drift(original, candidates, wins, data=data, token_kl=kl_of)

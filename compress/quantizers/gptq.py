@@ -34,7 +34,9 @@ from compress.stage import BlockContext, Described, Workspace, register_stage
 
 BLOCK = 128  # columns updated together (the lazy batch update of the paper)
 # Hessian rows accumulated at a time: at a 7B model's down_proj (18,944 inputs) the whole
-# fp32 product and its float64 copy beside the float64 sum peaked compress at 8.6 GB
+# fp32 product and its float64 copy beside the float64 sum peaked compress at 8.6 GB. Only
+# the upper triangle is summed (slab i: rows and columns from i·ROWS on): half the float64
+# memory and half the products of the full matrix.
 ROWS = 2048
 
 # FLOP-equivalents of the column solve (compress/estimate.py): its lazy-batch updates are
@@ -146,46 +148,119 @@ def gptq_quantize(
 
 
 def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool, own: bool):
-    """(the upper Cholesky factor of H⁻¹ [cols, cols], the column order or None), in fp32
-    as the reference implementations compute it.
+    """(the upper Cholesky factor of H⁻¹ [cols, cols], the column order or None), in fp32,
+    computed in H's own memory.
 
-    Memory is what bounds it: at a 7B model's down_proj (18,944 inputs) each such matrix
-    is 1.4 GB. So H is overwritten when the caller hands it over, each working copy is
-    dropped once the next exists, and H⁻¹ is solved for 2,048 columns of the identity at a
-    time: at most two matrices and a slice live at once (in float64 with a whole identity,
-    as before, it was five: 14 GB)."""
+    Memory is what bounds it: at a 7B model's down_proj (18,944 inputs) one such matrix is
+    1.4 GB, and a factor beside its inverse was two. With J the reversal, the upper factor
+    U of H_p⁻¹ (H_p: H in the visiting order) is J·L⁻¹·J, where L is the lower Cholesky
+    factor of J·H_p·J: so H is permuted into the reversed order in place, factored in
+    place, its factor inverted in place block by block and reversed in place, and only
+    slabs of it are ever copied."""
     h = held.pop() if own else held[0].clone()
-    dead = torch.diagonal(h) == 0
+    diagonal = torch.diagonal(h)
+    dead = diagonal == 0
     h[dead, dead] = 1
-    perm = None
-    if act_order:
-        perm = torch.argsort(torch.diagonal(h), descending=True)
-        h = h.index_select(0, perm)
-        h = h.index_select(1, perm)
+    perm = torch.argsort(diagonal, descending=True) if act_order else None
+    n = h.shape[0]
+    order = perm.flip(0) if perm is not None else torch.arange(n - 1, -1, -1)
+    _permute_(h, order.tolist())
     torch.diagonal(h).add_(dampening * torch.diagonal(h).mean())
-    factor = torch.linalg.cholesky(h)
-    del h
+    _, info = torch.linalg.cholesky_ex(h, out=(h, torch.empty((), dtype=torch.int32)))
+    if int(info):
+        raise torch.linalg.LinAlgError(
+            f"gptq: the damped Hessian is not positive-definite (minor {int(info)}); "
+            "raise gptq.dampening"
+        )
+    _invert_lower_(h)
+    _reverse_(h)
+    return h, perm
+
+
+def _permute_(h: torch.Tensor, order: list[int]) -> None:
+    """h ← h[order][:, order], in place: rows by following the permutation's cycles (one
+    row held aside), columns a slab of rows at a time."""
+    seen = [False] * len(order)
+    for start in range(len(order)):
+        if seen[start] or order[start] == start:
+            continue
+        held, j = h[start].clone(), start
+        while True:
+            seen[j] = True
+            nxt = order[j]
+            if nxt == start:
+                h[j] = held
+                break
+            h[j] = h[nxt]
+            j = nxt
+    index = torch.tensor(order, device=h.device)
+    for lo in range(0, h.shape[0], ROWS):
+        h[lo : lo + ROWS] = h[lo : lo + ROWS].index_select(1, index)
+
+
+def _invert_lower_(factor: torch.Tensor) -> None:
+    """A lower-triangular matrix (zeros above its diagonal) ← its inverse, in place, by
+    blocks of ROWS from the last: a block's panel below its diagonal block is taken to
+    −(inverse of the trailing part) · panel · (inverse of the diagonal block)."""
     n = factor.shape[0]
-    inverse = torch.empty_like(factor)
-    for lo in range(0, n, 2048):  # cholesky_solve: torch's cholesky_inverse is 40x slower
-        hi = min(n, lo + 2048)
-        eye = torch.zeros(n, hi - lo, dtype=factor.dtype, device=factor.device)
-        eye[lo:hi] = torch.eye(hi - lo, dtype=factor.dtype, device=factor.device)
-        inverse[:, lo:hi] = torch.cholesky_solve(eye, factor)
-    del factor
-    return torch.linalg.cholesky(inverse, upper=True), perm
+    for lo in reversed(range(0, n, ROWS)):
+        hi = min(lo + ROWS, n)
+        eye = torch.eye(hi - lo, dtype=factor.dtype, device=factor.device)
+        diag = torch.linalg.solve_triangular(factor[lo:hi, lo:hi], eye, upper=False)
+        if hi < n:
+            panel = factor[hi:, hi:] @ factor[hi:, lo:hi]
+            factor[hi:, lo:hi] = -(panel @ diag)
+            del panel
+        factor[lo:hi, lo:hi] = diag
+
+
+def _reverse_(h: torch.Tensor) -> None:
+    """h ← J·h·J (rows and columns reversed), in place: the flat buffer reversed."""
+    flat = h.view(-1)
+    size, chunk = flat.numel(), 1 << 22
+    for lo in range(0, size // 2, chunk):
+        hi = min(lo + chunk, size // 2)
+        head = flat[lo:hi].clone()
+        flat[lo:hi] = flat[size - hi : size - lo].flip(0)
+        flat[size - hi : size - lo] = head.flip(0)
+
+
+def _slabs(width: int, device) -> list[torch.Tensor]:
+    """Zeroed float64 slabs of a [width, width] Hessian's upper triangle: slab i holds
+    rows i·ROWS on, from that column on."""
+    return [
+        torch.zeros(min(ROWS, width - lo), width - lo, dtype=torch.float64, device=device)
+        for lo in range(0, width, ROWS)
+    ]
+
+
+def _hessian_flops(width: int, tokens: int) -> int:
+    """FLOPs of _accumulate over `tokens` inputs: each slab's rows by its columns."""
+    return sum(2 * tokens * min(ROWS, width - lo) * (width - lo) for lo in range(0, width, ROWS))
+
+
+def _accumulate(slabs: list[torch.Tensor], x: torch.Tensor) -> None:
+    """slabs += 2·xᵀx's upper triangle for inputs x [tokens, width]: fp32 products summed
+    in float64 (exact in any order: distributed.py), by slabs so the fp32 temporary
+    stays small."""
+    for i, slab in enumerate(slabs):
+        lo = i * ROWS
+        slab.add_(x[:, lo : lo + ROWS].T @ x[:, lo:], alpha=2)
 
 
 def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
-    """The float64 sum (slabs of rows) over n as one fp32 matrix, each slab freed once
-    copied: whole, the float64 H beside its fp32 copy was 4.3 GB at a 7B down_proj."""
+    """The float64 sum over n as one symmetric fp32 matrix, from the slabs of its upper
+    triangle (slab i: rows i·ROWS on, columns from the same index), each slab freed once
+    copied and mirrored."""
     width = slabs[0].shape[1]
     out = torch.empty(width, width, dtype=torch.float32, device=slabs[0].device)
     lo = 0
     while slabs:
-        slab = slabs.pop(0)
-        out[lo : lo + slab.shape[0]] = slab.div_(n)
-        lo += slab.shape[0]
+        slab = slabs.pop(0).div_(n).float()
+        rows = slab.shape[0]
+        out[lo : lo + rows, lo:] = slab
+        out[lo + rows :, lo : lo + rows] = slab[:, rows:].T
+        lo += rows
         del slab
     return out
 
@@ -212,7 +287,7 @@ class GPTQ(Described):
     def work(self, load) -> float:
         """The Hessians (x·xᵀ over every token, per distinct input) and the column solve
         (out·in² for the lazy-batch updates, plus each column's own steps)."""
-        hessians = sum(2 * load.tokens * d * d for d in load.inputs)
+        hessians = sum(_hessian_flops(d, load.tokens) for d in load.inputs)
         solve = sum(SOLVE_FACTOR * o * i * i + COLUMN_FLOPS * i for o, i in load.linears)
         return load.layers * (hessians + solve)
 
@@ -220,7 +295,7 @@ class GPTQ(Described):
         self.config = config
         self.groups: dict[str, int] = {}
         self.seconds = {"hessians": 0.0, "rounding": 0.0}
-        self._h: dict[str, list[torch.Tensor]] = {}  # each H as float64 slabs of ROWS rows
+        self._h: dict[str, list[torch.Tensor]] = {}  # each H's upper triangle, float64 slabs
         self._n: dict[str, int] = {}
         self._key: dict[str, str] = {}
 
@@ -241,10 +316,7 @@ class GPTQ(Described):
 
         def observe(rel: str, x: torch.Tensor) -> None:
             x = x.reshape(-1, x.shape[-1]).float()
-            for i, slab in enumerate(self._h[rel]):  # fp32 products, summed in float64
-                # (exact in any order: distributed.py); by slabs, so the fp32 temporary
-                # stays small
-                slab.add_(x[:, i * ROWS : (i + 1) * ROWS].T @ x, alpha=2)
+            _accumulate(self._h[rel], x)
             self._n[rel] += x.shape[0]
 
         self._key = _shared_inputs(ctx)
@@ -252,10 +324,7 @@ class GPTQ(Described):
         for rel in observed:  # allocated before any chunk: a rank may hold no sample
             width = ctx.sub(rel).in_features
             device = ctx.sub(rel).weight.device
-            self._h[rel] = [
-                torch.zeros(min(ROWS, width - lo), width, dtype=torch.float64, device=device)
-                for lo in range(0, width, ROWS)
-            ]
+            self._h[rel] = _slabs(width, device)
             self._n[rel] = 0
         ctx.observe(observed, observe)
         for rel in observed:  # summed over the ranks under torchrun
