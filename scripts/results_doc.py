@@ -714,8 +714,9 @@ def families(d: dict) -> list[str]:
         "logit difference is transformers', not the runtime's: it dequantizes a compressed "
         "MoE artifact's experts into bfloat16 parameters even when asked for float32 "
         "(measured: its expert weights equal the runtime's fp32 dequantization rounded to "
-        "bfloat16), while the dense rows compare fp32 with fp32. MBU counts the bytes "
-        "decode actually read (for MoE, the experts routing chose). The anchors ran "
+        "bfloat16), while the dense rows compare fp32 with fp32. Decode tok/s is the median "
+        "of three `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
+        "experts routing chose, with qwen2_moe's shared expert every step). The anchors ran "
         f"interleaved over rounds; {d['minutes']} minutes in all"
         + (f"; CPU: {d['cpu']}, 2 threads." if d.get("cpu") else "."),
         "",
