@@ -163,10 +163,11 @@ def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool,
     h[dead, dead] = 1
     perm = torch.argsort(diagonal, descending=True) if act_order else None
     n = h.shape[0]
-    order = perm.flip(0) if perm is not None else torch.arange(n - 1, -1, -1)
-    _permute_(h, order.tolist())
+    order = perm.flip(0).tolist() if perm is not None else list(range(n - 1, -1, -1))
+    _permute_(h, order)
     torch.diagonal(h).add_(dampening * torch.diagonal(h).mean())
-    _, info = torch.linalg.cholesky_ex(h, out=(h, torch.empty((), dtype=torch.int32)))
+    info = torch.empty((), dtype=torch.int32, device=h.device)
+    torch.linalg.cholesky_ex(h, out=(h, info))
     if int(info):
         raise torch.linalg.LinAlgError(
             f"gptq: the damped Hessian is not positive-definite (minor {int(info)}); "
