@@ -26,7 +26,7 @@ from compress.calib_data.cost import calibration_plan
 from compress.calib_data.prepare import load_calibration
 from compress.device import activation_home, describe, resolve_device
 from compress.errors import LlmpressError
-from compress.estimate import estimate, estimate_line, workload
+from compress.estimate import estimate, estimate_line
 from compress.model.blocks import CHUNK, BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import (
@@ -37,6 +37,7 @@ from compress.model.loading import (
     resolve,
 )
 from compress.model.moe import expert_record
+from compress.model.workload import workload
 from compress.plan import (
     ENGINE_NAMES,
     fit_targets,

@@ -11,8 +11,9 @@ import pytest
 from family_models import write_family
 from test_no_silent import tiny_model
 
-from compress.estimate import estimate, estimate_line, workload
+from compress.estimate import estimate, estimate_line
 from compress.model.loading import resolve
+from compress.model.workload import workload
 from compress.pipeline import compress
 from compress.recipe import recipe_from_flags
 

@@ -49,7 +49,7 @@ def test_unknown_architecture_refused(tmp_path, model_type):
     with pytest.raises(
         LlmpressError,
         match=r"unsupported architecture .*gemma3_text, llama, mistral, mixtral, phi3, qwen2, "
-        r"qwen3, qwen3_moe",
+        r"qwen2_moe, qwen3, qwen3_moe",
     ):
         resolve(str(folder))
     with pytest.raises(LlmpressError):

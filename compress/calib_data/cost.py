@@ -22,7 +22,7 @@ from compress.calib_data.config import CalibConfig
 from compress.calib_data.generated import BATCH, cached_samples
 from compress.calib_data.sources import SELF, data_name
 from compress.errors import LlmpressError
-from compress.estimate import duration, matmul_rate, workload
+from compress.model.workload import duration, matmul_rate, workload
 
 GENERATION_EFFICIENCY = 0.5  # generation's tokens/s over the batch-16 probe's rate
 LONG_GENERATION_S = 300  # past this, say how to skip generation with a text file
