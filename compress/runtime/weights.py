@@ -98,8 +98,7 @@ class MoeWeights:
         yield self.router
         for gate_up, down in self.experts:
             yield from (gate_up, down)
-        if self.shared is not None:
-            yield from (self.shared_gate, *self.shared)
+        yield from self.linears_shared()
 
     @property
     def routed_bytes(self) -> int:
@@ -110,10 +109,11 @@ class MoeWeights:
     @property
     def active_bytes(self) -> int:
         """Bytes one token reads: the router, top_k experts and a shared expert."""
-        shared = 0 if self.shared is None else sum(x.nbytes for x in self.linears_shared())
+        shared = sum(x.nbytes for x in self.linears_shared())
         return self.router.nbytes + self.routed_bytes + shared
 
     def linears_shared(self):
+        """The shared expert's gate and linears (none without one)."""
         return () if self.shared is None else (self.shared_gate, *self.shared)
 
     @property
