@@ -31,6 +31,14 @@ def wikitext() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    """A tokenizer for tiny checkpoints: the default model's, or the folder named by
+    LLMPRESS_TEST_TOKENIZER where the default model is not at hand (a GPU machine)."""
+    named = os.environ.get("LLMPRESS_TEST_TOKENIZER")
+    return Path(named) if named else resolve("default").path
+
+
+@pytest.fixture(scope="session")
 def default_ckpt():
     return resolve("default")
 

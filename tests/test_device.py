@@ -34,14 +34,6 @@ CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir() -> Path:
-    """A tokenizer for the tiny checkpoints: the default model's, or the folder named by
-    LLMPRESS_TEST_TOKENIZER where the default model is not at hand (a GPU machine)."""
-    named = os.environ.get("LLMPRESS_TEST_TOKENIZER")
-    return Path(named) if named else resolve("default").path
-
-
-@pytest.fixture(scope="module")
 def tiny(tmp_path_factory, tokenizer_dir) -> Path:
     return write_family(tmp_path_factory.mktemp("device") / "llama3", "llama3", tokenizer_dir)
 

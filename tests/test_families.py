@@ -13,6 +13,7 @@ from safetensors import safe_open
 from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
 
+from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
 from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import Widths
@@ -27,6 +28,7 @@ from compress.runtime.model import Model
 from compress.runtime.weights import RUNS, load_weights
 
 NAMES = list(FAMILIES)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton backend's
 LENGTH = 72  # past sliding windows (8), phi3's original context (32) and EXACT_ABOVE (64)
 
 
@@ -36,10 +38,9 @@ def ids():
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(tmp_path_factory, tokenizer_dir):
     root = tmp_path_factory.mktemp("families")
-    tokenizer = convert_gguf(default_gguf())
-    return {n: write_family(root / n, n, tokenizer_from=tokenizer) for n in NAMES}
+    return {n: write_family(root / n, n, tokenizer_from=tokenizer_dir) for n in NAMES}
 
 
 def _transformers_logits(path, ids):
@@ -329,24 +330,35 @@ def _recipe_file(tmp_path, stages):
     return path
 
 
-@pytest.mark.parametrize("name", ["gemma3_text", "phi3", "qwen2_moe"])
+# every family on a GPU; under the interpreter the three that hold the rest's features
+TRITON_NAMES = NAMES if DEVICE == "cuda" else ["gemma3_text", "phi3", "qwen2_moe"]
+
+
+@pytest.mark.parametrize("name", TRITON_NAMES)
 def test_the_triton_backend_runs_the_description(w4, ids, name):
-    """The GPU backend on CPU tensors (TRITON_INTERPRET=1): gemma3's scale, windows,
-    sandwich and q/k norms, phi3's partial rotary, qwen2_moe's experts and shared expert.
-    Its prefill and decode steps (Triton attention over a window shorter than the
-    sequence) equal transformers on the artifact: both compute in fp32."""
+    """The GPU backend, compiled on a GPU or on CPU tensors under TRITON_INTERPRET=1:
+    gemma3's scale, windows, sandwich and q/k norms, phi3's partial rotary, the experts
+    (qwen2_moe's shared one too). Its prefill and decode steps (Triton attention over a
+    window shorter than the sequence) equal transformers' forward on the artifact's fp32
+    weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
     prompt, steps = 10, 3
     tokens = ids[0, : prompt + steps]
-    want = _transformers_logits(w4[name], tokens[None])[prompt - 1 :]
-    weights = load_weights(resolve(str(w4[name])), "cpu", "triton")
+    with torch.no_grad():
+        reference = load_model(resolve(str(w4[name]))).eval()
+        want = reference(tokens[None]).logits[0, prompt - 1 :]
+    weights = load_weights(resolve(str(w4[name])), DEVICE, "triton")
     model = Model(weights, 16)
     assert model.backend.name == "triton"
     s = weights.shape
-    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim)
+    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim, device=DEVICE)
+    tokens = tokens.to(DEVICE)
     rows = [model.prefill(tokens[:prompt], cache, 0)[-1:]]
     for t in range(prompt, prompt + steps - 1):
-        rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0])))
-    torch.testing.assert_close(torch.cat(rows), want[:steps], rtol=1e-4, atol=1e-4)
+        rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0], device=DEVICE)))
+    # compiled on a GPU, tl.dot multiplies fp32 in TF32 (10-bit mantissas): measured on an
+    # H100, 3e-3 to 1.2e-2 from the fp32 reference (the MoE families the most)
+    tol = 3e-2 if DEVICE == "cuda" else 1e-4
+    torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
 
 
 def test_an_untied_head_is_stored_in_int8_by_default_and_a_tied_one_left_alone(
