@@ -300,7 +300,9 @@ INLINE void row_tile_q4(const uint8_t *wt, const float *sc, const float *zs, int
         float bz = 0.f;
         for (int j = 0; j < bpg; j++, b++) {
             const uint8_t *wb = wt + (int64_t)b * 128;
-            __m256i ai = _mm256_setzero_si256();
+            /* two sums (low and high nibbles): two dependency chains of 4 instead of one of
+             * 8, so the block's products are not a chain of latencies (integer: exact) */
+            __m256i al = _mm256_setzero_si256(), ah = _mm256_setzero_si256();
             PREFETCH(wb + PF_DIST);
             for (int v = 0; v < 4; v++) {
                 __m256i raw = _mm256_loadu_si256((const __m256i *)(wb + 32 * v));
@@ -308,16 +310,20 @@ INLINE void row_tile_q4(const uint8_t *wt, const float *sc, const float *zs, int
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
                 __m256i xa = bcast4(x8 + b * 32 + 4 * v), xb = bcast4(x8 + b * 32 + 16 + 4 * v);
 #if defined(__AVXVNNI__)
-                ai = _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(ai, lo, xa), hi, xb);
+                al = _mm256_dpbusd_avx_epi32(al, lo, xa);
+                ah = _mm256_dpbusd_avx_epi32(ah, hi, xb);
 #elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-                ai = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(ai, lo, xa), hi, xb);
+                al = _mm256_dpbusd_epi32(al, lo, xa);
+                ah = _mm256_dpbusd_epi32(ah, hi, xb);
 #else
-                ai = _mm256_add_epi16(ai, _mm256_add_epi16(_mm256_maddubs_epi16(lo, xa),
-                                                           _mm256_maddubs_epi16(hi, xb)));
+                al = _mm256_add_epi16(al, _mm256_maddubs_epi16(lo, xa));
+                ah = _mm256_add_epi16(ah, _mm256_maddubs_epi16(hi, xb));
 #endif
             }
-#if !(defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
-            ai = _mm256_madd_epi16(ai, ones);
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+            __m256i ai = _mm256_add_epi32(al, ah);
+#else
+            __m256i ai = _mm256_madd_epi16(_mm256_add_epi16(al, ah), ones);
 #endif
             gacc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai), _mm256_set1_ps(dx[b]), gacc);
             bz += bs[b];
