@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compress.kernels.cpu import EXACT_ABOVE, PackedLinear, quantize_input
+from compress.kernels.cpu import EXACT_ABOVE, GEMV_ROWS, PackedLinear, quantize_input
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 
 CASES = [
@@ -254,7 +254,7 @@ def test_the_c_boundary_refuses_views_it_would_misread():
 
 
 @pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37), (3, 16)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
 def test_dense_fp32_decode_product_matches_torch(n, k, rows):
     """Dense weights at decode batches (a tied head, a router) stream through C; ragged
     widths take the scalar tail."""
@@ -268,12 +268,12 @@ def test_dense_fp32_decode_product_matches_torch(n, k, rows):
     bias = torch.randn(n)
     torch.testing.assert_close(DenseLinear(w, bias)(x), want + bias, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="rows"):
-        gemv_f32(torch.randn(5, k), w)
+        gemv_f32(torch.randn(GEMV_ROWS + 1, k), w)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37)])
-@pytest.mark.parametrize("rows", [1, 3, 9])
+@pytest.mark.parametrize("rows", [1, 3, 7, 9])
 def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
     """A bf16/fp16 head or embedding is widened as it streams, never upcast into a copy:
     the products equal fp32 arithmetic on the stored values (decode batches through C,
@@ -289,5 +289,5 @@ def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
     lin = DenseLinear(w)
     assert lin.weight.dtype == dtype and lin.nbytes == n * k * 2
     torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
-    if rows <= 4:
+    if rows <= GEMV_ROWS:
         torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)

@@ -126,7 +126,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out
 
 
-GEMV_ROWS = 4  # up to this many rows, dense weights take llmp_gemv_f32 / llmp_gemv_16
+GEMV_ROWS = 8  # up to this many rows, dense weights take llmp_gemv_f32 / llmp_gemv_16 (one read)
 _KIND16 = {torch.bfloat16: 1, torch.float16: 2}
 GEMV_DTYPES = (torch.float32, *_KIND16)
 
