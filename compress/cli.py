@@ -418,12 +418,17 @@ def verify(artifact):
 @click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Write results as JSON.")
 @click.option(
+    "--draft",
+    help="Speculative decoding while one sequence runs: `ngram` (prompt lookup) or a draft "
+    "artifact with the target's tokenizer; greedy output is unchanged.",
+)
+@click.option(
     "--sweep",
     type=click.Path(path_type=Path),
     help="Instead: sweep batch 1-64 and context 128-4096 and write roofline.json and "
     "roofline.png (achieved GB/s and GFLOP/s against measured ceilings) into this folder.",
 )
-def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, sweep):
+def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, draft, sweep):
     """Decode speed of ARTIFACT in llmpress's runtime: TTFT, time per token, tokens/s, MBU."""
 
     from compress.kernels.cpu import set_threads
@@ -459,7 +464,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, swee
         click.echo(f"note: runs dense: {note}")
     if sweep is not None:
         return _roofline(weights, scheme, artifact, sweep)
-    record = run_bench(weights, sizes, prompt_len, output_len, scheme, log=click.echo)
+    record = run_bench(weights, sizes, prompt_len, output_len, scheme, click.echo, draft)
     record["artifact"] = artifact
     click.echo(format_bench(record))
     if json_out:
@@ -490,6 +495,11 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 @click.option("--kv", help="KV-cache scheme: int8, int4, none (default: the artifact's).")
 @click.option("--threads", type=int, help="CPU threads (default: torch's choice).")
 @click.option("--model-name", help="Name in /v1/models (default: the artifact folder's name).")
+@click.option(
+    "--draft",
+    help="Speculative decoding while one sequence runs: `ngram` (prompt lookup) or a draft "
+    "artifact with the target's tokenizer; greedy output is unchanged.",
+)
 @click.option(
     "--api-key",
     envvar="LLMPRESS_API_KEY",

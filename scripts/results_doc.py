@@ -724,6 +724,31 @@ def families(d: dict) -> list[str]:
     ]
 
 
+def speculative(d: dict) -> list[str]:
+    plain, spec = d["runs_tok_s"]["plain"], d["runs_tok_s"]["ngram"]
+    return [
+        f"One user, greedy: {d['prompts']} WikiText-2 test passages "
+        f"({min(d['prompt_tokens'])}-{max(d['prompt_tokens'])} tokens) answered with "
+        f"{d['output_tokens']} tokens each by {d['artifact']}, batch 1, plain decoding and "
+        "`--draft ngram` (prompt lookup) in interleaved rounds. Replies identical token for "
+        f"token: {'yes' if d['greedy_identical'] else 'NO'}.",
+        "",
+        *table(
+            ["decoding", "tokens/s (median)", "rounds", "drafts kept", "speedup"],
+            [
+                ["plain", f(d["median_tok_s"]["plain"], 1), ", ".join(map(str, plain)), "", ""],
+                [
+                    "`--draft ngram`",
+                    f(d["median_tok_s"]["ngram"], 1),
+                    ", ".join(map(str, spec)),
+                    f"{100 * d['acceptance']:.0f}%",
+                    f"{d['speedup']:.2f}x",
+                ],
+            ],
+        ),
+    ]
+
+
 def lm_head(d: dict) -> list[str]:
     body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
     return [
@@ -966,6 +991,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         roofline("roofline-w4-kv-none"),
     ),
     ("serve_load.json", "Serving under load", "benchmarks/serve_load.py", serve_load),
+    (
+        "speculative.json",
+        "Speculative decoding for one user",
+        "benchmarks/speculative.py",
+        speculative,
+    ),
     (
         "served_drift.json",
         "Drift as served and of the weights alone",

@@ -18,6 +18,7 @@ import torch
 from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import FP32, KVScheme
 from compress.runtime.sampling import SamplingParams
+from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import ModelWeights
 
 
@@ -72,6 +73,9 @@ class BenchResult:
     mbu: float
     prefill_tokens_per_s: float
     mfu: float
+    draft: str | None = None  # speculative decoding's proposer (`--draft`), if any
+    acceptance: float | None = None  # drafted tokens the target kept
+    speedup: float | None = None  # tokens/s over the same run without a draft
 
 
 def bench_one(
@@ -83,8 +87,11 @@ def bench_one(
     flops: float,
     kv: KVScheme = FP32,
     seed: int = 0,
+    draft: str | None = None,
 ) -> BenchResult:
-    engine = Engine(weights, max_batch=batch, max_len=prompt_len + output_len + 1, kv=kv)
+    max_len = prompt_len + output_len + 1
+    speculator = None if draft is None else make_speculator(draft, weights, max_len, kv)
+    engine = Engine(weights, max_batch=batch, max_len=max_len, kv=kv, speculator=speculator)
     gen = torch.Generator().manual_seed(seed)
     vocab = weights.shape.vocab
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
@@ -106,7 +113,8 @@ def bench_one(
         steps += 1
     t2 = time.perf_counter()
     assert all(len(r.output) == output_len for r in reqs)
-    step_s = (t2 - t1) / max(steps, 1)
+    step_s = (t2 - t1) / max(steps, 1)  # a pass over the weights (a verified step, drafting)
+    token_s = (t2 - t1) / max(output_len - 1, 1)  # per sequence: a verified step gives several
     mean_ctx = prompt_len + output_len / 2
     kv_bytes = engine.cache.bytes_per_token() * mean_ctx * batch
     experts = (weights.expert_bytes_read() - read0) / max(steps, 1)  # as routing chose
@@ -118,23 +126,32 @@ def bench_one(
         prompt_len=prompt_len,
         output_len=output_len,
         ttft_s=t1 - t0,
-        tpot_s=step_s,
-        tokens_per_s=batch / step_s,
+        tpot_s=token_s,
+        tokens_per_s=batch / token_s,
         bytes_per_step=bytes_per_step,
         mbu=bytes_per_step / step_s / bandwidth,
         prefill_tokens_per_s=prefill_tps,
         mfu=2 * params_count * prefill_tps / flops,
+        draft=draft,
+        acceptance=None if speculator is None else speculator.acceptance,
     )
 
 
-def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print) -> dict:
+def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draft=None) -> dict:
     """The bandwidth is read before and after the runs and the higher reading kept: on a
     shared machine a neighbour's burst only ever lowers a reading, and one low reading
-    once put a family's MBU at 115%."""
+    once put a family's MBU at 115%. With `draft`, each batch size runs without and then
+    with speculative decoding, and the second row gives the acceptance and the speedup."""
     device = weights.embed.device  # the ceilings of the device that runs the model
     before = measure_bandwidth(device=device)
     flops = measure_matmul_flops(device=device)
-    runs = [bench_one(weights, b, prompt_len, output_len, before, flops, kv) for b in batches]
+    runs = []
+    for b in batches:
+        runs.append(bench_one(weights, b, prompt_len, output_len, before, flops, kv))
+        if draft is not None:
+            spec = bench_one(weights, b, prompt_len, output_len, before, flops, kv, draft=draft)
+            spec.speedup = spec.tokens_per_s / runs[-1].tokens_per_s
+            runs.append(spec)
     bandwidth = max(before, measure_bandwidth(device=device))
     log(
         f"measured on {device}: memory read {bandwidth / 1e9:.1f} GB/s, "
@@ -143,9 +160,14 @@ def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print) -> d
     results = []
     for r in runs:
         r.mbu *= before / bandwidth
+        spec = (
+            ""
+            if r.draft is None
+            else f", draft {r.draft}: {100 * r.acceptance:.0f}% accepted, {r.speedup:.2f}x"
+        )
         log(
-            f"batch {r.batch}: {r.tokens_per_s:.1f} tok/s, {r.tpot_s * 1e3:.2f} ms/step, "
-            f"TTFT {r.ttft_s * 1e3:.0f} ms, MBU {100 * r.mbu:.0f}%"
+            f"batch {r.batch}: {r.tokens_per_s:.1f} tok/s, {r.tpot_s * 1e3:.2f} ms/token, "
+            f"TTFT {r.ttft_s * 1e3:.0f} ms, MBU {100 * r.mbu:.0f}%{spec}"
         )
         results.append(asdict(r))
     return {
@@ -167,12 +189,22 @@ def _kv_bytes(weights: ModelWeights, kv: KVScheme) -> float:
 
 
 def format_bench(record: dict, title: str = "") -> str:
-    head = "| batch | tokens/s | ms/token (step) | TTFT ms | MB/step | MBU | prefill tok/s | MFU |"
+    spec = any(r.get("draft") for r in record["results"])
+    head = "| batch | tokens/s | ms/token | TTFT ms | MB/step | MBU | prefill tok/s | MFU |"
     lines = [head, "|---|---|---|---|---|---|---|---|"]
+    if spec:
+        lines = [head[:-1] + " draft | accepted | speedup |", lines[0] + "---|---|---|"]
     for r in record["results"]:
-        lines.append(
+        row = (
             f"| {r['batch']} | {r['tokens_per_s']:.1f} | {r['tpot_s'] * 1e3:.2f} | "
             f"{r['ttft_s'] * 1e3:.0f} | {r['bytes_per_step'] / 1e6:.1f} | {100 * r['mbu']:.0f}% | "
             f"{r['prefill_tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% |"
         )
+        if spec:
+            row += (
+                " none | | |"
+                if not r.get("draft")
+                else f" {r['draft']} | {100 * r['acceptance']:.0f}% | {r['speedup']:.2f}x |"
+            )
+        lines.append(row)
     return (f"{title}\n\n" if title else "") + "\n".join(lines)

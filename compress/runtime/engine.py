@@ -17,7 +17,14 @@ import torch
 
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Model
-from compress.runtime.sampling import SamplingParams, TokenLogprob, sample, token_logprobs
+from compress.runtime.sampling import (
+    SamplingParams,
+    TokenLogprob,
+    accept_drafts,
+    sample,
+    token_logprobs,
+)
+from compress.runtime.speculative import Speculator
 from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
@@ -51,8 +58,10 @@ class Engine:
         max_len: int = 2048,
         kv: KVScheme = FP32,
         eos_token_ids: tuple[int, ...] = (),
+        speculator: Speculator | None = None,
     ):
         s = weights.shape
+        self.speculator = speculator
         self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
         self.cache = KVCache(
@@ -114,6 +123,8 @@ class Engine:
                 self._emit(req, logits[-1])
             touched.append(req)
         decoding = [r for r in self.running.values() if r not in touched]
+        if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
+            return [*touched, decoding[0]]
         if decoding:
             slots = torch.tensor([r.slot for r in decoding])
             last = torch.tensor([r.output[-1] for r in decoding])
@@ -123,8 +134,35 @@ class Engine:
             touched += decoding
         return touched
 
+    def _speculate(self, req: Request) -> bool:
+        """One verified step for the only running sequence: the proposer's drafts, the
+        target's logits for all of them in one pass, the kept ones and the next token
+        emitted. False (nothing done) when there is nothing to propose."""
+        spec, p = self.speculator, req.params
+        length = int(self.cache.lengths[req.slot])
+        k = min(spec.length(), p.max_tokens - len(req.output) - 1, self.max_len - length - 1)
+        if k < 1:
+            return False
+        context = req.prompt + req.output
+        drafts, q = spec.proposer.propose(context, k, p, req.generator)
+        if not drafts:
+            return False
+        tokens = torch.tensor([req.output[-1], *drafts])
+        logits = self.model.verify(tokens, self.cache, req.slot)
+        kept, token = accept_drafts(logits, drafts, q, p, req.generator)
+        spec.record(len(drafts), kept)
+        self.cache.lengths[req.slot] = length + 1 + kept  # refused drafts' k/v are dropped
+        for i, t in enumerate([*drafts[:kept], token]):
+            self._append(req, t, logits[i])
+            if req.done:
+                break
+        return True
+
     def _emit(self, req: Request, logits: torch.Tensor) -> None:
-        token = sample(logits, req.params, req.generator)
+        self._append(req, sample(logits, req.params, req.generator), logits)
+
+    def _append(self, req: Request, token: int, logits: torch.Tensor) -> None:
+        """`token` joins the output (`logits`: the row it was chosen from)."""
         if req.params.logprobs is not None:
             (record,) = token_logprobs(logits[None], torch.tensor([token]), req.params.logprobs)
             req.logprobs.append(record)

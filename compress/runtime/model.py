@@ -228,6 +228,58 @@ class Model:
         return self._logits(h[-1:] if last_only else h)
 
     @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:
+        """Logits [T, vocab] for tokens [T] appended to one cached sequence, each row as a
+        decode step at its position computes it, the weights read once for all T rows:
+        speculative decoding's check. Each row attends over the cache as that step would
+        see it. The one-call decoder takes the rows as a batch of one slot at successive
+        positions, split where a KIVI group completes (a group's residual rows are
+        overwritten by the next group's); otherwise the linears take the rows together
+        and each row attends alone. The caller rolls `cache.lengths` back past the
+        tokens it refuses."""
+        dev = self.device
+        start, t = int(cache.lengths[slot]), tokens.shape[0]
+        tokens = tokens.to(dev)
+        positions = torch.arange(start, start + t, device=dev)
+        group = cache.scheme.group if cache.scheme.bits else 0
+        cuts = [i for i in range(1, t) if group and (start + i) % group == 0]
+        rows = []
+        for a, b in zip([0, *cuts], [*cuts, t], strict=True):
+            h = self._embed(tokens[a:b])
+            slots = torch.full((b - a,), slot, device=dev)
+            if not (
+                self._packed(b - a) and self.backend.decode_layers(h, cache, slots, positions[a:b])
+            ):
+                break
+            rows.append(h)
+        else:
+            cache.lengths[slot] = start + t
+            return self._logits(torch.cat(rows))
+        return self._verify_per_op(tokens, cache, slot, start)
+
+    def _verify_per_op(self, tokens, cache: KVCache, slot: int, start: int) -> torch.Tensor:
+        s, t = self.w.shape, tokens.shape[0]
+        positions = torch.arange(start, start + t, device=self.device)
+        one = torch.tensor([slot], device=self.device)
+        packed = self._packed(t)
+        h = self._embed(tokens)
+        spec = self.w.spec
+        for i, layer in enumerate(self.w.layers):
+            q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
+            att = torch.cat([
+                self.backend.attend(
+                    q[r : r + 1], k[r : r + 1], v[r : r + 1], cache, i, one,
+                    positions[r : r + 1], spec.attn_scale, spec.windows[i],
+                )
+                for r in range(t)
+            ])  # fmt: skip
+            att = att.reshape(t, s.heads * s.head_dim)
+            h = h + _attn_out(layer, att, spec.eps, packed)
+            h = h + _mlp(layer, h, self.w, packed)
+        cache.lengths[slot] = start + t
+        return self._logits(h)
+
+    @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
         """One step: logits [B, vocab] for the next token of each sequence in `slots`, whose
         last tokens are `tokens` [B]."""

@@ -62,10 +62,9 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list
     return out
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from logits [vocab]."""
-    if params.temperature == 0:
-        return int(logits.argmax())
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The distribution a sampled token is drawn from, float64 [vocab]: temperature, then
+    top-k, then top-p (sampling only; greedy has none)."""
     # in float64, less the max: a tiny temperature (1e-300 is 0 in float32) then sends
     # every other logit to -inf and never makes inf - inf (NaN): the limit, greedy
     logits = logits.double()
@@ -78,4 +77,50 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         sorted_p, order = probs.sort(descending=True)
         keep = sorted_p.cumsum(0) - sorted_p < params.top_p  # the smallest set reaching top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return probs
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from logits [vocab]."""
+    if params.temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
+
+
+def accept_drafts(
+    logits: torch.Tensor,
+    drafts: list[int],
+    draft_probs: torch.Tensor | None,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """Speculative decoding's check (Leviathan et al. 2023; Chen et al. 2023): the target's
+    logits [k + 1, vocab] after each of k drafted tokens' prefixes. Returns how many drafts
+    are kept and the token that follows them, so that the output has exactly the target's
+    distribution: greedy keeps drafts while they are the target's argmax; sampling keeps
+    draft i with probability min(1, p(d) / q(d)) and on the first refusal draws from
+    max(0, p - q), renormalized. `draft_probs` [k, vocab] is q (None: a deterministic
+    proposer, q one-hot on its token); after k kept drafts the last row is sampled."""
+    if params.temperature == 0:
+        best = logits.argmax(-1).tolist()
+        for i, d in enumerate(drafts):
+            if best[i] != d:
+                return i, best[i]
+        return len(drafts), best[len(drafts)]
+    for i, d in enumerate(drafts):
+        p = probabilities(logits[i], params)
+        if draft_probs is None:
+            q = torch.zeros_like(p)
+            q[d] = 1.0
+        else:
+            q = draft_probs[i].double()
+        u = torch.rand(1, dtype=torch.float64, generator=generator).item()
+        if u * q[d] < p[d]:  # u < p(d) / q(d), without dividing by a zero q
+            continue
+        residual = (p - q).clamp_min(0)
+        total = residual.sum()
+        residual = p if total <= 0 else residual / total
+        return i, int(torch.multinomial(residual, 1, generator=generator))
+    return len(drafts), int(
+        torch.multinomial(probabilities(logits[-1], params), 1, generator=generator)
+    )

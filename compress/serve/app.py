@@ -11,6 +11,7 @@ from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
 from compress.runtime.kv_cache import kv_scheme
+from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
 from compress.serve.scheduler import Scheduler, ServingEngine
@@ -45,6 +46,7 @@ def build_app(
     kv=None,
     model_name=None,
     api_key: str | None = None,
+    draft: str | None = None,
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
@@ -52,8 +54,14 @@ def build_app(
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
+    speculator = None if draft is None else make_speculator(draft, weights, max_len, scheme)
     engine = ServingEngine(
-        weights, max_batch=max_batch, max_len=max_len, kv=scheme, eos_token_ids=eos
+        weights,
+        max_batch=max_batch,
+        max_len=max_len,
+        kv=scheme,
+        eos_token_ids=eos,
+        speculator=speculator,
     )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
@@ -74,6 +82,7 @@ def run_server(
     drain_timeout=DRAIN_TIMEOUT_S,
     api_key: str | None = None,
     max_connections: int = MAX_CONNECTIONS,
+    draft: str | None = None,
 ) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
@@ -85,7 +94,7 @@ def run_server(
     except OSError as e:
         raise LlmpressError(f"cannot listen on {host}:{port}: {e.strerror}; pick --port") from e
     try:
-        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name, api_key)
+        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft)
     except BaseException:
         server.server_close()
         raise

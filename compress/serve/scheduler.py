@@ -70,6 +70,7 @@ class Stream:
         self.tokens: queue.Queue = queue.Queue()
         self.stopped = False  # ended by one of the client's stop strings
         self.consumed = 0  # output tokens read so far (an EOS included; it has no text)
+        self.published = 0  # output tokens put on `tokens` (a verified step adds several)
         self.failure: GenerationFailed | None = None  # set before DONE when it failed
 
 
@@ -183,8 +184,9 @@ class Scheduler:
                     if req.output:  # a prompt scored with max_tokens 0 has none
                         m.ttft.observe(req.first_token_at - req.submitted)
                     m.counters["requests_total"] += 1
-                if req.output:
-                    stream.tokens.put(req.output[-1])
+                for token in req.output[stream.published :]:
+                    stream.tokens.put(token)
+                    stream.published += 1
                     published += 1
                     m.counters["generated_tokens_total"] += 1
                 if req.done:

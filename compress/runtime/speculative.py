@@ -1,0 +1,167 @@
+"""Speculative decoding for a sequence that runs alone: a cheap proposer guesses up to k
+next tokens, the target scores them all in one pass (`Model.verify`: the weights are read
+once for k + 1 rows), and `sampling.accept_drafts` keeps exactly the target's output
+(greedy: identical tokens; sampling: the target's distribution).
+
+Proposers:
+- `NgramProposer` (`--draft ngram`): prompt lookup, no model. The last n tokens (n from 3
+  down to 1) are searched for earlier in the sequence and the tokens that followed are
+  proposed; text that repeats its input (summaries, code edits, quotes) gains most.
+- `DraftModelProposer` (`--draft ARTIFACT`): a smaller model with the same tokenizer, for
+  example a pruned, distilled, 4-bit copy of the target that llmpress made. It keeps its
+  own one-slot cache in step with the accepted tokens.
+
+k adapts to the measured acceptance (a moving average over verified steps): each step
+takes the length with the most expected tokens per unit of time (`best_k`), and none
+(plain decoding) while no length pays; then every `PROBE_EVERY`-th step still drafts one
+token, so a stretch of text that starts to repeat turns speculation back on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.model import Model
+from compress.runtime.sampling import SamplingParams, probabilities
+from compress.runtime.weights import ModelWeights
+
+# A verified step of 1 + k rows costs about 1 + VERIFY_ROW_COST * k decode steps: the
+# weights are read once, but each row's int8 products are computed. Measured on the
+# default model (4-bit, fp32 head), 2 CPU cores: 1.30, 1.56 and 1.94 steps for 2, 3 and 5
+# rows; 9 rows cost 5.4 (past the dense head's one-read GEMV), hence MAX_K = 7.
+VERIFY_ROW_COST = 0.25
+MAX_K = 7
+PROBE_EVERY = 16
+
+
+class NgramProposer:
+    """Prompt lookup: the continuation of the latest earlier occurrence of the sequence's
+    last n tokens (the longest n that occurs, from `max_n` down to `min_n`)."""
+
+    name = "ngram"
+    step_cost = 0.0  # of a target decode step, per proposed token
+
+    def __init__(self, max_n: int = 3, min_n: int = 1):
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, context: list[int], k: int, params, generator):
+        for n in range(min(self.max_n, len(context) - 1), self.min_n - 1, -1):
+            tail = context[-n:]
+            for start in range(len(context) - n - 1, -1, -1):  # latest occurrence first
+                if context[start : start + n] == tail:
+                    follow = context[start + n : start + n + k]
+                    return follow, None
+        return [], None
+
+
+class DraftModelProposer:
+    """A draft model of the same vocabulary. Its cache holds the sequence's tokens but the
+    last; before proposing, it rolls back to what it shares with the sequence (refused
+    drafts) and prefills what it lacks (the target's correction, a new prompt)."""
+
+    name = "draft"
+
+    def __init__(
+        self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, step_cost: float = 1.0
+    ):
+        self.step_cost = step_cost  # a draft decode step, in target decode steps
+        s = weights.shape
+        self.model = Model(weights, max_len + 1)
+        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
+        self.fed: list[int] = []  # the tokens whose k/v the cache holds, in order
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator):
+        keep = 0
+        limit = min(len(self.fed), len(context) - 1)
+        while keep < limit and self.fed[keep] == context[keep]:
+            keep += 1
+        self.fed = self.fed[:keep]
+        self.cache.lengths[0] = keep
+        slot = torch.tensor([0])
+        if keep < len(context) - 1:
+            missing = context[keep:-1]
+            self.model.prefill(torch.tensor(missing), self.cache, 0, start=keep, last_only=True)
+            self.fed += missing
+        room = self.cache.max_len - len(self.fed) - 1
+        tokens, probs, last = [], [], context[-1]
+        for _ in range(max(0, min(k, room))):
+            logits = self.model.decode(torch.tensor([last]), self.cache, slot)[0]
+            self.fed.append(last)
+            if params.temperature == 0:
+                token = int(logits.argmax())
+            else:
+                p = probabilities(logits, params)
+                token = int(torch.multinomial(p, 1, generator=generator))
+                probs.append(p)
+            tokens.append(token)
+            last = token
+        return tokens, (torch.stack(probs) if probs else None)
+
+
+@dataclass
+class Speculator:
+    """A proposer and the adaptive draft length, with the counts `bench` reports."""
+
+    proposer: object
+    max_k: int = MAX_K
+    k: int = 2
+    acceptance_ema: float = 0.6  # per drafted token; a prior until steps are seen
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0  # verified steps
+    idle_steps: int = 0  # steps decoded plainly since speculation last ran
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    def length(self) -> int:
+        """Drafts to ask for this step (0: decode plainly)."""
+        if self.k:
+            return self.k
+        self.idle_steps += 1
+        return 1 if self.idle_steps % PROBE_EVERY == 0 else 0
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.steps += 1
+        self.acceptance_ema = 0.8 * self.acceptance_ema + 0.2 * accepted / proposed
+        row = VERIFY_ROW_COST + self.proposer.step_cost
+        self.k = best_k(self.acceptance_ema, self.max_k, row)
+
+
+def best_k(acceptance: float, max_k: int, row_cost: float = VERIFY_ROW_COST) -> int:
+    """The draft length with the most expected tokens per unit of time for a per-token
+    acceptance a: a verified step of k drafts yields (1 - a^(k+1)) / (1 - a) tokens and
+    costs 1 + row_cost * k decode steps. 0 when no length beats plain decoding."""
+    a = min(max(acceptance, 0.0), 0.99)
+    best, best_rate = 0, 1.0
+    for k in range(1, max_k + 1):
+        rate = (1 - a ** (k + 1)) / (1 - a) / (1 + row_cost * k)
+        if rate > best_rate * 1.02:  # a gain within noise is not worth the pass
+            best, best_rate = k, rate
+    return best
+
+
+def make_speculator(draft: str, target: ModelWeights, max_len: int, kv: KVScheme = FP32):
+    """`--draft`: `ngram`, or an artifact (or checkpoint) whose vocabulary is the target's.
+    Speculation checks each row as decode computes it (`Model.verify`), so its greedy
+    output is plain decoding's on every KV-cache kind."""
+    from compress.errors import LlmpressError
+    from compress.model.loading import resolve
+    from compress.runtime.weights import load_weights
+
+    if draft == "ngram":
+        return Speculator(NgramProposer())
+    weights = load_weights(resolve(draft), device=target.embed.device, kernels=target.kernels)
+    if weights.shape.vocab != target.shape.vocab:
+        raise LlmpressError(
+            f"--draft {draft}: its vocabulary has {weights.shape.vocab} tokens, the target's "
+            f"{target.shape.vocab}: give a draft made from the same model (same tokenizer)"
+        )
+    cost = weights.step_bytes / target.step_bytes  # decode is bound by the bytes it reads
+    return Speculator(DraftModelProposer(weights, max_len, kv, cost))
