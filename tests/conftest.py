@@ -13,6 +13,11 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run in its interpreter, on CPU tensors
     os.environ["TRITON_INTERPRET"] = "1"
 
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: the cores shared among the workers
+    _threads = len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _threads))  # the CLI runs the tests start
+    torch.set_num_threads(max(1, _threads))
+
 from compress.artifact.dense import load_model
 from compress.model.loading import load_tokenizer, resolve
 from compress.pipeline import compress
