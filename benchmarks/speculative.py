@@ -43,7 +43,7 @@ def replies(weights, prompts, kv, draft: str | None):
     from compress.runtime.speculative import make_speculator
 
     max_len = max(map(len, prompts)) + OUTPUT_TOKENS + 8
-    spec = None if draft is None else make_speculator(draft, weights, max_len, kv)
+    spec = None if draft is None else make_speculator(draft, weights, max_len)
     engine = Engine(weights, max_batch=1, max_len=max_len, kv=kv, speculator=spec)
     params = SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True)
     outputs, seconds = [], 0.0

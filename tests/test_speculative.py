@@ -56,7 +56,9 @@ def test_greedy_output_is_plain_decodings_with_both_proposers(target, artifacts,
     ngram = Speculator(NgramProposer())
     assert _generate(target, prompts, scheme, ngram) == plain
     draft_weights = load_weights(resolve(str(artifacts["rtn:w8"])), device="cpu")
-    draft = Speculator(DraftModelProposer(draft_weights, 400, scheme))
+    # its cost counted as nothing, so that it drafts at every step (8-bit costs more
+    # than the 4-bit target: left to the cost model, it would only probe)
+    draft = Speculator(DraftModelProposer(draft_weights, 400, step_cost=0.0))
     assert _generate(target, prompts, scheme, draft) == plain
     for spec in (ngram, draft):  # both proposed and were checked; neither always right
         assert spec.steps > 0 and spec.proposed > spec.accepted > 0
@@ -171,6 +173,9 @@ def test_the_serving_loop_streams_every_token_of_a_verified_step(target, prompts
         scheduler.stop()
     assert engine.speculator.steps > 0 and engine.speculator.accepted > 0
     assert got == stream.request.output and len(got) == 40
+    metrics = scheduler.metrics.render()
+    assert f"llmpress_speculative_accepted_tokens_total {engine.speculator.accepted}" in metrics
+    assert f"llmpress_speculative_draft_tokens_total {engine.speculator.proposed}" in metrics
 
 
 @pytest.mark.parametrize("kv", ["none", "int4"])
@@ -194,6 +199,6 @@ def test_the_triton_backend_verifies_row_by_row(tmp_path, tokenizer_dir, kv):
     params = SamplingParams(max_tokens=16, ignore_eos=True)  # past the KIVI group at 32
     scheme = parse_kv(kv)
     plain = _generate(weights, prompts, scheme, params=params)
-    spec = Speculator(DraftModelProposer(weights, 128, scheme, step_cost=0.0))
+    spec = Speculator(DraftModelProposer(weights, 128, step_cost=0.0))
     assert _generate(weights, prompts, scheme, spec, params) == plain
     assert spec.steps > 0 and spec.accepted > spec.steps

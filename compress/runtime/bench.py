@@ -90,8 +90,10 @@ def bench_one(
     draft: str | None = None,
 ) -> BenchResult:
     max_len = prompt_len + output_len + 1
-    speculator = None if draft is None else make_speculator(draft, weights, max_len, kv)
-    engine = Engine(weights, max_batch=batch, max_len=max_len, kv=kv, speculator=speculator)
+    speculator = None if draft is None else make_speculator(draft, weights, max_len)
+    engine = Engine(  # every prompt prefilled in the first step: TTFT is the whole batch's
+        weights, batch, max_len, kv, speculator=speculator, prefill_tokens=batch * prompt_len
+    )
     gen = torch.Generator().manual_seed(seed)
     vocab = weights.shape.vocab
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
-from compress.runtime.model import Model
+from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import (
     SamplingParams,
     TokenLogprob,
@@ -28,6 +28,9 @@ from compress.runtime.speculative import Speculator
 from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
+
+# Prompt tokens one step prefills at most (beyond its first prompt, which goes in whole)
+PREFILL_TOKENS = 2048
 
 
 @dataclass(eq=False)  # identity: the engine looks requests up in its lists every step
@@ -59,9 +62,10 @@ class Engine:
         kv: KVScheme = FP32,
         eos_token_ids: tuple[int, ...] = (),
         speculator: Speculator | None = None,
+        prefill_tokens: int = PREFILL_TOKENS,
     ):
         s = weights.shape
-        self.speculator = speculator
+        self.speculator, self.prefill_tokens = speculator, prefill_tokens
         self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
         self.cache = KVCache(
@@ -101,27 +105,40 @@ class Engine:
         return not self.waiting and not self.running
 
     def step(self) -> list[Request]:
-        """Admit, then decode once. Returns the requests that received a token."""
-        touched = []
+        """Admit, then decode once. Returns the requests that received a token.
+
+        The prompts admitted together are prefilled in one pass (the weights read once for
+        all of them), up to `prefill_tokens` prompt tokens a step (the first prompt always
+        goes in whole): more wait for the next step, so the running sequences' next
+        tokens are not held up behind a long queue of prompts."""
+        touched, admitted, budget = [], [], self.prefill_tokens
         while self.waiting and self.free:
+            if admitted and len(self.waiting[0].prompt) > budget:
+                break
             req = self.waiting.popleft()
+            budget -= len(req.prompt)
             req.slot = self.free.pop()
             self.running[req.slot] = req
-            p = req.params
-            prompt = torch.tensor(req.prompt)
-            logits = self.model.prefill(
-                prompt, self.cache, req.slot, last_only=not p.prompt_logprobs
-            )
-            if p.prompt_logprobs:
-                req.prompt_logprobs = [
-                    None,
-                    *token_logprobs(logits[:-1], prompt[1:], p.logprobs or 0),
-                ]
-            if p.max_tokens == 0:  # scored, nothing to generate
-                self._finish(req, "length")
-            else:
-                self._emit(req, logits[-1])
-            touched.append(req)
+            admitted.append(req)
+        if admitted:
+            chunks = [
+                Chunk(torch.tensor(r.prompt), r.slot, all_logits=r.params.prompt_logprobs)
+                for r in admitted
+            ]
+            for req, logits in zip(
+                admitted, self.model.prefill_batch(chunks, self.cache), strict=True
+            ):
+                p = req.params
+                if p.prompt_logprobs:
+                    req.prompt_logprobs = [
+                        None,
+                        *token_logprobs(logits[:-1], torch.tensor(req.prompt[1:]), p.logprobs or 0),
+                    ]
+                if p.max_tokens == 0:  # scored, nothing to generate
+                    self._finish(req, "length")
+                else:
+                    self._emit(req, logits[-1])
+                touched.append(req)
         decoding = [r for r in self.running.values() if r not in touched]
         if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
             return [*touched, decoding[0]]
@@ -140,7 +157,8 @@ class Engine:
         emitted. False (nothing done) when there is nothing to propose."""
         spec, p = self.speculator, req.params
         length = int(self.cache.lengths[req.slot])
-        k = min(spec.length(), p.max_tokens - len(req.output) - 1, self.max_len - length - 1)
+        room = self.cache.rollback_room(req.slot)  # a KIVI group's end, or the context's
+        k = min(spec.length(), p.max_tokens - len(req.output) - 1, room - 1)
         if k < 1:
             return False
         context = req.prompt + req.output

@@ -125,6 +125,11 @@ class KVCache:
         that are garbage or zeros, and the caller masks them."""
         raise NotImplementedError
 
+    def rollback_room(self, slot: int) -> int:
+        """Tokens `slot` may take beyond its length and still be rolled back to it
+        (speculative decoding refuses drafts after writing them)."""
+        return self.max_len - int(self.lengths[slot])
+
     def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k, v):
         """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position."""
         for j, slot in enumerate(slots.tolist()):
@@ -194,6 +199,13 @@ class KiviCache(KVCache):
             pos += n
             if pos % g == 0:
                 self._flush(layer, slot, pos // g - 1)
+
+    def rollback_room(self, slot: int) -> int:
+        """Up to the end of the current group: past it, the next group's tokens would
+        overwrite this group's fp32 residual, which a rollback still needs (the group is
+        quantized again from it when its last token is written anew)."""
+        length, g = int(self.lengths[slot]), self.scheme.group
+        return min(super().rollback_room(slot), g - length % g)
 
     def _flush(self, layer: int, slot: int, group_index: int):
         bits, g = self.scheme.bits, self.scheme.group

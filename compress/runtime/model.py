@@ -6,6 +6,8 @@ sliding window per layer, attention and embedding scales, logit softcapping."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from compress.kernels.cpu import (
@@ -142,6 +144,17 @@ def _decode_attention(q, keys, values, mask, scale: float | None = None):
 PREFILL_BLOCK = 128  # query rows per block of the causal prefill attention
 
 
+@dataclass
+class Chunk:
+    """Tokens [T] of one sequence to prefill at positions start..start+T-1 of its slot;
+    `all_logits`: every row's logits back (prompt scoring), else the last row's."""
+
+    tokens: torch.Tensor
+    slot: int
+    start: int = 0
+    all_logits: bool = False
+
+
 def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
     """Causal attention of q [heads, T, hd] at positions start.. over keys/values
     [kv_heads, start + T, hd]: blocks of query rows, each against only the keys it may
@@ -201,60 +214,70 @@ class Model:
         tokens [T] of one sequence that already has `start` tokens cached; their k/v join
         the cache. The chunk attends to the cached prefix (as stored, quantized or not) and
         to its own keys in full precision."""
-        s, t = self.w.shape, tokens.shape[0]
-        packed = self._packed(t)
-        dev = self.device
-        tokens = tokens.to(dev)
-        positions = torch.arange(start, start + t, device=dev)
+        (logits,) = self.prefill_batch([Chunk(tokens, slot, start, not last_only)], cache)
+        return logits
+
+    @torch.inference_mode()
+    def prefill_batch(self, chunks: list[Chunk], cache: KVCache) -> list[torch.Tensor]:
+        """`prefill` of several sequences' chunks in one pass: the linears take every
+        chunk's rows together, so the weights are read once for all of them (prompts that
+        arrive together), while each chunk writes and attends over its own slot. Returns
+        each chunk's logits: all its rows where `all_logits`, else its last."""
+        s, dev, spec = self.w.shape, self.device, self.w.spec
+        sizes = [c.tokens.shape[0] for c in chunks]
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        bounds = list(zip([0, *ends[:-1]], ends, strict=True))
+        packed = self._packed(ends[-1])
+        tokens = torch.cat([c.tokens for c in chunks]).to(dev)
+        positions = torch.cat([torch.arange(c.start, c.start + c.tokens.shape[0]) for c in chunks])
+        positions = positions.to(dev)
         h = self._embed(tokens)
-        slots = torch.tensor([slot], device=dev)
-        spec = self.w.spec
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
-            k, v = k.transpose(0, 1), v.transpose(0, 1)  # [kv_heads, T, hd]
-            if start:
-                pk, pv = cache.read(i, slots, start)
-                keys, values = torch.cat((pk[0], k), 1), torch.cat((pv[0], v), 1)
-            else:
-                keys, values = k, v
-            cache.write(i, slot, start, k, v)
-            att = _prefill_attention(
-                q.transpose(0, 1), keys, values, start, spec.attn_scale, spec.windows[i]
-            )
-            att = att.transpose(0, 1).reshape(t, s.heads * s.head_dim)
+            att = torch.empty(ends[-1], s.heads * s.head_dim, device=dev)
+            for c, (a, b) in zip(chunks, bounds, strict=True):
+                kc, vc = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)  # [kv_heads, T, hd]
+                if c.start:
+                    pk, pv = cache.read(i, torch.tensor([c.slot], device=dev), c.start)
+                    keys, values = torch.cat((pk[0], kc), 1), torch.cat((pv[0], vc), 1)
+                else:
+                    keys, values = kc, vc
+                cache.write(i, c.slot, c.start, kc, vc)
+                out = _prefill_attention(
+                    q[a:b].transpose(0, 1), keys, values, c.start, spec.attn_scale,
+                    spec.windows[i],
+                )  # fmt: skip
+                att[a:b] = out.transpose(0, 1).reshape(b - a, s.heads * s.head_dim)
             h = h + _attn_out(layer, att, spec.eps, packed)
             h = h + _mlp(layer, h, self.w, packed)
-        cache.lengths[slot] = start + t
-        return self._logits(h[-1:] if last_only else h)
+        rows = []
+        for c, (a, b) in zip(chunks, bounds, strict=True):
+            cache.lengths[c.slot] = c.start + b - a
+            rows.append(range(a, b) if c.all_logits else range(b - 1, b))
+        logits = self._logits(h[[r for span in rows for r in span]])
+        return list(logits.split([len(span) for span in rows]))
 
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:
         """Logits [T, vocab] for tokens [T] appended to one cached sequence, each row as a
         decode step at its position computes it, the weights read once for all T rows:
         speculative decoding's check. Each row attends over the cache as that step would
-        see it. The one-call decoder takes the rows as a batch of one slot at successive
-        positions, split where a KIVI group completes (a group's residual rows are
-        overwritten by the next group's); otherwise the linears take the rows together
-        and each row attends alone. The caller rolls `cache.lengths` back past the
+        see it: the one-call decoder takes the rows as a batch of one slot at successive
+        positions (its writes come first, and each row reads only up to its position);
+        otherwise the linears take the rows together and each row attends alone. T must
+        fit `cache.rollback_room(slot)`; the caller rolls `cache.lengths` back past the
         tokens it refuses."""
         dev = self.device
         start, t = int(cache.lengths[slot]), tokens.shape[0]
+        if t > cache.rollback_room(slot):
+            raise ValueError(f"{t} rows past position {start} could not be rolled back")
         tokens = tokens.to(dev)
+        h = self._embed(tokens)
+        slots = torch.full((t,), slot, device=dev)
         positions = torch.arange(start, start + t, device=dev)
-        group = cache.scheme.group if cache.scheme.bits else 0
-        cuts = [i for i in range(1, t) if group and (start + i) % group == 0]
-        rows = []
-        for a, b in zip([0, *cuts], [*cuts, t], strict=True):
-            h = self._embed(tokens[a:b])
-            slots = torch.full((b - a,), slot, device=dev)
-            if not (
-                self._packed(b - a) and self.backend.decode_layers(h, cache, slots, positions[a:b])
-            ):
-                break
-            rows.append(h)
-        else:
+        if self._packed(t) and self.backend.decode_layers(h, cache, slots, positions):
             cache.lengths[slot] = start + t
-            return self._logits(torch.cat(rows))
+            return self._logits(h)
         return self._verify_per_op(tokens, cache, slot, start)
 
     def _verify_per_op(self, tokens, cache: KVCache, slot: int, start: int) -> torch.Tensor:

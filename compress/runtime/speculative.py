@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.kv_cache import FP32, KVCache
 from compress.runtime.model import Model
 from compress.runtime.sampling import SamplingParams, probabilities
 from compress.runtime.weights import ModelWeights
@@ -60,17 +60,17 @@ class NgramProposer:
 class DraftModelProposer:
     """A draft model of the same vocabulary. Its cache holds the sequence's tokens but the
     last; before proposing, it rolls back to what it shares with the sequence (refused
-    drafts) and prefills what it lacks (the target's correction, a new prompt)."""
+    drafts) and prefills what it lacks (the target's correction, a new prompt). The cache
+    is fp32 whatever the target's: a KIVI one could not roll back across a group's end."""
 
     name = "draft"
 
-    def __init__(
-        self, weights: ModelWeights, max_len: int, kv: KVScheme = FP32, step_cost: float = 1.0
-    ):
+    def __init__(self, weights: ModelWeights, max_len: int, step_cost: float = 1.0):
         self.step_cost = step_cost  # a draft decode step, in target decode steps
         s = weights.shape
         self.model = Model(weights, max_len + 1)
-        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
+        dev = weights.embed.device
+        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, FP32, dev)
         self.fed: list[int] = []  # the tokens whose k/v the cache holds, in order
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator):
@@ -147,7 +147,7 @@ def best_k(acceptance: float, max_k: int, row_cost: float = VERIFY_ROW_COST) -> 
     return best
 
 
-def make_speculator(draft: str, target: ModelWeights, max_len: int, kv: KVScheme = FP32):
+def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculator:
     """`--draft`: `ngram`, or an artifact (or checkpoint) whose vocabulary is the target's.
     Speculation checks each row as decode computes it (`Model.verify`), so its greedy
     output is plain decoding's on every KV-cache kind."""
@@ -164,4 +164,4 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int, kv: KVScheme
             f"{target.shape.vocab}: give a draft made from the same model (same tokenizer)"
         )
     cost = weights.step_bytes / target.step_bytes  # decode is bound by the bytes it reads
-    return Speculator(DraftModelProposer(weights, max_len, kv, cost))
+    return Speculator(DraftModelProposer(weights, max_len, cost))

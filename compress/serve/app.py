@@ -54,7 +54,7 @@ def build_app(
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
-    speculator = None if draft is None else make_speculator(draft, weights, max_len, scheme)
+    speculator = None if draft is None else make_speculator(draft, weights, max_len)
     engine = ServingEngine(
         weights,
         max_batch=max_batch,

@@ -207,3 +207,8 @@ class Scheduler:
             m.gauges["requests_running"] = len(self.engine.running)
             m.gauges["requests_queued"] = len(self.engine.waiting) + self.inbox.qsize()
             m.gauges["kv_cache_slots_in_use"] = self.engine.max_batch - len(self.engine.free)
+            spec = self.engine.speculator
+            if spec is not None:  # drafted and kept tokens, and the draft length now
+                m.counters["speculative_draft_tokens_total"] = spec.proposed
+                m.counters["speculative_accepted_tokens_total"] = spec.accepted
+                m.gauges["speculative_draft_length"] = spec.k
