@@ -73,6 +73,22 @@ def artifacts(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def w4_runtime(artifacts):
+    """The default 4-bit artifact loaded into the CPU runtime."""
+    from compress.runtime.weights import load_weights
+
+    return load_weights(resolve(str(artifacts["rtn:w4g64"])), device="cpu")
+
+
+def wikitext_passages(tokenizer, wikitext: Path, spans: list[tuple[int, int]]) -> list:
+    """Token ids of character spans of WikiText-2's test split (its first 300 lines)."""
+    from compress.calib_data.sources import read_texts
+
+    text = "\n".join(read_texts(str(wikitext / "test.txt"))[:300])
+    return [tokenizer.encode(text[a:b]) for a, b in spans]
+
+
+@pytest.fixture(scope="session")
 def awq_gemm_artifact(tmp_path_factory) -> Path:
     """RTN 4-bit, groups of 64 with zero points, written in AutoAWQ's GEMM layout
     (--export awq-gemm): the export's round trip and the runtime's reader share it."""

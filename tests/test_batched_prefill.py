@@ -4,25 +4,22 @@ were grouped or how many prompt tokens a step admits."""
 
 import pytest
 import torch
+from conftest import wikitext_passages
 
-from compress.calib_data.sources import read_texts
-from compress.model.loading import resolve
 from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import KVCache, parse_kv
 from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import SamplingParams
-from compress.runtime.weights import load_weights
 
 
 @pytest.fixture(scope="module")
-def weights(artifacts):
-    return load_weights(resolve(str(artifacts["rtn:w4g64"])), device="cpu")
+def weights(w4_runtime):
+    return w4_runtime
 
 
 @pytest.fixture(scope="module")
-def prompts(tokenizer, wikitext):
-    text = "\n".join(read_texts(str(wikitext / "test.txt"))[:300])
-    return [tokenizer.encode(text[i * 500 : i * 500 + 60 + 90 * i]) for i in range(5)]
+def prompts(tokenizer, wikitext):  # five of 60 to 420 characters
+    return wikitext_passages(tokenizer, wikitext, [(i * 500, i * 590 + 60) for i in range(5)])
 
 
 @pytest.mark.parametrize("kv", ["none", "int4"])

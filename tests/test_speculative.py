@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import wikitext_passages
 from test_bad_input import error_lines, run_cli
 
-from compress.calib_data.sources import read_texts
 from compress.model.loading import resolve
 from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import parse_kv
@@ -24,15 +24,14 @@ from compress.runtime.weights import load_weights
 
 
 @pytest.fixture(scope="module")
-def target(artifacts):
-    return load_weights(resolve(str(artifacts["rtn:w4g64"])), device="cpu")
+def target(w4_runtime):
+    return w4_runtime
 
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer, wikitext):
     """Three passages of WikiText-2's test split (the first one's headings repeat)."""
-    text = "\n".join(read_texts(str(wikitext / "test.txt"))[:200])
-    return [tokenizer.encode(text[i * 900 : i * 900 + 700]) for i in range(3)]
+    return wikitext_passages(tokenizer, wikitext, [(i * 900, i * 900 + 700) for i in range(3)])
 
 
 def _generate(weights, prompts, kv, speculator=None, params=None):
