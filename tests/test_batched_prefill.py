@@ -57,25 +57,18 @@ def test_replies_do_not_depend_on_how_prompts_were_admitted(weights, prompts):
     time: the same greedy replies."""
     params = SamplingParams(max_tokens=12, ignore_eos=True)
 
-    def replies(prefill_tokens, together=True):
+    def replies(prefill_tokens):
         engine = Engine(weights, max_batch=5, max_len=512, prefill_tokens=prefill_tokens)
-        if together:
-            reqs = [engine.submit(Request(list(p), params)) for p in prompts]
-            steps = 0
-            while not engine.idle:
-                engine.step()
-                steps += 1
-            return [r.output for r in reqs], steps
-        out = []
-        for p in prompts:
-            req = engine.submit(Request(list(p), params))
-            while not engine.idle:
-                engine.step()
-            out.append(req.output)
-        return out, None
+        reqs = [engine.submit(Request(list(p), params)) for p in prompts]
+        steps = 0
+        while not engine.idle:
+            engine.step()
+            steps += 1
+        return [r.output for r in reqs], steps
 
     one_pass, steps_all = replies(4096)
     budgeted, steps_budget = replies(100)
-    alone, _ = replies(4096, together=False)
+    single = Engine(weights, max_batch=1, max_len=512)  # one prompt at a time
+    alone = [r.output for r in single.generate(prompts, params)]
     assert one_pass == budgeted == alone
     assert steps_all == 12 and steps_budget > steps_all  # admitted over several steps

@@ -37,13 +37,7 @@ def prompts(tokenizer, wikitext):
 def _generate(weights, prompts, kv, speculator=None, params=None):
     params = params or SamplingParams(max_tokens=40, ignore_eos=True)
     engine = Engine(weights, max_batch=1, max_len=320, kv=kv, speculator=speculator)
-    outputs = []
-    for prompt in prompts:
-        req = engine.submit(Request(list(prompt), params))
-        while not engine.idle:
-            engine.step()
-        outputs.append(req.output)
-    return outputs
+    return [r.output for r in engine.generate(prompts, params)]  # one at a time
 
 
 @pytest.mark.parametrize("kv", ["none", "int8", "int4"])
@@ -178,9 +172,10 @@ def test_the_serving_loop_streams_every_token_of_a_verified_step(target, prompts
 
 
 @pytest.mark.parametrize("kv", ["none", "int4"])
-def test_the_triton_backend_verifies_row_by_row(tmp_path, tokenizer_dir, kv):
-    """The GPU backend has no one-call decoder: its check runs the rows' linears together
-    and each row's attention alone (compiled on a GPU, under TRITON_INTERPRET=1 here), and
+def test_the_triton_backend_verifies_through_its_decode_path(tmp_path, tokenizer_dir, kv):
+    """The GPU backend has no one-call decoder: its check runs decode's per-op path with
+    the rows as one slot at successive positions (its attention kernel reads each row's
+    keys up to its own position; compiled on a GPU, under TRITON_INTERPRET=1 here), and
     keeps plain decoding's greedy output. The model drafts for itself (its cost counted
     as nothing, so k stays up): most drafts are kept."""
     from family_models import write_family

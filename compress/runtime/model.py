@@ -261,54 +261,32 @@ class Model:
     def verify(self, tokens: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:
         """Logits [T, vocab] for tokens [T] appended to one cached sequence, each row as a
         decode step at its position computes it, the weights read once for all T rows:
-        speculative decoding's check. Each row attends over the cache as that step would
-        see it: the one-call decoder takes the rows as a batch of one slot at successive
-        positions (its writes come first, and each row reads only up to its position);
-        otherwise the linears take the rows together and each row attends alone. T must
-        fit `cache.rollback_room(slot)`; the caller rolls `cache.lengths` back past the
-        tokens it refuses."""
-        dev = self.device
+        speculative decoding's check. The rows go through decode's own path as a batch of
+        one slot at successive positions: every backend writes a step's k/v before any row
+        attends, and each row reads only up to its position. T must fit
+        `cache.rollback_room(slot)`; the caller rolls `cache.lengths` back past the tokens
+        it refuses."""
         start, t = int(cache.lengths[slot]), tokens.shape[0]
         if t > cache.rollback_room(slot):
             raise ValueError(f"{t} rows past position {start} could not be rolled back")
-        tokens = tokens.to(dev)
-        h = self._embed(tokens)
-        slots = torch.full((t,), slot, device=dev)
-        positions = torch.arange(start, start + t, device=dev)
-        if self._packed(t) and self.backend.decode_layers(h, cache, slots, positions):
-            cache.lengths[slot] = start + t
-            return self._logits(h)
-        return self._verify_per_op(tokens, cache, slot, start)
-
-    def _verify_per_op(self, tokens, cache: KVCache, slot: int, start: int) -> torch.Tensor:
-        s, t = self.w.shape, tokens.shape[0]
         positions = torch.arange(start, start + t, device=self.device)
-        one = torch.tensor([slot], device=self.device)
-        packed = self._packed(t)
-        h = self._embed(tokens)
-        spec = self.w.spec
-        for i, layer in enumerate(self.w.layers):
-            q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
-            att = torch.cat([
-                self.backend.attend(
-                    q[r : r + 1], k[r : r + 1], v[r : r + 1], cache, i, one,
-                    positions[r : r + 1], spec.attn_scale, spec.windows[i],
-                )
-                for r in range(t)
-            ])  # fmt: skip
-            att = att.reshape(t, s.heads * s.head_dim)
-            h = h + _attn_out(layer, att, spec.eps, packed)
-            h = h + _mlp(layer, h, self.w, packed)
+        logits = self._decode_rows(tokens, cache, torch.full((t,), slot), positions)
         cache.lengths[slot] = start + t
-        return self._logits(h)
+        return logits
 
     @torch.inference_mode()
     def decode(self, tokens: torch.Tensor, cache: KVCache, slots: torch.Tensor) -> torch.Tensor:
         """One step: logits [B, vocab] for the next token of each sequence in `slots`, whose
         last tokens are `tokens` [B]."""
+        slots = slots.to(self.device)
+        logits = self._decode_rows(tokens, cache, slots, cache.lengths[slots])
+        cache.lengths[slots] += 1
+        return logits
+
+    def _decode_rows(self, tokens, cache: KVCache, slots, positions) -> torch.Tensor:
+        """Row b: token b of the sequence in slot b at position b (its k/v stored there)."""
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
-        positions = cache.lengths[slots]
         packed = self._packed(b)
         h = self._embed(tokens)
         spec = self.w.spec
@@ -321,5 +299,4 @@ class Model:
                 att = att.reshape(b, s.heads * s.head_dim)
                 h = h + _attn_out(layer, att, spec.eps, packed)
                 h = h + _mlp(layer, h, self.w, packed)
-        cache.lengths[slots] += 1
         return self._logits(h)
