@@ -166,10 +166,12 @@ MOE_FAMILIES = {
 FAMILIES.update(MOE_FAMILIES)
 
 
-# Families whose GGUF files transformers' GGUF reader reads, by the gguf package's
-# architecture names, and the overrides that keep a tiny model within what a GGUF file
-# states (no sliding window for qwen3, default rope for phi3, gemma3's default scalar).
+# Families whose GGUF files llmpress reads, by the gguf package's architecture names, and
+# the overrides that keep a tiny model within what a GGUF file states (no sliding window
+# for qwen3, default rope for phi3, gemma3's default scalar). llama.cpp writes Mixtral
+# under the llama architecture, which transformers' reader takes for a dense Llama.
 GGUF_FAMILIES = {
+    "mixtral": ("LLAMA", {}),
     "qwen3": ("QWEN3", {"use_sliding_window": False}),
     "qwen3_moe": ("QWEN3MOE", {}),
     "qwen2_moe": ("QWEN2MOE", {}),
@@ -225,7 +227,12 @@ def _llama3_freqs(rope: dict, dim: int) -> list[float]:
 
 
 def write_gguf(
-    model, path: Path, tokenizer_gguf: Path, arch: str | None = None, extra: dict | None = None
+    model,
+    path: Path,
+    tokenizer_gguf: Path,
+    arch: str | None = None,
+    extra: dict | None = None,
+    stacked_experts: bool = True,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
@@ -264,10 +271,11 @@ def write_gguf(
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if getattr(cfg, "num_experts", None):
+    if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
-        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        if getattr(cfg, "moe_intermediate_size", None):  # mixtral's: feed_forward_length
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if getattr(cfg, "sliding_window", None) and cfg.model_type == "gemma3_text":
@@ -295,11 +303,11 @@ def write_gguf(
         if name.endswith("experts.gate_up_proj"):  # [E, 2I, H]: gate rows first
             block = name.split(".")[2]
             gate, up = np.split(t, 2, axis=1)
-            w.add_tensor(f"blk.{block}.ffn_gate_exps.weight", np.ascontiguousarray(gate))
-            w.add_tensor(f"blk.{block}.ffn_up_exps.weight", np.ascontiguousarray(up))
+            _add_experts(w, f"blk.{block}.ffn_gate", gate, stacked_experts)
+            _add_experts(w, f"blk.{block}.ffn_up", up, stacked_experts)
             continue
         if name.endswith("experts.down_proj"):
-            w.add_tensor(f"blk.{name.split('.')[2]}.ffn_down_exps.weight", t)
+            _add_experts(w, f"blk.{name.split('.')[2]}.ffn_down", t, stacked_experts)
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None:
@@ -319,6 +327,18 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def _add_experts(writer, stem: str, t, stacked: bool) -> None:
+    """One layer's experts of one projection [E, out, in]: stacked in one tensor, as
+    llama.cpp writes them now, or one tensor each, as early Mixtral files did."""
+    import numpy as np
+
+    if stacked:
+        writer.add_tensor(f"{stem}_exps.weight", np.ascontiguousarray(t))
+        return
+    for e in range(t.shape[0]):
+        writer.add_tensor(f"{stem}.{e}.weight", np.ascontiguousarray(t[e]))
 
 
 def write_gemma3_multimodal(folder: Path, tokenizer_from: Path | None = None) -> Path:

@@ -40,6 +40,20 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     assert (got - want).abs().max() < 1e-4
 
 
+def test_an_early_mixtral_gguf_with_one_tensor_per_expert_converts(tmp_path, monkeypatch):
+    """Mixtral GGUFs made before llama.cpp stacked the experts hold blk.N.ffn_gate.E
+    tensors; they are still published and downloaded."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("mixtral", vocab_size=1024)
+    path = write_gguf(model, tmp_path / "m.gguf", default_gguf(), stacked_experts=False)
+    folder = convert_gguf(path)
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("case", list(GGUF_ROPE_CASES))
 def test_rope_scaling_stored_in_a_gguf_is_read(case, tmp_path, monkeypatch):
     """llama.cpp stores rope scaling as keys (linear, YaRN) or tensors (Llama 3's

@@ -151,7 +151,30 @@ def gguf_config(path: Path, arch: str):
             setattr(config, field, int(value.contents()))
     for field, value in gguf_rope(reader, arch, config, path.name).items():
         setattr(config, field, value)  # the rope scaling the reader drops
+    experts = reader.fields.get(f"{arch}.expert_count")
+    if arch == "llama" and experts is not None and int(experts.contents()) > 0:
+        config = _mixtral_config(config, reader)
     return config
+
+
+def _mixtral_config(llama, reader):
+    """A Mixtral config for a llama-architecture GGUF with experts (llama.cpp writes Mixtral
+    under the llama architecture; transformers' reader drops the expert keys and would
+    build a dense Llama that has no tensor the file holds). The experts are as wide as the
+    file's feed_forward_length, as llama.cpp's converter writes Mixtral's."""
+    from transformers import MixtralConfig
+
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+            "rms_norm_eps", "rope_parameters", "tie_word_embeddings", "bos_token_id",
+            "eos_token_id", "pad_token_id")  # fmt: skip
+    fields = {k: getattr(llama, k) for k in keep if getattr(llama, k, None) is not None}
+    return MixtralConfig(
+        **fields,
+        num_local_experts=int(reader.fields["llama.expert_count"].contents()),
+        num_experts_per_tok=int(reader.fields["llama.expert_used_count"].contents()),
+        sliding_window=None,
+    )
 
 
 def _write_dequantized(path: Path, out: Path, arch: str) -> None:

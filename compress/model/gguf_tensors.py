@@ -9,7 +9,8 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - names: the gguf package's own map between checkpoint and GGUF names;
 - llama: each q/k head's rotary halves were interleaved;
 - gemma3: norms were stored as 1 + w;
-- Mixture-of-Experts: each layer's experts were stacked into one tensor per projection.
+- Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
+  (early Mixtral files hold one tensor per expert; both are read).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
 ones become fp32 (a Q4_1 value, a 16-bit scale times a 4-bit code plus an offset, needs
 more mantissa than bf16 or fp16 have), so the converted model is exactly the GGUF's.
@@ -70,13 +71,23 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
     enum = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch)
     names = gguf.get_tensor_name_map(enum, config.num_hidden_layers)
     shapes = checkpoint_shapes(config)
+    expert_names = adapter_for(config.to_dict()).expert_names
+    roles = dict(zip(expert_names, ("gate", "up", "down"), strict=True))
     sources: dict[str, tuple[str, int | None]] = {}  # checkpoint name -> (GGUF name, expert)
     for name in shapes:
         expert = _EXPERT.match(name)
         if expert:
             block = name.split(".")[2]
-            proj = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}[expert["proj"]]
-            sources[name] = (f"blk.{block}.ffn_{proj}_exps.weight", int(expert["e"]))
+            proj = roles[expert["proj"]]  # mixtral's w1/w3/w2, others' gate/up/down_proj
+            e, stacked = int(expert["e"]), f"blk.{block}.ffn_{proj}_exps.weight"
+            single = f"blk.{block}.ffn_{proj}.{e}.weight"  # early Mixtral files: one each
+            early = stacked not in tensors and single in tensors
+            sources[name] = (single, None) if early else (stacked, e)
+            if sources[name][0] not in tensors:
+                raise LlmpressError(
+                    f"{path.name} has no tensor for {name} (looked for {stacked} and "
+                    f"{single}): the file is incomplete or of another model; re-download it"
+                )
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
         if target is None or target not in tensors:
