@@ -508,6 +508,12 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 @click.option(
     "--max-connections", default=256, show_default=True, help="Open connections before 503."
 )
+@click.option(
+    "--prefill-tokens",
+    default=2048,
+    show_default=True,
+    help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps.",
+)
 def serve(artifact: str, **options) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
     from compress.serve.app import run_server
@@ -521,6 +527,8 @@ def serve(artifact: str, **options) -> None:
         )
     if not 0 <= options["port"] <= 65535:
         raise LlmpressError(f"--port {options['port']}: give a port from 0 to 65535")
+    if options["prefill_tokens"] < 1:
+        raise LlmpressError(f"--prefill-tokens {options['prefill_tokens']}: give 1 or more")
     if options["max_connections"] < 1:
         raise LlmpressError(f"--max-connections {options['max_connections']}: give 1 or more")
     check_api_key(options["api_key"])

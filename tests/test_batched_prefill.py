@@ -72,3 +72,44 @@ def test_replies_do_not_depend_on_how_prompts_were_admitted(weights, prompts):
     alone = [r.output for r in single.generate(prompts, params)]
     assert one_pass == budgeted == alone
     assert steps_all == 12 and steps_budget > steps_all  # admitted over several steps
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(weights, prompts):
+    """A prompt longer than the step's budget is prefilled over several steps, and the
+    sequence already running gets a token in every one of them; the long prompt's reply
+    is the one a whole prefill gives (fp32 cache: the chunks read the prompt's own k/v)."""
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    long = [t for p in prompts for t in p][:150]
+    whole = Engine(weights, max_batch=1, max_len=512).generate([long], params)[0].output
+    engine = Engine(weights, max_batch=2, max_len=512, prefill_tokens=32)
+    short = engine.submit(Request(list(prompts[0]), SamplingParams(max_tokens=40)))
+    engine.step()
+    assert len(short.output) == 1
+    late = engine.submit(Request(long, params))
+    steps = 0
+    while not late.output:
+        touched = engine.step()
+        steps += 1
+        assert short in touched  # never held up by the long prompt
+    assert steps == -(-len(long) // 32)  # 32 prompt tokens a step, the short one decoding
+    while not engine.idle:
+        engine.step()
+    assert late.output == whole
+
+
+@pytest.mark.parametrize("kv", ["none", "int8", "int4"])
+def test_a_prompt_scored_in_chunks_scores_as_one(weights, prompts, kv):
+    """echo + logprobs over a prompt prefilled in chunks of 16: the same log-probabilities
+    as one pass, on a quantized cache too (the chunks attend to the prompt's own k/v, not
+    to the rounded prefix: reading that moved log-probabilities by up to 0.43)."""
+    prompt = [t for p in prompts for t in p][:90]
+    params = SamplingParams(max_tokens=0, logprobs=1, prompt_logprobs=True)
+
+    def scored(budget):
+        engine = Engine(weights, max_batch=1, max_len=256, kv=parse_kv(kv), prefill_tokens=budget)
+        (req,) = engine.generate([prompt], params)
+        return torch.tensor([p.logprob for p in req.prompt_logprobs[1:]])
+
+    one, chunked = scored(4096), scored(16)
+    assert one.shape == chunked.shape == (len(prompt) - 1,)
+    assert (one - chunked).abs().max() < 1e-3

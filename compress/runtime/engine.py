@@ -1,7 +1,8 @@
 """Continuous batching over the runtime model.
 
 Requests wait in a queue; every `step()` first admits waiting requests into free cache
-slots (prefilling each), then decodes one token for every running request together. A
+slots and prefills their prompts (long ones in chunks, over steps, under a token budget),
+then decodes one token for every running request whose prompt is cached. A
 request that finishes frees its slot at once, and the next step fills it: short requests
 never wait for the longest one in their batch.
 """
@@ -29,7 +30,8 @@ from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
 
-# Prompt tokens one step prefills at most (beyond its first prompt, which goes in whole)
+# Prompt tokens one step prefills at most; a longer prompt is prefilled in chunks over
+# several steps, between which the running sequences keep decoding
 PREFILL_TOKENS = 2048
 
 
@@ -47,6 +49,9 @@ class Request:
     generator: torch.Generator | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)  # first: None
+    prefilled: int = 0  # prompt tokens in the cache (a long prompt fills it over steps)
+    prompt_logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # its chunks'
+    prompt_kv: list | None = field(default=None, repr=False)  # Chunk.prefix, while chunked
 
     @property
     def done(self) -> bool:
@@ -105,41 +110,39 @@ class Engine:
         return not self.waiting and not self.running
 
     def step(self) -> list[Request]:
-        """Admit, then decode once. Returns the requests that received a token.
+        """Prefill, then decode once. Returns the requests that received a token.
 
-        The prompts admitted together are prefilled in one pass (the weights read once for
-        all of them), up to `prefill_tokens` prompt tokens a step (the first prompt always
-        goes in whole): more wait for the next step, so the running sequences' next
-        tokens are not held up behind a long queue of prompts."""
-        touched, admitted, budget = [], [], self.prefill_tokens
-        while self.waiting and self.free:
-            if admitted and len(self.waiting[0].prompt) > budget:
-                break
+        Prefill takes at most `prefill_tokens` prompt tokens a step, in one pass (the
+        weights read once for every chunk): first the prompts already being prefilled, then
+        waiting ones admitted into free slots. A prompt longer than what is left of the
+        budget is cut there and continued next step (chunked prefill), so the running
+        sequences' next tokens are never held up behind a long prompt, or a long queue.
+        A chunk attends to the prompt's earlier chunks exactly as one whole prefill would:
+        the fp32 cache holds their k/v; with an int8/int4 cache the request keeps them in
+        full precision (Chunk.prefix) until its prompt is cached."""
+        budget, work = self.prefill_tokens, []
+        for req in self.running.values():
+            if req.prefilled < len(req.prompt) and budget > 0:
+                budget -= self._chunk(req, budget, work)
+        while self.waiting and self.free and budget > 0:
             req = self.waiting.popleft()
-            budget -= len(req.prompt)
             req.slot = self.free.pop()
             self.running[req.slot] = req
-            admitted.append(req)
-        if admitted:
-            chunks = [
-                Chunk(torch.tensor(r.prompt), r.slot, all_logits=r.params.prompt_logprobs)
-                for r in admitted
-            ]
-            for req, logits in zip(
-                admitted, self.model.prefill_batch(chunks, self.cache), strict=True
+            budget -= self._chunk(req, budget, work)
+        touched = []
+        if work:
+            chunks = [c for _, c in work]
+            for (req, chunk), logits in zip(
+                work, self.model.prefill_batch(chunks, self.cache), strict=True
             ):
-                p = req.params
-                if p.prompt_logprobs:
-                    req.prompt_logprobs = [
-                        None,
-                        *token_logprobs(logits[:-1], torch.tensor(req.prompt[1:]), p.logprobs or 0),
-                    ]
-                if p.max_tokens == 0:  # scored, nothing to generate
-                    self._finish(req, "length")
-                else:
-                    self._emit(req, logits[-1])
-                touched.append(req)
-        decoding = [r for r in self.running.values() if r not in touched]
+                req.prefilled += chunk.tokens.shape[0]
+                if req.params.prompt_logprobs:
+                    req.prompt_logits.append(logits)
+                if req.prefilled == len(req.prompt):
+                    self._prefilled(req, logits[-1])
+                    touched.append(req)
+        busy = {id(r) for r, _ in work}
+        decoding = [r for r in self.running.values() if id(r) not in busy and r.output]
         if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
             return [*touched, decoding[0]]
         if decoding:
@@ -150,6 +153,31 @@ class Engine:
                 self._emit(req, row)
             touched += decoding
         return touched
+
+    def _chunk(self, req: Request, budget: int, work: list) -> int:
+        """Queue the next chunk of req's prompt (at most `budget` tokens); its size."""
+        n = min(budget, len(req.prompt) - req.prefilled)
+        tokens = torch.tensor(req.prompt[req.prefilled : req.prefilled + n])
+        if n < len(req.prompt) and not self.cache.exact and req.prompt_kv is None:
+            req.prompt_kv = []  # a quantized cache: the chunks keep the prompt's own k/v
+        chunk = Chunk(tokens, req.slot, req.prefilled, req.params.prompt_logprobs, req.prompt_kv)
+        work.append((req, chunk))
+        return n
+
+    def _prefilled(self, req: Request, last: torch.Tensor) -> None:
+        """The whole prompt is cached: score it where asked, then the first token."""
+        p, req.prompt_kv = req.params, None
+        if p.prompt_logprobs:
+            logits = torch.cat(req.prompt_logits)
+            req.prompt_logits = []
+            req.prompt_logprobs = [
+                None,
+                *token_logprobs(logits[:-1], torch.tensor(req.prompt[1:]), p.logprobs or 0),
+            ]
+        if p.max_tokens == 0:  # scored, nothing to generate
+            self._finish(req, "length")
+        else:
+            self._emit(req, last)
 
     def _speculate(self, req: Request) -> bool:
         """One verified step for the only running sequence: the proposer's drafts, the
@@ -194,7 +222,7 @@ class Engine:
             self._finish(req, "length")
 
     def _finish(self, req: Request, reason: str) -> None:
-        req.finish_reason = reason
+        req.finish_reason, req.prompt_kv = reason, None
         req.finished_at = time.perf_counter()
         if req.slot is not None and self.running.get(req.slot) is req:
             del self.running[req.slot]

@@ -93,6 +93,8 @@ class KVCache:
     """k/v for `layers` × `slots` sequences of up to `max_len` tokens. Constructing a
     KVCache gives the class its scheme needs: FP32Cache or KiviCache."""
 
+    exact = False  # whether reads give back exactly what was written (not quantized)
+
     def __new__(cls, *args, **kwargs):  # (copy and pickle call it with no arguments)
         if cls is KVCache:
             scheme = kwargs.get("scheme", args[5] if len(args) > 5 else FP32)
@@ -142,6 +144,8 @@ class KVCache:
 
 
 class FP32Cache(KVCache):
+    exact = True  # reads give back what was written
+
     def _allocate(self, layers, dims, max_len, head_dim):
         self.k = torch.zeros(*dims, max_len, head_dim)
         self.v = torch.zeros(*dims, max_len, head_dim)

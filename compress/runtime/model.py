@@ -153,6 +153,11 @@ class Chunk:
     slot: int
     start: int = 0
     all_logits: bool = False
+    # the prompt's earlier chunks' k/v in full precision, per layer ([kv_heads, start, hd]
+    # each), extended by this chunk; None: read the prefix from the cache. A quantized
+    # cache holds the prefix rounded, and a prompt prefilled in chunks must attend as one
+    # prefilled whole would
+    prefix: list | None = None
 
 
 def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
@@ -237,11 +242,16 @@ class Model:
             att = torch.empty(ends[-1], s.heads * s.head_dim, device=dev)
             for c, (a, b) in zip(chunks, bounds, strict=True):
                 kc, vc = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)  # [kv_heads, T, hd]
-                if c.start:
+                if c.start and c.prefix is not None:
+                    (pk, pv) = c.prefix[i]
+                    keys, values = torch.cat((pk, kc), 1), torch.cat((pv, vc), 1)
+                elif c.start:
                     pk, pv = cache.read(i, torch.tensor([c.slot], device=dev), c.start)
                     keys, values = torch.cat((pk[0], kc), 1), torch.cat((pv[0], vc), 1)
                 else:
                     keys, values = kc, vc
+                if c.prefix is not None:  # what the next chunk attends to
+                    c.prefix[i : i + 1] = [(keys, values)]
                 cache.write(i, c.slot, c.start, kc, vc)
                 out = _prefill_attention(
                     q[a:b].transpose(0, 1), keys, values, c.start, spec.attn_scale,

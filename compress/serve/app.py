@@ -10,6 +10,7 @@ from pathlib import Path
 from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
+from compress.runtime.engine import PREFILL_TOKENS
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import load_weights
@@ -47,6 +48,7 @@ def build_app(
     model_name=None,
     api_key: str | None = None,
     draft: str | None = None,
+    prefill_tokens: int = PREFILL_TOKENS,
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
@@ -62,6 +64,7 @@ def build_app(
         kv=scheme,
         eos_token_ids=eos,
         speculator=speculator,
+        prefill_tokens=prefill_tokens,
     )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
@@ -83,6 +86,7 @@ def run_server(
     api_key: str | None = None,
     max_connections: int = MAX_CONNECTIONS,
     draft: str | None = None,
+    prefill_tokens: int = PREFILL_TOKENS,
 ) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
@@ -94,7 +98,9 @@ def run_server(
     except OSError as e:
         raise LlmpressError(f"cannot listen on {host}:{port}: {e.strerror}; pick --port") from e
     try:
-        app = build_app(artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft)
+        app = build_app(
+            artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft, prefill_tokens
+        )
     except BaseException:
         server.server_close()
         raise
