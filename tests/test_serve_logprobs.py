@@ -140,3 +140,51 @@ def test_logprob_requests_it_cannot_answer_get_400(server, route, body, needle):
     with pytest.raises(urllib.error.HTTPError) as e:
         _post(url, route, body)
     assert e.value.code == 400 and needle in json.loads(e.value.read())["error"]["message"]
+
+
+def test_n_choices_are_the_requests_with_successive_seeds(server):
+    """n = 3 with a seed: three choices, choice i what one request with seed + i gives;
+    usage counts the prompt once and every choice's tokens."""
+    _, url = server
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 1.0, "seed": 11}
+    out = _post(url, "/v1/completions", {**body, "n": 3, "logprobs": 1})
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    alone = [_post(url, "/v1/completions", {**body, "seed": 11 + i}) for i in range(3)]
+    assert [c["text"] for c in out["choices"]] == [a["choices"][0]["text"] for a in alone]
+    assert len({c["text"] for c in out["choices"]}) > 1  # sampled apart
+    assert out["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone)
+    assert out["usage"]["prompt_tokens"] == alone[0]["usage"]["prompt_tokens"]
+    assert all(len(c["logprobs"]["tokens"]) == 6 for c in out["choices"])
+
+
+def test_n_choices_stream_with_their_index_and_the_openai_client_reads_them(server):
+    app, url = server
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    args = {"model": app.model_name, "max_tokens": 5, "temperature": 0, "n": 2}
+    whole = client.completions.create(prompt="The capital of France", **args)
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(prompt="The capital of France", stream=True, **args):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert [c.text for c in whole.choices] == [texts[0], texts[1]]  # greedy: equal choices
+    assert texts[0] == texts[1] != ""
+    chat = client.chat.completions.create(
+        messages=[{"role": "user", "content": "Say hello."}], **args
+    )
+    assert [c.index for c in chat.choices] == [0, 1] and chat.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "needle"),
+    [
+        ({"n": 17}, 400, "`n` must be between 1 and 16"),
+        ({"n": 0}, 400, "`n` must be between 1 and 16"),
+        ({"n": 2, "best_of": 3}, 400, "`best_of` other than `n`"),
+        ({"n": 7}, 429, "server busy"),  # 2 running + 4 queued: no room for all 7
+    ],
+)
+def test_n_it_cannot_serve_whole_is_refused(server, body, code, needle):
+    _, url = server
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _post(url, "/v1/completions", {"prompt": "x", "max_tokens": 2, **body})
+    assert e.value.code == code and needle in json.loads(e.value.read())["error"]["message"]

@@ -26,6 +26,7 @@ MAX_DEPTH = 32  # a request needs 3 levels (body, messages, message); 100k crash
 # unless the top two logits lie within 1e-28 of each other.
 GREEDY_BELOW = 1e-30
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM allows (OpenAI's completions: 5)
+MAX_N = 16  # choices per request; each is a sequence of its own in the engine
 
 
 class BadRequest(ValueError):
@@ -48,6 +49,7 @@ class Parsed:
     logprobs: int | None = None  # alternatives per token; None: no logprobs asked
     echo: bool = False  # completions: the prompt's text (and logprobs) come first
     prompt_text: str = ""
+    n: int = 1  # choices: sequences sampled from the same prompt
 
 
 def _number(body, key, default, lo, hi, kind=float):
@@ -103,8 +105,9 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(unknown)}")
     _check_model(body, model)
-    if body.get("n", 1) != 1 or body.get("best_of", 1) not in (1, None):
-        raise BadRequest("only n = 1 is supported")
+    n = _number(body, "n", 1, 1, MAX_N, int)
+    if body.get("best_of") not in (None, n):
+        raise BadRequest("`best_of` other than `n` is not supported (choices are not ranked)")
     if body.get("suffix"):
         raise BadRequest("`suffix` is not supported")
     logprobs, echo = _logprobs(body, chat)
@@ -149,7 +152,7 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     prompt_text = _echoed(body, prompt_ids, tokenizer) if echo else ""
     include = bool(options.get("include_usage"))
     return Parsed(
-        prompt_ids, params, stop, stream, include, chat, model, logprobs, echo, prompt_text
+        prompt_ids, params, stop, stream, include, chat, model, logprobs, echo, prompt_text, n
     )
 
 
@@ -280,30 +283,38 @@ def logprobs_body(p: Parsed, tokenizer, ids: list[int], records: list, offset: i
     }
 
 
-def response_body(
-    p: Parsed, rid: str, text: str, finish: str, prompt_n: int, out_n: int, logprobs=None
-):
+def choice_body(p: Parsed, index: int, text: str, finish: str, logprobs=None) -> dict:
+    """One choice of a whole (non-streamed) response."""
+    if p.chat:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs,
+            "finish_reason": finish,
+        }
+    return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+
+
+def response_body(p: Parsed, rid: str, choices: list[dict], prompt_n: int, out_n: int):
+    """The whole response: its choices (choice_body), and usage with the prompt counted
+    once and every choice's tokens."""
     usage = {
         "prompt_tokens": prompt_n,
         "completion_tokens": out_n,
         "total_tokens": prompt_n + out_n,
     }
-    if p.chat:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs,
-            "finish_reason": finish,
-        }
-        obj = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-        obj = "text_completion"
-    return {**envelope(p, rid, obj, [choice]), "usage": usage}
+    obj = "chat.completion" if p.chat else "text_completion"
+    return {**envelope(p, rid, obj, choices), "usage": usage}
 
 
 def chunk_body(
-    p: Parsed, rid: str, text: str | None, finish: str | None, first: bool, logprobs=None
+    p: Parsed,
+    rid: str,
+    text: str | None,
+    finish: str | None,
+    first: bool,
+    logprobs=None,
+    index: int = 0,
 ) -> dict:
     if p.chat:
         delta = {}
@@ -311,10 +322,12 @@ def chunk_body(
             delta["role"] = "assistant"
         if text:
             delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
+        choice = {
+            "index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs
+        }  # fmt: skip
         obj = "text_completion"
     return envelope(p, rid, obj, [choice])
 

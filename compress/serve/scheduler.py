@@ -97,17 +97,24 @@ class Scheduler:
         self.thread.join(timeout=10)
 
     def submit(self, request: Request) -> Stream:
+        (stream,) = self.submit_all([request])
+        return stream
+
+    def submit_all(self, requests: list[Request]) -> list[Stream]:
+        """Queue every request (a request's `n` choices) or none: with fewer places than
+        requests left, refuse now, never hang and never serve a part."""
         if self.error is not None or not self.thread.is_alive():
             raise EngineStopped(f"the engine stopped: {self.error!r}")
         with self.lock:  # every slot busy and the queue full: refuse now, never hang
-            if self.active >= self.capacity:
+            if self.active + len(requests) > self.capacity:
                 with self.metrics.lock:
                     self.metrics.counters["rejected_total"] += 1
                 raise QueueFull(f"{self.active} requests running or queued")
-            self.active += 1
-        stream = Stream(request)
-        self.inbox.put(("submit", stream))
-        return stream
+            self.active += len(requests)
+        streams = [Stream(r) for r in requests]
+        for stream in streams:
+            self.inbox.put(("submit", stream))
+        return streams
 
     def cancel(self, stream: Stream) -> None:
         self.inbox.put(("cancel", stream))

@@ -23,6 +23,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from compress.errors import LlmpressError
@@ -30,6 +31,7 @@ from compress.runtime.engine import Request
 from compress.serve.protocol import (
     BadRequest,
     Parsed,
+    choice_body,
     chunk_body,
     envelope,
     error_body,
@@ -280,9 +282,11 @@ class Handler(BaseHTTPRequestHandler):
         except BadRequest as e:
             self._error(e.status, str(e), code=e.code)
             return
-        request = Request(parsed.prompt_ids, parsed.params)
+        seed = parsed.params.seed  # choice i samples with seed + i: distinct, reproducible
+        seeds = [None if seed is None else seed + i for i in range(parsed.n)]
+        requests = [Request(parsed.prompt_ids, replace(parsed.params, seed=s)) for s in seeds]
         try:
-            stream = app.scheduler.submit(request)
+            streams = app.scheduler.submit_all(requests)
         except EngineStopped as e:
             self._error(503, str(e), "server_error")
             return
@@ -291,10 +295,15 @@ class Handler(BaseHTTPRequestHandler):
                 429, f"server busy: {e}; retry later", "rate_limit_error", [("Retry-After", "1")]
             )
             return
-        if parsed.stream:
-            self._stream(parsed, stream)
-        else:
-            self._complete(parsed, stream)
+        try:
+            if parsed.stream:
+                self._stream(parsed, streams)
+            else:
+                self._complete(parsed, streams)
+        finally:  # a failed or abandoned choice frees the others' slots too
+            for stream in streams:
+                if not stream.request.done:
+                    app.scheduler.cancel(stream)
 
     # -- generation -------------------------------------------------------------------
     def _pieces(self, parsed: Parsed, stream: Stream):
@@ -352,28 +361,30 @@ class Handler(BaseHTTPRequestHandler):
             return "stop"
         return "length" if stream.request.finish_reason == "length" else "stop"
 
-    def _complete(self, parsed: Parsed, stream: Stream) -> None:
-        try:
-            text = "".join(self._pieces(parsed, stream))
-        except GenerationFailed as e:
-            kind = "invalid_request_error" if e.status < 500 else "server_error"
-            self._error(e.status, str(e), kind)
-            return
-        req = stream.request
-        rid = new_id(parsed.chat)
-        ids, records = req.output[: stream.consumed], req.logprobs[: stream.consumed]
-        if parsed.echo:
-            text = parsed.prompt_text + text
-            scored = req.prompt_logprobs or [None] * len(req.prompt)
-            ids, records = req.prompt + ids, scored + records
-        logprobs = logprobs_body(parsed, self.app.tokenizer, ids, records)
-        out = response_body(
-            parsed, rid, text, self._finish_reason(stream), len(req.prompt), len(req.output),
-            logprobs,
-        )  # fmt: skip
+    def _complete(self, parsed: Parsed, streams: list[Stream]) -> None:
+        choices, generated = [], 0
+        for index, stream in enumerate(streams):
+            try:
+                text = "".join(self._pieces(parsed, stream))
+            except GenerationFailed as e:
+                kind = "invalid_request_error" if e.status < 500 else "server_error"
+                self._error(e.status, str(e), kind)
+                return
+            req = stream.request
+            ids, records = req.output[: stream.consumed], req.logprobs[: stream.consumed]
+            if parsed.echo:
+                text = parsed.prompt_text + text
+                scored = req.prompt_logprobs or [None] * len(req.prompt)
+                ids, records = req.prompt + ids, scored + records
+            logprobs = logprobs_body(parsed, self.app.tokenizer, ids, records)
+            choices.append(choice_body(parsed, index, text, self._finish_reason(stream), logprobs))
+            generated += len(req.output)
+        out = response_body(parsed, new_id(parsed.chat), choices, len(parsed.prompt_ids), generated)
         self._json(200, out)
 
-    def _stream(self, parsed: Parsed, stream: Stream) -> None:
+    def _stream(self, parsed: Parsed, streams: list[Stream]) -> None:
+        """Server-sent events, one choice after another (each event names its choice's
+        index; the others keep generating meanwhile), then usage over all of them."""
         rid = new_id(parsed.chat)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -384,49 +395,49 @@ class Handler(BaseHTTPRequestHandler):
         def event(obj) -> None:
             self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
-        req, tok = stream.request, self.app.tokenizer
         try:
-            first = True
-            if parsed.chat:
-                event(chunk_body(parsed, rid, None, None, first=True))
-                first = False
-            sent = offset = 0  # output tokens whose logprobs went out; text sent
-            pieces = self._pieces(parsed, stream)
-            if parsed.echo:  # the prompt first, with its logprobs once the prefill made them
-                piece = next(pieces, None)
-                scored = req.prompt_logprobs or [None] * len(req.prompt)
-                lp = logprobs_body(parsed, tok, req.prompt, scored)
-                event(chunk_body(parsed, rid, parsed.prompt_text, None, first, lp))
-                offset, first = len(parsed.prompt_text), False
-                pieces = itertools.chain([] if piece is None else [piece], pieces)
-            for piece in pieces:
-                ids = req.output[sent : stream.consumed]
-                lp = logprobs_body(parsed, tok, ids, req.logprobs[sent : stream.consumed], offset)
-                sent, offset = stream.consumed, offset + len(piece)
-                event(chunk_body(parsed, rid, piece, None, first, lp))
-                first = False
-            rest = req.output[sent : stream.consumed]  # an EOS has no text, only its logprob
-            lp = logprobs_body(parsed, tok, rest, req.logprobs[sent : stream.consumed], offset)
-            event(
-                chunk_body(
-                    parsed, rid, None, self._finish_reason(stream), first, lp if rest else None
-                )
-            )
+            for index, stream in enumerate(streams):
+                self._stream_choice(parsed, rid, stream, index, event)
             if parsed.include_usage:
-                req = stream.request
-                n, p = len(req.output), len(req.prompt)
+                n = sum(len(s.request.output) for s in streams)
+                p = len(parsed.prompt_ids)
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 obj = "chat.completion.chunk" if parsed.chat else "text_completion"
                 event({**envelope(parsed, rid, obj, []), "usage": usage})
         except _GONE:
-            self.app.scheduler.cancel(stream)  # the client left: free its slot now
-            self.close_connection = True
+            self.close_connection = True  # the client left: _post frees every slot
             return
         except GenerationFailed as e:  # the status line is sent: say so in the stream
             self.close_connection = True
             event(json.loads(error_body(str(e), "server_error")))
         self._chunk(b"data: [DONE]\n\n")
         self._chunk(b"")
+
+    def _stream_choice(self, parsed: Parsed, rid: str, stream: Stream, index: int, event):
+        req, tok = stream.request, self.app.tokenizer
+        first = True
+        if parsed.chat:
+            event(chunk_body(parsed, rid, None, None, first=True, index=index))
+            first = False
+        sent = offset = 0  # output tokens whose logprobs went out; text sent
+        pieces = self._pieces(parsed, stream)
+        if parsed.echo:  # the prompt first, with its logprobs once the prefill made them
+            piece = next(pieces, None)
+            scored = req.prompt_logprobs or [None] * len(req.prompt)
+            lp = logprobs_body(parsed, tok, req.prompt, scored)
+            event(chunk_body(parsed, rid, parsed.prompt_text, None, first, lp, index))
+            offset, first = len(parsed.prompt_text), False
+            pieces = itertools.chain([] if piece is None else [piece], pieces)
+        for piece in pieces:
+            ids = req.output[sent : stream.consumed]
+            lp = logprobs_body(parsed, tok, ids, req.logprobs[sent : stream.consumed], offset)
+            sent, offset = stream.consumed, offset + len(piece)
+            event(chunk_body(parsed, rid, piece, None, first, lp, index))
+            first = False
+        rest = req.output[sent : stream.consumed]  # an EOS has no text, only its logprob
+        lp = logprobs_body(parsed, tok, rest, req.logprobs[sent : stream.consumed], offset)
+        finish = self._finish_reason(stream)
+        event(chunk_body(parsed, rid, None, finish, first, lp if rest else None, index))
 
 
 def _linger(sock: socket.socket) -> None:
