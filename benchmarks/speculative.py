@@ -59,6 +59,17 @@ def replies(weights, prompts, kv, draft: str | None):
     return outputs, tokens / seconds, spec
 
 
+def w4_artifact() -> str:
+    """The default model's rtn:w4g64 artifact, made once under benchmarks/work."""
+    from compress.pipeline import compress
+    from compress.recipe import parse_quant, parse_recipe
+
+    artifact = str(HERE / "work" / "speculative" / "smollm2-rtn-w4g64")
+    if not Path(artifact).exists():
+        compress("default", parse_recipe({"stages": [parse_quant("rtn:w4g64")]}), artifact)
+    return artifact
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifact", help="a 4-bit artifact of the default model (made if absent)")
@@ -70,16 +81,7 @@ def main() -> None:
     from compress.runtime.kv_cache import KVScheme
     from compress.runtime.weights import load_weights
 
-    artifact = args.artifact
-    if artifact is None:
-        from compress.pipeline import compress
-        from compress.recipe import parse_quant, parse_recipe
-
-        artifact = str(HERE / "work" / "speculative" / "smollm2-rtn-w4g64")
-        if not Path(artifact).exists():
-            recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64")]})
-            compress("default", recipe, artifact, log=print)
-    ckpt = resolve(artifact)
+    ckpt = resolve(args.artifact or w4_artifact())
     weights = load_weights(ckpt, device="cpu")
     kv = KVScheme.of_artifact(ckpt.config)
     prompts = passages(load_tokenizer(ckpt))

@@ -510,7 +510,7 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 )
 @click.option(
     "--prefill-tokens",
-    default=2048,
+    default=256,
     show_default=True,
     help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps.",
 )

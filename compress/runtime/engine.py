@@ -31,8 +31,12 @@ from compress.runtime.weights import ModelWeights
 _ids = itertools.count()
 
 # Prompt tokens one step prefills at most; a longer prompt is prefilled in chunks over
-# several steps, between which the running sequences keep decoding
-PREFILL_TOKENS = 2048
+# several steps, between which the running sequences keep decoding. Measured
+# (benchmarks/prefill_budget.py, default model w4, 8 streams, a 1,500-token prompt, AVX2
+# EPYC): the streams' worst gap grows with the budget (128: 0.64 s, 256: 1.13 s, 512: 2.2 s,
+# 2048 = whole: 4.7 s) while the prompt's own TTFT pays little for chunks (+25%, +17%,
+# +15%); 256 is the smallest budget within 20% of the whole prefill's TTFT.
+PREFILL_TOKENS = 256
 
 
 @dataclass(eq=False)  # identity: the engine looks requests up in its lists every step

@@ -1,0 +1,114 @@
+"""The prefill token budget (`serve --prefill-tokens`): what a long prompt arriving among
+running streams costs them, and what the budget costs the long prompt.
+
+Default model, 4-bit (rtn:w4g64), fp32 KV cache, one engine per budget. Eight streams
+(WikiText-2 test passages of ~60 tokens) decode; once each has its first token, a long
+prompt (LONG tokens of WikiText-2 test) arrives. Until the long prompt's first token,
+every engine step is timed. Reported per budget, the median over rounds interleaved:
+- the streams' worst gap between two tokens while the long prompt is prefilled, and their
+  steady time per token before it arrived (a whole prefill of LONG tokens stalls them
+  for its full length);
+- the long prompt's time to first token (chunks pay a decode step each between them).
+
+    python benchmarks/prefill_budget.py [--budgets 128,256,512,1024,2048,4096] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+STREAMS, STREAM_CHARS, LONG = 8, 300, 1500
+
+
+def texts(tokenizer) -> tuple[list[list[int]], list[int]]:
+    from compress.calib_data.sources import read_texts
+
+    data = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "test.txt"
+    if not data.is_file():
+        raise SystemExit(f"{data} is missing: the benchmark reads WikiText-2's test split")
+    text = "\n".join(read_texts(str(data)))
+    step = len(text) // (STREAMS + 1)
+    streams = [tokenizer.encode(text[i * step : i * step + STREAM_CHARS]) for i in range(STREAMS)]
+    long = tokenizer.encode(text[STREAMS * step :])[:LONG]
+    return streams, long
+
+
+def one_run(weights, streams, long, budget: int) -> dict:
+    from compress.runtime.engine import Engine, Request
+    from compress.runtime.sampling import SamplingParams
+
+    engine = Engine(weights, max_batch=STREAMS + 1, max_len=2048, prefill_tokens=budget)
+    running = [
+        engine.submit(Request(p, SamplingParams(max_tokens=400, ignore_eos=True))) for p in streams
+    ]
+    steady = []
+    while not all(r.output for r in running):
+        engine.step()
+    for _ in range(8):  # steady decode of the streams alone
+        t = time.perf_counter()
+        engine.step()
+        steady.append(time.perf_counter() - t)
+    late = engine.submit(Request(long, SamplingParams(max_tokens=1, ignore_eos=True)))
+    arrived, gaps = time.perf_counter(), []
+    while not late.output:
+        t = time.perf_counter()
+        engine.step()
+        gaps.append(time.perf_counter() - t)
+    return {
+        "steady_tpot_ms": 1e3 * statistics.median(steady),
+        "worst_gap_ms": 1e3 * max(gaps),
+        "long_ttft_s": time.perf_counter() - arrived,
+        "steps": len(gaps),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--artifact", help="a 4-bit artifact of the default model (made if absent)")
+    ap.add_argument("--budgets", default="128,256,512,1024,2048,4096")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+
+    from batched_decode import cpu_flags
+    from speculative import w4_artifact
+
+    from compress.model.loading import load_tokenizer, resolve
+    from compress.runtime.weights import load_weights
+
+    ckpt = resolve(args.artifact or w4_artifact())
+    weights = load_weights(ckpt, device="cpu")
+    streams, long = texts(load_tokenizer(ckpt))
+    budgets = [int(b) for b in args.budgets.split(",")]
+    runs = {b: [] for b in budgets}
+    for r in range(args.rounds):
+        for b in budgets:
+            runs[b].append(one_run(weights, streams, long, b))
+            print(f"round {r + 1} budget {b}: {runs[b][-1]}", flush=True)
+    rows = {str(b): {k: statistics.median(x[k] for x in v) for k in v[0]} for b, v in runs.items()}
+    record = {
+        "benchmark": "prefill_budget",
+        "command": f"python benchmarks/prefill_budget.py --budgets {args.budgets} "
+        f"--rounds {args.rounds}",
+        "cpu": cpu_flags(),
+        "setup": f"default model rtn:w4g64, fp32 KV cache, {STREAMS} streams decoding, a "
+        f"{len(long)}-token prompt arriving",
+        "rows": rows,
+    }
+    for b, row in rows.items():
+        print(b, {k: round(v, 3) for k, v in row.items()})
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "prefill_budget.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
