@@ -642,20 +642,28 @@ def w8_activations(d: dict) -> list[str]:
 
 def lmeval_check(d: dict) -> list[str]:
     hf_key, served_key = "transformers (lm-eval hf)", "llmpress serve (lm-eval local-completions)"
+    wp, bpb = "llmpress_wikitext/word_perplexity", "llmpress_wikitext/bits_per_byte"
+    acc, norm, em = "llmpress_cloze/acc", "llmpress_cloze/acc_norm", "llmpress_continue/exact_match"
     body = [
-        [name, f(r[hf_key]["word_perplexity"], 4), f(r[served_key]["word_perplexity"], 4),
-         f(r[hf_key]["bits_per_byte"], 5), f(r[served_key]["bits_per_byte"], 5),
-         f(r["ratio served / transformers"]["word_perplexity"], 4)]
+        [name, f(r[hf_key][wp], 4), f(r[served_key][wp], 4), f(r[hf_key][bpb], 5),
+         f(r[served_key][bpb], 5), f(r["ratio served / transformers"][wp], 4),
+         f"{f(r[hf_key][acc], 3)} / {f(r[served_key][acc], 3)}",
+         f"{f(r[hf_key][norm], 3)} / {f(r[served_key][norm], 3)}",
+         f"{f(r[hf_key][em], 3)} / {f(r[served_key][em], 3)}", r["identical generations"]]
         for name, r in d["results"].items()
     ]  # fmt: skip
+    tasks = "; ".join(f"`{k}`: {v}" for k, v in d["tasks"].items())
     return [
-        f"lm-eval {d['lm_eval']}, one task run two ways: its `hf` backend (transformers "
+        f"lm-eval {d['lm_eval']}, three tasks run two ways: its `hf` backend (transformers "
         "in-process, fp32) and its `local-completions` backend against `llmpress serve` "
-        f"(token ids, `echo`, `logprobs` 1); {d['task']}. On the fp32 model the two agree; "
-        "on the artifact serve computes with int8 activations (what it serves).",
+        f"(token ids, `echo`, `logprobs`, `stop`). `llmpress_wikitext`: {d['task']}; {tasks}. "
+        "On the fp32 model the two agree; on the artifact serve computes with int8 "
+        "activations (what it serves).",
         "",
         *table(["model", "word perplexity, transformers", "served", "bits/byte, transformers",
-                "served", "word perplexity served / transformers"], body),
+                "served", "word perplexity served / transformers",
+                "cloze acc (transformers / served)", "acc_norm", "continuation exact match",
+                "identical generations"], body),
     ]  # fmt: skip
 
 
@@ -710,11 +718,11 @@ def families(d: dict) -> list[str]:
         "Every family at a realistic width (random weights, about 0.5B parameters dense, "
         "8 experts of 16 layers MoE; shapes in the script's docstring), compressed with the "
         "README's `--quant rtn:w4g64`; the KL column is from the tiny test models "
-        "(tests/test_families.py) compressed with rtn / awq / gptq w4g32. The MoE rows' "
-        "logit difference is transformers', not the runtime's: it dequantizes a compressed "
-        "MoE artifact's experts into bfloat16 parameters even when asked for float32 "
-        "(measured: its expert weights equal the runtime's fp32 dequantization rounded to "
-        "bfloat16), while the dense rows compare fp32 with fp32. Decode tok/s is the median "
+        "(tests/test_families.py) compressed with rtn / awq / gptq w4g32. The logit column "
+        "compares the runtime with transformers' forward on the artifact's weights in fp32; "
+        "beside from_pretrained is its own difference to the runtime: for MoE it "
+        "dequantizes a compressed artifact's fused experts into bfloat16 parameters even "
+        "when asked for float32, so that figure is bfloat16 rounding. Decode tok/s is the median "
         "of three `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
         "experts routing chose, with qwen2_moe's shared expert every step). The anchors ran "
         f"interleaved over rounds; {d['minutes']} minutes in all"
@@ -747,6 +755,23 @@ def speculative(d: dict) -> list[str]:
             ],
         ),
     ]
+
+
+def prefill_budget(d: dict) -> list[str]:
+    body = [
+        [budget, f(r["steady_tpot_ms"], 1), f(r["worst_gap_ms"], 1), f(r["long_ttft_s"], 2),
+         int(r["steps"])]
+        for budget, r in d["rows"].items()
+    ]  # fmt: skip
+    return [
+        f"{d['setup']}; per budget (`serve --prefill-tokens`), the median of "
+        f"{d['command'].split('--rounds ')[-1]} interleaved rounds: the streams' time per "
+        "token before the prompt arrived, their worst gap between two tokens while it was "
+        "prefilled, and the prompt's time to its first token. CPU: " + d["cpu"] + ".",
+        "",
+        *table(["prefill tokens a step", "streams' ms per token before", "worst gap ms",
+                "long prompt's TTFT s", "steps to its first token"], body),
+    ]  # fmt: skip
 
 
 def lm_head(d: dict) -> list[str]:
@@ -998,6 +1023,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         speculative,
     ),
     (
+        "prefill_budget.json",
+        "A long prompt among running streams: the prefill budget",
+        "benchmarks/prefill_budget.py --rounds 2",
+        prefill_budget,
+    ),
+    (
         "served_drift.json",
         "Drift as served and of the weights alone",
         "benchmarks/served_drift.py --recipes rtn:w4g64,rtn:w8,int8 --windows 16",
@@ -1006,7 +1037,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "lmeval_check.json",
         "lm-eval through serve and through transformers",
-        "scripts/lmeval_check.py --docs 8 --max-length 256",
+        "scripts/lmeval_check.py --docs 8 --max-length 256 --mc-docs 40 --gen-docs 24",
         lmeval_check,
     ),
     (
