@@ -43,10 +43,11 @@ def _artifact(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("family", CASES)
-def test_two_ranks_write_the_one_process_artifact(tmp_path, family):
+def test_two_ranks_write_the_one_process_artifact(tmp_path, family, wikitext):
     model = write_family(tmp_path / family, family, resolve("default").path)
     calib = tmp_path / "calib.txt"
-    calib.write_text((ROOT / "README.md").read_text() * 4)
+    # fixed text (not the README, whose edits moved tune's outcome on these tiny models)
+    calib.write_text((wikitext / "valid.txt").read_text(encoding="utf-8")[:40000])
     # 32 samples: four chunks of the walk's 8, two on each rank
     recipe = {"stages": CASES[family], "calib": {"source": str(calib), "samples": 32,
                                                   "length": 48}}  # fmt: skip
@@ -70,7 +71,9 @@ def test_two_ranks_write_the_one_process_artifact(tmp_path, family):
     tuned = [s for m in manifests for s in m["stages"] if s["stage"] == "tune"]
     if tuned:  # the same tuning, kept where it helped
         assert tuned[0]["output_mse"] == tuned[1]["output_mse"]
-        assert len(tuned[0]["not_improved"]) < len(tuned[0]["output_mse"])
+        # and the same blocks left as they were where it did not (whether tuning helps
+        # a 2-block random model depends on the calibration text, not on the ranks)
+        assert tuned[0]["not_improved"] == tuned[1]["not_improved"]
     assert manifests[0].get("experts") == manifests[1].get("experts")
 
 
