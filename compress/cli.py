@@ -510,9 +510,9 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 )
 @click.option(
     "--prefill-tokens",
-    default=256,
-    show_default=True,
-    help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps.",
+    type=int,
+    help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps "
+    "(default: the engine's measured budget, docs/serving.md).",
 )
 def serve(artifact: str, **options) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
@@ -527,7 +527,7 @@ def serve(artifact: str, **options) -> None:
         )
     if not 0 <= options["port"] <= 65535:
         raise LlmpressError(f"--port {options['port']}: give a port from 0 to 65535")
-    if options["prefill_tokens"] < 1:
+    if options["prefill_tokens"] is not None and options["prefill_tokens"] < 1:
         raise LlmpressError(f"--prefill-tokens {options['prefill_tokens']}: give 1 or more")
     if options["max_connections"] < 1:
         raise LlmpressError(f"--max-connections {options['max_connections']}: give 1 or more")

@@ -48,7 +48,7 @@ def build_app(
     model_name=None,
     api_key: str | None = None,
     draft: str | None = None,
-    prefill_tokens: int = PREFILL_TOKENS,
+    prefill_tokens: int | None = None,
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
@@ -64,7 +64,7 @@ def build_app(
         kv=scheme,
         eos_token_ids=eos,
         speculator=speculator,
-        prefill_tokens=prefill_tokens,
+        prefill_tokens=prefill_tokens or PREFILL_TOKENS,
     )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
@@ -86,7 +86,7 @@ def run_server(
     api_key: str | None = None,
     max_connections: int = MAX_CONNECTIONS,
     draft: str | None = None,
-    prefill_tokens: int = PREFILL_TOKENS,
+    prefill_tokens: int | None = None,
 ) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
