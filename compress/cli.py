@@ -514,6 +514,12 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
     help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps "
     "(default: the engine's measured budget, docs/serving.md).",
 )
+@click.option(
+    "--prefix-cache-mb",
+    type=int,
+    help="MB of prompt-prefix k/v kept so that requests sharing a prompt's start skip "
+    "prefilling it (default: 1024; 0 turns the prefix cache off).",
+)
 def serve(artifact: str, **options) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
     from compress.serve.app import run_server
@@ -531,6 +537,8 @@ def serve(artifact: str, **options) -> None:
         raise LlmpressError(f"--prefill-tokens {options['prefill_tokens']}: give 1 or more")
     if options["max_connections"] < 1:
         raise LlmpressError(f"--max-connections {options['max_connections']}: give 1 or more")
+    if options["prefix_cache_mb"] is not None and options["prefix_cache_mb"] < 0:
+        raise LlmpressError(f"--prefix-cache-mb {options['prefix_cache_mb']}: give 0 (off) or more")
     check_api_key(options["api_key"])
     check_threads(options["threads"])
     if not options["api_key"] and not is_loopback(options["host"]):

@@ -10,7 +10,7 @@ from pathlib import Path
 from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
-from compress.runtime.engine import PREFILL_TOKENS
+from compress.runtime.engine import PREFILL_TOKENS, PREFIX_CACHE_BYTES
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import load_weights
@@ -49,6 +49,7 @@ def build_app(
     api_key: str | None = None,
     draft: str | None = None,
     prefill_tokens: int | None = None,
+    prefix_cache_mb: int | None = None,
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
@@ -65,6 +66,9 @@ def build_app(
         eos_token_ids=eos,
         speculator=speculator,
         prefill_tokens=prefill_tokens or PREFILL_TOKENS,
+        prefix_cache_bytes=(
+            PREFIX_CACHE_BYTES if prefix_cache_mb is None else prefix_cache_mb * 2**20
+        ),
     )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
@@ -87,6 +91,7 @@ def run_server(
     max_connections: int = MAX_CONNECTIONS,
     draft: str | None = None,
     prefill_tokens: int | None = None,
+    prefix_cache_mb: int | None = None,
 ) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
@@ -99,8 +104,9 @@ def run_server(
         raise LlmpressError(f"cannot listen on {host}:{port}: {e.strerror}; pick --port") from e
     try:
         app = build_app(
-            artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft, prefill_tokens
-        )
+            artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft,
+            prefill_tokens, prefix_cache_mb,
+        )  # fmt: skip
     except BaseException:
         server.server_close()
         raise

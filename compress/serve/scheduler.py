@@ -214,6 +214,12 @@ class Scheduler:
             m.gauges["requests_running"] = len(self.engine.running)
             m.gauges["requests_queued"] = len(self.engine.waiting) + self.inbox.qsize()
             m.gauges["kv_cache_slots_in_use"] = self.engine.max_batch - len(self.engine.free)
+            prefix = self.engine.prefix
+            if prefix is not None:  # prompt tokens looked up, and found (not computed)
+                m.counters["prompt_tokens_total"] = prefix.prompt_tokens
+                m.counters["prefix_cache_hit_tokens_total"] = prefix.hit_tokens
+                m.gauges["prefix_cache_hit_rate"] = round(prefix.hit_rate, 4)
+                m.gauges["prefix_cache_bytes"] = prefix.bytes
             spec = self.engine.speculator
             if spec is not None:  # drafted and kept tokens, and the draft length now
                 m.counters["speculative_draft_tokens_total"] = spec.proposed
