@@ -774,6 +774,28 @@ def prefill_budget(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def prefix_cache(d: dict) -> list[str]:
+    w = d["workload"]
+    body = [
+        [name, f(r["requests_per_s"], 2), f(r["wall_s"], 1), f(r["latency_p50_s"], 1),
+         int(r["prompt_tokens_computed"]),
+         ", ".join(f"{n}/{d['workload']['requests']}" for n in r["replies_equal_first_off"])]
+        for name, r in d["summary"].items()
+    ]  # fmt: skip
+    return [
+        f"{w['requests']} requests arrive together at `llmpress serve` (default model w4, "
+        f"serve's defaults), each a {w['system_tokens']}-token system prompt and "
+        f"{w['unique_tokens']} tokens of its own, {w['max_tokens']} tokens out, greedy; the "
+        f"prefix cache on (the default) and off, medians of interleaved rounds. Bound on the "
+        f"prompt tokens computed: {d['bound_tokens']}. Requests/s on / off: "
+        f"**{d['speedup']:.1f}x**. CPU: " + d["cpu"] + ".",
+        "",
+        *table(["prefix cache", "requests/s", "wall s", "median latency s",
+                "prompt tokens computed", "replies equal to the first cache-off run's"],
+              body),
+    ]  # fmt: skip
+
+
 def lm_head(d: dict) -> list[str]:
     body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
     return [
@@ -1027,6 +1049,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "A long prompt among running streams: the prefill budget",
         "benchmarks/prefill_budget.py --rounds 2",
         prefill_budget,
+    ),
+    (
+        "prefix_cache.json",
+        "A shared system prompt: the prefix cache",
+        "benchmarks/prefix_cache.py --rounds 2",
+        prefix_cache,
     ),
     (
         "served_drift.json",

@@ -433,6 +433,14 @@ CASES = [
         _nothing,
     ),
     Case(
+        "serve `--prefix-cache-mb -1`",
+        lambda t: ["serve", "default", "--prefix-cache-mb", "-1"],
+        2,
+        "give 0 (off) or more",
+        "nothing",
+        _nothing,
+    ),
+    Case(
         "serve on a port in use (refused before loading)",
         _busy_port,
         2,

@@ -92,6 +92,25 @@ def test_seeded_sampling_and_stop_strings(server):
     assert " 8" not in counted.choices[0].text and counted.choices[0].text.startswith(" 5")
 
 
+def test_a_shared_prompt_start_is_computed_once_and_metrics_say_so(server):
+    """Two requests whose prompts share 64+ tokens: the second takes them from the prefix
+    cache (its reply equal to what it was without), and /metrics counts the hit."""
+    app, url = server
+    client = _client(url)
+    shared = [(7 * i) % 4000 + 100 for i in range(70)]  # token ids: 2 full blocks and more
+    hits = _metric(url, "llmpress_prefix_cache_hit_tokens_total")
+    first = client.completions.create(
+        model=app.model_name, prompt=shared + [11, 12], max_tokens=6, temperature=0
+    )
+    again = client.completions.create(
+        model=app.model_name, prompt=shared + [11, 12], max_tokens=6, temperature=0
+    )
+    assert again.choices[0].text == first.choices[0].text
+    assert _metric(url, "llmpress_prefix_cache_hit_tokens_total") - hits == 64
+    assert 0 < _metric(url, "llmpress_prefix_cache_hit_rate") <= 1
+    assert _metric(url, "llmpress_prefix_cache_bytes") > 0
+
+
 def test_curl_streams_server_sent_events(server):
     _, url = server
     curl = shutil.which("curl")
