@@ -88,6 +88,7 @@ class Scheduler:
         self.thread = threading.Thread(target=self._run, name="llmpress-engine", daemon=True)
 
     def start(self) -> Scheduler:
+        self._gauges()  # every gauge and counter in /metrics from the start, zeros included
         self.thread.start()
         return self
 
