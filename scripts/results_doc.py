@@ -779,7 +779,7 @@ def prefix_cache(d: dict) -> list[str]:
     body = [
         [name, f(r["requests_per_s"], 2), f(r["wall_s"], 1), f(r["latency_p50_s"], 1),
          int(r["prompt_tokens_computed"]),
-         ", ".join(f"{n}/{d['workload']['requests']}" for n in r["replies_equal_first_off"])]
+         ", ".join(f"{n}/{w['requests']}" for n in r["replies_equal_first_off"])]
         for name, r in d["summary"].items()
     ]  # fmt: skip
     return [

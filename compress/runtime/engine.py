@@ -174,34 +174,27 @@ class Engine:
         """A newly admitted prompt starts from the longest prefix the prefix cache holds
         (at least its last token is computed: it gives the first reply token's logits),
         copied into its slot. Not for a prompt scored token by token (echo): every one of
-        its tokens' logits is asked for."""
+        its tokens' logits is asked for. Either way the request keeps its prompt's k/v as
+        computed while it is prefilled (Chunk.prefix), for the prefix cache to take."""
         if self.prefix is None:
             return
-        n, kv = 0, None
-        if not req.params.prompt_logprobs:
-            n, kv = self.prefix.lookup(req.prompt, len(req.prompt) - 1)
+        limit = 0 if req.params.prompt_logprobs else len(req.prompt) - 1
+        n, kv = self.prefix.lookup(req.prompt, limit)
         if n:
             for i, (k, v) in enumerate(kv):
                 self.cache.write(i, req.slot, 0, k, v)
             self.cache.lengths[req.slot] = n
             req.prefilled, req.prompt_kv = n, kv  # the rest attends in full precision
-        elif not self.cache.exact and len(req.prompt) >= self.prefix.block:
-            req.prompt_kv = []  # keep the prompt's k/v as computed, for the prefix cache
+        elif len(req.prompt) >= self.prefix.block:
+            req.prompt_kv = []
 
     def _remember(self, req: Request) -> None:
-        """Offer the full blocks prefilled so far to the prefix cache, their k/v as
-        computed: after every chunk, so that a request admitted while a long shared
-        prompt is still being prefilled finds the part already done."""
+        """Offer the full blocks prefilled so far to the prefix cache: after every chunk,
+        so that a request admitted while a long shared prompt is still being prefilled
+        finds the part already done."""
         n = req.prefilled // self.prefix.block * self.prefix.block
-        if n == 0 or self.prefix.holds(req.prompt[:n]):
-            return
-        kv = req.prompt_kv
-        if kv is None:
-            if not self.cache.exact:
-                return  # only the rounded k/v are left
-            slot = torch.tensor([req.slot], device=self.cache.lengths.device)
-            kv = [[t[0] for t in self.cache.read(i, slot, n)] for i in range(self.cache.shape[0])]
-        self.prefix.insert(req.prompt[:n], kv)
+        if n and req.prompt_kv is not None:
+            self.prefix.insert(req.prompt[:n], req.prompt_kv)
 
     def _chunk(self, req: Request, budget: int, work: list) -> int:
         """Queue the next chunk of req's prompt (at most `budget` tokens); its size."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from array import array
 from collections import OrderedDict
 
 import torch
@@ -41,14 +42,16 @@ class PrefixCache:
         """One key per full block of `tokens`, each over the whole prefix up to its end."""
         out, h = [], b""
         for end in range(self.block, len(tokens) + 1, self.block):
-            chunk = torch.tensor(tokens[end - self.block : end], dtype=torch.int64)
-            h = hashlib.blake2b(h + chunk.numpy().tobytes(), digest_size=16).digest()
+            chunk = array("q", tokens[end - self.block : end]).tobytes()
+            h = hashlib.blake2b(h + chunk, digest_size=16).digest()
             out.append(h)
         return out
 
     def lookup(self, tokens: list[int], limit: int) -> tuple[int, list | None]:
         """The longest run of cached blocks that `tokens` starts with, at most `limit`
-        tokens: (tokens found, per layer (k, v) [kv_heads, found, hd]), or (0, None)."""
+        tokens: (tokens found, per layer (k, v) [kv_heads, found, hd]), or (0, None).
+        Every prompt is counted, a `limit` of 0 included (a prompt that must be computed
+        whole)."""
         self.prompt_tokens += len(tokens)
         found = []
         for key in self.keys(tokens)[: max(limit, 0) // self.block]:
@@ -64,10 +67,6 @@ class PrefixCache:
         n = len(found) * self.block
         self.hit_tokens += n
         return n, [(layer[0], layer[1]) for layer in kv]
-
-    def holds(self, tokens: list[int]) -> bool:
-        """Whether every full block of `tokens` is kept (inserting them would add nothing)."""
-        return all(key in self.blocks for key in self.keys(tokens))
 
     def insert(self, tokens: list[int], kv: list) -> None:
         """Keep the full blocks of `tokens`, whose per-layer k/v [kv_heads, >= blocks'
