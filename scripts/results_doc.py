@@ -796,6 +796,26 @@ def prefix_cache(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def hugepages(d: dict) -> list[str]:
+    body = [
+        [r["artifact"], r["batch"], f(r["weights_MB_per_step"], 1),
+         f(r["ms_per_step"]["4 KB pages"], 2), f(r["ms_per_step"]["2 MB pages"], 2),
+         f"{r['speedup']:.3f}x"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        "The runtime's weights in 4 KB pages (torch's allocator) and in transparent 2 MB "
+        "pages (compress/kernels/hugepages.py), loaded side by side in one process, decode "
+        "steps alternating between the two; medians per step. `default-w4`: the default "
+        "model at rtn:w4g64 with an int8 lm_head; `qwen2-w4` and `qwen3_moe-w4`: "
+        "benchmarks/families.py's realistic-width models at its recipe. CPU: " + d["cpu"]
+        + f", {d['threads']} threads.",
+        "",
+        *table(["artifact", "batch", "weights MB/step", "4 KB pages ms/step",
+                "2 MB pages ms/step", "speedup"], body),
+    ]  # fmt: skip
+
+
 def lm_head(d: dict) -> list[str]:
     body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
     return [
@@ -1012,6 +1032,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Decode and prompt speed against llama.cpp",
         "benchmarks/runtime_speed.py --llama-cpp LLAMA_BIN --gguf smol-q4_0.gguf",
         runtime_speed,
+    ),
+    (
+        "hugepages.json",
+        "Weights in huge pages",
+        "benchmarks/hugepages.py",
+        hugepages,
     ),
     (
         "kernel_ab.json",

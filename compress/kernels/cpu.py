@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.kernels import hugepages
 from compress.kernels.build import library
 
 EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
@@ -336,6 +337,12 @@ class PackedLinear:
         self.packed = packed
         self.scale = _panel_params(scale)
         self.zs = None if zs is None else _panel_params(zs)
+
+    def to_hugepages(self) -> None:
+        """Move codes, scales and zero offsets into huge pages (hugepages.py): once the
+        linear is final, as a fused q/k/v's parts would leave their copies behind."""
+        self.packed, self.scale = hugepages.place(self.packed), hugepages.place(self.scale)
+        self.zs = None if self.zs is None else hugepages.place(self.zs)
 
     @property
     def offset(self) -> int:

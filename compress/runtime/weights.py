@@ -15,6 +15,7 @@ import torch
 
 from compress.artifact.reader import quantized_layers
 from compress.errors import LlmpressError
+from compress.kernels import hugepages
 from compress.kernels.cpu import ACTIVATIONS, PackedLinear
 from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
@@ -250,6 +251,15 @@ def _dense(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, torch.float32)
 
 
+def _to_hugepages(linear) -> None:
+    """A final CPU linear's streamed weights into huge pages (compress/kernels/hugepages.py)."""
+    packed = getattr(linear, "packed", None)
+    if isinstance(packed, PackedLinear):
+        packed.to_hugepages()
+    elif isinstance(linear, DenseLinear):
+        linear.weight = hugepages.place(linear.weight)
+
+
 def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
     bias = tensors.get(f"{prefix}.bias")
     bias = None if bias is None else bias.float()
@@ -358,11 +368,20 @@ def load_weights(
                 post_mlp_norm=opt(adapter.post_mlp_norm),
             )
         )
+        if kernels == "c":  # block by block: a copy of one block at a time is transient
+            routers = () if moe is None else (moe.router, moe.shared_gate)
+            for linear in blocks[-1].linears():
+                if all(linear is not r for r in routers):
+                    _to_hugepages(linear)
     embed = _dense(tensors[f"{adapter.embed}.weight"], device)  # rows widened when looked up
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
         lm_head = _linear(head, tensors, codec, layers, fallbacks, device, kernels)
+        if kernels == "c":
+            _to_hugepages(lm_head)
     else:  # tied: the embedding matrix is the output projection
+        if kernels == "c":
+            embed = hugepages.place(embed)  # streamed whole as the head
         lm_head = DenseLinear(embed)
     return ModelWeights(
         shape=shape,

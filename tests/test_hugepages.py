@@ -1,0 +1,57 @@
+"""The runtime keeps streamed weights in huge pages: same values, madvised memory, and
+nothing silently kept alive."""
+
+import gc
+from pathlib import Path
+
+import pytest
+import torch
+
+from compress.kernels import hugepages
+
+
+def _vma_flags(ptr: int) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds address `ptr`."""
+    fields, inside = {}, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= ptr < hi
+        elif inside:
+            fields[head.rstrip(":")] = line.split()[1]
+    return fields
+
+
+def test_place_keeps_values_dtype_and_shape():
+    for t in (
+        torch.randn(300, 7),
+        torch.randint(0, 255, (33, 64), dtype=torch.uint8),
+        torch.randn(5, 6).to(torch.bfloat16),
+    ):
+        out = hugepages.place(t)
+        assert out.dtype == t.dtype and out.shape == t.shape and out.is_contiguous()
+        assert torch.equal(out, t)
+        if hugepages.available():
+            assert out.data_ptr() != t.data_ptr() and out.data_ptr() % hugepages.ALIGN == 0
+
+
+@pytest.mark.skipif(not hugepages.available(), reason="needs transparent huge pages")
+def test_placed_memory_is_madvised_for_huge_pages():
+    small = hugepages.place(torch.ones(1000))  # in the shared chunk
+    large = hugepages.place(torch.ones(hugepages.CHUNK // 4 + 10))  # a mapping of its own
+    for t in (small, large):
+        assert _vma_flags(t.data_ptr()).get("THPeligible") == "1"
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    if "[madvise]" in mode:  # what the placement is for: torch's own memory is not
+        torch_owned = torch.ones(hugepages.CHUNK // 4)
+        assert _vma_flags(torch_owned.data_ptr()).get("THPeligible") == "0"
+
+
+@pytest.mark.skipif(not hugepages.available(), reason="needs transparent huge pages")
+def test_a_large_tensor_frees_its_mapping():
+    t = hugepages.place(torch.ones(hugepages.CHUNK // 4 + 10))
+    ptr = t.data_ptr()
+    del t
+    gc.collect()
+    assert _vma_flags(ptr).get("THPeligible") != "1"  # unmapped (or reused by torch)
