@@ -54,9 +54,9 @@ class Recipe:
     dtype: str = "auto"
     export: str = "auto"
     # "w8", "w4g64", ...: RTN-quantize the output projection; None: keep it as stored;
-    # "auto" (the default): w8 for an untied head of a model whose blocks are quantized
-    # without a bits budget, as stored otherwise (resolve_lm_head, once the checkpoint is
-    # known)
+    # "auto" (the default): w8 for an untied head, or one tied to a 32-bit embedding, of a
+    # model whose blocks are quantized without a bits budget; as stored otherwise
+    # (resolve_lm_head, once the checkpoint is known)
     lm_head: str | None = "auto"
     kv_cache: str | None = None  # "int8", "int4", "int4:g64": the runtime's KV-cache scheme
     # engines the artifact must load in ("vllm", "vllm-cpu", "transformers"): plans keep to
@@ -368,11 +368,15 @@ def _parse_ignore(ignore: Any) -> tuple[str, ...]:
 AUTO_LM_HEAD = "w8"  # benchmarks/lm_head.py: the smallest drift of the quantized heads
 
 
-def resolve_lm_head(recipe: Recipe, untied: bool) -> Recipe:
-    """`lm_head: auto` made concrete: an untied output projection kept in 16/32 bits is
-    most of a small model's decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape), so
-    when the recipe quantizes the blocks to 8 bits or fewer and the layout holds a
-    quantized head, it is stored as int8 per channel; a tied head stays the embedding."""
+def resolve_lm_head(recipe: Recipe, untied: bool, head_bytes: int = 2) -> Recipe:
+    """`lm_head: auto` made concrete. When the recipe quantizes the blocks to 8 bits or
+    fewer (no --bits budget, which the head would exceed) and the layout holds a quantized
+    head, the head is stored as int8 per channel if it is untied, or tied to an embedding
+    stored in 32 bits (`head_bytes` per weight): such a head is most of a small model's
+    decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 177 MB on the
+    default model, whose GGUF embedding converts to fp32). The embedding stays as stored
+    and the head becomes its own int8 copy. A tied 16-bit head stays tied: at Llama-3.2-1B's
+    shape its int8 copy decoded no faster and made the artifact 25% larger."""
     if recipe.lm_head != "auto":
         return recipe
     bits = [getattr(cfg, "scheme", None) for _, cfg in recipe.stages]
@@ -380,8 +384,9 @@ def resolve_lm_head(recipe: Recipe, untied: bool) -> Recipe:
     if any(name == "mixed" for name, _ in recipe.stages):  # a --bits budget it would exceed
         quantized = False
     holds = codec(recipe.export).holds_lm_head
+    streamed = untied or head_bytes > 2
     return dataclasses.replace(
-        recipe, lm_head=AUTO_LM_HEAD if untied and quantized and holds else None
+        recipe, lm_head=AUTO_LM_HEAD if streamed and quantized and holds else None
     )
 
 

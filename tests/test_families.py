@@ -361,14 +361,18 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
 
 
-def test_an_untied_head_is_stored_in_int8_by_default_and_a_tied_one_left_alone(
+def test_the_default_lm_head_is_int8_where_it_is_streamed_in_32_or_untied(
     models, wikitext, tmp_path
 ):
-    """--lm-head auto: w8 for an untied head when the blocks are quantized (most of a small
-    model's decode bytes otherwise), the embedding for a tied one; `none` keeps it."""
+    """--lm-head auto: w8 for an untied head, and for a head tied to an fp32 embedding (its
+    own int8 copy; the embedding stays), when the blocks are quantized: either is most of a
+    small model's decode bytes otherwise. A head tied to a 16-bit embedding stays tied;
+    `none` keeps the head as stored."""
     rtn = [parse_quant("rtn:w4g32")]
     untied = _compress(models["llama3"], tmp_path / "untied", rtn, wikitext)
-    tied = _compress(models["gemma3_text"], tmp_path / "tied", rtn, wikitext)
+    tied32 = _compress(models["gemma3_text"], tmp_path / "tied32", rtn, wikitext)
+    bf16 = parse_recipe({"stages": rtn, "dtype": "bfloat16", "calib": _wikitext_calib(wikitext)})
+    tied16 = compress(str(models["gemma3_text"]), bf16, tmp_path / "tied16", log=lambda _: None)
     recipe = parse_recipe({"stages": rtn, "lm_head": "none"})
     kept = compress(str(models["llama3"]), recipe, tmp_path / "kept", log=lambda _: None)
 
@@ -376,12 +380,14 @@ def test_an_untied_head_is_stored_in_int8_by_default_and_a_tied_one_left_alone(
         names = {k for f in path.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()}  # noqa: SIM118
         return sorted(n.rsplit(".", 1)[-1] for n in names if n.startswith("lm_head."))
 
-    assert head(untied) == ["weight_packed", "weight_scale", "weight_shape"]
-    manifest = json.loads((untied / "manifest.json").read_text())
-    assert manifest["recipe"]["lm_head"] == "w8"
-    assert (
-        head(tied) == [] and json.loads((tied / "config.json").read_text())["tie_word_embeddings"]
-    )
+    def config(path):
+        return json.loads((path / "config.json").read_text())
+
+    for path in (untied, tied32):
+        assert head(path) == ["weight_packed", "weight_scale", "weight_shape"]
+        assert json.loads((path / "manifest.json").read_text())["recipe"]["lm_head"] == "w8"
+        assert not config(path)["tie_word_embeddings"]
+    assert head(tied16) == [] and config(tied16)["tie_word_embeddings"]
     assert head(kept) == ["weight"]
 
 
