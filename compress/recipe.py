@@ -376,12 +376,16 @@ def resolve_lm_head(recipe: Recipe, untied: bool, head_bytes: int = 2) -> Recipe
     decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 177 MB on the
     default model, whose GGUF embedding converts to fp32). The embedding stays as stored
     and the head becomes its own int8 copy. A tied 16-bit head stays tied: at Llama-3.2-1B's
-    shape its int8 copy decoded no faster and made the artifact 25% larger."""
+    shape its int8 copy decoded no faster and made the artifact 25% larger. Blocks with
+    zero points keep the head as stored: beside their groups a per-channel int8 head
+    leaves transformers no way to load the artifact (engines.transformers_route)."""
     if recipe.lm_head != "auto":
         return recipe
     bits = [getattr(cfg, "scheme", None) for _, cfg in recipe.stages]
     quantized = any(b is not None and b.bits <= 8 for b in bits)
     if any(name == "mixed" for name, _ in recipe.stages):  # a --bits budget it would exceed
+        quantized = False
+    if any(b is not None and b.zero_point for b in bits):
         quantized = False
     holds = codec(recipe.export).holds_lm_head
     streamed = untied or head_bytes > 2

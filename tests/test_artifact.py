@@ -39,8 +39,11 @@ def test_config_manifest_and_card(artifacts, default_ckpt):
     config = json.loads((path / "config.json").read_text())
     qc = QuantizationConfig.model_validate(config["quantization_config"])
     groups = {g.weights.group_size: g for g in qc.config_groups.values()}
-    assert set(groups) == {96, 128} and qc.format == "pack-quantized"
+    assert set(groups) == {96, 128, None} and qc.format == "pack-quantized"
     assert groups[128].targets == ["re:.*\\.mlp\\.down_proj$"]
+    # the head, tied to the fp32 embedding, gets its own int8 copy (--lm-head auto)
+    assert groups[None].targets == ["lm_head"] and groups[None].weights.num_bits == 8
+    assert not config["tie_word_embeddings"]
     manifest = json.loads((path / "manifest.json").read_text())
     assert manifest["source"]["sha256"] == default_ckpt.sha256
     assert manifest["recipe"]["stages"] == [
@@ -50,7 +53,8 @@ def test_config_manifest_and_card(artifacts, default_ckpt):
     assert adjusted["model.layers.0.self_attn.q_proj"] == 96
     assert "model.layers.0.mlp.down_proj" not in adjusted
     assert manifest["packages"]["torch"] and manifest["packages"]["compressed-tensors"]
-    assert 4.0 < manifest["weights"]["bits_per_quantized_weight"] < 4.5
+    # blocks at ~4.3 bits, the int8 head (a fifth of the weights) at ~8
+    assert 5.0 < manifest["weights"]["bits_per_quantized_weight"] < 5.3
     sizes = manifest["sizes"]
     assert sizes["weights_bytes"] == (path / "model.safetensors").stat().st_size
     assert sizes["weights_bytes"] < default_ckpt.files[0].stat().st_size / 2
@@ -65,7 +69,8 @@ def test_existing_output_is_refused_and_overwrite_replaces(artifacts, tmp_path):
     with pytest.raises(LlmpressError, match=r"already exists.*--overwrite"):
         compress("default", recipe, out, log=lambda _: None)
     compress("default", recipe, out, overwrite=True, log=lambda _: None)
-    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w4g64sym"
+    label = json.loads((out / "manifest.json").read_text())["label"]
+    assert label == "rtn:w4g64sym+lm_head:w8sym"  # the fp32-tied head in int8 (auto)
     assert [p.name for p in tmp_path.iterdir()] == ["a"]  # no temp folders left behind
 
 
@@ -82,7 +87,7 @@ def test_failed_write_loses_nothing(artifacts, tmp_path, monkeypatch):
     with pytest.raises(LlmpressError, match=r"nothing was changed: out of disk space"):
         compress("default", recipe, out, overwrite=True, log=lambda _: None)
     assert sorted(p.name for p in out.iterdir()) == before
-    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w8sym"
+    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w8sym+lm_head:w8sym"
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
 

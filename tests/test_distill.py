@@ -138,7 +138,7 @@ def test_prune_distill_awq_kv_in_one_recipe(tmp_path, wikitext):
     out = tmp_path / "all"
     compress("default", parse_recipe({**recipe, "kv_cache": "int8"}), out, log=lambda _: None)
     m = read_manifest(out)
-    assert [s["stage"] for s in m["stages"]] == ["prune", "distill", "awq"]
+    assert [s["stage"] for s in m["stages"]] == ["prune", "distill", "awq", "lm_head"]
     assert m["stages"][1]["stopped_on"] == "time" and m["stages"][1]["steps"] < 2
     assert m["source"]["source"] == "default"
     config = json.loads((out / "config.json").read_text())

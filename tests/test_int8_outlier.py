@@ -104,8 +104,11 @@ def test_artifact_layouts(default_ckpt, wikitext, tmp_path):
         log=lambda _: None,
     )
     qc = json.loads((ours / "config.json").read_text())["quantization_config"]
-    (group,) = qc["config_groups"].values()
-    assert (qc["quant_method"], qc["format"]) == ("compressed-tensors", "int-quantized")
+    # the blocks' W8A8 group, and the head's weight-only int8 copy (--lm-head auto)
+    group, head = sorted(qc["config_groups"].values(), key=lambda g: g["targets"] == ["lm_head"])
+    assert head["targets"] == ["lm_head"] and head["input_activations"] is None
+    assert (qc["quant_method"], qc["format"]) == ("compressed-tensors", "mixed-precision")
+    assert (group["format"], head["format"]) == ("int-quantized", "pack-quantized")
     assert group["input_activations"]["strategy"] == "token"
     assert "model.layers.0.mlp.down_proj.weight_outlier" in resolve(str(ours)).tensors
     model = load_model(resolve(str(ours)))
