@@ -373,7 +373,7 @@ def resolve_lm_head(recipe: Recipe, untied: bool, head_bytes: int = 2) -> Recipe
     fewer (no --bits budget, which the head would exceed) and the layout holds a quantized
     head, the head is stored as int8 per channel if it is untied, or tied to an embedding
     stored in 32 bits (`head_bytes` per weight): such a head is most of a small model's
-    decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 177 MB on the
+    decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 173 MB on the
     default model, whose GGUF embedding converts to fp32). The embedding stays as stored
     and the head becomes its own int8 copy. A tied 16-bit head stays tied: at Llama-3.2-1B's
     shape its int8 copy decoded no faster and made the artifact 25% larger. Blocks with
