@@ -251,13 +251,19 @@ def _dense(t: torch.Tensor, device) -> torch.Tensor:
     return t.to(device, torch.float32)
 
 
-def _to_hugepages(linear) -> None:
-    """A final CPU linear's streamed weights into huge pages (compress/kernels/hugepages.py)."""
-    packed = getattr(linear, "packed", None)
-    if isinstance(packed, PackedLinear):
-        packed.to_hugepages()
-    elif isinstance(linear, DenseLinear):
-        linear.weight = hugepages.place(linear.weight)
+def _to_hugepages(weights: ModelWeights) -> None:
+    """Every linear's streamed weights into huge pages (compress/kernels/hugepages.py),
+    once they are final (a fused q/k/v's parts would leave copies behind); a tied
+    embedding moves with the head it is."""
+    tied = isinstance(weights.lm_head, DenseLinear) and weights.lm_head.weight is weights.embed
+    for linear in weights.linears():
+        packed = getattr(linear, "packed", None)
+        if isinstance(packed, PackedLinear):
+            packed.to_hugepages()
+        elif isinstance(linear, DenseLinear):
+            linear.weight = hugepages.place(linear.weight)
+    if tied:
+        weights.embed = weights.lm_head.weight
 
 
 def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
@@ -368,22 +374,13 @@ def load_weights(
                 post_mlp_norm=opt(adapter.post_mlp_norm),
             )
         )
-        if kernels == "c":  # block by block: a copy of one block at a time is transient
-            routers = () if moe is None else (moe.router, moe.shared_gate)
-            for linear in blocks[-1].linears():
-                if all(linear is not r for r in routers):
-                    _to_hugepages(linear)
     embed = _dense(tensors[f"{adapter.embed}.weight"], device)  # rows widened when looked up
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
         lm_head = _linear(head, tensors, codec, layers, fallbacks, device, kernels)
-        if kernels == "c":
-            _to_hugepages(lm_head)
     else:  # tied: the embedding matrix is the output projection
-        if kernels == "c":
-            embed = hugepages.place(embed)  # streamed whole as the head
         lm_head = DenseLinear(embed)
-    return ModelWeights(
+    weights = ModelWeights(
         shape=shape,
         spec=spec,
         embed=embed,
@@ -393,3 +390,6 @@ def load_weights(
         dense_fallbacks=fallbacks,
         kernels=kernels,
     )
+    if kernels == "c":
+        _to_hugepages(weights)
+    return weights
