@@ -1146,8 +1146,8 @@ typedef struct {
 } QLin;
 
 /* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits, top_k,
- * optional renormalization of the chosen weights; then, expert by expert, the rows routed
- * to it gathered and run through its gate_up and down, so an expert's weights are read
+ * optional renormalization of the chosen weights; then the rows routed to each chosen
+ * expert gathered and run through its gate_up and down, so an expert's weights are read
  * once per step and an unchosen one not at all. */
 typedef struct {
     const float *router;
@@ -1295,13 +1295,14 @@ static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D
 }
 
 /* Floats the experts' scratch takes at batch B (none without experts): router logits and
- * choices, the gathered rows of one expert (fp32, int8 and block scales), its gate/up, the
- * activation's rows and its output. */
+ * choices, then for every (row, chosen expert) pair, B * K rows: its gathered input (fp32,
+ * int8 and block scales), gate/up, activation and output. I: the wider of an expert and a
+ * shared expert. */
 static int64_t moe_workspace(int B, int hidden, int E, int K, int I) {
     if (E == 0) return 0;
-    int64_t hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
-    return (int64_t)B * (E + 2 * K + 2 + hp + hp / 16 + 2 * I + ip + ip / 16 + hidden)
-           + (int64_t)B * (hp + ip) / 4 + 16;
+    int64_t R = (int64_t)B * K, hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
+    return (int64_t)B * E + 2 * (int64_t)B * K + 2 * R
+           + R * (hp + hp / 16 + 2 * (int64_t)I + ip + ip / 16 + hidden) + R * (hp + ip) / 4 + 16;
 }
 
 /* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
@@ -1313,46 +1314,131 @@ int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D,
     return dense_workspace(B, hidden, heads, kv_heads, D, inter) + moe_workspace(B, hidden, E, K, I);
 }
 
+/* One GEMM of a grouped pass: y [M, l->n] = x @ W.T. */
+typedef struct {
+    const QLin *l;
+    const int8_t *x8;
+    const float *dx, *bs, *xf; /* xf: the fp32 rows (stride l->k), for outlier columns */
+    int M;
+    float *y;
+} GemmJob;
+
+/* Several GEMMs in one parallel pass over all their column chunks. The experts a step
+ * chose are small matrices (a batch-1 step of 8 experts top-2 runs four of 0.6-1.2 MB a
+ * layer); one pass over them has one fork and one tail where a pass each has four, and
+ * the cores stream them as one longer GEMV. Every column is computed exactly as
+ * llmp_gemm_q* computes it. Linears with outlier columns or two-term activations run one
+ * by one through qlin. Returns -1 when qlin cannot allocate. */
+static int gemm_jobs(const GemmJob *jobs, int n) {
+    int64_t first[n + 1];
+    first[0] = 0;
+    int grouped = 1;
+    for (int j = 0; j < n; j++) {
+        const QLin *l = jobs[j].l;
+        grouped &= l->n_out == 0 && !l->split;
+        int tiles = (l->n + TW - 1) / TW;
+        first[j + 1] = first[j] + (tiles + CHUNK_TILES - 1) / CHUNK_TILES;
+    }
+    if (!grouped) {
+        for (int j = 0; j < n; j++) {
+            const GemmJob *J = jobs + j;
+            if (qlin(J->l, (int8_t *)J->x8, (float *)J->dx, (float *)J->bs, J->M, J->y, J->xf,
+                     J->l->k))
+                return -1;
+        }
+        return 0;
+    }
+    #pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < first[n]; c++) {
+        int j = 0;
+        while (c >= first[j + 1]) j++;
+        const GemmJob *J = jobs + j;
+        const QLin *l = J->l;
+        int K = l->k, N = l->n, M = J->M, nb = K / 32, ng = K / l->g, bpg = l->g / 32;
+        int tiles = (N + TW - 1) / TW;
+        int64_t tb = (int64_t)nb * 32 * l->bits, t0 = (c - first[j]) * CHUNK_TILES;
+        const uint8_t *w = (const uint8_t *)l->w;
+        for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {
+            int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;
+            for (int64_t t = t0; t < tiles && t < t0 + CHUNK_TILES; t++) {
+                int cols = N - t * TW < TW ? N - (int)t * TW : TW;
+                const float *sc = l->scale + t * ng * TW, *zs = l->zs ? l->zs + t * ng * TW : NULL;
+                const int8_t *x8 = J->x8 + (int64_t)m0 * K;
+                const float *dx = J->dx + (int64_t)m0 * nb, *bs = J->bs + (int64_t)m0 * nb;
+                float *y = J->y + (int64_t)m0 * N + t * TW;
+                if (l->bits == 4) /* two call sites: each inlined for its constant width */
+                    tile_rows(4, w + t * tb, sc, zs, ng, bpg, x8, dx, bs, rows, K, nb, y, N, cols);
+                else
+                    tile_rows(8, w + t * tb, sc, zs, ng, bpg, x8, dx, bs, rows, K, nb, y, N, cols);
+            }
+        }
+    }
+    for (int j = 0; j < n; j++) {
+        const GemmJob *J = jobs + j;
+        if (J->l->bias)
+            for (int m = 0; m < J->M; m++)
+                for (int c = 0; c < J->l->n; c++) J->y[(int64_t)m * J->l->n + c] += J->l->bias[c];
+    }
+    return 0;
+}
+
 /* out [B, hidden] = the experts' MLP of the normed rows xf [B, hp] (quantized: x8/dx/bs).
- * Experts run in index order and add their weighted rows in that order, as the per-op
- * path does. */
+ * The rows routed to each chosen expert are gathered side by side; every chosen expert's
+ * gate_up runs in one grouped pass, the activation over all their rows at once, then every
+ * down in one pass. Experts add their weighted rows in index order, as the per-op path
+ * does. */
 static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
                    const int8_t *x8, const float *dx, const float *bs, float *out, float *w) {
     int E = M->n_experts, K = M->top_k, I = M->inter, S = M->shared ? M->shared_inter : 0;
     int W = I > S ? I : S; /* the scratch holds the wider of an expert and the shared one */
     int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, sp = (S + 31) / 32 * 32;
     int wp = (W + 31) / 32 * 32, nbh = hp / 32, nbi = wp / 32;
-    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + (int64_t)B * K;
-    int32_t *choice = (int32_t *)(rw + B), *rows = choice + (int64_t)B * K;
-    float *gpad = (float *)(rows + B), *gdx = gpad + (int64_t)B * hp, *gbs = gdx + (int64_t)B * nbh;
-    float *gu = gbs + (int64_t)B * nbh, *apad = gu + (int64_t)B * 2 * W;
-    float *adx = apad + (int64_t)B * wp, *abs_ = adx + (int64_t)B * nbi;
-    float *y = abs_ + (int64_t)B * nbi;
-    int8_t *gx8 = (int8_t *)(y + (int64_t)B * hidden), *ax8 = gx8 + (int64_t)B * hp;
+    int64_t R = (int64_t)B * K;
+    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + R;
+    int32_t *choice = (int32_t *)(rw + R), *rows = choice + R;
+    float *gpad = (float *)(rows + R), *gdx = gpad + R * hp, *gbs = gdx + R * nbh;
+    float *gu = gbs + R * nbh, *apad = gu + R * 2 * W;
+    float *adx = apad + R * wp, *abs_ = adx + R * nbi;
+    float *y = abs_ + R * nbi;
+    int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
     llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
-    memset(out, 0, (size_t)B * hidden * sizeof(float));
-    for (int e = 0; e < E; e++) {
-        int n = 0;
+    int starts[E + 1], used[E], n_used = 0, n = 0;
+    GemmJob jobs[E];
+    for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
+        starts[e] = n;
         for (int b = 0; b < B; b++)
             for (int k = 0; k < K; k++)
                 if (choice[(int64_t)b * K + k] == e) rows[n] = b, rw[n++] = cw[(int64_t)b * K + k];
-        if (n == 0) continue;
+        if (n > starts[e]) used[n_used++] = e;
+    }
+    starts[E] = n;
+    for (int i = 0; i < n; i++) {
+        memcpy(gx8 + (int64_t)i * hp, x8 + (int64_t)rows[i] * hp, hp);
+        memcpy(gpad + (int64_t)i * hp, xf + (int64_t)rows[i] * hp, hp * sizeof(float));
+        memcpy(gdx + (int64_t)i * nbh, dx + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+        memcpy(gbs + (int64_t)i * nbh, bs + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+    }
+    for (int u = 0; u < n_used; u++) {
+        int e = used[u], a = starts[e];
         if (M->reads) M->reads[e]++;
-        for (int i = 0; i < n; i++) {
-            memcpy(gx8 + (int64_t)i * hp, x8 + (int64_t)rows[i] * hp, hp);
-            memcpy(gpad + (int64_t)i * hp, xf + (int64_t)rows[i] * hp, hp * sizeof(float));
-            memcpy(gdx + (int64_t)i * nbh, dx + (int64_t)rows[i] * nbh, nbh * sizeof(float));
-            memcpy(gbs + (int64_t)i * nbh, bs + (int64_t)rows[i] * nbh, nbh * sizeof(float));
-        }
-        if (qlin(M->experts + 2 * e, gx8, gdx, gbs, n, gu, gpad, hp)) return -1;
-        llmp_act_mul_quant(gu, n, I, ip, act, apad, ax8, adx, abs_);
-        if (qlin(M->experts + 2 * e + 1, ax8, adx, abs_, n, y, apad, ip)) return -1;
-        for (int64_t i = 0; i < (int64_t)n * hidden; i++) y[i] *= rw[i / hidden];
-        for (int i = 0; i < n; i++) { /* weighted, then added: no fused multiply-add, as torch */
-            float *o = out + (int64_t)rows[i] * hidden;
-            const float *yr = y + (int64_t)i * hidden;
-            for (int d = 0; d < hidden; d++) o[d] += yr[d];
-        }
+        jobs[u] = (GemmJob){M->experts + 2 * e, gx8 + (int64_t)a * hp, gdx + (int64_t)a * nbh,
+                            gbs + (int64_t)a * nbh, gpad + (int64_t)a * hp, starts[e + 1] - a,
+                            gu + (int64_t)a * 2 * I};
+    }
+    if (gemm_jobs(jobs, n_used)) return -1;
+    llmp_act_mul_quant(gu, n, I, ip, act, apad, ax8, adx, abs_);
+    for (int u = 0; u < n_used; u++) {
+        int e = used[u], a = starts[e];
+        jobs[u] = (GemmJob){M->experts + 2 * e + 1, ax8 + (int64_t)a * ip, adx + (int64_t)a * (ip / 32),
+                            abs_ + (int64_t)a * (ip / 32), apad + (int64_t)a * ip,
+                            starts[e + 1] - a, y + (int64_t)a * hidden};
+    }
+    if (gemm_jobs(jobs, n_used)) return -1;
+    memset(out, 0, (size_t)B * hidden * sizeof(float));
+    for (int i = 0; i < n; i++) { /* weighted, then added: no fused multiply-add, as torch */
+        float *o = out + (int64_t)rows[i] * hidden, *yr = y + (int64_t)i * hidden;
+        for (int d = 0; d < hidden; d++) yr[d] *= rw[i];
+        for (int d = 0; d < hidden; d++) o[d] += yr[d];
     }
     if (S == 0) return 0;
     /* the shared expert, every row: gate * shared(x), rounded, then added (as torch) */
