@@ -78,7 +78,9 @@ def test_8bit_weights_are_served_as_they_are_evaluated_exactly(artifacts, text_i
     def served():
         engine = Engine(weights, max_batch=1, max_len=128)
         prompt = engine.model.prefill(ids[:64], engine.cache, 0)[-1:]  # packed (64 rows)
-        assert engine.model.backend.fused is not None  # the decode steps run in one call
+        assert (
+            engine.model.backend.fused.head is not None
+        )  # each decode step, head included, is one call
         steps = [
             engine.model.decode(ids[64 + t : 65 + t], engine.cache, torch.tensor([0]))
             for t in range(15)

@@ -590,10 +590,15 @@ class FusedLayer:
 
 class FusedDecoder:
     """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
-    llmp_decode_layers), for stacks whose linears are all packed weights."""
+    llmp_decode_layers), for stacks whose linears are all packed weights; with `head`
+    (the final norm's weight, a packed lm_head), the logits too."""
 
     def __init__(self, layers: list[FusedLayer], hidden, heads, kv_heads, head_dim, inter,
-                 eps, scale: float, act: str):  # fmt: skip
+                 eps, scale: float, act: str, head: tuple | None = None):  # fmt: skip
+        self.head = None
+        if head is not None:
+            _check_f32(head[0], "final norm")
+            self.head = (head[0], head[1], _qlin(head[1]), head[1].packed.out_features)
         natives = [layer.native() for layer in layers]
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
         self.keep = (layers, natives)  # the tensors and structs the table points into
@@ -615,7 +620,8 @@ class FusedDecoder:
 
     def __call__(self, h, cache, slots, positions) -> torch.Tensor:
         """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
-        or KIVI) receives this step's keys and values."""
+        or KIVI) receives this step's keys and values. Returns the logits [B, vocab] with
+        a head, else h."""
         _check_f32(h, "hidden state")
         slots, positions = slots.contiguous(), positions.contiguous()
         if slots.dtype != torch.int64 or positions.dtype != torch.int64:
@@ -628,14 +634,19 @@ class FusedDecoder:
             floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
             self.work[b] = (torch.empty(floats, dtype=torch.float32), 4 * dense)
         work, moe_offset = self.work[b]
+        head = logits = None
+        if self.head is not None:
+            norm, _, native, vocab = self.head
+            logits = torch.empty(b, vocab)
+            head = (_ptr(norm), ctypes.byref(native), _ptr(logits))
         status = library().llmp_decode_layers(
             self.table, self.n, _ptr(h), b, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), _ptr(slots),
-            _ptr(positions), _ptr(work), _ptr(work) + moe_offset,
+            _ptr(positions), _ptr(work), _ptr(work) + moe_offset, *(head or (None,) * 3),
         )  # fmt: skip
         if status != 0:
             raise MemoryError(
                 "the CPU decoder could not allocate a linear's scratch (outlier columns or "
                 "two-term activations)"
             )
-        return h
+        return h if logits is None else logits

@@ -2,8 +2,8 @@
 
 - CPU ("c"): the C kernels. Layer inputs are quantized to int8 once and shared by the
   packed linears; when every block linear is packed, a whole decode step is one C call
-  (attention included, for every KV-cache class), otherwise each op runs on its own with
-  the C attention.
+  (attention included, for every KV-cache class; a packed head too), otherwise each op
+  runs on its own with the C attention.
 - CUDA ("triton"): the stored weights dequantized inside Triton matmuls, and a Triton
   attention that reads the fp32 or KIVI cache as stored. Under TRITON_INTERPRET=1 the same
   kernels run on CPU tensors, which is how the tests run this backend without a GPU.
@@ -24,12 +24,10 @@ class CpuBackend:
     def __init__(self, weights: ModelWeights, ropes):
         self.fused = _fused_decoder(weights, ropes)
 
-    def decode_layers(self, h, cache: KVCache, slots, positions) -> bool:
-        """Run every block on h [B, hidden] in place, in one C call, when it can."""
-        if self.fused is None:
-            return False
-        self.fused(h, cache, slots, positions)
-        return True
+    def decode(self, h, cache: KVCache, slots, positions):
+        """Every block on h [B, hidden] in one C call, when it can: the logits when the
+        call ran the packed head too, else h (changed in place); None when it cannot."""
+        return None if self.fused is None else self.fused(h, cache, slots, positions)
 
     def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
         """Store this step's k/v, then attend over 0..position (one C call)."""
@@ -43,8 +41,8 @@ class TritonBackend:
     def __init__(self, weights: ModelWeights, ropes):
         pass
 
-    def decode_layers(self, h, cache, slots, positions) -> bool:
-        return False
+    def decode(self, h, cache, slots, positions):
+        return None
 
     def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
         from compress.kernels.triton_attention import decode_attention as triton_attention
@@ -106,7 +104,8 @@ def _fused_decoder(w: ModelWeights, ropes):
     dense = [layer.gate_up.out_features // 2 for layer in w.layers if layer.moe is None]
     inter = max(dense, default=0)
     spec = w.spec
+    head = (w.norm, w.lm_head.fused_form()) if isinstance(w.lm_head, QuantLinear) else None
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,
-        spec.activation,
+        spec.activation, head,
     )  # fmt: skip

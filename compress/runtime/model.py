@@ -202,7 +202,11 @@ class Model:
         return self.backend.int8_activations and not (self.exact and rows > EXACT_ABOVE)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        logits = self.w.lm_head(_norm(h, self.w.norm, self.w.spec.eps, self._packed(len(h))))
+        return self._capped(
+            self.w.lm_head(_norm(h, self.w.norm, self.w.spec.eps, self._packed(len(h))))
+        )
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.w.spec.logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 
@@ -300,7 +304,10 @@ class Model:
         packed = self._packed(b)
         h = self._embed(tokens)
         spec = self.w.spec
-        if not (packed and self.backend.decode_layers(h, cache, slots, positions)):
+        done = self.backend.decode(h, cache, slots, positions) if packed else None
+        if done is not None and done is not h:  # the one call ran the head too
+            return self._capped(done)
+        if done is None:
             for i, layer in enumerate(self.w.layers):
                 q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(

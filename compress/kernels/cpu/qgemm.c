@@ -1128,7 +1128,7 @@ void llmp_decode_attention(const KVC *c, int layer, const float *q, const float 
 /* ---- The whole decode step of a layer stack in one call ------------------------------
  * For models whose block linears are all packed (outlier columns and biases allowed):
  * Python's per-operation overhead is then paid once per step instead of some forty times
- * per layer. Same arithmetic as the per-op path. What differs between families arrives as
+ * per layer. A packed head (and the final norm) runs in the same call, logits out. Same arithmetic as the per-op path. What differs between families arrives as
  * data (compress/model/spec.py's BlockSpec, read by compress/runtime/backends.py): norm
  * weights already in their effective form (gemma's 1 + w), optional q/k and sandwich norms
  * (NULL when absent), biases, each layer's rope tables and sliding window, the attention
@@ -1459,7 +1459,8 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
 int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps, int R,
                         float scale, int act, const KVC *cache, const int64_t *slots,
-                        const int64_t *positions, float *work, float *moe_work) {
+                        const int64_t *positions, float *work, float *moe_work,
+                        const float *final_norm, const QLin *head, float *logits) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = widest_row(hidden, heads, D, inter);
     int nqkv = (heads + 2 * kv_heads) * D;
@@ -1505,5 +1506,9 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
         if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps);
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
     }
-    return l < n_layers ? -1 : 0;
+    if (l < n_layers) return -1;
+    if (head == NULL) return 0;
+    /* the final norm and a packed head: h stays the last block's output */
+    llmp_rmsnorm_quant(h, final_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+    return qlin(head, x8, dx, bs, B, logits, pad, hp);
 }
