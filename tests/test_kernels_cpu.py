@@ -291,3 +291,23 @@ def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
     torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
     if rows <= GEMV_ROWS:
         torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)
+
+
+def test_argmax_is_torchs_choice_ties_and_nan_included():
+    """Greedy decoding's argmax in C: the first of tied maxima and the first NaN, as
+    torch.argmax, at lengths that end inside and outside a vector."""
+    from compress.kernels.cpu import argmax
+
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 9, 64, 49152, 49157)]
+    tied = torch.zeros(37)
+    tied[[5, 20, 33]] = 2.0
+    nan = torch.randn(50, generator=g)
+    nan[[11, 40]] = float("nan")
+    inf = torch.full((19,), float("-inf"))
+    late = torch.randn(1000, generator=g)
+    late[997] = 50.0  # the maximum in the scalar tail
+    for x in [*cases, tied, nan, inf, late, torch.tensor([float("inf"), 1.0, float("inf")])]:
+        assert argmax(x) == int(x.argmax()), x
+    strided = torch.randn(64, generator=g)[::2]  # not contiguous: torch's own
+    assert argmax(strided) == int(strided.argmax())

@@ -112,6 +112,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_sigmoid_gate.restype = None
     lib.llmp_decode_workspace.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
+    lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
+    lib.llmp_argmax.restype = ctypes.c_int64
     for name in (
         "llmp_quantize_rows",
         "llmp_gemm_q4",

@@ -117,6 +117,14 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torc
     return x
 
 
+def argmax(x: torch.Tensor) -> int:
+    """int(x.argmax()) of a 1-D tensor, in C for a contiguous fp32 CPU one (same ties and
+    NaN rule); torch's own otherwise."""
+    if x.dtype != torch.float32 or x.dim() != 1 or x.device.type != "cpu" or not x.is_contiguous():
+        return int(x.argmax())
+    return library().llmp_argmax(x.data_ptr(), x.numel())
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension (fp32), the one-call decoder's own arithmetic, so
     the per-op path and the one-call path round alike."""

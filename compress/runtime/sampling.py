@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.kernels.cpu import argmax
+
 
 @dataclass
 class SamplingParams:
@@ -83,7 +85,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """One token from logits [vocab]."""
     if params.temperature == 0:
-        return int(logits.argmax())
+        return argmax(logits)
     return int(torch.multinomial(probabilities(logits, params), 1, generator=generator))
 
 
