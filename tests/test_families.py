@@ -23,6 +23,7 @@ from compress.model.spec import BlockSpec
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 from compress.runtime.kv_cache import KVCache
+from compress.runtime.linears import QuantLinear
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Model
 from compress.runtime.weights import RUNS, load_weights
@@ -128,16 +129,23 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     prompt = 12
     tokens = ids[0]
 
-    def decode_all(m):
+    def decode_all(m, ids=False):
         cache = KVCache(
             weights.shape.layers, 1, weights.shape.kv_heads, LENGTH, weights.shape.head_dim
         )
         rows = [m.prefill(tokens[:prompt], cache, 0)[-1:]]
         for t in range(prompt, LENGTH - 1):
-            rows.append(m.decode(tokens[t : t + 1], cache, torch.tensor([0])))
+            if ids:  # the engine's call: embedding to logits in C where it can
+                rows.append(m.decode_ids([int(tokens[t])], cache, [0]))
+            else:
+                rows.append(m.decode(tokens[t : t + 1], cache, torch.tensor([0])))
+        assert int(cache.lengths[0]) == LENGTH - 1
         return torch.cat(rows)
 
     fused = decode_all(model)
+    packed_head = isinstance(weights.lm_head, QuantLinear)  # then the step is one C call
+    assert (model.backend.fused.ctx is not None) == packed_head
+    assert torch.equal(decode_all(model, ids=True), fused)
     model.backend.fused = None  # the per-op path: the same C steps, op by op
     per_op = decode_all(model)
     assert (fused - per_op).abs().max() < 1e-4  # measured 0: the same roundings
@@ -458,3 +466,35 @@ def test_the_text_part_of_a_multimodal_gemma3(tmp_path, ids, wikitext):
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
     assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3
+
+
+def test_a_16bit_embedding_is_looked_up_inside_the_one_call_step(models, wikitext, tmp_path, ids):
+    """The engine's decode step (embedding, blocks, head in one C call) widens a bf16
+    embedding's rows as torch does: the same logits as the step from torch's lookup."""
+    recipe = parse_recipe(
+        {
+            "stages": [parse_quant("rtn:w4g32")],
+            "dtype": "bfloat16",
+            "calib": _wikitext_calib(wikitext),
+        }
+    )
+    path = compress(str(models["llama3"]), recipe, tmp_path / "bf16", log=lambda _: None)
+    weights = load_weights(resolve(str(path)), device="cpu")
+    assert weights.embed.dtype == torch.bfloat16
+    model = Model(weights, 32)
+    assert model.backend.fused.ctx is not None
+    tokens = ids[0]
+
+    def run(from_ids):
+        s = weights.shape
+        cache = KVCache(s.layers, 1, s.kv_heads, 32, s.head_dim)
+        model.prefill(tokens[:8], cache, 0)
+        rows = []
+        for t in range(8, 20):
+            if from_ids:
+                rows.append(model.decode_ids([int(tokens[t])], cache, [0]))
+            else:
+                rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0])))
+        return torch.cat(rows)
+
+    assert torch.equal(run(True), run(False))

@@ -99,6 +99,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_decode_attention.restype = None
     lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
+    lib.llmp_decode_tokens.argtypes = [p, p, p, p, i, p, p, p, p, p, p]
+    lib.llmp_decode_tokens.restype = ctypes.c_int
     lib.llmp_decode_workspace.argtypes = [i] * 9
     lib.llmp_gemv_f32.argtypes = [p, i, i, p, i, p]
     lib.llmp_gemv_f32.restype = None

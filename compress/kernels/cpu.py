@@ -596,13 +596,33 @@ class FusedLayer:
         return layer, keep
 
 
+class _DecodeCtx(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.c_void_p),
+        *((name, ctypes.c_int) for name in ("n_layers", "hidden", "heads", "kv_heads", "d")),
+        ("inter", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("rotary", ctypes.c_int),
+        ("scale", ctypes.c_float),
+        ("act", ctypes.c_int),
+        ("final_norm", ctypes.c_void_p),
+        ("head", ctypes.c_void_p),
+        ("embed", ctypes.c_void_p),
+        ("embed_kind", ctypes.c_int),
+        ("embed_scale", ctypes.c_float),
+    ]
+
+
 class FusedDecoder:
     """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
     llmp_decode_layers), for stacks whose linears are all packed weights; with `head`
-    (the final norm's weight, a packed lm_head), the logits too."""
+    (the final norm's weight, a packed lm_head), the logits too; and with `embed` (the
+    embedding, fp32 or 16-bit, and its scale) as well, the whole step from token ids
+    (`from_ids`)."""
 
     def __init__(self, layers: list[FusedLayer], hidden, heads, kv_heads, head_dim, inter,
-                 eps, scale: float, act: str, head: tuple | None = None):  # fmt: skip
+                 eps, scale: float, act: str, head: tuple | None = None,
+                 embed: tuple | None = None):  # fmt: skip
         self.head = None
         if head is not None:
             _check_f32(head[0], "final norm")
@@ -624,7 +644,31 @@ class FusedDecoder:
             raise ValueError("every layer must rotate the same number of dimensions")
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
-        self.work: dict[int, tuple[torch.Tensor, int]] = {}  # workspace, experts' byte offset
+        self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
+        self.ctx = None
+        if self.head is not None and embed is not None:
+            table, embed_scale = embed
+            kind = 0 if table.dtype == torch.float32 else _KIND16.get(table.dtype)
+            if kind is not None and table.is_contiguous() and table.device.type == "cpu":
+                self.embed = table
+                self.ctx = _DecodeCtx(
+                    ctypes.addressof(self.table), self.n, *self.dims, eps, self.rotary, scale,
+                    self.act, _ptr(head[0]), ctypes.addressof(self.head[2]), _ptr(table), kind,
+                    embed_scale,
+                )  # fmt: skip
+
+    def _workspace(self, b: int) -> tuple:
+        """The step's scratch at batch b (allocated once per batch size, not once per step:
+        a fresh megabyte each step is an mmap and its page faults): the workspace, the
+        experts' part of it, and rows of hidden states and positions for `from_ids`."""
+        if b not in self.work:  # the dense part first, the experts' scratch after it
+            lib, dims = library(), (b, *self.dims)
+            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
+            floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
+            work = torch.empty(floats, dtype=torch.float32)
+            rows = torch.empty(b, self.dims[0]), torch.empty(b, dtype=torch.int64)
+            self.work[b] = (work, _ptr(work), _ptr(work) + 4 * dense, rows, *map(_ptr, rows))
+        return self.work[b]
 
     def __call__(self, h, cache, slots, positions) -> torch.Tensor:
         """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
@@ -636,12 +680,7 @@ class FusedDecoder:
             raise TypeError("slots and positions must be int64")
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
-        if b not in self.work:  # the dense part first, the experts' scratch after it
-            lib, dims = library(), (b, hidden, heads, kv_heads, d, inter)
-            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
-            floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
-            self.work[b] = (torch.empty(floats, dtype=torch.float32), 4 * dense)
-        work, moe_offset = self.work[b]
+        _, work, moe_work, *_ = self._workspace(b)
         head = logits = None
         if self.head is not None:
             norm, _, native, vocab = self.head
@@ -650,11 +689,34 @@ class FusedDecoder:
         status = library().llmp_decode_layers(
             self.table, self.n, _ptr(h), b, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), _ptr(slots),
-            _ptr(positions), _ptr(work), _ptr(work) + moe_offset, *(head or (None,) * 3),
+            _ptr(positions), work, moe_work, *(head or (None,) * 3),
         )  # fmt: skip
-        if status != 0:
-            raise MemoryError(
-                "the CPU decoder could not allocate a linear's scratch (outlier columns or "
-                "two-term activations)"
-            )
+        _check_status(status)
         return h if logits is None else logits
+
+    def from_ids(self, tokens: list[int], slots: list[int], cache) -> torch.Tensor:
+        """Logits [B, vocab] for the next token of the sequences in `slots`, whose last
+        tokens are `tokens`, each at position cache.lengths[slot], which then grows by one:
+        embedding, blocks and head in one C call (needs `head` and `embed`)."""
+        b = len(tokens)
+        lengths = cache.lengths
+        if lengths.dtype != torch.int64 or not lengths.is_contiguous():
+            raise TypeError("cache lengths must be a contiguous int64 tensor")
+        *_, work, moe_work, _, h, positions = self._workspace(b)
+        ids = (ctypes.c_int64 * (2 * b))(*tokens, *slots)
+        logits = torch.empty(b, self.head[3])
+        status = library().llmp_decode_tokens(
+            ctypes.byref(self.ctx), ctypes.byref(kv_struct(cache)), ids,
+            ctypes.addressof(ids) + 8 * b, b, lengths.data_ptr(), h, positions, work, moe_work,
+            logits.data_ptr(),
+        )  # fmt: skip
+        _check_status(status)
+        return logits
+
+
+def _check_status(status: int) -> None:
+    if status != 0:
+        raise MemoryError(
+            "the CPU decoder could not allocate a linear's scratch (outlier columns or "
+            "two-term activations)"
+        )

@@ -29,6 +29,13 @@ class CpuBackend:
         call ran the packed head too, else h (changed in place); None when it cannot."""
         return None if self.fused is None else self.fused(h, cache, slots, positions)
 
+    def decode_ids(self, tokens: list[int], slots: list[int], cache: KVCache):
+        """A whole decode step from token ids in one C call (embedding to logits), when
+        the one-call decoder holds the embedding and a packed head; else None."""
+        if self.fused is None or self.fused.ctx is None:
+            return None
+        return self.fused.from_ids(tokens, slots, cache)
+
     def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
         """Store this step's k/v, then attend over 0..position (one C call)."""
         return decode_attention(q, k, v, cache, layer, slots, positions, scale, window)
@@ -42,6 +49,9 @@ class TritonBackend:
         pass
 
     def decode(self, h, cache, slots, positions):
+        return None
+
+    def decode_ids(self, tokens, slots, cache):
         return None
 
     def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
@@ -107,5 +117,5 @@ def _fused_decoder(w: ModelWeights, ropes):
     head = (w.norm, w.lm_head.fused_form()) if isinstance(w.lm_head, QuantLinear) else None
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,
-        spec.activation, head,
+        spec.activation, head, (w.embed, spec.embed_scale),
     )  # fmt: skip

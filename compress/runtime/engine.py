@@ -162,9 +162,8 @@ class Engine:
         if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
             return [*touched, decoding[0]]
         if decoding:
-            slots = torch.tensor([r.slot for r in decoding])
-            last = torch.tensor([r.output[-1] for r in decoding])
-            logits = self.model.decode(last, self.cache, slots)
+            last, slots = [r.output[-1] for r in decoding], [r.slot for r in decoding]
+            logits = self.model.decode_ids(last, self.cache, slots)
             for req, row in zip(decoding, logits, strict=True):
                 self._emit(req, row)
             touched += decoding

@@ -297,6 +297,15 @@ class Model:
         cache.lengths[slots] += 1
         return logits
 
+    def decode_ids(self, tokens: list[int], cache: KVCache, slots: list[int]) -> torch.Tensor:
+        """`decode` from lists of token ids and slots: on the CPU with every linear packed,
+        the step is one C call from embedding to logits."""
+        if self._packed(len(tokens)):
+            logits = self.backend.decode_ids(tokens, slots, cache)
+            if logits is not None:
+                return self._capped(logits)
+        return self.decode(torch.tensor(tokens), cache, torch.tensor(slots))
+
     def _decode_rows(self, tokens, cache: KVCache, slots, positions) -> torch.Tensor:
         """Row b: token b of the sequence in slot b at position b (its k/v stored there)."""
         s, b = self.w.shape, tokens.shape[0]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.kernels.cpu import argmax
 from compress.runtime.kv_cache import FP32, KVCache
 from compress.runtime.model import Model
 from compress.runtime.sampling import SamplingParams, probabilities
@@ -80,7 +81,6 @@ class DraftModelProposer:
             keep += 1
         self.fed = self.fed[:keep]
         self.cache.lengths[0] = keep
-        slot = torch.tensor([0])
         if keep < len(context) - 1:
             missing = context[keep:-1]
             self.model.prefill(torch.tensor(missing), self.cache, 0, start=keep, last_only=True)
@@ -88,10 +88,10 @@ class DraftModelProposer:
         room = self.cache.max_len - len(self.fed) - 1
         tokens, probs, last = [], [], context[-1]
         for _ in range(max(0, min(k, room))):
-            logits = self.model.decode(torch.tensor([last]), self.cache, slot)[0]
+            logits = self.model.decode_ids([last], self.cache, [0])[0]
             self.fed.append(last)
             if params.temperature == 0:
-                token = int(logits.argmax())
+                token = argmax(logits)
             else:
                 p = probabilities(logits, params)
                 token = int(torch.multinomial(p, 1, generator=generator))

@@ -1542,3 +1542,47 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
     llmp_rmsnorm_quant(h, final_norm, eps, B, hidden, hp, pad, x8, dx, bs);
     return qlin(head, x8, dx, bs, B, logits, pad, hp);
 }
+
+/* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
+ * at load. The embedding is fp32 (kind 0), bf16 (1) or fp16 (2), rows times embed_scale. */
+typedef struct {
+    const QLayer *layers;
+    int n_layers, hidden, heads, kv_heads, D, inter;
+    float eps;
+    int R;
+    float scale;
+    int act;
+    const float *final_norm;
+    const QLin *head;
+    const void *embed;
+    int embed_kind;
+    float embed_scale;
+} DecodeCtx;
+
+/* logits [B, vocab] for the next token of the sequences in `slots`, whose last tokens are
+ * `tokens`: each at position lengths[slot], whose k/v it stores; lengths[slot] then grows
+ * by one. h [B, hidden] and positions [B] are scratch. One call where Python otherwise
+ * makes a dozen torch operations, each slow after the step has streamed the weights
+ * through the caches (cold code and data: 50-150 us each). */
+int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *tokens,
+                       const int64_t *slots, int B, int64_t *lengths, float *h,
+                       int64_t *positions, float *work, float *moe_work, float *logits) {
+    int H = c->hidden;
+    for (int b = 0; b < B; b++) {
+        positions[b] = lengths[slots[b]];
+        float *row = h + (int64_t)b * H;
+        if (c->embed_kind == 0) {
+            const float *e = (const float *)c->embed + tokens[b] * H;
+            for (int d = 0; d < H; d++) row[d] = e[d] * c->embed_scale;
+        } else {
+            const uint16_t *e = (const uint16_t *)c->embed + tokens[b] * H;
+            for (int d = 0; d < H; d++) row[d] = widen16(e[d], c->embed_kind) * c->embed_scale;
+        }
+    }
+    if (llmp_decode_layers(c->layers, c->n_layers, h, B, H, c->heads, c->kv_heads, c->D,
+                           c->inter, c->eps, c->R, c->scale, c->act, cache, slots, positions,
+                           work, moe_work, c->final_norm, c->head, logits))
+        return -1;
+    for (int b = 0; b < B; b++) lengths[slots[b]]++;
+    return 0;
+}
