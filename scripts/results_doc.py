@@ -816,6 +816,28 @@ def hugepages(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def decode_step(d: dict) -> list[str]:
+    names = list(d["rows"][0]["ms_per_step"])
+    body = [
+        [r["artifact"], *(f(r["ms_per_step"][n], 2) for n in names),
+         *(f"{r['speedup'][n]:.3f}x" for n in names[1:])]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        "Batch-1 decode steps of the same weights in one process, steps alternating: the "
+        "one-call decoder with the embedding lookup, final norm, head call and sampling's "
+        "argmax as torch operations around it (`blocks in C`), with the norm and packed "
+        "head inside the call (`head in C`), and one call from token ids to logits with "
+        "the argmax in C (`ids to logits in C`, what the engine runs); medians per step. "
+        "`default-w4`: the default model at rtn:w4g64 with an int8 lm_head; "
+        "`qwen3_moe-w4`: benchmarks/families.py's realistic-width model at its recipe. "
+        "CPU: " + d["cpu"] + f", {d['threads']} threads.",
+        "",
+        *table(["artifact", *(f"{n} ms/step" for n in names),
+                *(f"{n} speedup" for n in names[1:])], body),
+    ]  # fmt: skip
+
+
 def lm_head(d: dict) -> list[str]:
     body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
     return [
@@ -1038,6 +1060,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Weights in huge pages",
         "benchmarks/hugepages.py",
         hugepages,
+    ),
+    (
+        "decode_step.json",
+        "What a decode step leaves outside C",
+        "benchmarks/decode_step.py",
+        decode_step,
     ),
     (
         "kernel_ab.json",
