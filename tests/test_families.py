@@ -498,3 +498,9 @@ def test_a_16bit_embedding_is_looked_up_inside_the_one_call_step(models, wikitex
         return torch.cat(rows)
 
     assert torch.equal(run(True), run(False))
+    s = weights.shape
+    cache = KVCache(s.layers, 1, s.kv_heads, 32, s.head_dim)
+    rows = weights.embed.shape[0]
+    for tokens, slots in (([rows], [0]), ([-1], [0]), ([1], [1])):  # refused, not read
+        with pytest.raises(IndexError):
+            model.decode_ids(tokens, cache, slots)

@@ -702,6 +702,9 @@ class FusedDecoder:
         lengths = cache.lengths
         if lengths.dtype != torch.int64 or not lengths.is_contiguous():
             raise TypeError("cache lengths must be a contiguous int64 tensor")
+        rows, n_slots = self.embed.shape[0], lengths.numel()  # C would read past them
+        if not all(0 <= t < rows for t in tokens) or not all(0 <= s < n_slots for s in slots):
+            raise IndexError(f"token ids {tokens} or slots {slots} out of range")
         *_, work, moe_work, _, h, positions = self._workspace(b)
         ids = (ctypes.c_int64 * (2 * b))(*tokens, *slots)
         logits = torch.empty(b, self.head[3])
