@@ -17,7 +17,8 @@ runtime's exact logits against transformers' forward on the artifact's weights i
 its logits' max |diff| to the runtime's (for MoE transformers keeps the dequantized fused
 experts in bf16, so that figure is bf16 rounding); the manifest's vLLM verdict; and
 `llmpress bench --batch 1` decode tokens/s and MBU (bytes actually read: for MoE, the
-experts routing chose), the median of three runs. AWQ and GPTQ per family are covered at
+experts routing chose), the median of `--rounds` runs, each round benching every family
+once. AWQ and GPTQ per family are covered at
 tiny width by tests/test_families.py (their KL is printed here from the tiny models too).
 
 Anchors, rounds interleaved (medians): the qwen2 row against the same shape without
@@ -154,24 +155,33 @@ def compress_cli(src: Path, out: Path, *extra: str) -> float:
     return time.perf_counter() - t
 
 
-def bench_cli(artifact: Path, work: Path, repeats: int = 3) -> dict:
-    """`llmpress bench --batch 1`, `repeats` times: the run with the median tok/s (one
-    run of a second's decoding moves by 10-20% on a shared machine)."""
-    runs = []
-    for _ in range(repeats):
-        out = work / "bench.json"
-        run([*LLMPRESS, "bench", str(artifact), "--batch", "1", "--prompt-len", "32",
-             "--output-len", "128", "--json", str(out)])  # fmt: skip
-        record = json.loads(out.read_text())
-        row = record["results"][0]
-        runs.append((row["tokens_per_s"], row["mbu"], record["bandwidth_bytes_per_s"]))
-    tok_s, mbu, bandwidth = sorted(runs)[len(runs) // 2]
-    return {
-        "tok_s": tok_s,
-        "mbu": mbu,
-        "bandwidth": bandwidth,
-        "runs_tok_s": [round(r[0], 1) for r in runs],
-    }
+def bench_cli(artifact: Path, work: Path) -> tuple[float, float, float]:
+    """One `llmpress bench --batch 1`: (tok/s, MBU, the bandwidth it measured)."""
+    out = work / "bench.json"
+    run([*LLMPRESS, "bench", str(artifact), "--batch", "1", "--prompt-len", "32",
+         "--output-len", "128", "--json", str(out)])  # fmt: skip
+    record = json.loads(out.read_text())
+    row = record["results"][0]
+    return row["tokens_per_s"], row["mbu"], record["bandwidth_bytes_per_s"]
+
+
+def bench_rounds(artifacts: dict[str, Path], work: Path, rounds: int, log) -> dict[str, dict]:
+    """`rounds` rounds, each benching every family once (alternate rounds in reverse
+    order), and per family the run with the median tok/s: a neighbour's burst then slows
+    one run of many families, not every run of one (a second's decoding moves by 10-20%
+    on a shared machine, and a burst once put one family's three runs at 7-47 tok/s)."""
+    runs: dict[str, list] = {name: [] for name in artifacts}
+    for r in range(rounds):
+        order = list(artifacts) if r % 2 == 0 else list(artifacts)[::-1]
+        for name in order:
+            runs[name].append(bench_cli(artifacts[name], work))
+        log(f"bench round {r + 1}: " + ", ".join(f"{n} {runs[n][-1][0]:.1f}" for n in order))
+    out = {}
+    for name, rs in runs.items():
+        tok_s, mbu, bandwidth = sorted(rs)[len(rs) // 2]
+        out[name] = {"tok_s": tok_s, "mbu": mbu, "bandwidth": bandwidth,
+                     "runs_tok_s": [round(x[0], 1) for x in rs]}  # fmt: skip
+    return out
 
 
 def logits_check(artifact: Path) -> dict:
@@ -199,18 +209,18 @@ def logits_check(artifact: Path) -> dict:
             "logit_std": want.std().item()}  # fmt: skip
 
 
-def family_row(name: str, work: Path, log) -> dict:
+def family_row(name: str, work: Path, log) -> tuple[dict, Path]:
+    """The row's checks, and its artifact (benched later, in rounds with the others)."""
     src, art = work / f"{name}-src", work / f"{name}-w4g64"
     write_model(src, name)
     row = {"family": name, "compress_s": round(compress_cli(src, art), 1)}
     manifest = json.loads((art / "manifest.json").read_text())
     row["vllm"] = manifest["engines"].get("vllm", ["?"])
     row.update(logits_check(art))
-    row.update(bench_cli(art, work))
     row["params"] = manifest.get("weights", {}).get("parameters")
     log(f"{name}: {row}")
     shutil.rmtree(src)
-    return row
+    return row, art
 
 
 def tiny_quality(work: Path) -> dict:
@@ -356,11 +366,18 @@ def main() -> None:
     (HERE / "work").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=HERE / "work") as tmp:
         work = Path(tmp)
-        done = {row["family"] for row in record["rows"]}
+        done = {row["family"] for row in record["rows"] if "tok_s" in row}
+        record["rows"] = [row for row in record["rows"] if "tok_s" in row]
+        artifacts = {}
         for name in args.families.split(","):
             if name not in done:
-                record["rows"].append(family_row(name, work, print))
+                row, artifacts[name] = family_row(name, work, print)
+                record["rows"].append(row)
                 save()
+        speeds = bench_rounds(artifacts, work, args.rounds, print)
+        for row in record["rows"]:
+            row.update(speeds.get(row["family"], {}))
+        save()
         if not record["tiny_kl"]:
             record["tiny_kl"] = tiny_quality(work)
             save()
@@ -381,10 +398,11 @@ def markdown(record: dict) -> str:
         kl = record["tiny_kl"].get(row["family"], {})
         kls = " / ".join(f"{kl[m]:.4f}" for m in ("rtn", "awq", "gptq") if m in kl)
         vllm = "✔" if not row["vllm"] else "✘ " + "; ".join(row["vllm"])[:80]
+        speed = f"{row['tok_s']:.1f} ({100 * row['mbu']:.0f}%)" if "tok_s" in row else "–"
         lines.append(
             f"| {row['family']} | ✔ ({kls}) | {row['max_logit_diff']:.1e} "
             f"| ✔ ({row.get('from_pretrained_diff', float('nan')):.1e}) | {vllm} "
-            f"| {row['tok_s']:.1f} ({100 * row['mbu']:.0f}%) |"
+            f"| {speed} |"
         )
     a = record.get("anchors")
     if a:
