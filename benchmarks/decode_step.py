@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -30,51 +28,43 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_decode import cpu_flags
 from hugepages import default_artifact, family_artifact
+from interleave import running_engine, step_medians
 
 import compress.runtime.sampling as sampling
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
-from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import kv_scheme
-from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("blocks in C", "head in C", "ids to logits in C")
 
 
-def _engine(weights, scheme, variant: str) -> Engine:
-    e = Engine(weights, 1, 400, scheme, prefill_tokens=32)
+def _engine(weights, scheme, variant: str):
+    e = running_engine(weights, scheme)
     fused = e.model.backend.fused
     if fused is None or fused.ctx is None:
         raise SystemExit("this artifact has no packed head: nothing to compare")
-    if variant != VARIANTS[2]:
+    if variant != VARIANTS[2]:  # later steps take the path chosen here
         fused.ctx = None
     if variant == VARIANTS[0]:
         fused.head = None
-    e.submit(Request(list(range(100, 132)), SamplingParams(max_tokens=300, ignore_eos=True)))
-    e.step()  # prefill
-    e.step()
     return e
 
 
 def alternate(artifact: Path, steps: int) -> dict:
     ckpt = resolve(str(artifact))
     weights, scheme = load_weights(ckpt), kv_scheme(None, ckpt.config)
-    c_argmax = sampling.argmax
-    argmaxes = {VARIANTS[0]: lambda x: int(x.argmax()), VARIANTS[1]: lambda x: int(x.argmax())}
-    engines = {v: _engine(weights, scheme, v) for v in VARIANTS}
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for i in range(steps):
-        for v in VARIANTS if i % 2 else VARIANTS[::-1]:
-            if engines[v].idle:
-                engines[v] = _engine(weights, scheme, v)
-            sampling.argmax = argmaxes.get(v, c_argmax)
-            t = time.perf_counter()
-            engines[v].step()
-            times[v].append(time.perf_counter() - t)
-    sampling.argmax = c_argmax
-    med = {v: statistics.median(t) * 1e3 for v, t in times.items()}
+    c_argmax, torch_argmax = sampling.argmax, lambda x: int(x.argmax())
+
+    def before(variant: str) -> None:  # the argmax in C only with the one-call step
+        sampling.argmax = c_argmax if variant == VARIANTS[2] else torch_argmax
+
+    fresh = {v: (lambda v=v: _engine(weights, scheme, v)) for v in VARIANTS}
+    try:
+        med = step_medians(fresh, steps, before)
+    finally:
+        sampling.argmax = c_argmax
     return {
         "artifact": artifact.name,
         "steps": steps,

@@ -17,25 +17,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_decode import cpu_flags
+from interleave import running_engine, step_medians
 
 from compress.kernels import hugepages
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
-from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import kv_scheme
-from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
@@ -71,26 +68,8 @@ def alternate(artifact: Path, steps: int, batch: int) -> dict:
     ckpt = resolve(str(artifact))
     scheme = kv_scheme(None, ckpt.config)
     weights = {"4 KB pages": loaded(artifact, False), "2 MB pages": loaded(artifact, True)}
-
-    def fresh(w) -> Engine:
-        e = Engine(w, batch, 400, scheme, prefill_tokens=32 * batch)
-        params = SamplingParams(max_tokens=300, ignore_eos=True)
-        for b in range(batch):
-            e.submit(Request(list(range(100 + b, 132 + b)), params))
-        e.step()  # prefill
-        e.step()
-        return e
-
-    engines = {k: fresh(w) for k, w in weights.items()}
-    times: dict[str, list[float]] = {k: [] for k in weights}
-    for i in range(steps):
-        for k in list(weights) if i % 2 else list(weights)[::-1]:
-            if engines[k].idle:
-                engines[k] = fresh(weights[k])
-            t = time.perf_counter()
-            engines[k].step()
-            times[k].append(time.perf_counter() - t)
-    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    fresh = {k: (lambda w=w: running_engine(w, scheme, batch)) for k, w in weights.items()}
+    med = step_medians(fresh, steps)
     return {
         "artifact": artifact.name,
         "batch": batch,

@@ -1158,8 +1158,9 @@ void llmp_decode_attention(const KVC *c, int layer, const float *q, const float 
 /* ---- The whole decode step of a layer stack in one call ------------------------------
  * For models whose block linears are all packed (outlier columns and biases allowed):
  * Python's per-operation overhead is then paid once per step instead of some forty times
- * per layer. A packed head (and the final norm) runs in the same call, logits out. Same arithmetic as the per-op path. What differs between families arrives as
- * data (compress/model/spec.py's BlockSpec, read by compress/runtime/backends.py): norm
+ * per layer. A packed head (and the final norm) runs in the same call, logits out. Same
+ * arithmetic as the per-op path. What differs between families arrives as data
+ * (compress/model/spec.py's BlockSpec, read by compress/runtime/backends.py): norm
  * weights already in their effective form (gemma's 1 + w), optional q/k and sandwich norms
  * (NULL when absent), biases, each layer's rope tables and sliding window, the attention
  * scale and the activation. */
