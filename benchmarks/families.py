@@ -307,7 +307,7 @@ def anchors(work: Path, bin_dir: Path | None, rounds: int, log) -> dict:
         runs["llama.cpp Q4_0"] = []
     for r in range(rounds):
         for label, art in arts.items():
-            runs[label].append(bench_cli(art, work)["tok_s"])
+            runs[label].append(bench_cli(art, work)[0])
         if gguf:
             runs["llama.cpp Q4_0"].append(llama_bench(bin_dir, gguf))
         log(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items()))
