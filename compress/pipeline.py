@@ -151,11 +151,11 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     if writer_rank:
         clean_stale(output, log)
     model_stages, stages, after = _split(recipe.build())
-    if distributed.world() > 1 and (model_stages or after):
-        names = ", ".join(st.name for st in [*model_stages, *after])
+    single = [st.name for st in [*model_stages, *after] if not st.data_parallel]
+    if distributed.world() > 1 and single:
         raise LlmpressError(
-            f"{names} run(s) on the whole model in one process: run this recipe without "
-            "torchrun (the block stages alone run on several)"
+            f"{', '.join(single)} run(s) on the whole model in one process: run this recipe "
+            "without torchrun (the block stages, prune and distill run on several)"
         )
     started = time.perf_counter()
     ckpt = source = distributed.first_then_rest(lambda: _source(model, output))
@@ -227,6 +227,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         )  # fmt: skip
     run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
     run.after, run.resume, run.estimate = after, resume, estimated
+    run.work = work_dir(output)
     try:
         _run_stages(run, samples)
     except BaseException:
@@ -234,7 +235,9 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
             writer.abort()
         raise
     if model_stages or after:
-        shutil.rmtree(work_dir(output), ignore_errors=True)
+        distributed.barrier()  # every rank has read the model the model stages saved there
+        if writer_rank:
+            shutil.rmtree(work_dir(output), ignore_errors=True)
     distributed.barrier()  # the artifact is in place before any rank returns
     log(f"wrote {output} in {time.perf_counter() - started:.1f} s")
     return output
@@ -346,14 +349,14 @@ def run_model_stages(
     """Run the whole-model stages on `device` and save their result as a checkpoint the
     block walk reads (the source itself when none changed the weights); also the per-linear
     schemes they chose."""
-    import json
 
     from compress.calib_data.prepare import load_calibration as load_text
     from compress.stage import ModelContext
 
     clock = _Clock(timing)
-    if not resume:
+    if not resume and distributed.is_writer():  # under torchrun rank 0 alone writes here
         shutil.rmtree(folder, ignore_errors=True)
+    distributed.barrier()
     folder.mkdir(parents=True, exist_ok=True)
     with clock("load model"):
         teacher = load_model(source).to(device)
@@ -379,20 +382,29 @@ def run_model_stages(
     if not any(stage.changes_model for stage in stages):
         return source, records, ctx.schemes
     out = folder / "model"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir()
     state = {k: v.contiguous().cpu() for k, v in ctx.model.state_dict().items()}
     teacher = ctx.model = ctx.teacher = None  # the device's memory goes back to the walk
-    if ctx.config.get("tie_word_embeddings"):
+    if distributed.is_writer():  # every rank holds the same model: rank 0 saves it
+        _save_model(state, ctx.config, source, tokenizer, out)
+    distributed.barrier()
+    return resolve(str(out)), records, ctx.schemes
+
+
+def _save_model(state: dict, config: dict, source, tokenizer, out: Path) -> None:
+    """The model the model stages made, as a checkpoint the block walk reads."""
+    import json
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    if config.get("tie_word_embeddings"):
         state.pop(f"{source.adapter.lm_head}.weight", None)
     save_file(state, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(ctx.config, indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "llmpress_source.json").write_text(json.dumps({"sha256": source.sha256}))
     tokenizer.save_pretrained(str(out))
     for name in ("generation_config.json", "chat_template.jinja"):
         if (source.path / name).is_file():
             shutil.copy2(source.path / name, out / name)
-    return resolve(str(out)), records, ctx.schemes
 
 
 def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
@@ -409,7 +421,7 @@ def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
         with torch.no_grad():
             for name, tensor in ws.updated.items():
                 student.get_parameter(name).copy_(tensor.float())
-    folder = work_dir(run.writer.out)
+    folder = run.work
     folder.mkdir(parents=True, exist_ok=True)
     ctx = ModelContext(
         teacher=teacher,
@@ -464,6 +476,7 @@ class _Run:
     after: list = field(default_factory=list)  # whole-model stages on the quantized model
     resume: bool = False
     estimate: dict = field(default_factory=dict)  # seconds per part, said before the run
+    work: Path | None = None  # where the whole-model stages after the walk checkpoint
 
 
 def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
@@ -512,7 +525,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     if run.after:
         run.records = run.records + repair_quantized(run, samples)
         with clock("write"):
-            for i in range(ws.num_layers):
+            for i in range(ws.num_layers if run.writer else 0):
                 run.writer.add_block(i)
     if run.writer is None:  # a rank that does not write is done
         return

@@ -314,6 +314,8 @@ class ModelStage(Protocol):
     name: ClassVar[str]
     needs_calibration: ClassVar[bool]
     whole_model: ClassVar[bool]
+    # runs under torchrun: its statistics summed over the ranks, or its training as DDP
+    data_parallel: ClassVar[bool]
 
     def preflight(self, config: dict) -> None:
         """Refuse, before any work, what this stage cannot do to a model with `config`."""

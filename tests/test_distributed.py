@@ -77,12 +77,62 @@ def test_two_ranks_write_the_one_process_artifact(tmp_path, family, wikitext):
     assert manifests[0].get("experts") == manifests[1].get("experts")
 
 
-def test_whole_model_stages_refuse_several_processes(tmp_path, monkeypatch):
-    """prune, distill and mixed precision see the whole model in one process: under
-    torchrun they are refused in one line before any work."""
+def test_mixed_precision_refuses_several_processes(tmp_path, monkeypatch):
+    """mixed precision's sensitivities see the whole model in one process: under torchrun
+    it is refused in one line before any work."""
     monkeypatch.setattr("compress.distributed.world", lambda: 2)
     monkeypatch.setattr("compress.distributed.rank", lambda: 0)
-    recipe = parse_recipe({"stages": [{"prune": {"layers": 20}}, {"rtn": {}}]})
-    with pytest.raises(LlmpressError, match="without torchrun"):
+    recipe = parse_recipe({"stages": [{"mixed": {}}, {"rtn": {}}]})
+    with pytest.raises(LlmpressError, match=r"mixed run\(s\) on the whole model.*without torchrun"):
         compress("default", recipe, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+def _torchrun(model: Path, out: Path, recipe: Path, ranks: int = 2):
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+         "--master-port", str(_free_port()), "-m", "compress", "compress", str(model),
+         "-o", str(out), "--recipe", str(recipe), "--device", "cpu"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+
+
+# the repair of a pruned model (every weight trains) and of a quantized one (its scales
+# and zero points train, the integers fixed)
+REPAIRS = {
+    "pruned": [{"prune": {"mlp": 0.5}}, {"distill": {"tokens": 6 * 4 * 48, "batch": 4}}],
+    "quantized": [{"rtn": {}}, {"distill": {"tokens": 6 * 4 * 48, "batch": 4}}],
+}
+
+
+@pytest.mark.parametrize("repair", REPAIRS)
+def test_two_ranks_repair_as_one_process(tmp_path, repair, wikitext):
+    """prune's scores are summed over the ranks (the one process's, bit for bit) and the
+    repair trains as DDP, each rank on half of every batch: the same steps, to float
+    rounding (DDP sums the gradients in another order)."""
+    model = write_family(tmp_path / "llama3", "llama3", resolve("default").path)
+    calib = tmp_path / "calib.txt"
+    calib.write_text((wikitext / "valid.txt").read_text(encoding="utf-8")[:40000])
+    recipe = {
+        "stages": REPAIRS[repair],
+        "calib": {"source": str(calib), "samples": 32, "length": 48},
+    }
+    (tmp_path / "recipe.json").write_text(json.dumps(recipe))
+    one = compress(str(model), parse_recipe(recipe), tmp_path / "one", log=lambda _: None)
+    run = _torchrun(model, tmp_path / "two", tmp_path / "recipe.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("wrote ") == 1
+    manifests = [json.loads((f / "manifest.json").read_text()) for f in (one, tmp_path / "two")]
+    stages = [{s["stage"]: s for s in m["stages"]} for m in manifests]
+    if repair == "pruned":
+        assert stages[0]["prune"]["importance"] == stages[1]["prune"]["importance"]
+    losses = [[kl for _, kl in s["distill"]["loss_history"]] for s in stages]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    a, b = _artifact(one), _artifact(tmp_path / "two")
+    assert a.keys() == b.keys()
+    for key in a:
+        if a[key].is_floating_point():
+            torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=1e-5, msg=key)
+        else:  # integer codes: the repair trains scales around them, never the codes
+            assert torch.equal(a[key], b[key]), key

@@ -8,6 +8,11 @@ kept hidden channels). AdamW, linear warm-up then cosine decay.
 Every step's batch is a function of the step number and the seed alone, and a checkpoint
 holds the student, the optimizer and the step, so a run killed at any point and resumed
 from its last checkpoint computes exactly what the uninterrupted run would have.
+
+Under torchrun the student trains as torch's DistributedDataParallel: each rank takes
+every world-th sequence of the step's batch, its loss weighted by its share, and DDP
+averages the gradients, so every rank takes the one process's step (to float rounding:
+the sums run in another order) and holds the same student. Rank 0 logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from compress import distributed
 from compress.errors import LlmpressError, first_line
 from compress.model.adapters import LLAMA, Adapter
 
@@ -139,6 +145,11 @@ def distill(
 ) -> dict:
     """Train `student` toward `teacher` on token samples `data` [n, length]; returns a record.
     `param_groups` (optimizer groups, each with its lr) trains only those parameters."""
+    if s.batch < distributed.world():
+        raise LlmpressError(
+            f"distill.batch {s.batch} is smaller than the {distributed.world()} processes: "
+            f"raise it to at least {distributed.world()}, or start fewer"
+        )
     torch.manual_seed(s.seed)
     teacher.eval().requires_grad_(False)
     student.train()
@@ -155,8 +166,8 @@ def distill(
     started = time.perf_counter()
     with _layer_outputs(student, teacher, adapter, s.hidden_weight > 0) as grab:
         step, stopped, done_tokens = _train(
-            student, teacher, data, s, opt, sched, params, history, start, grab,
-            layer_map, hidden_index,
+            _data_parallel(student), teacher, data, s, opt, sched, params, history, start,
+            grab, layer_map, hidden_index,
             lambda step: _save(ckpt_path, _state(run_id, step, student, opt, sched, history)),
         )  # fmt: skip
     student.eval().requires_grad_(False)
@@ -172,6 +183,21 @@ def distill(
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "loss_history": history,
     }
+
+
+def _data_parallel(student):
+    """The student as DDP under torchrun (itself in one process). Unused parameters are
+    looked for: an MoE expert no token of a rank's rows chose gets no gradient there."""
+    if distributed.world() == 1:
+        return student
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = next(student.parameters()).device
+    return DistributedDataParallel(
+        student,
+        device_ids=[device] if device.type == "cuda" else None,
+        find_unused_parameters=True,
+    )
 
 
 def _trainable(student, adapter: Adapter, train_embeddings: bool) -> list:
@@ -250,30 +276,42 @@ def _train(student, teacher, data, s, opt, sched, params, history, start, grab, 
     """The steps from `start`: (last step, why it stopped, tokens trained on)."""
     started, done_tokens = time.perf_counter(), 0
     device = next(student.parameters()).device  # the samples stay in host memory
-    bar = tqdm(range(start, s.steps), desc="distill", unit="step", initial=start, total=s.steps)
+    rank, world, writer = distributed.rank(), distributed.world(), distributed.is_writer()
+    bar = tqdm(range(start, s.steps), desc="distill", unit="step", initial=start, total=s.steps,
+               disable=not writer)  # fmt: skip
     for step in bar:
-        if s.max_seconds is not None and time.perf_counter() - started > s.max_seconds:
+        if _out_of_time(s, started):
             return step, "time", done_tokens
-        ids = data[batch_indices(step, s.batch, data.shape[0], s.seed)].to(device)
+        mine = batch_indices(step, s.batch, data.shape[0], s.seed)[rank::world]
+        ids = data[mine].to(device)
         with torch.no_grad():
             t_logits = teacher(input_ids=ids, use_cache=False).logits
         t_hidden = grab[1].take() if grab else None
         s_logits = student(input_ids=ids, use_cache=False).logits
         loss = kd_loss(s_logits, t_logits, s.temperature)
-        kd = loss.item()
+        share = len(mine) / s.batch  # of the batch: DDP's mean over ranks makes the sum
+        (kd,) = distributed.sum_floats(loss.item() * share)
         if grab:
             loss = loss + s.hidden_weight * hidden_loss(
                 grab[0].take(), t_hidden, layer_map, hidden_index
             )
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (loss * (share * world) if world > 1 else loss).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        done_tokens += ids.numel()
+        done_tokens += s.batch * ids.shape[1]
         history.append([step, round(kd, 5)])
         rate = done_tokens / (time.perf_counter() - started)
         bar.set_postfix(kl=f"{kd:.4f}", tok_s=f"{rate:.0f}", lr=f"{sched.get_last_lr()[0]:.2e}")
-        if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps:
+        if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps and writer:
             checkpoint(step + 1)
     return s.steps, "tokens", done_tokens
+
+
+def _out_of_time(s: DistillSettings, started: float) -> bool:
+    """Whether the time budget ran out, on any rank: the ranks stop at the same step."""
+    if s.max_seconds is None:
+        return False
+    late = time.perf_counter() - started > s.max_seconds
+    return distributed.sum_floats(float(late))[0] > 0

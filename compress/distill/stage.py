@@ -80,6 +80,7 @@ class Distill(Described):
 
     needs_calibration = True
     whole_model = True
+    data_parallel = True  # the repair trains as DDP under torchrun
     requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why
     repairs_quantized = True  # may also come last, after the quantizing stages
 

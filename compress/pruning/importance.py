@@ -9,6 +9,9 @@ it, and an expert by the RMS over all tokens of its routing-weighted output. Hid
 channels are scored by the RMS of every normalization's output in that channel, summed.
 Layers get block influence, 1 − cos(input, output), and, when layers are to be removed,
 the KL divergence of the model's output when that layer alone is skipped.
+
+Under torchrun the samples are sharded over the ranks and the sums added in float64, so
+every rank gets the one process's scores; the layer-removal KL runs whole on each.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
+
+from compress import distributed
 
 
 @dataclass
@@ -121,19 +126,25 @@ def activation_importance(
         handles.append(block.register_forward_hook(on_block(i), with_kwargs=True))
     final = model.get_submodule(adapter.final_norm)
     handles.append(final.register_forward_hook(on_norm(2 * n_layers)))
+    # under torchrun each rank runs whole chunks of its shard: the one process's forwards
+    mine = samples[list(distributed.Shard.of(samples.shape[0], chunk).indices)]
     try:
-        for lo in tqdm(range(0, samples.shape[0], chunk), desc="importance", unit="chunk"):
-            model(input_ids=samples[lo : lo + chunk].to(dev), use_cache=False)
+        bar = tqdm(range(0, mine.shape[0], chunk), desc="importance", unit="chunk",
+                   disable=not distributed.is_writer())  # fmt: skip
+        for lo in bar:
+            model(input_ids=mine[lo : lo + chunk].to(dev), use_cache=False)
     finally:
         for h in handles:
             h.remove()
+    for total in (head_sq, mlp_sq, hidden_sq, cos_sum):  # float64: exact in any order
+        distributed.all_sum(total)
     tokens = samples.numel()
     experts = None
     if widths.experts:
         contributions = []
         for block in layers:
             (moe,) = moe_modules(block)
-            contributions.append(moe.contributions)
+            contributions.append(distributed.all_sum(moe.contributions))
             moe.contributions = None
         experts = (torch.stack(contributions) / tokens).sqrt().float().cpu()
 

@@ -106,6 +106,7 @@ class Prune(Described):
 
     needs_calibration = True
     whole_model = True
+    data_parallel = True  # its scores summed over the ranks
 
     def work(self, load) -> float:
         """Scoring every unit (one pass), and the layer-removal KL: each layer's removal

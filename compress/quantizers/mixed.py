@@ -203,6 +203,7 @@ class Mixed(Described):
 
     needs_calibration = True
     whole_model = True
+    data_parallel = False  # its sensitivities see the whole model in one process
     changes_model = False
     plans_schemes = True
 
