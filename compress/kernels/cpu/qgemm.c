@@ -932,6 +932,18 @@ static void row_scores(const float *q, const float *rows, int n, int D, float sc
 static void weighted_rows(const float *w, const float *rows, int n, int D, float *out) {
     int d = 0;
 #if defined(__AVX2__)
+    for (; d + 64 <= D; d += 64) { /* eight accumulators, eight independent FMA chains
+                                     * (four left the loop waiting on the FMA's latency:
+                                     * benchmarks/attention_ab.py, fp32 attention 8-21%) */
+        __m256 o[8];
+        for (int j = 0; j < 8; j++) o[j] = _mm256_loadu_ps(out + d + 8 * j);
+        for (int t = 0; t < n; t++) {
+            const float *r = rows + (int64_t)t * D + d;
+            __m256 p = _mm256_set1_ps(w[t]);
+            for (int j = 0; j < 8; j++) o[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 8 * j), o[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + d + 8 * j, o[j]);
+    }
     for (; d + 32 <= D; d += 32) {
         __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8);
         __m256 o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);

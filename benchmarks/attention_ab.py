@@ -1,0 +1,118 @@
+"""The C decode attention of this checkout against the one at an earlier git revision,
+built the same way and called interleaved in one process over the same fp32 KV cache.
+
+A decode step streams the weights through the caches, so each layer's keys and values
+come from memory: between steps a 96 MB read evicts them, and a step is the attention of
+every layer at batch 1, at the head layouts of the default model (9 query heads over 3
+KV heads, 30 layers) and of benchmarks/families.py's MoE rows (16 over 4, 16 layers),
+head dim 64, at several context lengths. Reported: median microseconds per layer call of
+each build (a ctypes call's few microseconds included, the same for both) and their ratio.
+
+    python benchmarks/attention_ab.py [--rev 902f2a5] [--contexts 96,400,1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from batched_decode import cpu_flags  # noqa: E402
+from kernel_ab import build  # noqa: E402
+
+from compress.kernels import cpu  # noqa: E402
+from compress.kernels.build import SOURCE  # noqa: E402
+from compress.runtime.kv_cache import FP32, KVCache  # noqa: E402
+
+LAYOUTS = {"default model (9/3 heads, 30 layers)": (9, 3, 30), "MoE rows (16/4, 16)": (16, 4, 16)}
+D = 64
+
+
+def attention(lib):
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, ctypes.c_float, i, p]
+    lib.llmp_decode_attention.restype = None
+    return lib.llmp_decode_attention
+
+
+def step_times(fns: dict, heads: int, kv_heads: int, layers: int, context: int, steps: int):
+    """Median µs per layer call of each build: `steps` steps, the builds taking turns."""
+    cache = KVCache(layers, 1, kv_heads, context + 8, D, scheme=FP32)
+    torch.manual_seed(0)
+    cache.k.normal_(), cache.v.normal_()
+    kvc = ctypes.byref(cpu.kv_struct(cache))
+    q, k, v = torch.randn(heads, D), torch.randn(kv_heads, D), torch.randn(kv_heads, D)
+    slots, positions = torch.zeros(1, dtype=torch.int64), torch.tensor([context - 1])
+    out = torch.empty(heads, D)
+    flush = torch.ones(24 << 20)  # 96 MB: more than the L3 cache
+    times = {name: [] for name in fns}
+    for s in range(steps):
+        for name, fn in fns.items() if s % 2 else reversed(fns.items()):
+            flush.sum()
+            t = time.perf_counter()
+            for layer in range(layers):
+                fn(kvc, layer, cpu._ptr(q), cpu._ptr(k), cpu._ptr(v), cpu._ptr(slots),
+                   cpu._ptr(positions), 1, heads, D**-0.5, 0, cpu._ptr(out))  # fmt: skip
+            times[name].append((time.perf_counter() - t) / layers * 1e6)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="902f2a5", help="the earlier revision")
+    ap.add_argument(
+        "--change",
+        default="weighted_rows (p · V over fp32 rows) 64 channels at a time, eight "
+        "accumulators (the earlier: 32, four)",
+    )
+    ap.add_argument("--contexts", default="96,400,1500")
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        old_src = Path(tmp) / "old.c"
+        rel = SOURCE.relative_to(ROOT)
+        old_src.write_bytes(subprocess.check_output(["git", "show", f"{args.rev}:{rel}"], cwd=ROOT))
+        libs = {
+            "earlier": build(old_src, Path(tmp) / "old.so"),
+            "now": build(SOURCE, Path(tmp) / "new.so"),
+        }
+    for lib in libs.values():
+        lib.llmp_set_threads(args.threads)
+    fns = {name: attention(lib) for name, lib in libs.items()}
+    rows = []
+    for layout, (heads, kv_heads, layers) in LAYOUTS.items():
+        for context in map(int, args.contexts.split(",")):
+            us = step_times(fns, heads, kv_heads, layers, context, args.steps)
+            early, now = us["earlier"], us["now"]
+            row = {"layout": layout, "context": context, "earlier_us": round(early, 2),
+                   "now_us": round(now, 2), "speedup": round(early / now, 3)}  # fmt: skip
+            print(row, flush=True)
+            rows.append(row)
+    record = {
+        "command": "python benchmarks/attention_ab.py",
+        "cpu": cpu_flags(),
+        "threads": args.threads,
+        "earlier": args.rev,
+        "change": args.change,
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention_ab.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
