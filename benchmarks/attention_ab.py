@@ -17,9 +17,7 @@ import argparse
 import ctypes
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -30,10 +28,9 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from batched_decode import cpu_flags  # noqa: E402
-from kernel_ab import build  # noqa: E402
+from kernel_ab import builds  # noqa: E402
 
 from compress.kernels import cpu  # noqa: E402
-from compress.kernels.build import SOURCE  # noqa: E402
 from compress.runtime.kv_cache import FP32, KVCache  # noqa: E402
 
 LAYOUTS = {"default model (9/3 heads, 30 layers)": (9, 3, 30), "MoE rows (16/4, 16)": (16, 4, 16)}
@@ -82,14 +79,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        old_src = Path(tmp) / "old.c"
-        rel = SOURCE.relative_to(ROOT)
-        old_src.write_bytes(subprocess.check_output(["git", "show", f"{args.rev}:{rel}"], cwd=ROOT))
-        libs = {
-            "earlier": build(old_src, Path(tmp) / "old.so"),
-            "now": build(SOURCE, Path(tmp) / "new.so"),
-        }
+    libs = builds(args.rev)
     for lib in libs.values():
         lib.llmp_set_threads(args.threads)
     fns = {name: attention(lib) for name, lib in libs.items()}

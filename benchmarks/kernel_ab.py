@@ -58,6 +58,18 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
     return lib
 
 
+def builds(rev: str) -> dict[str, ctypes.CDLL]:
+    """The kernels at `rev` ("earlier") and of this checkout ("now"), built alike."""
+    with tempfile.TemporaryDirectory() as tmp:
+        old_src = Path(tmp) / "old.c"
+        rel = SOURCE.relative_to(ROOT)
+        old_src.write_bytes(subprocess.check_output(["git", "show", f"{rev}:{rel}"], cwd=ROOT))
+        return {
+            "earlier": build(old_src, Path(tmp) / "old.so"),
+            "now": build(SOURCE, Path(tmp) / "new.so"),
+        }
+
+
 def zs_ptr(offsets, early: bool):
     """The zero offsets an earlier kernel reads (None: it derives them from the scales)."""
     return cpu._ptr(offsets) if early and offsets is not None else None
@@ -95,15 +107,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        old_src = Path(tmp) / "old.c"
-        rel = SOURCE.relative_to(ROOT)
-        old = subprocess.check_output(["git", "show", f"{args.rev}:{rel}"], cwd=ROOT)
-        old_src.write_bytes(old)
-        libs = {
-            "earlier": build(old_src, Path(tmp) / "old.so"),
-            "now": build(SOURCE, Path(tmp) / "new.so"),
-        }
+    libs = builds(args.rev)
     reads_offsets = (
         subprocess.run(
             ["git", "merge-base", "--is-ancestor", "4b373b1", args.rev], cwd=ROOT
