@@ -8,7 +8,13 @@ requests/s, output tokens/s, p50/p99 time to first token and time per output tok
 a run where a third of the clients disconnect mid-stream, after which the server's
 metrics must show no running request and no KV slot in use.
 
-    python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64]
+In the same run, per capacity C: `bench` of the same artifact at batch C (its decode
+tok/s: what C streams could get at most), and with `--llama-server BIN --gguf Q4_0.gguf`
+llama.cpp's own server (native build, `-np C -c 256·C -t 2`, continuous batching) on the
+same C clients, prompts and greedy settings, the rows of the two servers interleaved.
+
+    python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64] \
+        [--llama-server PATH/TO/llama.cpp/build/bin --gguf model-q4_0.gguf]
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import argparse
 import http.client
 import json
 import platform
+import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -26,8 +34,12 @@ from pathlib import Path
 import torch
 
 from compress.kernels.cpu import set_threads
+from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
+from compress.runtime.bench import run_bench
+from compress.runtime.kv_cache import kv_scheme
+from compress.runtime.weights import load_weights
 from compress.serve.app import build_app
 from compress.serve.server import make_server
 
@@ -95,6 +107,55 @@ def run_clients(port, n, tokens, timeout, disconnect_every=0):
     return out, wall, hung
 
 
+def load_row(capacity: int, clients: int, out: list, wall: float, hung: int) -> dict:
+    ok = [r for r in out if r["status"] == 200]
+    return {
+        "capacity": capacity,
+        "clients": clients,
+        "served": len(ok),
+        "refused_429": sum(r["status"] == 429 for r in out),
+        "other": [r["status"] for r in out if r["status"] not in (200, 429)],
+        "hung": hung,
+        "wall_s": wall,
+        "requests_per_s": len(ok) / wall,
+        "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
+        "ttft_p50": pct([r["ttft"] for r in ok], 0.5),
+        "ttft_p99": pct([r["ttft"] for r in ok], 0.99),
+        "tpot_p50": pct([r["tpot"] for r in ok], 0.5),
+        "tpot_p99": pct([r["tpot"] for r in ok], 0.99),
+    }
+
+
+def llama_server_row(bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: float) -> dict:
+    """llama.cpp's server with C slots on the same C clients (after a warm-up request)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
+           str(port), "-np", str(cap), "-c", str(256 * cap), "-t", "2", "-tb", "2"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status
+                    == 200
+                ):
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline or proc.poll() is not None:
+                raise SystemExit(f"llama-server did not come up: {' '.join(cmd)}")
+            time.sleep(0.5)
+        run_clients(port, 1, 8, timeout)  # warm-up
+        out, wall, hung = run_clients(port, cap, tokens, timeout)
+        return {"server": "llama-server", **load_row(cap, cap, out, wall, hung)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def pct(values, q):
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -107,9 +168,14 @@ def main() -> None:
     ap.add_argument("--capacities", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run, at most")
+    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
+    if bool(args.llama_server) != bool(args.gguf):
+        raise SystemExit("--llama-server and --gguf go together")
     set_threads(torch.get_num_threads())
+    bench = {}
     rows = []
     leak = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,22 +190,7 @@ def main() -> None:
             run_clients(port, 1, 8, args.timeout)  # warm-up
             for mult in (1, 2, 4):
                 out, wall, hung = run_clients(port, cap * mult, args.tokens, args.timeout)
-                ok = [r for r in out if r["status"] == 200]
-                row = {
-                    "capacity": cap,
-                    "clients": cap * mult,
-                    "served": len(ok),
-                    "refused_429": sum(r["status"] == 429 for r in out),
-                    "other": [r["status"] for r in out if r["status"] not in (200, 429)],
-                    "hung": hung,
-                    "wall_s": wall,
-                    "requests_per_s": len(ok) / wall,
-                    "output_tokens_per_s": sum(r["tokens"] for r in ok) / wall,
-                    "ttft_p50": pct([r["ttft"] for r in ok], 0.5),
-                    "ttft_p99": pct([r["ttft"] for r in ok], 0.99),
-                    "tpot_p50": pct([r["tpot"] for r in ok], 0.5),
-                    "tpot_p99": pct([r["tpot"] for r in ok], 0.99),
-                }
+                row = {"server": "llmpress", **load_row(cap, cap * mult, out, wall, hung)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             if cap == max(int(c) for c in args.capacities.split(",")):
@@ -159,8 +210,15 @@ def main() -> None:
             httpd.shutdown()
             httpd.server_close()
             app.scheduler.stop()
-    single = next((r for r in rows if r["clients"] == 1), None)
-    top = max((r for r in rows if r["clients"] == r["capacity"]), key=lambda r: r["capacity"])
+            bench[cap] = bench_tok_s(art, cap, args.tokens)
+            print(json.dumps({"bench batch": cap, "tok_s": bench[cap]}), flush=True)
+            if args.llama_server:
+                row = llama_server_row(args.llama_server, args.gguf, cap, args.tokens, args.timeout)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    ours = [r for r in rows if r["server"] == "llmpress"]
+    single = next((r for r in ours if r["clients"] == 1), None)
+    top = max((r for r in ours if r["clients"] == r["capacity"]), key=lambda r: r["capacity"])
     gain = top["output_tokens_per_s"] / single["output_tokens_per_s"] if single else None
     record = {
         "benchmark": "serve_load",
@@ -169,6 +227,13 @@ def main() -> None:
         "rows": rows,
         "disconnect_run": leak,
         "batching_gain": {"streams": top["clients"], "vs_single": gain},
+        "bench_tok_s": bench,
+        "served_vs_bench": {
+            r["capacity"]: r["output_tokens_per_s"] / bench[r["capacity"]]
+            for r in ours
+            if r["clients"] == r["capacity"]
+        },
+        "llama_server": None if not args.llama_server else f"{args.gguf.name}, -t 2",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve_load.json").write_text(json.dumps(record, indent=2) + "\n")
@@ -176,18 +241,28 @@ def main() -> None:
     print(table(record))
 
 
+def bench_tok_s(artifact: Path, batch: int, tokens: int) -> float:
+    """`llmpress bench`'s decode tok/s of `artifact` at `batch` (prompts of 16 tokens, as
+    the clients' prompt)."""
+    ckpt = resolve(str(artifact))
+    weights = load_weights(ckpt)
+    record = run_bench(weights, [batch], 16, tokens, kv_scheme(None, ckpt.config), lambda _: None)
+    return record["results"][0]["tokens_per_s"]
+
+
 def table(record: dict) -> str:
     def ms(v):
         return "" if v is None else f"{1e3 * v:.0f}"
 
     lines = [
-        "| capacity | clients | served | 429 | hung | req/s | out tok/s | TTFT p50/p99 ms "
-        "| TPOT p50/p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| server | capacity | clients | served | 429 | hung | req/s | out tok/s "
+        "| TTFT p50/p99 ms | TPOT p50/p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in record["rows"]:
         lines.append(
-            f"| {r['capacity']} | {r['clients']} | {r['served']} | {r['refused_429']} | "
+            f"| {r.get('server', 'llmpress')} | {r['capacity']} | {r['clients']} | {r['served']} | "
+            f"{r['refused_429']} | "
             f"{r['hung']} | {r['requests_per_s']:.2f} | {r['output_tokens_per_s']:.1f} | "
             f"{ms(r['ttft_p50'])}/{ms(r['ttft_p99'])} | {ms(r['tpot_p50'])}/{ms(r['tpot_p99'])} |"
         )
@@ -196,6 +271,11 @@ def table(record: dict) -> str:
         lines.append(
             f"\nAggregate output tokens/s at {g['streams']} concurrent streams: "
             f"{g['vs_single']:.1f}× a single stream (same run)."
+        )
+    for cap, ratio in (record.get("served_vs_bench") or {}).items():
+        lines.append(
+            f"{cap} streams served at {ratio:.2f}× `bench`'s batch-{cap} decode tok/s "
+            f"({record['bench_tok_s'][cap]:.1f}, same run)."
         )
     leak = record["disconnect_run"]
     if leak:

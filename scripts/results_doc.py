@@ -490,6 +490,7 @@ def batched_decode(d: dict) -> list[str]:
 def serve_load(d: dict) -> list[str]:
     body = [
         [
+            r.get("server", "llmpress"),
             r["capacity"],
             r["clients"],
             r["served"],
@@ -512,6 +513,7 @@ def serve_load(d: dict) -> list[str]:
         "",
         *table(
             [
+                "server",
                 "capacity",
                 "clients",
                 "served",
@@ -530,7 +532,23 @@ def serve_load(d: dict) -> list[str]:
         f"{x['running_after']:g} requests running and {x['slots_in_use_after']:g} KV slots in "
         f"use. {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
         "tokens/s of one stream in the same run.",
+        *served_vs_bench(d),
     ]
+
+
+def served_vs_bench(d: dict) -> list[str]:
+    """C clients against `bench` at batch C, and llama-server's rows, in the same run."""
+    ratios = d.get("served_vs_bench") or {}
+    lines = [
+        f"{c} streams: {r:.2f}× `bench`'s batch-{c} decode tokens/s ({d['bench_tok_s'][c]:.1f})."
+        for c, r in ratios.items()
+    ]
+    if d.get("llama_server"):
+        lines.append(
+            f"llama-server rows: llama.cpp's own server (native build) on {d['llama_server']}, "
+            "`-np C -c 256·C`, the same C clients right after the llmpress rows of that capacity."
+        )
+    return ["", " ".join(lines)] if lines else []
 
 
 def vllm_check(d: dict) -> list[str]:
