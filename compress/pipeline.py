@@ -349,7 +349,6 @@ def run_model_stages(
     """Run the whole-model stages on `device` and save their result as a checkpoint the
     block walk reads (the source itself when none changed the weights); also the per-linear
     schemes they chose."""
-
     from compress.calib_data.prepare import load_calibration as load_text
     from compress.stage import ModelContext
 
