@@ -136,15 +136,7 @@ def llama_server_row(bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: 
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while True:
-            try:
-                if (
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status
-                    == 200
-                ):
-                    break
-            except OSError:
-                pass
+        while not _healthy(port):
             if time.time() > deadline or proc.poll() is not None:
                 raise SystemExit(f"llama-server did not come up: {' '.join(cmd)}")
             time.sleep(0.5)
@@ -154,6 +146,13 @@ def llama_server_row(bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+    except OSError:  # not listening yet, or 503 while the model loads
+        return False
 
 
 def pct(values, q):
@@ -182,6 +181,8 @@ def main() -> None:
         art = Path(tmp) / "w4"
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
         compress("default", recipe, art, log=lambda _: None)
+        ckpt = resolve(str(art))
+        weights, kv = load_weights(ckpt), kv_scheme(None, ckpt.config)  # for bench, once
         for cap in [int(c) for c in args.capacities.split(",")]:
             app = build_app(str(art), max_batch=cap, max_len=256, max_queue=cap)
             httpd = make_server(app, "127.0.0.1", 0)
@@ -210,7 +211,7 @@ def main() -> None:
             httpd.shutdown()
             httpd.server_close()
             app.scheduler.stop()
-            bench[cap] = bench_tok_s(art, cap, args.tokens)
+            bench[cap] = bench_tok_s(weights, kv, cap, args.tokens)
             print(json.dumps({"bench batch": cap, "tok_s": bench[cap]}), flush=True)
             if args.llama_server:
                 row = llama_server_row(args.llama_server, args.gguf, cap, args.tokens, args.timeout)
@@ -241,12 +242,10 @@ def main() -> None:
     print(table(record))
 
 
-def bench_tok_s(artifact: Path, batch: int, tokens: int) -> float:
-    """`llmpress bench`'s decode tok/s of `artifact` at `batch` (prompts of 16 tokens, as
-    the clients' prompt)."""
-    ckpt = resolve(str(artifact))
-    weights = load_weights(ckpt)
-    record = run_bench(weights, [batch], 16, tokens, kv_scheme(None, ckpt.config), lambda _: None)
+def bench_tok_s(weights, kv, batch: int, tokens: int) -> float:
+    """`llmpress bench`'s decode tok/s at `batch` (prompts of 16 tokens, about the
+    clients' prompt)."""
+    record = run_bench(weights, [batch], 16, tokens, kv, lambda _: None)
     return record["results"][0]["tokens_per_s"]
 
 
