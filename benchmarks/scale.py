@@ -86,6 +86,7 @@ def measure(cmd: list[str], log: Path, env: dict | None = None) -> dict:
         "peak_rss_gb": round((peak["hwm"] or usage.ru_maxrss) / 2**20, 2),
         "wall_s": round(time.perf_counter() - t0, 1),
         "peak_during": before[-1][-120:] if before else "start",
+        "cpu": cpu_flags(),  # a row keeps steps of earlier runs, maybe on another machine
     }
 
 

@@ -868,6 +868,18 @@ def lm_head(d: dict) -> list[str]:
 
 
 # (results file, title, command that wrote it, renderer)
+def _machines(d: dict) -> str:
+    """The CPU each step ran on: one name when every step shared it, else each with its steps."""
+    steps = {}
+    for r in d["rows"]:
+        for name, v in r.items():
+            if isinstance(v, dict) and "wall_s" in v:
+                steps.setdefault(v.get("cpu", d["cpu"]), []).append(f"{r['shape']} {name}")
+    if len(steps) == 1:
+        return next(iter(steps))
+    return "; ".join(f"{cpu} for {', '.join(names)}" for cpu, names in steps.items())
+
+
 def scale(d: dict) -> list[str]:
     def gb(step: dict | None) -> str:
         return "" if not step else f"{step['peak_rss_gb']:.2f}"
@@ -886,6 +898,7 @@ def scale(d: dict) -> list[str]:
             gb(first), first.get("wall_s", ""), cached.get("wall_s", ""), speed,
             b.get("tok_s", ""), f"{100 * b['mbu']:.0f}%" if b else "",
         ])  # fmt: skip
+    cpus = _machines(d)
     head = ["shape", "params (B)", "blocks", "vocab", "head", "rtn s/block", "rtn total s",
             "rtn peak GB", "awq s/block / peak GB", "gptq s/block / peak GB", "eval peak GB",
             "eval s", "cached eval s", "cached / first", "decode tok/s", "MBU"]  # fmt: skip
@@ -895,7 +908,7 @@ def scale(d: dict) -> list[str]:
         "calibration tokens of WikiText-2 valid for awq and gptq, `eval` of the rtn artifact "
         "on 2 windows of 256 tokens of WikiText-2 test (twice: the second reads the original "
         "from the cache), `bench --batch 1`. Peak GB is each process's peak resident memory. "
-        f"CPU: {d['cpu']}, {d['threads']} threads; the machine was shared, so times are upper "
+        f"CPU: {cpus}, {d['threads']} threads; the machine was shared, so times are upper "
         "bounds. Quality figures of random weights mean nothing and are left out.",
         "",
         *table(head, rows),
