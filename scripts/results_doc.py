@@ -1029,6 +1029,29 @@ def distributed(d: dict) -> list[str]:
     ]
 
 
+def distill_sharded(d: dict) -> list[str]:
+    steps = d["recipe"]["stages"][1]["distill"]
+    calib = d["recipe"]["calib"]
+    rows = [
+        [name, r["parallel"], r["training_rss_mb"], r["peak_rss_mb"], r["wall_s"],
+         f"{r['max_loss_diff']:.1e}"]
+        for name, r in d["rows"].items()
+    ]  # fmt: skip
+    return [
+        f"The default model pruned (`prune: {{mlp: 0.5}}`) and repaired (`distill`, "
+        f"{steps['tokens']:,} tokens, batch {steps['batch']}) on {calib['samples']} × "
+        f"{calib['length']} tokens of WikiText-2 valid: in one process (one thread, as each "
+        "rank), and under torchrun with `distill.parallel: ddp` and `fsdp`. Memory is rank "
+        "0's: resident right after the last step (`training_rss_mb`, before the models are "
+        "whole again for the writer) and its peak, loading included. The loss column is the "
+        "largest difference from the one process's KL at any step, to the 5 decimals the "
+        f"manifest keeps. CPU: {d['cpu']}, "
+        f"{d['threads']} cores: the times show correctness, not speed.",
+        "",
+        *table(["run", "mode", "training MB", "peak MB", "wall s", "loss diff"], rows),
+    ]
+
+
 SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "presets.json",
@@ -1201,6 +1224,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Several processes through torch.distributed",
         "benchmarks/distributed.py",
         distributed,
+    ),
+    (
+        "distill_sharded.json",
+        "The repair under FSDP",
+        "benchmarks/distill_sharded.py",
+        distill_sharded,
     ),
     (
         "device_compress.json",

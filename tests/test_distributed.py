@@ -105,18 +105,21 @@ REPAIRS = {
 }
 
 
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 @pytest.mark.parametrize("repair", REPAIRS)
-def test_two_ranks_repair_as_one_process(tmp_path, repair, wikitext):
+def test_two_ranks_repair_as_one_process(tmp_path, repair, parallel, wikitext):
     """prune's scores are summed over the ranks (the one process's, bit for bit) and the
-    repair trains as DDP, each rank on half of every batch: the same steps, to float
-    rounding (DDP sums the gradients in another order)."""
+    repair trains as DDP, or with teacher and student sharded by FSDP, each rank on half
+    of every batch: the same steps, to float rounding (the gradients are summed in another
+    order)."""
     model = write_family(tmp_path / "llama3", "llama3", resolve("default").path)
     calib = tmp_path / "calib.txt"
     calib.write_text((wikitext / "valid.txt").read_text(encoding="utf-8")[:40000])
-    recipe = {
-        "stages": REPAIRS[repair],
-        "calib": {"source": str(calib), "samples": 32, "length": 48},
-    }
+    stages = [
+        *REPAIRS[repair][:-1],
+        {"distill": {**REPAIRS[repair][-1]["distill"], "parallel": parallel}},
+    ]
+    recipe = {"stages": stages, "calib": {"source": str(calib), "samples": 32, "length": 48}}
     (tmp_path / "recipe.json").write_text(json.dumps(recipe))
     one = compress(str(model), parse_recipe(recipe), tmp_path / "one", log=lambda _: None)
     run = _torchrun(model, tmp_path / "two", tmp_path / "recipe.json")
@@ -126,6 +129,7 @@ def test_two_ranks_repair_as_one_process(tmp_path, repair, wikitext):
     stages = [{s["stage"]: s for s in m["stages"]} for m in manifests]
     if repair == "pruned":
         assert stages[0]["prune"]["importance"] == stages[1]["prune"]["importance"]
+    assert [s["distill"]["parallel"] for s in stages] == ["one process", parallel]
     losses = [[kl for _, kl in s["distill"]["loss_history"]] for s in stages]
     assert len(losses[0]) == len(losses[1]) == 6
     assert losses[0] == pytest.approx(losses[1], rel=1e-4)
@@ -136,3 +140,21 @@ def test_two_ranks_repair_as_one_process(tmp_path, repair, wikitext):
             torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=1e-5, msg=key)
         else:  # integer codes: the repair trains scales around them, never the codes
             assert torch.equal(a[key], b[key]), key
+
+
+def test_auto_shards_the_repair_where_ddp_would_not_fit(monkeypatch):
+    """distill.parallel auto: DDP while its gradients, Adam's moments and the step's logits
+    fit 80% of a rank's share of free memory, FSDP beyond; one process is never sharded."""
+    from compress.distill import sharding
+
+    trainable = [torch.zeros(1000, 1000)]  # 4 MB: DDP adds 12 MB beside the models
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(sharding, "available_bytes", lambda: 100 * 2**20)
+    assert sharding.choose("auto", trainable, 0, cpu) == "one process"
+    monkeypatch.setattr("compress.distributed.world", lambda: 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert sharding.choose("auto", trainable, 0, cpu) == "ddp"  # 12 MB of 50
+    assert sharding.choose("auto", trainable, 30 * 2**20, cpu) == "fsdp"  # 42 MB of 50
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert sharding.choose("auto", trainable, 0, cpu) == "fsdp"  # 12 of 12.5 MB: above 80%
+    assert sharding.choose("ddp", trainable, 10**12, cpu) == "ddp"  # asked: kept

@@ -9,10 +9,12 @@ Every step's batch is a function of the step number and the seed alone, and a ch
 holds the student, the optimizer and the step, so a run killed at any point and resumed
 from its last checkpoint computes exactly what the uninterrupted run would have.
 
-Under torchrun the student trains as torch's DistributedDataParallel: each rank takes
-every world-th sequence of the step's batch, its loss weighted by its share, and DDP
-averages the gradients, so every rank takes the one process's step (to float rounding:
-the sums run in another order) and holds the same student. Rank 0 logs and checkpoints.
+Under torchrun each rank takes every world-th sequence of the step's batch, its loss
+weighted by its share, and the gradients are averaged, so every rank takes the one
+process's step (to float rounding: the sums run in another order). The student trains as
+torch's DistributedDataParallel, or, where what DDP adds does not fit a process's memory
+(`parallel`), with teacher and student sharded by FSDP (compress/distill/sharding.py).
+Rank 0 logs and checkpoints.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress import distributed
+from compress.distill import sharding
 from compress.errors import LlmpressError, first_line
 from compress.model.adapters import LLAMA, Adapter
 
@@ -49,6 +52,7 @@ class DistillSettings:
     max_seconds: float | None
     train_embeddings: bool
     seed: int
+    parallel: str = "auto"  # under torchrun: ddp, fsdp, or auto (fsdp where ddp does not fit)
 
 
 def lr_factor(step: int, s: DistillSettings) -> float:
@@ -154,22 +158,48 @@ def distill(
     teacher.eval().requires_grad_(False)
     student.train()
     if param_groups is None:
-        params = _trainable(student, adapter, s.train_embeddings)
-        opt = _adamw(params, s)
+        params = groups = _trainable(student, adapter, s.train_embeddings)
     else:
         student.requires_grad_(False)
         params = [p.requires_grad_() for g in param_groups for p in g["params"]]
-        opt = _adamw(param_groups, s)
+        groups = param_groups
+    device = next(student.parameters()).device
+    rows = -(-s.batch // distributed.world())  # two models' logits and softmaxes, fp32:
+    logits = 16 * rows * data.shape[1] * teacher.config.vocab_size  # the step's largest
+    mode = sharding.choose(s.parallel, params, logits, device)
+    t_run, s_run = teacher, student
+    if mode == "fsdp":
+        names = {id(p): n for n, p in student.named_parameters()}
+        t_run = sharding.shard(teacher, adapter.blocks)
+        sharding.release(teacher, keep=student.parameters())
+        s_run = sharding.shard(student, adapter.blocks)
+        sharding.release(student)
+        twin = dict(s_run.named_parameters())
+        params = [twin[names[id(p)]] for p in params]
+        groups = (
+            params
+            if param_groups is None
+            else [{**g, "params": [twin[names[id(p)]] for p in g["params"]]} for g in param_groups]
+        )
+    if mode != "one process":
+        log(f"distill: {mode} over {distributed.world()} processes")
+    opt = _adamw(groups, s)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, s))
     ckpt_path = Path(work_dir) / f"distill-{run_id}.pt"
-    start, history = _resume(ckpt_path, resume, student, opt, sched, s.steps, log)
+    sharded = mode == "fsdp"
+    start, history = _resume(ckpt_path, resume, s_run, opt, sched, s.steps, log, sharded)
     started = time.perf_counter()
-    with _layer_outputs(student, teacher, adapter, s.hidden_weight > 0) as grab:
+    with _layer_outputs(s_run, t_run, adapter, s.hidden_weight > 0) as grab:
         step, stopped, done_tokens = _train(
-            _data_parallel(student), teacher, data, s, opt, sched, params, history, start,
-            grab, layer_map, hidden_index,
-            lambda step: _save(ckpt_path, _state(run_id, step, student, opt, sched, history)),
+            _data_parallel(s_run) if mode == "ddp" else s_run, t_run, data, s, opt, sched,
+            params, history, start, grab, layer_map, hidden_index,
+            lambda step: _checkpoint(ckpt_path, run_id, step, s_run, opt, sched, history, sharded),
         )  # fmt: skip
+    training_rss = _resident_mb()  # before the models are whole again
+    if sharded:  # the trained weights (and the teacher's) whole again, on every rank
+        sharding.gather(s_run, student)
+        sharding.gather(t_run, teacher)
+        del s_run, t_run, opt
     student.eval().requires_grad_(False)
     seconds = time.perf_counter() - started
     return {
@@ -177,19 +207,28 @@ def distill(
         "planned_steps": s.steps,
         "resumed_from": start,
         "stopped_on": stopped,
+        "parallel": mode,
         "tokens": step * s.batch * data.shape[1],
         "seconds_this_run": round(seconds, 1),
         "tokens_per_second": round(done_tokens / seconds, 1) if seconds else None,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "training_rss_mb": training_rss,
         "loss_history": history,
     }
 
 
+def _resident_mb() -> int | None:
+    """This process's resident memory now (Linux), in MB."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20)
+
+
 def _data_parallel(student):
-    """The student as DDP under torchrun (itself in one process). Unused parameters are
-    looked for: an MoE expert no token of a rank's rows chose gets no gradient there."""
-    if distributed.world() == 1:
-        return student
+    """The student as DDP. Unused parameters are looked for: an MoE expert no token of a
+    rank's rows chose gets no gradient there."""
     from torch.nn.parallel import DistributedDataParallel
 
     device = next(student.parameters()).device
@@ -208,18 +247,22 @@ def _trainable(student, adapter: Adapter, train_embeddings: bool) -> list:
     return [p for p in student.parameters() if p.requires_grad]
 
 
-def _state(run_id, step, student, opt, sched, history) -> dict:
-    return {
-        "run_id": run_id,
-        "step": step,
-        "student": student.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "history": history,
-    }
+def _checkpoint(path: Path, run_id, step, student, opt, sched, history, sharded: bool) -> None:
+    """Rank 0 saves the run's state; sharded, every rank gathers it first (whole tensors,
+    the optimizer's by parameter name)."""
+    if not sharded and not distributed.is_writer():
+        return
+    if sharded:
+        model_state, opt_state = sharding.full_state(student, opt)
+    else:
+        model_state, opt_state = student.state_dict(), opt.state_dict()
+    if distributed.is_writer():
+        _save(path, {"run_id": run_id, "step": step, "sharded": sharded,
+                     "student": model_state, "optimizer": opt_state,
+                     "scheduler": sched.state_dict(), "history": history})  # fmt: skip
 
 
-def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log):
+def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log, sharded: bool):
     """(first step, loss history): from this run's last checkpoint when resuming."""
     if resume and ckpt_path.is_file():
         state = _load_checkpoint(ckpt_path)
@@ -227,8 +270,19 @@ def _resume(ckpt_path: Path, resume: bool, student, opt, sched, steps: int, log)
             raise LlmpressError(
                 f"{ckpt_path} is not a checkpoint of this run: delete it, or run without --resume"
             )
-        student.load_state_dict(state["student"])
-        opt.load_state_dict(state["optimizer"])
+        if state.get("sharded", False) != sharded:
+            was = "an fsdp" if state.get("sharded") else "an unsharded (ddp or one-process)"
+            fix = "fsdp under torchrun" if state.get("sharded") else "ddp"
+            raise LlmpressError(
+                f"{ckpt_path} holds {was} repair's state, and this one runs "
+                f"{'sharded' if sharded else 'unsharded'}: resume with distill.parallel: {fix}, "
+                "or delete it"
+            )
+        if sharded:
+            sharding.load_full_state(student, opt, state["student"], state["optimizer"])
+        else:
+            student.load_state_dict(state["student"])
+            opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         log(f"distill: resumed from step {state['step']} of {steps} ({ckpt_path})")
         return state["step"], state["history"]
@@ -304,8 +358,8 @@ def _train(student, teacher, data, s, opt, sched, params, history, start, grab, 
         history.append([step, round(kd, 5)])
         rate = done_tokens / (time.perf_counter() - started)
         bar.set_postfix(kl=f"{kd:.4f}", tok_s=f"{rate:.0f}", lr=f"{sched.get_last_lr()[0]:.2e}")
-        if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps and writer:
-            checkpoint(step + 1)
+        if (step + 1) % s.checkpoint_every == 0 and step + 1 < s.steps:
+            checkpoint(step + 1)  # every rank: a sharded state is gathered first
     return s.steps, "tokens", done_tokens
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
 from compress.distill.quantized import param_groups, wrap
+from compress.distill.sharding import MODES
 from compress.errors import LlmpressError
 from compress.stage import Described, ModelContext, register_stage
 
@@ -47,8 +48,13 @@ class DistillConfig:
     data: str | None = None  # distillation text (default: the recipe's calibration samples)
     samples: int | None = None  # samples cut from `data` (default: calib.samples)
     seed: int = 0
+    parallel: str = "auto"  # under torchrun: ddp, fsdp, or auto (fsdp where ddp does not fit)
 
     def __post_init__(self) -> None:
+        if self.parallel not in MODES:
+            raise LlmpressError(
+                f"distill.parallel: {self.parallel!r} is not one of {', '.join(MODES)}"
+            )
         if self.tokens < 1 or self.batch < 1 or self.checkpoint_every < 1:
             raise LlmpressError("distill: tokens, batch and checkpoint_every must be >= 1")
         if self.lr <= 0 or self.scale_lr <= 0 or self.temperature <= 0:
@@ -80,7 +86,7 @@ class Distill(Described):
 
     needs_calibration = True
     whole_model = True
-    data_parallel = True  # the repair trains as DDP under torchrun
+    data_parallel = True  # the repair trains as DDP or FSDP under torchrun
     requires = (("prune", "repairs a pruned model"),)  # stages that must come first, and why
     repairs_quantized = True  # may also come last, after the quantizing stages
 
@@ -143,6 +149,7 @@ class Distill(Described):
             max_seconds=None if c.max_minutes is None else c.max_minutes * 60,
             train_embeddings=c.train_embeddings,
             seed=c.seed,
+            parallel=c.parallel,
         )
         ctx.log(
             f"distill: {settings.steps} steps × {c.batch} × {data.shape[1]} tokens from "
