@@ -1,0 +1,93 @@
+"""The one-call C decoder of this checkout against the one at an earlier git revision,
+built alike and stepping the same engine's weights interleaved in one process.
+
+A whole decode step, not one kernel: what a change to the decoder's layer loop (the
+experts' grouped passes, the attention, the norms) gives where it is spent. Each build
+drives its own engine over the same loaded weights (32-token prompt, up to 300 out,
+restarted when done); steps alternate between the builds, the order reversed every other
+round, so a noisy neighbour slows both alike. Reported: median milliseconds per step of
+each and their ratio. The artifacts: benchmarks/families.py's realistic-width random
+models at its recipe (rtn:w4g64).
+
+    python benchmarks/decoder_ab.py [--rev d704386] [--families qwen2_moe] [--steps 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from batched_decode import cpu_flags  # noqa: E402
+from hugepages import family_artifact  # noqa: E402
+from interleave import running_engine, step_medians  # noqa: E402
+from kernel_ab import builds  # noqa: E402
+
+import compress.kernels.cpu as cpu  # noqa: E402
+from compress.kernels.build import _declare  # noqa: E402
+from compress.model.loading import resolve  # noqa: E402
+from compress.runtime.kv_cache import kv_scheme  # noqa: E402
+from compress.runtime.weights import load_weights  # noqa: E402
+
+
+def alternate(artifact: Path, libs: dict, steps: int, batch: int) -> dict:
+    """Median ms per step of each build over the same weights. Engines are made with this
+    checkout's library, whose step workspace is the larger where the two differ."""
+    ckpt = resolve(str(artifact))
+    weights, scheme = load_weights(ckpt), kv_scheme(None, ckpt.config)
+    current = cpu.library
+
+    def fresh():
+        cpu.library = current
+        return running_engine(weights, scheme, batch)
+
+    def before(name: str) -> None:
+        cpu.library = lambda lib=libs[name]: lib
+        cpu.set_threads(2)
+
+    try:
+        med = step_medians({name: fresh for name in libs}, steps, before)
+    finally:
+        cpu.library = current
+    return {"artifact": artifact.name, "batch": batch, "steps": steps, "ms_per_step": med,
+            "now / earlier": med["earlier"] / med["now"]}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="d704386", help="the earlier revision")
+    ap.add_argument(
+        "--change",
+        default="a shared expert's gate_up and down run in the routed experts' grouped passes "
+        "(the earlier: two passes of their own after them)",
+    )
+    ap.add_argument("--families", default="qwen2_moe")
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    libs = builds(args.rev)
+    for lib in libs.values():
+        _declare(lib)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.families.split(","):
+            artifact = family_artifact(Path(tmp), name)
+            for batch in map(int, args.batches.split(",")):
+                row = {"family": name, **alternate(artifact, libs, args.steps, batch)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    record = {"command": "python benchmarks/decoder_ab.py " + " ".join(sys.argv[1:]),
+              "cpu": cpu_flags(), "threads": 2, "rev": args.rev, "change": args.change,
+              "rows": rows}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decoder_ab.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
