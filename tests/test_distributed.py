@@ -158,3 +158,9 @@ def test_auto_shards_the_repair_where_ddp_would_not_fit(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert sharding.choose("auto", trainable, 0, cpu) == "fsdp"  # 12 of 12.5 MB: above 80%
     assert sharding.choose("ddp", trainable, 10**12, cpu) == "ddp"  # asked: kept
+    with pytest.raises(LlmpressError, match=r"FSDP \(asked for\) does not train Mixture"):
+        sharding.choose("fsdp", trainable, 0, cpu, experts=8)
+    with pytest.raises(LlmpressError, match=r"FSDP \(needed.*does not train Mixture"):
+        sharding.choose("auto", trainable, 10**12, cpu, experts=8)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert sharding.choose("auto", trainable, 0, cpu, experts=8) == "ddp"  # it fits

@@ -166,7 +166,7 @@ def distill(
     device = next(student.parameters()).device
     rows = -(-s.batch // distributed.world())  # two models' logits and softmaxes, fp32:
     logits = 16 * rows * data.shape[1] * teacher.config.vocab_size  # the step's largest
-    mode = sharding.choose(s.parallel, params, logits, device)
+    mode = sharding.choose(s.parallel, params, logits, device, adapter.experts)
     t_run, s_run = teacher, student
     if mode == "fsdp":
         names = {id(p): n for n, p in student.named_parameters()}
