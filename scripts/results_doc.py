@@ -1029,6 +1029,20 @@ def distributed(d: dict) -> list[str]:
     ]
 
 
+def load_time(d: dict) -> list[str]:
+    rows = [[r["artifact"], r["artifact_gb"], r["seconds"]["earlier"], r["seconds"]["now"],
+             r["earlier / now"]] for r in d["rows"]]  # fmt: skip
+    return [
+        f"`load_weights` of each artifact (what `bench` and `serve` wait for before their "
+        f"first token), this checkout against revision {d['rev']} ({d['change']}), in fresh "
+        "processes taking turns; median seconds of each. CPU: "
+        f"{d['cpu']}, {d['threads']} cores; the machine was shared, so times are upper bounds "
+        "and the ratio is the figure.",
+        "",
+        *table(["artifact", "GB", "earlier s", "now s", "earlier / now"], rows),
+    ]
+
+
 def distill_sharded(d: dict) -> list[str]:
     steps = d["recipe"]["stages"][1]["distill"]
     calib = d["recipe"]["calib"]
@@ -1213,6 +1227,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
+    (
+        "load_time.json",
+        "Loading an artifact into the runtime",
+        "benchmarks/load_time.py --artifacts LABEL=DIR,...",
+        load_time,
+    ),
     (
         "scale.json",
         "Scale: 1B to 8B shapes in bounded memory",

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compress.kernels.cpu import EXACT_ABOVE, GEMV_ROWS, PackedLinear, quantize_input
+from compress.kernels.cpu import EXACT_ABOVE, GEMV_ROWS, PackedLinear, panels_of, quantize_input
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 
 CASES = [
@@ -113,6 +113,25 @@ def test_symmetric_weights_read_no_zero_offsets_and_fuse_with_asymmetric_ones(bi
         )
     both = PackedLinear.concat([parts[0][0], parts[2][0]])
     assert both.zs is None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [(16, 24), (20, 16, 12)])
+def test_fused_panels_are_the_panels_of_the_joined_codes(bits, rows):
+    """Parts of whole 8-row tiles are laid end to end; a part that ends inside a tile
+    makes the joined codes be laid out anew. Either way: the panels of all the rows."""
+    torch.manual_seed(bits)
+    scheme = QuantScheme(bits=bits, group_size=32)
+    qws = [quantize_weight(torch.randn(n, 96), scheme) for n in rows]
+    parts = [PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits) for qw in qws]
+    fused = PackedLinear.concat(parts)
+    joined = torch.cat([qw.q for qw in qws])
+    assert torch.equal(fused.packed, panels_of(joined, 96, parts[0].offset, bits))
+    assert torch.equal(fused.packed, panels_of(joined.to(torch.int16), 96, parts[0].offset, bits))
+    ragged = torch.randint(-8, 8, (37, 100), dtype=torch.int8)  # rows and inputs padded
+    offset = parts[0].offset
+    want = panels_of(ragged.to(torch.int16), 128, offset, bits)  # torch's pads and permutes
+    assert torch.equal(panels_of(ragged, 128, offset, bits), want)  # the C layout
 
 
 def test_large_batches_take_the_exact_path():

@@ -85,6 +85,8 @@ def library() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.llmp_quantize_rows.argtypes = [p, i, i, p, p, p]
+    lib.llmp_to_panels.argtypes = [p, ctypes.c_int64, i, i, i, i, p]
+    lib.llmp_to_panels.restype = None
     for name in ("llmp_gemm_q4", "llmp_gemm_q8"):
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
     for name in ("llmp_dequant_q4", "llmp_dequant_q8"):

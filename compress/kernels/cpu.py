@@ -300,6 +300,10 @@ def panels_of(q: torch.Tensor, kp: int, offset: int, bits: int, rows: int = 8192
     per_row = kp * bits // 8  # bytes one output row takes in the panels
     dtype = torch.uint8 if bits == 4 else torch.int8
     out = torch.empty(-(-n // TILE) * TILE * per_row, dtype=dtype)
+    if q.dtype == torch.int8 and q.device.type == "cpu":  # in C, no temporaries
+        q = q.contiguous()
+        library().llmp_to_panels(_ptr(q), n, k, kp, bits, offset, _ptr(out))
+        return out
     for lo in range(0, n, rows):
         codes = torch.nn.functional.pad(q[lo : lo + rows].to(torch.int16), (0, kp - k))
         chunk = to_panels(codes + offset, bits)
@@ -377,11 +381,13 @@ class PackedLinear:
         )
         fused.out_features = sum(p.out_features for p in parts)
         symmetric = all(p.zs is None for p in parts)
+        if all(p.out_features % TILE == 0 for p in parts[:-1]):  # whole tiles: laid end to end
+            panels = torch.cat([p.packed for p in parts])
+        else:
+            codes = [from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]
+            panels = to_panels(torch.cat(codes), first.bits)
         fused._set(
-            to_panels(
-                torch.cat([from_panels(p.packed, p.bits, p.out_features, p.kp) for p in parts]),
-                first.bits,
-            ),
+            panels,
             torch.cat([_row_params(p.scale, p.out_features) for p in parts]),
             None if symmetric else torch.cat([p._row_zs() for p in parts]),
         )

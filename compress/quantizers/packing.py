@@ -14,6 +14,7 @@ the output dimension (dim 0).
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -56,6 +57,8 @@ def _pack(values: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int, shape: tuple[int, int], dim: int = 1) -> torch.Tensor:
     """Inverse of `pack`: int32 words back to int8 values of the given 2-D shape."""
+    if dim == 1 and bits in (4, 8) and sys.byteorder == "little" and packed.dim() == 2:
+        return _unpack_bytes(packed, bits, shape)
     if dim == 1 and shape[0] > ROWS:
         out = torch.empty(shape, dtype=torch.int8)
         for lo in range(0, shape[0], ROWS):
@@ -63,6 +66,20 @@ def unpack(packed: torch.Tensor, bits: int, shape: tuple[int, int], dim: int = 1
             out[lo : lo + ROWS] = _unpack(part, bits, (part.shape[0], shape[1]), 1)
         return out
     return _unpack(packed, bits, shape, dim)
+
+
+def _unpack_bytes(packed: torch.Tensor, bits: int, shape: tuple[int, int]) -> torch.Tensor:
+    """4 and 8 bits along rows: a little-endian word's bytes hold its elements in order
+    (two nibbles a byte, the lower first), so the words read as bytes unpack without the
+    general path's per-position shifts of int64 words (10x the time at a 7B layer)."""
+    rows, cols = shape
+    b = packed.contiguous().view(torch.uint8)
+    if bits == 8:
+        return (b[:, :cols].to(torch.int16) - 128).to(torch.int8)
+    out = torch.empty(rows, b.shape[1], 2, dtype=torch.uint8)
+    torch.bitwise_and(b, 15, out=out[..., 0])
+    torch.bitwise_right_shift(b, 4, out=out[..., 1])
+    return (out.view(rows, -1)[:, :cols].view(torch.int8) - 8).contiguous()
 
 
 def _unpack(packed: torch.Tensor, bits: int, shape: tuple[int, int], dim: int) -> torch.Tensor:

@@ -80,6 +80,41 @@ static inline __m256 exp8(__m256 x) {
 }
 #endif
 
+/* Row-major codes q [n, k] (plus offset; int4 codes unsigned 0..15 after it) into the
+ * kernels' panel layout: tiles of 8 output rows, each block of 32 inputs as quads of 4
+ * inputs for each of the 8 rows; int4 holds the block's inputs i and i + 16 in one byte's
+ * low and high nibbles. Inputs past k are code 0 (plus offset), rows past n zero bytes,
+ * as cpu.to_panels lays them out. Loading a model's linears this way instead of through
+ * torch's pads and permutes took a third of a Mixture-of-Experts artifact's load. */
+void llmp_to_panels(const int8_t *q, int64_t n, int k, int kp, int bits, int offset, void *out) {
+    int64_t tiles = (n + 7) / 8;
+    int nb = kp / 32;
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        for (int b = 0; b < nb; b++) {
+            for (int c = 0; c < 8; c++) {
+                int64_t row = t * 8 + c;
+                int8_t v[32];
+                for (int i = 0; i < 32; i++) {
+                    int idx = b * 32 + i;
+                    v[i] = row < n ? (int8_t)((idx < k ? q[row * k + idx] : 0) + offset) : 0;
+                }
+                if (bits == 4) {
+                    uint8_t *o = (uint8_t *)out + (t * nb + b) * 128;
+                    for (int j = 0; j < 4; j++)
+                        for (int kk = 0; kk < 4; kk++)
+                            o[(j * 8 + c) * 4 + kk] =
+                                (uint8_t)((v[j * 4 + kk] & 15) | (v[16 + j * 4 + kk] << 4));
+                } else {
+                    int8_t *o = (int8_t *)out + (t * nb + b) * 256;
+                    for (int j = 0; j < 8; j++)
+                        for (int kk = 0; kk < 4; kk++) o[(j * 8 + c) * 4 + kk] = v[j * 4 + kk];
+                }
+            }
+        }
+    }
+}
+
 /* The index of the largest of x [n], the first on ties and the first NaN if any, as
  * torch.argmax: greedy decoding's choice, which torch takes 70-90 us for over a 49k-word
  * vocabulary on two cores (a thread team woken for one reduction). Vectorized: the
