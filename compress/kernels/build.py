@@ -103,7 +103,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_decode_layers.restype = ctypes.c_int
     lib.llmp_decode_tokens.argtypes = [p, p, p, p, i, p, p, p, p, p, p]
     lib.llmp_decode_tokens.restype = ctypes.c_int
-    lib.llmp_decode_workspace.argtypes = [i] * 10
+    lib.llmp_decode_workspace.argtypes = [i] * 9
     lib.llmp_gemv_f32.argtypes = [p, i, i, p, i, p]
     lib.llmp_gemv_f32.restype = None
     lib.llmp_gemv_16.argtypes = [p, i, i, p, i, i, p]

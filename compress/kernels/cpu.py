@@ -638,14 +638,13 @@ class FusedDecoder:
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
         kinds = {  # the scratch is as wide as the wider of an expert and a shared expert
-            (len(x.moe.experts), x.moe.top_k, max(x.moe.inter, x.moe.shared_inter),
-             int(x.moe.shared is not None))
+            (len(x.moe.experts), x.moe.top_k, max(x.moe.inter, x.moe.shared_inter))
             for x in layers
             if x.moe
-        }  # fmt: skip
+        }
         if len(kinds) > 1:
             raise ValueError("every expert layer must have the same experts, top_k and width")
-        self.moe_dims = kinds.pop() if kinds else (0, 0, 0, 0)
+        self.moe_dims = kinds.pop() if kinds else (0, 0, 0)
         self.rotary = 2 * layers[0].cos.shape[1]
         if any(2 * layer.cos.shape[1] != self.rotary for layer in layers):
             raise ValueError("every layer must rotate the same number of dimensions")
@@ -670,7 +669,7 @@ class FusedDecoder:
         experts' part of it, and rows of hidden states and positions for `from_ids`."""
         if b not in self.work:  # the dense part first, the experts' scratch after it
             lib, dims = library(), (b, *self.dims)
-            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0, 0)
+            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
             floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
             work = torch.empty(floats, dtype=torch.float32)
             rows = torch.empty(b, self.dims[0]), torch.empty(b, dtype=torch.int64)

@@ -1373,26 +1373,23 @@ static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D
 }
 
 /* Floats the experts' scratch takes at batch B (none without experts): router logits and
- * choices, then for every (row, chosen expert) pair, B * K rows, and B rows more for a
- * shared expert: its gathered input (fp32, int8 and block scales), gate/up, activation and
- * output. I: the wider of an expert and a shared expert. */
-static int64_t moe_workspace(int B, int hidden, int E, int K, int I, int shared) {
+ * choices, then for every (row, chosen expert) pair, B * K rows: its gathered input (fp32,
+ * int8 and block scales), gate/up, activation and output. I: the wider of an expert and a
+ * shared expert. */
+static int64_t moe_workspace(int B, int hidden, int E, int K, int I) {
     if (E == 0) return 0;
-    int64_t R = (int64_t)B * (K + (shared != 0));
-    int64_t hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
+    int64_t R = (int64_t)B * K, hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
     return (int64_t)B * E + 2 * (int64_t)B * K + 2 * R
            + R * (hp + hp / 16 + 2 * (int64_t)I + ip + ip / 16 + hidden) + R * (hp + ip) / 4 + 16;
 }
 
 /* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
  * scales and sums, projections, int8 codes, and the experts' scratch (E experts, top K,
- * width I, a shared expert or not; E = 0 without experts). The caller owns it (allocated
- * once per batch size, not once per step: a fresh megabyte each step is an mmap and its
- * page faults). */
+ * width I; E = 0 without experts). The caller owns it (allocated once per batch size, not
+ * once per step: a fresh megabyte each step is an mmap and its page faults). */
 int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
-                              int E, int K, int I, int shared) {
-    return dense_workspace(B, hidden, heads, kv_heads, D, inter)
-           + moe_workspace(B, hidden, E, K, I, shared);
+                              int E, int K, int I) {
+    return dense_workspace(B, hidden, heads, kv_heads, D, inter) + moe_workspace(B, hidden, E, K, I);
 }
 
 /* One GEMM of a grouped pass: y [M, l->n] = x @ W.T. */
@@ -1464,20 +1461,19 @@ static int gemm_jobs(const GemmJob *jobs, int n) {
 }
 
 /* out [B, hidden] = the experts' MLP of the normed rows xf [B, hp] (quantized: x8/dx/bs).
- * The rows routed to each chosen expert are gathered side by side, a shared expert's B
- * rows after them; every chosen expert's gate_up and the shared one's run in one grouped
- * pass, the activation over all their rows at once, then every down in one pass. Experts
- * add their weighted rows in index order, then the gated shared expert, as the per-op
- * path does. */
+ * The rows routed to each chosen expert are gathered side by side; every chosen expert's
+ * gate_up runs in one grouped pass, the activation over all their rows at once, then every
+ * down in one pass. Experts add their weighted rows in index order, as the per-op path
+ * does. */
 static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
                    const int8_t *x8, const float *dx, const float *bs, float *out, float *w) {
     int E = M->n_experts, K = M->top_k, I = M->inter, S = M->shared ? M->shared_inter : 0;
     int W = I > S ? I : S; /* the scratch holds the wider of an expert and the shared one */
     int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, sp = (S + 31) / 32 * 32;
     int wp = (W + 31) / 32 * 32, nbh = hp / 32, nbi = wp / 32;
-    int64_t R = (int64_t)B * (K + (S > 0)); /* as moe_workspace lays it out */
-    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + (int64_t)B * K;
-    int32_t *choice = (int32_t *)(rw + (int64_t)B * K), *rows = choice + (int64_t)B * K;
+    int64_t R = (int64_t)B * K;
+    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + R;
+    int32_t *choice = (int32_t *)(rw + R), *rows = choice + R;
     float *gpad = (float *)(rows + R), *gdx = gpad + R * hp, *gbs = gdx + R * nbh;
     float *gu = gbs + R * nbh, *apad = gu + R * 2 * W;
     float *adx = apad + R * wp, *abs_ = adx + R * nbi;
@@ -1485,7 +1481,7 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
     llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
     int starts[E + 1], used[E], n_used = 0, n = 0;
-    GemmJob jobs[E + 1];
+    GemmJob jobs[E];
     for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
         starts[e] = n;
         for (int b = 0; b < B; b++)
@@ -1494,20 +1490,12 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
         if (n > starts[e]) used[n_used++] = e;
     }
     starts[E] = n;
-    int total = n + (S > 0 ? B : 0); /* the shared expert's rows: every row, in order */
-    for (int i = n; i < total; i++) rows[i] = i - n;
-    for (int i = 0; i < total; i++) {
+    for (int i = 0; i < n; i++) {
         memcpy(gx8 + (int64_t)i * hp, x8 + (int64_t)rows[i] * hp, hp);
         memcpy(gpad + (int64_t)i * hp, xf + (int64_t)rows[i] * hp, hp * sizeof(float));
         memcpy(gdx + (int64_t)i * nbh, dx + (int64_t)rows[i] * nbh, nbh * sizeof(float));
         memcpy(gbs + (int64_t)i * nbh, bs + (int64_t)rows[i] * nbh, nbh * sizeof(float));
     }
-    /* the shared expert's gate/up sit after the routed rows' (2I wide), its activation
-     * after theirs (ip wide), its output after theirs (hidden wide) */
-    float *sgu = gu + (int64_t)n * 2 * I, *sapad = apad + (int64_t)n * ip;
-    float *sadx = adx + (int64_t)n * (ip / 32), *sabs = abs_ + (int64_t)n * (ip / 32);
-    int8_t *sax8 = ax8 + (int64_t)n * ip;
-    float *sy = y + (int64_t)n * hidden;
     for (int u = 0; u < n_used; u++) {
         int e = used[u], a = starts[e];
         if (M->reads) M->reads[e]++;
@@ -1515,22 +1503,15 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
                             gbs + (int64_t)a * nbh, gpad + (int64_t)a * hp, starts[e + 1] - a,
                             gu + (int64_t)a * 2 * I};
     }
-    int n_jobs = n_used;
-    if (S > 0)
-        jobs[n_jobs++] = (GemmJob){M->shared, gx8 + (int64_t)n * hp, gdx + (int64_t)n * nbh,
-                                   gbs + (int64_t)n * nbh, gpad + (int64_t)n * hp, B, sgu};
-    if (gemm_jobs(jobs, n_jobs)) return -1;
+    if (gemm_jobs(jobs, n_used)) return -1;
     llmp_act_mul_quant(gu, n, I, ip, act, apad, ax8, adx, abs_);
-    if (S > 0) llmp_act_mul_quant(sgu, B, S, sp, act, sapad, sax8, sadx, sabs);
     for (int u = 0; u < n_used; u++) {
         int e = used[u], a = starts[e];
         jobs[u] = (GemmJob){M->experts + 2 * e + 1, ax8 + (int64_t)a * ip, adx + (int64_t)a * (ip / 32),
                             abs_ + (int64_t)a * (ip / 32), apad + (int64_t)a * ip,
                             starts[e + 1] - a, y + (int64_t)a * hidden};
     }
-    if (S > 0)
-        jobs[n_used] = (GemmJob){M->shared + 1, sax8, sadx, sabs, sapad, B, sy};
-    if (gemm_jobs(jobs, n_jobs)) return -1;
+    if (gemm_jobs(jobs, n_used)) return -1;
     memset(out, 0, (size_t)B * hidden * sizeof(float));
     for (int i = 0; i < n; i++) { /* weighted, then added: no fused multiply-add, as torch */
         float *o = out + (int64_t)rows[i] * hidden, *yr = y + (int64_t)i * hidden;
@@ -1541,8 +1522,15 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     /* the shared expert, every row: gate * shared(x), rounded, then added (as torch) */
     float *gate = logits; /* routing is done: its B * E floats are free */
     llmp_sigmoid_gate(xf, B, hp, M->shared_gate, hidden, gate);
-    for (int64_t i = 0; i < (int64_t)B * hidden; i++) sy[i] *= gate[i / hidden];
-    for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += sy[i];
+    memcpy(gx8, x8, (size_t)B * hp); /* qlin may requantize its input in place */
+    memcpy(gpad, xf, (size_t)B * hp * sizeof(float));
+    memcpy(gdx, dx, (size_t)B * nbh * sizeof(float));
+    memcpy(gbs, bs, (size_t)B * nbh * sizeof(float));
+    if (qlin(M->shared, gx8, gdx, gbs, B, gu, gpad, hp)) return -1;
+    llmp_act_mul_quant(gu, B, S, sp, act, apad, ax8, adx, abs_);
+    if (qlin(M->shared + 1, ax8, adx, abs_, B, y, apad, sp)) return -1;
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += y[i];
     return 0;
 }
 
