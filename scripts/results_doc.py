@@ -872,9 +872,15 @@ def _machines(d: dict) -> str:
     """The CPU each step ran on: one name when every step shared it, else each with its steps."""
     steps = {}
     for r in d["rows"]:
-        for name, v in r.items():
-            if isinstance(v, dict) and "wall_s" in v:
-                steps.setdefault(v.get("cpu", d["cpu"]), []).append(f"{r['shape']} {name}")
+        cpus = {
+            n: v.get("cpu", d["cpu"]) for n, v in r.items() if isinstance(v, dict) and "wall_s" in v
+        }
+        for cpu in dict.fromkeys(cpus.values()):
+            mine = [n.removeprefix("compress_") for n, c in cpus.items() if c == cpu]
+            whole = len(mine) == len(cpus)
+            steps.setdefault(cpu, []).append(
+                r["shape"] + ("" if whole else f" ({', '.join(mine)})")
+            )
     if len(steps) == 1:
         return next(iter(steps))
     return "; ".join(f"{cpu} for {', '.join(names)}" for cpu, names in steps.items())
@@ -913,6 +919,9 @@ def scale(d: dict) -> list[str]:
         "",
         *table(head, rows),
     ]
+    missing = [r["shape"] for r in d["rows"] if not r.get("eval_first")]
+    if missing:
+        out += ["", f"Not measured yet: eval at {', '.join(missing)}."]
     notes = [r for r in d["rows"] if r.get("calibrated_blocks")]
     if notes:
         out += ["", "awq and gptq ran on a copy of " + ", ".join(r["shape"] for r in notes)
