@@ -3,7 +3,14 @@
 import pytest
 import torch
 
-from compress.kernels.cpu import EXACT_ABOVE, GEMV_ROWS, PackedLinear, panels_of, quantize_input
+from compress.kernels.cpu import (
+    EXACT_ABOVE,
+    GEMV_ROWS,
+    PackedLinear,
+    panels_of,
+    quantize_input,
+    to_panels,
+)
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 
 CASES = [
@@ -126,12 +133,13 @@ def test_fused_panels_are_the_panels_of_the_joined_codes(bits, rows):
     parts = [PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits) for qw in qws]
     fused = PackedLinear.concat(parts)
     joined = torch.cat([qw.q for qw in qws])
-    assert torch.equal(fused.packed, panels_of(joined, 96, parts[0].offset, bits))
-    assert torch.equal(fused.packed, panels_of(joined.to(torch.int16), 96, parts[0].offset, bits))
-    ragged = torch.randint(-8, 8, (37, 100), dtype=torch.int8)  # rows and inputs padded
     offset = parts[0].offset
-    want = panels_of(ragged.to(torch.int16), 128, offset, bits)  # torch's pads and permutes
+    assert torch.equal(fused.packed, panels_of(joined, 96, offset, bits))
+    ragged = torch.randint(-8, 8, (37, 100), dtype=torch.int8)  # rows and inputs padded
+    codes = torch.nn.functional.pad(ragged.to(torch.int16), (0, 28)) + offset
+    want = to_panels(codes, bits)  # the layout through torch's pads and permutes
     assert torch.equal(panels_of(ragged, 128, offset, bits), want)  # the C layout
+    assert torch.equal(fused.packed, to_panels(joined.to(torch.int16) + offset, bits))
 
 
 def test_large_batches_take_the_exact_path():

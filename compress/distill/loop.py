@@ -169,17 +169,12 @@ def distill(
     mode = sharding.choose(s.parallel, params, logits, device, adapter.experts)
     t_run, s_run = teacher, student
     if mode == "fsdp":
-        names = {id(p): n for n, p in student.named_parameters()}
-        t_run = sharding.shard(teacher, adapter.blocks)
-        sharding.release(teacher, keep=student.parameters())
-        s_run = sharding.shard(student, adapter.blocks)
-        sharding.release(student)
-        twin = dict(s_run.named_parameters())
-        params = [twin[names[id(p)]] for p in params]
+        t_run, s_run, twin_of = sharding.shard_pair(teacher, student, adapter.blocks)
+        params = [twin_of(p) for p in params]
         groups = (
             params
             if param_groups is None
-            else [{**g, "params": [twin[names[id(p)]] for p in g["params"]]} for g in param_groups]
+            else [{**g, "params": [twin_of(p) for p in g["params"]]} for g in param_groups]
         )
     if mode != "one process":
         log(f"distill: {mode} over {distributed.world()} processes")

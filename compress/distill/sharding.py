@@ -81,6 +81,19 @@ def shard(model: torch.nn.Module, blocks: str) -> torch.nn.Module:
     return twin
 
 
+def shard_pair(teacher: torch.nn.Module, student: torch.nn.Module, blocks: str):
+    """Both models' twins, each model emptied once its twin holds its values (a parameter
+    the two share only after both twins do), and the map from a student parameter to its
+    twin's (for the optimizer's groups)."""
+    names = {id(p): n for n, p in student.named_parameters()}
+    t_run = shard(teacher, blocks)
+    release(teacher, keep=student.parameters())
+    s_run = shard(student, blocks)
+    release(student)
+    twin = dict(s_run.named_parameters())
+    return t_run, s_run, lambda p: twin[names[id(p)]]
+
+
 def release(model: torch.nn.Module, keep=()) -> None:
     """`model`'s parameters emptied (their values live in a twin's shards until `gather`),
     but those of `keep`: a parameter the other model shares must wait for its twin."""

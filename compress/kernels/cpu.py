@@ -292,22 +292,17 @@ def from_panels(panel: torch.Tensor, bits: int, n: int, kp: int) -> torch.Tensor
     return c.reshape(tiles * TILE, kp)[:n]
 
 
-def panels_of(q: torch.Tensor, kp: int, offset: int, bits: int, rows: int = 8192):
-    """to_panels of the codes q [N, K] (+ offset, zero-padded to kp inputs), made `rows`
-    output rows at a time: whole, a 152k-word head's int16 codes and their permuted copy
-    were 2.2 GB beside the weights while a 7B artifact loaded."""
+def panels_of(q: torch.Tensor, kp: int, offset: int, bits: int) -> torch.Tensor:
+    """to_panels of the codes q [N, K] (+ offset, zero-padded to kp inputs), laid out in C
+    (llmp_to_panels) with no temporaries: through torch, a 152k-word head's widened codes
+    and their permuted copy were gigabytes beside a 7B artifact's weights as it loaded."""
     n, k = q.shape
-    per_row = kp * bits // 8  # bytes one output row takes in the panels
+    if q.dtype != torch.int8:  # every b-bit code (b <= 8) fits
+        q = q.to(torch.int8)
+    q = q.contiguous()
     dtype = torch.uint8 if bits == 4 else torch.int8
-    out = torch.empty(-(-n // TILE) * TILE * per_row, dtype=dtype)
-    if q.dtype == torch.int8 and q.device.type == "cpu":  # in C, no temporaries
-        q = q.contiguous()
-        library().llmp_to_panels(_ptr(q), n, k, kp, bits, offset, _ptr(out))
-        return out
-    for lo in range(0, n, rows):
-        codes = torch.nn.functional.pad(q[lo : lo + rows].to(torch.int16), (0, kp - k))
-        chunk = to_panels(codes + offset, bits)
-        out[lo * per_row : lo * per_row + chunk.numel()] = chunk
+    out = torch.empty(-(-n // TILE) * TILE * (kp * bits // 8), dtype=dtype)
+    library().llmp_to_panels(_ptr(q), n, k, kp, bits, offset, _ptr(out))
     return out
 
 
