@@ -8,7 +8,10 @@ KV heads, 30 layers) and of benchmarks/families.py's MoE rows (16 over 4, 16 lay
 head dim 64, at several context lengths. Reported: median microseconds per layer call of
 each build (a ctypes call's few microseconds included, the same for both) and their ratio.
 
-    python benchmarks/attention_ab.py [--rev 902f2a5] [--contexts 96,400,1500]
+    python benchmarks/attention_ab.py [--rev HEAD] [--contexts 96,400,1500]
+
+Both builds read the cache through this checkout's C struct (the paged layout), so the
+earlier revision must have it too.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ def attention(lib):
 def step_times(fns: dict, heads: int, kv_heads: int, layers: int, context: int, steps: int):
     """Median µs per layer call of each build: `steps` steps, the builds taking turns."""
     cache = KVCache(layers, 1, kv_heads, context + 8, D, scheme=FP32)
+    cache.prepare(0, 0, context)  # the sequence's blocks, in the pool's order
     torch.manual_seed(0)
     cache.k.normal_(), cache.v.normal_()
     kvc = ctypes.byref(cpu.kv_struct(cache))
@@ -68,7 +72,7 @@ def step_times(fns: dict, heads: int, kv_heads: int, layers: int, context: int, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rev", default="902f2a5", help="the earlier revision")
+    ap.add_argument("--rev", default="HEAD", help="the earlier revision")
     ap.add_argument(
         "--change",
         default="weighted_rows (p · V over fp32 rows) 64 channels at a time, eight "

@@ -206,6 +206,7 @@ def main() -> None:
                     "hung": hung,
                     "running_after": metric(port, "llmpress_requests_running"),
                     "slots_in_use_after": metric(port, "llmpress_kv_cache_slots_in_use"),
+                    "blocks_in_use_after": metric(port, "llmpress_kv_cache_blocks_in_use"),
                 }
                 print(json.dumps(leak), flush=True)
             httpd.shutdown()
@@ -281,7 +282,8 @@ def table(record: dict) -> str:
         lines.append(
             f"Disconnect run: {leak['clients']} clients, {leak['disconnected']} left mid-stream; "
             f"afterwards running = {leak['running_after']:.0f}, KV slots in use = "
-            f"{leak['slots_in_use_after']:.0f}."
+            f"{leak['slots_in_use_after']:.0f}, KV blocks in use = "
+            f"{leak.get('blocks_in_use_after', float('nan')):.0f}."
         )
     return "\n".join(lines)
 

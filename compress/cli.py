@@ -520,6 +520,13 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
     help="MB of prompt-prefix k/v kept so that requests sharing a prompt's start skip "
     "prefilling it (default: 1024; 0 turns the prefix cache off).",
 )
+@click.option(
+    "--kv-tokens",
+    type=int,
+    help="Tokens the KV cache holds, all sequences together, in blocks taken as sequences "
+    "grow; a request is admitted when its prompt and max_tokens fit what is free "
+    "(default: max-batch x max-len).",
+)
 def serve(artifact: str, **options) -> None:
     """Serve ARTIFACT over an OpenAI-compatible HTTP API on the decode runtime."""
     from compress.serve.app import run_server
@@ -539,6 +546,8 @@ def serve(artifact: str, **options) -> None:
         raise LlmpressError(f"--max-connections {options['max_connections']}: give 1 or more")
     if options["prefix_cache_mb"] is not None and options["prefix_cache_mb"] < 0:
         raise LlmpressError(f"--prefix-cache-mb {options['prefix_cache_mb']}: give 0 (off) or more")
+    if options["kv_tokens"] is not None and options["kv_tokens"] < 1:
+        raise LlmpressError(f"--kv-tokens {options['kv_tokens']}: give 1 or more")
     check_api_key(options["api_key"])
     check_threads(options["threads"])
     if not options["api_key"] and not is_loopback(options["host"]):

@@ -529,8 +529,9 @@ def serve_load(d: dict) -> list[str]:
         "",
         f"Disconnect run: {x['clients']} clients at capacity {x['capacity']}, "
         f"{x['disconnected']} closing the connection mid-stream; afterwards "
-        f"{x['running_after']:g} requests running and {x['slots_in_use_after']:g} KV slots in "
-        f"use. {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
+        f"{x['running_after']:g} requests running and {x['slots_in_use_after']:g} KV slots"
+        + (f" and {x['blocks_in_use_after']:g} KV blocks" if "blocks_in_use_after" in x else "")
+        + f" in use. {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
         "tokens/s of one stream in the same run.",
         *served_vs_bench(d),
     ]

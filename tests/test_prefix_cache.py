@@ -2,46 +2,11 @@
 follows them, and reply exactly as if they had prefilled everything, on every KV-cache kind."""
 
 import pytest
-import torch
 from conftest import wikitext_passages
 
-from compress.runtime.engine import Engine
+from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import parse_kv
-from compress.runtime.prefix_cache import PrefixCache
 from compress.runtime.sampling import SamplingParams
-
-
-def _kv(layers: int, n: int, seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(2, n, 4, generator=g), torch.randn(2, n, 4, generator=g))] * layers
-
-
-def test_a_block_matches_only_behind_the_same_whole_prefix():
-    cache = PrefixCache(1 << 20, block=4)
-    a = list(range(10))
-    kv = _kv(2, 10, 0)
-    cache.insert(a, kv)
-    assert len(cache.blocks) == 2  # the full blocks only: tokens 0-3 and 4-7
-    n, got = cache.lookup(a + [99], limit=10)
-    assert n == 8
-    torch.testing.assert_close(got[1][0], kv[1][0][:, :8], rtol=0, atol=0)
-    assert cache.lookup(a, limit=7)[0] == 4  # at most `limit` tokens
-    changed = [5] + a[1:]  # same second block, different first: nothing matches
-    assert cache.lookup(changed, limit=10) == (0, None)
-    assert cache.hit_tokens == 12 and cache.prompt_tokens == 11 + 10 + 10
-
-
-def test_eviction_keeps_the_budget_and_drops_a_chain_tail_first():
-    one = 2 * 2 * 2 * 4 * 4 * 4  # bytes of one block: 2 layers x (k, v) x [2, 4, 4] fp32
-    cache = PrefixCache(3 * one, block=4)
-    a, b = list(range(12)), list(range(100, 112))
-    cache.insert(a, _kv(2, 12, 0))
-    cache.insert(b, _kv(2, 12, 1))
-    assert cache.bytes <= 3 * one and len(cache.blocks) == 3
-    assert cache.lookup(b, 12)[0] == 12  # the newest chain whole
-    assert cache.lookup(a, 12)[0] == 0  # the oldest went first
-    cache.insert(a[:4], _kv(2, 4, 0))  # a's head back: b's tail goes, its head stays
-    assert cache.lookup(a, 12)[0] == 4 and cache.lookup(b, 12)[0] == 8
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +55,41 @@ def test_echoed_prompts_are_scored_whole(w4_runtime, prompts):
     lp = [r.logprob for r in a.prompt_logprobs[1:]]
     assert lp == pytest.approx([r.logprob for r in b.prompt_logprobs[1:]], abs=1e-4)
     assert got.prefix.hit_tokens == 0
+
+
+@pytest.mark.parametrize("kv", ["none", "int4"])
+def test_admission_waits_for_free_blocks_and_shared_blocks_let_more_in(w4_runtime, prompts, kv):
+    """A pool with room for one request's prompt and reply, and for a second one's past
+    the shared preamble: without the prefix cache the three requests run one at a time,
+    each admitted when the one before gave its blocks back; with it, a second one shares
+    the preamble's blocks and runs beside the first. Replies equal those of an engine
+    whose pool holds everything, and blocks are taken as sequences grow, not all at
+    admission."""
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    roomy = Engine(w4_runtime, 3, 512, parse_kv(kv), prefix_cache_bytes=0)
+    want = [r.output for r in roomy.generate(prompts, params)]
+    need = roomy.cache.blocks_for(max(len(p) for p in prompts) + 40)
+    common = next(i for i in range(len(prompts[0])) if len({p[i] for p in prompts}) > 1)
+    shared = common // roomy.cache.block
+
+    def run(cache_bytes: int):
+        engine = Engine(
+            w4_runtime, 3, 512, parse_kv(kv), prefix_cache_bytes=cache_bytes,
+            kv_blocks=2 * need - shared,
+        )  # fmt: skip
+        reqs = [engine.submit(Request(list(p), params)) for p in prompts]
+        most, used = 0, []
+        while not engine.idle:
+            engine.step()
+            most = max(most, len(engine.running))
+            used.append(engine.cache.pool.used)
+        assert engine.cache.pool.used == 0  # every block back
+        return [r.output for r in reqs], most, used
+
+    got, most, used = run(0)
+    assert got == want and most == 1
+    assert used[0] < used[-2]  # a sequence takes blocks as it grows
+    got, most, _ = run(1 << 28)
+    assert got == want and most >= 2
+    with pytest.raises(ValueError, match="KV-cache blocks"):
+        Engine(w4_runtime, 3, 512, kv_blocks=2).submit(Request(list(prompts[0]), params))

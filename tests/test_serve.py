@@ -108,7 +108,26 @@ def test_a_shared_prompt_start_is_computed_once_and_metrics_say_so(server):
     assert again.choices[0].text == first.choices[0].text
     assert _metric(url, "llmpress_prefix_cache_hit_tokens_total") - hits == 64
     assert 0 < _metric(url, "llmpress_prefix_cache_hit_rate") <= 1
-    assert _metric(url, "llmpress_prefix_cache_bytes") > 0
+    assert _metric(url, "llmpress_kv_cache_blocks_cached") >= 2  # kept, held by nobody
+
+
+def test_a_prompt_prefilled_over_several_steps_counts_its_first_token(server):
+    """A prompt cut into chunks of 16 tokens is cached four steps after it arrived; its
+    request and its time to first token are still counted once each."""
+    app, url = server
+    engine = app.scheduler.engine
+    budget = engine.prefill_tokens
+    names = ("llmpress_time_to_first_token_seconds_count", "llmpress_requests_total")
+    before = [_metric(url, n) for n in names]
+    engine.prefill_tokens = 16
+    try:
+        _client(url).completions.create(
+            model=app.model_name, prompt=[(5 * i) % 4000 + 100 for i in range(60)],
+            max_tokens=3, temperature=0,
+        )  # fmt: skip
+    finally:
+        engine.prefill_tokens = budget
+    assert [_metric(url, n) - b for n, b in zip(names, before, strict=True)] == [1, 1]
 
 
 def test_curl_streams_server_sent_events(server):
@@ -202,6 +221,7 @@ def test_a_client_that_disconnects_frees_its_slot(server):
     sock.close()
     _wait_running(url, lambda n: n == 0)
     assert _metric(url, "llmpress_kv_cache_slots_in_use") == 0
+    assert _metric(url, "llmpress_kv_cache_blocks_in_use") == 0
     generated = _metric(url, "llmpress_generated_tokens_total")
     time.sleep(0.5)
     assert _metric(url, "llmpress_generated_tokens_total") == generated  # nothing runs on

@@ -192,8 +192,12 @@ class _KVC(ctypes.Structure):
     """qgemm.c's KVC: the cache's arrays as the C attention reads them."""
 
     _fields_ = [
-        *((name, ctypes.c_int) for name in ("bits", "cap", "group", "slots", "kv_heads", "d")),
-        *((name, ctypes.c_void_p) for name in ("k", "v", "kq", "vq")),
+        *(
+            (name, ctypes.c_int)
+            for name in ("bits", "block", "group", "slots", "kv_heads", "d", "max_blocks")
+        ),
+        ("n_blocks", ctypes.c_int),
+        *((name, ctypes.c_void_p) for name in ("table", "k", "v", "kq", "vq")),
         *((name, ctypes.c_void_p) for name in ("ks", "km", "vs", "vm", "kr", "vr")),
     ]
 
@@ -212,9 +216,9 @@ def kv_struct(cache) -> _KVC:
     if getattr(cache, "native", None) is not None:
         return cache.native
     bits = cache.scheme.bits or 0
+    _, slots, kv_heads, d = cache.shape
     if bits:
-        _, slots, kv_heads, cap = cache.kq.shape[:4]
-        d, group = cache.k_res.shape[-1], cache.scheme.group
+        group = cache.scheme.group
         arrays = {
             "kq": cache.kq,
             "vq": cache.vq,
@@ -226,17 +230,19 @@ def kv_struct(cache) -> _KVC:
             "vr": cache.v_res,
         }
     else:
-        _, slots, kv_heads, cap, d = cache.k.shape
         group = 1
         arrays = {"k": cache.k, "v": cache.v}
     if d > MAX_HEAD_DIM or group > MAX_KV_GROUP:
         raise ValueError(f"head dim {d} / KV group {group}: the CPU attention takes at most "
                          f"{MAX_HEAD_DIM} / {MAX_KV_GROUP}")  # fmt: skip
-    for name, t in arrays.items():
+    for name, t in [*arrays.items(), ("table", cache.table)]:
         if not t.is_contiguous() or t.device.type != "cpu":
             raise TypeError(f"KV cache array {name} must be a contiguous CPU tensor")
     pointers = {n: _ptr(t) for n, t in arrays.items()}
-    cache.native = _KVC(bits, cap, group, slots, kv_heads, d, **pointers)
+    cache.native = _KVC(
+        bits, cache.block, group, slots, kv_heads, d, cache.max_blocks, cache.pool.n_blocks,
+        table=cache.table.data_ptr(), **pointers,
+    )  # fmt: skip
     return cache.native
 
 
@@ -253,6 +259,7 @@ def decode_attention(
     if slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise TypeError("slots and positions must be int64")
     b, heads, d = q.shape
+    cache.prepare_rows(slots.tolist(), positions.tolist())  # blocks for what it writes
     out = torch.empty_like(q)
     scale = d**-0.5 if scale is None else scale
     library().llmp_decode_attention(

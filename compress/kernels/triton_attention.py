@@ -42,6 +42,7 @@ def _decode_attention(
     o_ptr,
     slot_ptr,
     len_ptr,
+    table_ptr,  # [slots, max_blocks] int32: the pool block of each slot's BLOCK positions
     kq_ptr,
     vq_ptr,
     ks_ptr,
@@ -50,14 +51,15 @@ def _decode_attention(
     vm_ptr,
     kr_ptr,
     vr_ptr,
-    s_slot_q,  # strides of the code tensors [slots, kv_heads, cap, D/pb]: slot, head, row
+    max_blocks,
+    s_blk_q,  # strides of the pooled rows [kv_heads, blocks, BLOCK, row] (codes, or fp32)
     s_head_q,
     s_row_q,
-    s_slot_ks,  # key scales [slots, kv_heads, groups, 1, D]
+    s_blk_ks,  # key scales [kv_heads, blocks, BLOCK / GROUP, 1, D]
     s_head_ks,
-    s_slot_vs,  # value scales [slots, kv_heads, cap, 1]
+    s_blk_vs,  # value scales [kv_heads, blocks, BLOCK, 1]
     s_head_vs,
-    s_slot_r,  # residual [slots, kv_heads, rows, D]
+    s_slot_r,  # residual [slots, kv_heads, GROUP, D]
     s_head_r,
     H,
     REP,
@@ -66,6 +68,7 @@ def _decode_attention(
     D: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -79,35 +82,47 @@ def _decode_attention(
     l_i = 0.0
     acc = tl.zeros((D,), dtype=tl.float32)
     rows = tl.arange(0, GROUP)
-    done = 0
+    table = table_ptr + slot * max_blocks
     if BITS != 0:
         done = (length // GROUP) * GROUP
-        kq = kq_ptr + slot * s_slot_q + g * s_head_q
-        vq = vq_ptr + slot * s_slot_q + g * s_head_q
         for start in range(0, done, GROUP):
+            blk = tl.load(table + start // BLOCK).to(tl.int64)
+            off = start % BLOCK
             r = start + rows
             mask = (r[:, None] < done) & (d[None, :] < D)
-            ks_base = slot * s_slot_ks + g * s_head_ks + (start // GROUP) * D
+            kq = kq_ptr + blk * s_blk_q + g * s_head_q + off * s_row_q
+            vq = vq_ptr + blk * s_blk_q + g * s_head_q + off * s_row_q
+            ks_base = blk * s_blk_ks + g * s_head_ks + (off // GROUP) * D
             kscale = tl.load(ks_ptr + ks_base + d)
             kmin = tl.load(km_ptr + ks_base + d)
-            k = _load_codes(kq, r, d, s_row_q, mask, BITS) * kscale[None, :] + kmin[None, :]
-            vs_base = slot * s_slot_vs + g * s_head_vs
-            vscale = tl.load(vs_ptr + vs_base + r, mask=r < done, other=0.0)
-            vmin = tl.load(vm_ptr + vs_base + r, mask=r < done, other=0.0)
-            v = _load_codes(vq, r, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
+            k = _load_codes(kq, rows, d, s_row_q, mask, BITS) * kscale[None, :] + kmin[None, :]
+            vs_base = blk * s_blk_vs + g * s_head_vs + off
+            vscale = tl.load(vs_ptr + vs_base + rows, mask=r < done, other=0.0)
+            vmin = tl.load(vm_ptr + vs_base + rows, mask=r < done, other=0.0)
+            v = _load_codes(vq, rows, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
             seen = (r < done) & (r >= lo)
             s = tl.where(seen, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
-    kr = kr_ptr + slot * s_slot_r + g * s_head_r
-    vr = vr_ptr + slot * s_slot_r + g * s_head_r
-    for start in range(0, length - done, GROUP):  # full-precision tokens
-        r = start + rows
+        kr = kr_ptr + slot * s_slot_r + g * s_head_r
+        vr = vr_ptr + slot * s_slot_r + g * s_head_r
+        r = rows  # the residual: full-precision tokens done..length-1 (fewer than GROUP)
         valid = (r < length - done) & (done + r >= lo)
         mask = valid[:, None] & (d[None, :] < D)
         k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
+    else:  # fp32 blocks
+        for start in range(0, length, GROUP):
+            blk = tl.load(table + start // BLOCK).to(tl.int64)
+            base = blk * s_blk_q + g * s_head_q + (start % BLOCK) * D
+            r = start + rows
+            valid = (r < length) & (r >= lo)
+            mask = valid[:, None] & (d[None, :] < D)
+            k = tl.load(kr_ptr + base + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
+            v = tl.load(vr_ptr + base + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
+            s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+            m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
 
 
@@ -135,16 +150,17 @@ def decode_attention(
         vs, vm = cache.v_scale[layer], cache.v_min[layer]
         kr, vr = cache.k_res[layer], cache.v_res[layer]
         group = cache.scheme.group
-    else:  # fp32: the whole cache is "residual"; the code pointers are never read
+    else:  # fp32: rows of blocks; the code, scale and residual pointers are never read
         kr, vr = cache.k[layer], cache.v[layer]
         kq = vq = ks = km = vs = vm = kr
         group = 32
-    kv_heads = kr.shape[1]
+    kv_heads = cache.shape[2]
     _decode_attention[(b, heads)](
         q,
         out,
         slots,
         lengths,
+        cache.table,
         kq,
         vq,
         ks,
@@ -153,13 +169,14 @@ def decode_attention(
         vm,
         kr,
         vr,
-        kq.stride(0),
+        cache.max_blocks,
         kq.stride(1),
+        kq.stride(0),
         kq.stride(2),
-        ks.stride(0),
         ks.stride(1),
-        vs.stride(0),
+        ks.stride(0),
         vs.stride(1),
+        vs.stride(0),
         kr.stride(0),
         kr.stride(1),
         heads,
@@ -169,5 +186,6 @@ def decode_attention(
         D=dim,
         BITS=bits,
         GROUP=group,
+        BLOCK=cache.block,
     )
     return out

@@ -1,10 +1,12 @@
 """Continuous batching over the runtime model.
 
-Requests wait in a queue; every `step()` first admits waiting requests into free cache
-slots and prefills their prompts (long ones in chunks, over steps, under a token budget),
-then decodes one token for every running request whose prompt is cached. A
-request that finishes frees its slot at once, and the next step fills it: short requests
-never wait for the longest one in their batch.
+Requests wait in a queue; every `step()` first admits waiting requests and prefills their
+prompts (long ones in chunks, over steps, under a token budget), then decodes one token for
+every running request whose prompt is cached. A request is admitted when a batch slot is
+free and the KV-cache pool has the blocks it may come to need (its prompt and max_tokens,
+less the blocks of a cached prefix it shares); it takes them only as it grows. A request
+that finishes gives its slot and blocks back at once, and the next step reuses them: short
+requests never wait for the longest one in their batch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Chunk, Model
-from compress.runtime.prefix_cache import PrefixCache, block_size
+from compress.runtime.prefix_cache import PrefixCache
 from compress.runtime.sampling import (
     SamplingParams,
     TokenLogprob,
@@ -39,8 +41,10 @@ _ids = itertools.count()
 # +15%); 256 is the smallest budget within 20% of the whole prefill's TTFT.
 PREFILL_TOKENS = 256
 
-# Bytes of prompt-prefix k/v kept for later requests (fp32: 47 KB a token for the default
-# model, 20k tokens; 128 KB a token at a Llama-3-8B shape, 8k tokens). 0 turns it off.
+# Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
+# rest of a prompt to attend to in full precision (47 KB a token for the default model, 20k
+# tokens; 128 KB a token at a Llama-3-8B shape, 8k tokens). An fp32 cache's shared blocks
+# need no copy. 0 turns the prefix cache off.
 PREFIX_CACHE_BYTES = 1 << 30
 
 
@@ -61,6 +65,7 @@ class Request:
     prefilled: int = 0  # prompt tokens in the cache (a long prompt fills it over steps)
     prompt_logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # its chunks'
     prompt_kv: list | None = field(default=None, repr=False)  # Chunk.prefix, while chunked
+    lookups: int = 0  # prefix-cache lookups counted (once, however often it waited)
 
     @property
     def done(self) -> bool:
@@ -78,17 +83,17 @@ class Engine:
         speculator: Speculator | None = None,
         prefill_tokens: int = PREFILL_TOKENS,
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        kv_blocks: int | None = None,
     ):
         s = weights.shape
         self.speculator, self.prefill_tokens = speculator, prefill_tokens
-        self.prefix = (
-            PrefixCache(prefix_cache_bytes, block_size(kv.group)) if prefix_cache_bytes else None
-        )
         self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
         self.cache = KVCache(
-            s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device
-        )
+            s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device,
+            blocks=kv_blocks,
+        )  # fmt: skip
+        self.prefix = PrefixCache(self.cache, prefix_cache_bytes) if prefix_cache_bytes else None
         self.free = list(range(max_batch))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request
@@ -104,6 +109,12 @@ class Engine:
             raise ValueError(
                 f"prompt ({len(request.prompt)} tokens) + max_tokens "
                 f"({request.params.max_tokens}) exceeds the context of {self.max_len} tokens"
+            )
+        if self._blocks_needed(request) > self.cache.pool.n_blocks:
+            raise ValueError(
+                f"prompt + max_tokens need {self._blocks_needed(request)} KV-cache blocks, "
+                f"more than the pool's {self.cache.pool.n_blocks}; lower max_tokens or "
+                "give the cache more blocks"
             )
         if request.params.seed is not None:
             request.generator = torch.Generator().manual_seed(request.params.seed)
@@ -137,11 +148,8 @@ class Engine:
         for req in self.running.values():
             if req.prefilled < len(req.prompt) and budget > 0:
                 budget -= self._chunk(req, budget, work)
-        while self.waiting and self.free and budget > 0:
+        while self.waiting and self.free and budget > 0 and self._admit(self.waiting[0]):
             req = self.waiting.popleft()
-            req.slot = self.free.pop()
-            self.running[req.slot] = req
-            self._reuse(req)
             budget -= self._chunk(req, budget, work)
         touched = []
         if work:
@@ -169,31 +177,56 @@ class Engine:
             touched += decoding
         return touched
 
-    def _reuse(self, req: Request) -> None:
-        """A newly admitted prompt starts from the longest prefix the prefix cache holds
-        (at least its last token is computed: it gives the first reply token's logits),
-        copied into its slot. Not for a prompt scored token by token (echo): every one of
-        its tokens' logits is asked for. Either way the request keeps its prompt's k/v as
-        computed while it is prefilled (Chunk.prefix), for the prefix cache to take."""
+    def _blocks_needed(self, req: Request) -> int:
+        """KV-cache blocks a request may come to hold: its prompt and every token it may
+        generate (speculation's drafts stay within them)."""
+        return self.cache.blocks_for(len(req.prompt) + req.params.max_tokens)
+
+    def _admit(self, req: Request) -> bool:
+        """Give the next waiting request a slot and its cached prefix when the pool can
+        hold everything it and the running requests may still need (nobody then ever runs
+        out of blocks mid-sequence); False: it waits."""
+        pool, held = self.cache.pool, self.cache.held
+        owed = sum(
+            max(0, self._blocks_needed(r) - len(held[slot])) for slot, r in self.running.items()
+        )
+        blocks, kv = self._lookup(req)
+        unheld = sum(1 for b in blocks if pool.refs[b] == 0)  # taken from the evictable ones
+        if self._blocks_needed(req) - len(blocks) + unheld > pool.available - owed:
+            return False
+        req.slot = self.free.pop()
+        self.running[req.slot] = req
+        if blocks:
+            self.cache.share(req.slot, blocks)
+            req.prefilled = len(blocks) * self.cache.block
+            req.prompt_kv = kv  # a quantized cache: the rest attends in full precision
+        elif self.prefix is not None and self.prefix.needs_copies:
+            req.prompt_kv = [] if len(req.prompt) >= self.cache.block else None
+        return True
+
+    def _lookup(self, req: Request) -> tuple[list[int], list | None]:
+        """The cached blocks a newly admitted prompt may start from (at least its last
+        token is computed: it gives the first reply token's logits). None for a prompt
+        scored token by token (echo): every one of its tokens' logits is asked for. Looked
+        up once per request, however often it waits."""
         if self.prefix is None:
-            return
+            return [], None
         limit = 0 if req.params.prompt_logprobs else len(req.prompt) - 1
-        n, kv = self.prefix.lookup(req.prompt, limit)
-        if n:
-            for i, (k, v) in enumerate(kv):
-                self.cache.write(i, req.slot, 0, k, v)
-            self.cache.lengths[req.slot] = n
-            req.prefilled, req.prompt_kv = n, kv  # the rest attends in full precision
-        elif len(req.prompt) >= self.prefix.block:
-            req.prompt_kv = []
+        if req.lookups == 0:
+            req.lookups += 1
+            return self.prefix.lookup(req.prompt, limit)
+        counted = self.prefix.prompt_tokens, self.prefix.hit_tokens
+        found = self.prefix.lookup(req.prompt, limit)
+        self.prefix.prompt_tokens, self.prefix.hit_tokens = counted
+        return found
 
     def _remember(self, req: Request) -> None:
-        """Offer the full blocks prefilled so far to the prefix cache: after every chunk,
-        so that a request admitted while a long shared prompt is still being prefilled
-        finds the part already done."""
-        n = req.prefilled // self.prefix.block * self.prefix.block
-        if n and req.prompt_kv is not None:
-            self.prefix.insert(req.prompt[:n], req.prompt_kv)
+        """Index the full blocks prefilled so far: after every chunk, so that a request
+        admitted while a long shared prompt is still being prefilled finds the part
+        already done."""
+        n = req.prefilled // self.cache.block * self.cache.block
+        if n:
+            self.prefix.insert(req.slot, req.prompt[:n], req.prompt_kv)
 
     def _chunk(self, req: Request, budget: int, work: list) -> int:
         """Queue the next chunk of req's prompt (at most `budget` tokens); its size."""
@@ -267,7 +300,7 @@ class Engine:
         req.finished_at = time.perf_counter()
         if req.slot is not None and self.running.get(req.slot) is req:
             del self.running[req.slot]
-            self.cache.lengths[req.slot] = 0
+            self.cache.release(req.slot)
             self.free.append(req.slot)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:

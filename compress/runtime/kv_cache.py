@@ -1,4 +1,6 @@
-"""Preallocated KV cache, one slot per running sequence, in fp32 or KIVI-quantized form.
+"""The KV cache of the running sequences, in fp32 or KIVI-quantized form, paged: each
+sequence's tokens live in fixed-size blocks of a shared pool (compress/runtime/kv_blocks.py),
+taken as it grows and shared between sequences whose prompts start alike.
 
 KIVI (Liu et al., 2024): keys are quantized per channel, values per token, and the most
 recent tokens stay in full precision until a group of them is complete. Here a slot keeps
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from compress.errors import LlmpressError
+from compress.runtime.kv_blocks import BlockPool, block_size
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,11 @@ def _unpack4(packed: torch.Tensor) -> torch.Tensor:
 
 
 class KVCache:
-    """k/v for `layers` × `slots` sequences of up to `max_len` tokens. Constructing a
-    KVCache gives the class its scheme needs: FP32Cache or KiviCache."""
+    """k/v for `layers` × `slots` sequences of up to `max_len` tokens, stored in a pool of
+    `blocks` blocks of `block` tokens (default: enough for every slot's whole context). Each
+    slot's block table (`table`, row per slot) names the pool blocks holding its positions
+    0.., block by block; `prepare` gives a slot blocks before anything is written there.
+    Constructing a KVCache gives the class its scheme needs: FP32Cache or KiviCache."""
 
     exact = False  # whether reads give back exactly what was written (not quantized)
 
@@ -101,16 +107,82 @@ class KVCache:
             cls = FP32Cache if scheme.bits is None else KiviCache
         return super().__new__(cls)
 
-    def __init__(self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32, device="cpu"):
+    def __init__(
+        self, layers, slots, kv_heads, max_len, head_dim, scheme=FP32, device="cpu", blocks=None
+    ):
         self.scheme, self.max_len = scheme, max_len
+        self.block = block_size(scheme.group)
+        self.max_blocks = max_len // self.block + 1
+        self.pool = BlockPool(slots * self.max_blocks if blocks is None else blocks)
         self.shape = (layers, slots, kv_heads, head_dim)
         self.native = None  # the C kernels' view of these arrays (compress/kernels/cpu.py)
+        self.held: list[list[int]] = [[] for _ in range(slots)]  # the table, as lists
         with torch.device(device):  # every buffer on `device`
             self.lengths = torch.zeros(slots, dtype=torch.long)
-            self._allocate(layers, (layers, slots, kv_heads), max_len, head_dim)
+            self.table = torch.zeros(slots, self.max_blocks, dtype=torch.int32)
+            self._allocate(layers, (layers, kv_heads, self.pool.n_blocks), head_dim)
 
-    def _allocate(self, layers, dims, max_len, head_dim) -> None:
+    def _allocate(self, layers, dims, head_dim) -> None:
         raise NotImplementedError
+
+    def _arrays(self) -> tuple[torch.Tensor, ...]:
+        """The pool's arrays, each [layers, kv_heads, blocks, ...]: a head's blocks side by
+        side, so a sequence whose blocks were taken in a row reads one run of memory."""
+        raise NotImplementedError
+
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` tokens."""
+        return -(-tokens // self.block)
+
+    def prepare(self, slot: int, start: int, end: int) -> None:
+        """Make positions start..end-1 of `slot` writable: blocks are taken from the pool
+        as the sequence grows, and a block another sequence also holds is copied first.
+        Raises OutOfBlocks when the pool has none left."""
+        held, bs = self.held[slot], self.block
+        for i in range(start // bs, (end - 1) // bs + 1):
+            if i < len(held):
+                if not self.pool.writable(held[i]):  # shared: copy on write
+                    b = self.pool.allocate()
+                    for t in self._arrays():
+                        t[:, :, b] = t[:, :, held[i]]
+                    self.pool.release(held[i])
+                    held[i] = b
+                    self.table[slot, i] = b
+                continue
+            while len(held) <= i:
+                held.append(self.pool.allocate())
+                self.table[slot, len(held) - 1] = held[-1]
+
+    def prepare_rows(self, slots: list[int], positions: list[int]) -> None:
+        """`prepare` one position for each of several slots (a decode step's rows)."""
+        bs, refs, indexed = self.block, self.pool.refs, self.pool.key_of
+        for slot, pos in zip(slots, positions, strict=True):
+            held, i = self.held[slot], pos // bs
+            if i >= len(held) or refs[held[i]] > 1 or held[i] in indexed:
+                self.prepare(slot, pos, pos + 1)
+
+    def share(self, slot: int, blocks: list[int]) -> None:
+        """An empty slot starts with `blocks` (full blocks of a cached prefix) as its own."""
+        if self.held[slot]:
+            raise ValueError(f"slot {slot} already holds blocks")
+        for i, b in enumerate(blocks):
+            self.pool.hold(b)
+            self.held[slot].append(b)
+            self.table[slot, i] = b
+        self.lengths[slot] = len(blocks) * self.block
+
+    def register(self, slot: int, keys: list[bytes]) -> None:
+        """Index the slot's first len(keys) blocks (full, written) under `keys`."""
+        for key, b in zip(keys, self.held[slot], strict=False):
+            self.pool.register(key, b)
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence is done: its blocks go back to the pool, the last first (a
+        prefix's head is evicted last: a lost head would strand the blocks behind it)."""
+        for b in reversed(self.held[slot]):
+            self.pool.release(b)
+        self.held[slot].clear()
+        self.lengths[slot] = 0
 
     def bytes_per_token(self) -> float:
         """KV bytes stored per token, all layers (codes and scales; a KIVI residual is
@@ -133,22 +205,48 @@ class KVCache:
         return self.max_len - int(self.lengths[slot])
 
     def write_tokens(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k, v):
-        """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position."""
+        """Store one token per slot: k/v [B, kv_heads, hd] at each slot's position (its
+        block prepared)."""
         for j, slot in enumerate(slots.tolist()):
             self.write(layer, slot, int(positions[j]), k[j][:, None], v[j][:, None])
 
     def fill_random(self, batch: int, context: int, gen: torch.Generator) -> None:
         """Slots 0..batch-1 hold `context` random tokens (for timing: a step's cost does
         not depend on the values)."""
+        for slot in range(batch):
+            self.prepare(slot, 0, context)
+        self._fill_random(gen)
+        self.lengths[:batch] = context
+
+    def _fill_random(self, gen: torch.Generator) -> None:
         raise NotImplementedError
+
+    def _spans(self, slot: int, start: int, t: int):
+        """(block, offset in it, offset in the input, count) covering start..start+t-1."""
+        pos, held = start, self.held[slot]
+        while pos < start + t:
+            i, off = divmod(pos, self.block)
+            n = min(self.block - off, start + t - pos)
+            yield held[i], off, pos - start, n
+            pos += n
+
+    def _gather(self, t: torch.Tensor, slot_blocks: torch.Tensor) -> torch.Tensor:
+        """Pool array t [kv_heads, blocks, rows, ...] of the given blocks [B, nb], as
+        [B, kv_heads, nb * rows, ...] in position order."""
+        g = t[:, slot_blocks]  # [kvh, B, nb, rows, ...]
+        kvh, b, nb, rows = g.shape[:4]
+        return g.transpose(0, 1).reshape(b, kvh, nb * rows, *g.shape[4:])
 
 
 class FP32Cache(KVCache):
     exact = True  # reads give back what was written
 
-    def _allocate(self, layers, dims, max_len, head_dim):
-        self.k = torch.zeros(*dims, max_len, head_dim)
-        self.v = torch.zeros(*dims, max_len, head_dim)
+    def _allocate(self, layers, dims, head_dim):
+        self.k = torch.zeros(*dims, self.block, head_dim)
+        self.v = torch.zeros(*dims, self.block, head_dim)
+
+    def _arrays(self):
+        return self.k, self.v
 
     def bytes_per_token(self) -> float:
         layers, _, heads, hd = self.shape
@@ -156,34 +254,43 @@ class FP32Cache(KVCache):
 
     def write(self, layer, slot, start, k, v):
         t = k.shape[1]
-        self.k[layer, slot, :, start : start + t] = k
-        self.v[layer, slot, :, start : start + t] = v
+        self.prepare(slot, start, start + t)
+        for b, off, a, n in self._spans(slot, start, t):
+            self.k[layer, :, b, off : off + n] = k[:, a : a + n]
+            self.v[layer, :, b, off : off + n] = v[:, a : a + n]
 
     def read(self, layer, slots, length, valid=None):
-        return self.k[layer, slots, :, :length], self.v[layer, slots, :, :length]
+        blocks = self.table[slots, : self.blocks_for(length)].long()
+        k, v = self._gather(self.k[layer], blocks), self._gather(self.v[layer], blocks)
+        return k[:, :, :length], v[:, :, :length]
 
     def write_tokens(self, layer, slots, positions, k, v):
-        self.k[layer, slots, :, positions] = k
-        self.v[layer, slots, :, positions] = v
+        self.prepare_rows(slots.tolist(), positions.tolist())
+        blocks = self.table[slots, positions // self.block].long()
+        offsets = positions % self.block
+        self.k[layer, :, blocks, offsets] = k.transpose(0, 1)
+        self.v[layer, :, blocks, offsets] = v.transpose(0, 1)
 
-    def fill_random(self, batch, context, gen):
+    def _fill_random(self, gen):
         for t in (self.k, self.v):
-            t[:, :batch, :, :context].normal_(generator=gen)
-        self.lengths[:batch] = context
+            t.normal_(generator=gen)
 
 
 class KiviCache(KVCache):
-    def _allocate(self, layers, dims, max_len, head_dim):
-        g, per_byte = self.scheme.group, 8 // self.scheme.bits
-        ng = max_len // g + 1
-        self.kq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
-        self.vq = torch.zeros(*dims, ng * g, head_dim // per_byte, dtype=torch.uint8)
-        self.k_scale = torch.zeros(*dims, ng, 1, head_dim)  # per channel, per token group
-        self.k_min = torch.zeros(*dims, ng, 1, head_dim)
-        self.v_scale = torch.zeros(*dims, ng * g, 1)  # per token
-        self.v_min = torch.zeros(*dims, ng * g, 1)
-        self.k_res = torch.zeros(*dims, g, head_dim)
-        self.v_res = torch.zeros(*dims, g, head_dim)
+    def _allocate(self, layers, dims, head_dim):
+        g, per_byte, bs = self.scheme.group, 8 // self.scheme.bits, self.block
+        slots = self.shape[1]
+        self.kq = torch.zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
+        self.vq = torch.zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
+        self.k_scale = torch.zeros(*dims, bs // g, 1, head_dim)  # per channel, per token group
+        self.k_min = torch.zeros(*dims, bs // g, 1, head_dim)
+        self.v_scale = torch.zeros(*dims, bs, 1)  # per token
+        self.v_min = torch.zeros(*dims, bs, 1)
+        self.k_res = torch.zeros(layers, slots, dims[1], g, head_dim)  # per slot, not pooled
+        self.v_res = torch.zeros(layers, slots, dims[1], g, head_dim)
+
+    def _arrays(self):
+        return self.kq, self.vq, self.k_scale, self.k_min, self.v_scale, self.v_min
 
     def bytes_per_token(self) -> float:
         layers, _, heads, hd = self.shape
@@ -194,6 +301,7 @@ class KiviCache(KVCache):
 
     def write(self, layer, slot, start, k, v):
         t, g = k.shape[1], self.scheme.group
+        self.prepare(slot, start, start + t)
         pos = start
         while pos < start + t:  # fill the residual, quantizing each group as it completes
             off = pos % g
@@ -213,15 +321,17 @@ class KiviCache(KVCache):
 
     def _flush(self, layer: int, slot: int, group_index: int):
         bits, g = self.scheme.bits, self.scheme.group
-        a, b = group_index * g, (group_index + 1) * g
+        i, off = divmod(group_index * g, self.block)
+        b, j = self.held[slot][i], off // g
         kc, ks, kmin = _quantize(self.k_res[layer, slot], dim=1, bits=bits)  # per channel
         vc, vs, vmin = _quantize(self.v_res[layer, slot], dim=2, bits=bits)  # per token
         if bits == 4:
             kc, vc = _pack4(kc), _pack4(vc)
-        self.kq[layer, slot, :, a:b], self.vq[layer, slot, :, a:b] = kc, vc
-        self.k_scale[layer, slot, :, group_index] = ks
-        self.k_min[layer, slot, :, group_index] = kmin
-        self.v_scale[layer, slot, :, a:b], self.v_min[layer, slot, :, a:b] = vs, vmin
+        self.kq[layer, :, b, off : off + g], self.vq[layer, :, b, off : off + g] = kc, vc
+        self.k_scale[layer, :, b, j] = ks
+        self.k_min[layer, :, b, j] = kmin
+        self.v_scale[layer, :, b, off : off + g] = vs
+        self.v_min[layer, :, b, off : off + g] = vmin
 
     def read(self, layer, slots, length, valid=None):
         g = self.scheme.group
@@ -240,22 +350,28 @@ class KiviCache(KVCache):
 
     def _dequant(self, layer: int, slot: int, n: int):
         bits, g = self.scheme.bits, self.scheme.group
-        kc, vc = self.kq[layer, slot, :, :n], self.vq[layer, slot, :, :n]
+        blocks = torch.tensor([self.held[slot][: self.blocks_for(n)]], dtype=torch.long)
+        blocks = blocks.to(self.kq.device)
+        kc = self._gather(self.kq[layer], blocks)[0, :, :n]
+        vc = self._gather(self.vq[layer], blocks)[0, :, :n]
         if bits == 4:
             kc, vc = _unpack4(kc), _unpack4(vc)
         heads, _, hd = kc.shape
+        k_scale = self._gather(self.k_scale[layer], blocks)[0, :, : n // g]
+        k_min = self._gather(self.k_min[layer], blocks)[0, :, : n // g]
+        v_scale = self._gather(self.v_scale[layer], blocks)[0, :, :n]
+        v_min = self._gather(self.v_min[layer], blocks)[0, :, :n]
         kg = kc.float().reshape(heads, n // g, g, hd)
-        k = kg * self.k_scale[layer, slot, :, : n // g] + self.k_min[layer, slot, :, : n // g]
-        v = vc.float() * self.v_scale[layer, slot, :, :n] + self.v_min[layer, slot, :, :n]
+        k = kg * k_scale + k_min
+        v = vc.float() * v_scale + v_min
         return k.reshape(heads, n, hd), v
 
-    def fill_random(self, batch, context, gen):
+    def _fill_random(self, gen):
         for t in (self.kq, self.vq):
-            t[:, :batch].random_(0, 256, generator=gen)
+            t.random_(0, 256, generator=gen)
         for t in (self.k_scale, self.v_scale):
-            t[:, :batch].fill_(0.02)
+            t.fill_(0.02)
         for t in (self.k_min, self.v_min):
-            t[:, :batch].fill_(-1.0)
+            t.fill_(-1.0)
         for t in (self.k_res, self.v_res):
-            t[:, :batch].normal_(generator=gen)
-        self.lengths[:batch] = context
+            t.normal_(generator=gen)

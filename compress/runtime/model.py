@@ -284,6 +284,7 @@ class Model:
         if t > cache.rollback_room(slot):
             raise ValueError(f"{t} rows past position {start} could not be rolled back")
         positions = torch.arange(start, start + t, device=self.device)
+        cache.prepare(slot, start, start + t)
         logits = self._decode_rows(tokens, cache, torch.full((t,), slot), positions)
         cache.lengths[slot] = start + t
         return logits
@@ -293,7 +294,9 @@ class Model:
         """One step: logits [B, vocab] for the next token of each sequence in `slots`, whose
         last tokens are `tokens` [B]."""
         slots = slots.to(self.device)
-        logits = self._decode_rows(tokens, cache, slots, cache.lengths[slots])
+        positions = cache.lengths[slots]
+        cache.prepare_rows(slots.tolist(), positions.tolist())
+        logits = self._decode_rows(tokens, cache, slots, positions)
         cache.lengths[slots] += 1
         return logits
 
@@ -301,6 +304,8 @@ class Model:
         """`decode` from lists of token ids and slots: on the CPU with every linear packed,
         the step is one C call from embedding to logits."""
         if self._packed(len(tokens)):
+            lengths = cache.lengths.tolist()
+            cache.prepare_rows(slots, [lengths[s] for s in slots])
             logits = self.backend.decode_ids(tokens, slots, cache)
             if logits is not None:
                 return self._capped(logits)

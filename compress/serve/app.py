@@ -11,6 +11,7 @@ from compress.errors import LlmpressError
 from compress.kernels.cpu import set_threads
 from compress.model.loading import load_tokenizer, resolve
 from compress.runtime.engine import PREFILL_TOKENS, PREFIX_CACHE_BYTES
+from compress.runtime.kv_blocks import block_size
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import load_weights
@@ -50,6 +51,7 @@ def build_app(
     draft: str | None = None,
     prefill_tokens: int | None = None,
     prefix_cache_mb: int | None = None,
+    kv_tokens: int | None = None,
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
@@ -69,6 +71,7 @@ def build_app(
         prefix_cache_bytes=(
             PREFIX_CACHE_BYTES if prefix_cache_mb is None else prefix_cache_mb * 2**20
         ),
+        kv_blocks=None if kv_tokens is None else -(-kv_tokens // block_size(scheme.group)),
     )
     scheduler = Scheduler(engine, Metrics(max_batch), max_queue).start()
     name = model_name or Path(str(ckpt.path)).name
@@ -92,6 +95,7 @@ def run_server(
     draft: str | None = None,
     prefill_tokens: int | None = None,
     prefix_cache_mb: int | None = None,
+    kv_tokens: int | None = None,
 ) -> int | None:
     """Bind first (a taken port fails in a second, not after loading the model), then load
     and serve. SIGTERM or Ctrl-C stops accepting, lets every running request finish (up to
@@ -105,7 +109,7 @@ def run_server(
     try:
         app = build_app(
             artifact, max_batch, max_len, max_queue, kv, model_name, api_key, draft,
-            prefill_tokens, prefix_cache_mb,
+            prefill_tokens, prefix_cache_mb, kv_tokens,
         )  # fmt: skip
     except BaseException:
         server.server_close()

@@ -71,6 +71,7 @@ class Stream:
         self.stopped = False  # ended by one of the client's stop strings
         self.consumed = 0  # output tokens read so far (an EOS included; it has no text)
         self.published = 0  # output tokens put on `tokens` (a verified step adds several)
+        self.started = False  # its prompt is cached (counted, its TTFT observed)
         self.failure: GenerationFailed | None = None  # set before DONE when it failed
 
 
@@ -147,7 +148,6 @@ class Scheduler:
 
     def _step(self) -> None:
         """One engine step; if it raises, its requests fail and the loop lives on."""
-        before = {r.id for r in self.engine.waiting}
         try:
             touched = self.engine.step()
         except Exception as e:
@@ -158,7 +158,7 @@ class Scheduler:
             for req in failed:
                 self.engine.fail(req, why)
             touched = failed
-        self._publish(touched, before)
+        self._publish(touched)
 
     def _run(self) -> None:
         try:
@@ -174,7 +174,7 @@ class Scheduler:
                 stream.tokens.put(DONE)
             raise
 
-    def _publish(self, touched: list[Request], was_waiting: set[int]) -> None:
+    def _publish(self, touched: list[Request]) -> None:
         now = time.perf_counter()
         m = self.metrics
         published = 0
@@ -188,7 +188,8 @@ class Scheduler:
                     print(f"llmpress serve: request {req.id} failed: {why}", file=sys.stderr)
                     self._retire(stream, GenerationFailed(f"generation failed: {why}"))
                     continue
-                if req.id in was_waiting:  # admitted this step: its first token
+                if not stream.started:  # its prompt is cached: the first token, if any
+                    stream.started = True  # (a long prompt is prefilled over several steps)
                     if req.output:  # a prompt scored with max_tokens 0 has none
                         m.ttft.observe(req.first_token_at - req.submitted)
                     m.counters["requests_total"] += 1
@@ -215,12 +216,16 @@ class Scheduler:
             m.gauges["requests_running"] = len(self.engine.running)
             m.gauges["requests_queued"] = len(self.engine.waiting) + self.inbox.qsize()
             m.gauges["kv_cache_slots_in_use"] = self.engine.max_batch - len(self.engine.free)
+            pool = self.engine.cache.pool  # blocks held by sequences; indexed, held by none
+            m.gauges["kv_cache_blocks_in_use"] = pool.used
+            m.gauges["kv_cache_blocks_cached"] = len(pool.cached)
+            m.gauges["kv_cache_blocks_total"] = pool.n_blocks
             prefix = self.engine.prefix
             if prefix is not None:  # prompt tokens looked up, and found (not computed)
                 m.counters["prompt_tokens_total"] = prefix.prompt_tokens
                 m.counters["prefix_cache_hit_tokens_total"] = prefix.hit_tokens
                 m.gauges["prefix_cache_hit_rate"] = round(prefix.hit_rate, 4)
-                m.gauges["prefix_cache_bytes"] = prefix.bytes
+                m.gauges["prefix_cache_fp32_bytes"] = prefix.bytes
             spec = self.engine.speculator
             if spec is not None:  # drafted and kept tokens, and the draft length now
                 m.counters["speculative_draft_tokens_total"] = spec.proposed

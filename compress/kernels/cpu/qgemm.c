@@ -760,19 +760,23 @@ void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const flo
 }
 
 /* ---- Decode attention over the KV cache, fp32 or KIVI-quantized ---------------------
- * The cache as compress/runtime/kv_cache.py allocates it (every array [layers, slots,
- * kv_heads, ...], contiguous):
- *   fp32: k, v [.., cap, D].
- *   KIVI (bits 8 or 4): codes kq, vq [.., cap, D*bits/8] (int4: channel 2j in byte j's low
- *   nibble, 2j+1 in its high one); keys per channel over groups of `group` tokens:
- *   ks, km [.., cap/group, D]; values per token: vs, vm [.., cap]; the newest tokens of an
- *   unfinished group in fp32: kr, vr [.., group, D]. value = code * scale + min.
+ * The cache as compress/runtime/kv_cache.py allocates it: a pool of blocks of `block`
+ * tokens, every pooled array [layers, kv_heads, n_blocks, ...], contiguous; position p of a
+ * slot lives in pool block table[slot * max_blocks + p / block], at row p % block:
+ *   fp32: k, v [.., block, D].
+ *   KIVI (bits 8 or 4): codes kq, vq [.., block, D*bits/8] (int4: channel 2j in byte j's
+ *   low nibble, 2j+1 in its high one); keys per channel over groups of `group` tokens:
+ *   ks, km [.., block/group, D]; values per token: vs, vm [.., block]; the newest tokens of
+ *   an unfinished group in fp32, per slot (not pooled): kr, vr [layers, slots, kv_heads,
+ *   group, D]. value = code * scale + min.
  * A query head never dequantizes a key: per group, qs = q * ks and c = q . km, so a score is
  * qs . code + c; values accumulate p * vs * code, and p * vm once per token. The query heads
  * that share a KV head are done together (each code is converted once), keys in chunks of
- * up to 64 with one softmax rescale per chunk; threads take (sequence, KV head) pairs. */
+ * up to 32 within one block, with one softmax rescale per chunk; threads take (sequence,
+ * KV head) pairs. */
 typedef struct {
-    int bits, cap, group, slots, kv_heads, d;
+    int bits, block, group, slots, kv_heads, d, max_blocks, n_blocks;
+    const int32_t *table;
     float *k, *v;
     uint8_t *kq, *vq;
     float *ks, *km, *vs, *vm, *kr, *vr;
@@ -781,9 +785,21 @@ typedef struct {
 #define CHUNK_T 32
 #define REP_MAX 16
 
-/* Element offset of (layer, slot, head) in an array with `per` elements per head. */
+/* Element offset of (layer, slot, head) in a per-slot array (the KIVI residual) with `per`
+ * elements per head. */
 static inline int64_t kv_at(const KVC *c, int layer, int64_t slot, int head, int64_t per) {
     return (((int64_t)layer * c->slots + slot) * c->kv_heads + head) * per;
+}
+
+/* The pool block that holds position pos of slot. */
+static inline int64_t kv_block(const KVC *c, int64_t slot, int64_t pos) {
+    return c->table[slot * c->max_blocks + pos / c->block];
+}
+
+/* Element offset of (layer, pool block, head) in a pooled array with `per` elements per
+ * block (a head's blocks side by side: a sequence's blocks taken in a row are one run). */
+static inline int64_t kv_blk(const KVC *c, int layer, int64_t blk, int head, int64_t per) {
+    return (((int64_t)layer * c->kv_heads + head) * c->n_blocks + blk) * per;
 }
 
 /* Codes of one token's D channels as floats. */
@@ -894,15 +910,16 @@ static void minmax_codes(const float *x, int n, int64_t step, int bits, uint8_t 
 
 /* The residual of (layer, slot, head) is full: quantize it as token group `gi`. */
 static void kv_flush(const KVC *c, int layer, int64_t slot, int head, int64_t gi) {
-    int D = c->d, G = c->group, bits = c->bits, bytes = D * bits / 8;
+    int D = c->d, G = c->group, BS = c->block, bits = c->bits, bytes = D * bits / 8;
+    int64_t blk = kv_block(c, slot, gi * G), off = gi * G % BS;
     const float *kr = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
     const float *vr = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
-    uint8_t *kq = c->kq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes) + gi * G * bytes;
-    uint8_t *vq = c->vq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes) + gi * G * bytes;
-    float *ks = c->ks + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D) + gi * D;
-    float *km = c->km + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D) + gi * D;
-    float *vs = c->vs + kv_at(c, layer, slot, head, c->cap) + gi * G;
-    float *vm = c->vm + kv_at(c, layer, slot, head, c->cap) + gi * G;
+    uint8_t *kq = c->kq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
+    uint8_t *vq = c->vq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
+    float *ks = c->ks + kv_blk(c, layer, blk, head, (int64_t)(BS / G) * D) + off / G * D;
+    float *km = c->km + kv_blk(c, layer, blk, head, (int64_t)(BS / G) * D) + off / G * D;
+    float *vs = c->vs + kv_blk(c, layer, blk, head, BS) + off;
+    float *vm = c->vm + kv_blk(c, layer, blk, head, BS) + off;
     uint8_t col[1024], row[1024];
     if (bits == 4) memset(kq, 0, (size_t)G * bytes), memset(vq, 0, (size_t)G * bytes);
     for (int d = 0; d < D; d++) { /* keys: per channel over the group's tokens */
@@ -925,7 +942,8 @@ static void kv_write(const KVC *c, int layer, int64_t slot, int64_t pos, int hea
                      const float *k, const float *v) {
     int D = c->d;
     if (c->bits == 0) {
-        int64_t at = kv_at(c, layer, slot, head, (int64_t)c->cap * D) + pos * D;
+        int64_t at = kv_blk(c, layer, kv_block(c, slot, pos), head, (int64_t)c->block * D)
+                     + pos % c->block * D;
         memcpy(c->k + at, k, D * sizeof(float));
         memcpy(c->v + at, v, D * sizeof(float));
         return;
@@ -1108,37 +1126,31 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
         m[r] = -INFINITY, l[r] = 0.f, vmin_acc[r] = 0.f, qc[r] = 0.f;
         for (int d = 0; d < D; d++) out[r * D + d] = 0.f;
     }
-    int G = c->group, bytes = c->bits ? D * c->bits / 8 : 0;
-    int done = c->bits ? L / G * G : 0; /* quantized prefix; the rest is the fp32 residual */
-    const float *kf32 = NULL, *vf32 = NULL, *kres = NULL, *vres = NULL;
-    const uint8_t *kq = NULL, *vq = NULL;
-    const float *ks = NULL, *km = NULL, *vs = NULL, *vm = NULL;
-    if (c->bits == 0) {
-        kf32 = c->k + kv_at(c, layer, slot, head, (int64_t)c->cap * D);
-        vf32 = c->v + kv_at(c, layer, slot, head, (int64_t)c->cap * D);
-    } else {
-        kq = c->kq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes);
-        vq = c->vq + kv_at(c, layer, slot, head, (int64_t)c->cap * bytes);
-        ks = c->ks + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D);
-        km = c->km + kv_at(c, layer, slot, head, (int64_t)(c->cap / G) * D);
-        vs = c->vs + kv_at(c, layer, slot, head, c->cap);
-        vm = c->vm + kv_at(c, layer, slot, head, c->cap);
+    int G = c->group, BS = c->block, bytes = c->bits ? D * c->bits / 8 : 0;
+    int done = c->bits ? L / G * G : L; /* in blocks; the rest is the fp32 residual */
+    const float *kres = NULL, *vres = NULL;
+    if (c->bits) {
         kres = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
         vres = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
     }
     for (int t0 = lo; t0 < L;) {
         int t1 = t0 + CHUNK_T < L ? t0 + CHUNK_T : L;
-        int quant = t0 < done;
+        int inblock = t0 < done, quant = inblock && c->bits;
+        if (inblock && t1 > (t0 / BS + 1) * BS) t1 = (t0 / BS + 1) * BS;
         if (quant && t1 > (t0 / G + 1) * G) t1 = (t0 / G + 1) * G;
         int n = t1 - t0;
-        const float *vrows = NULL;
+        int64_t blk = inblock ? kv_block(c, slot, t0) : 0, off = t0 % BS;
+        const float *vrows = NULL, *vsp = NULL, *vmp = NULL;
         if (quant) {
-            const float *gs = ks + (int64_t)(t0 / G) * D, *gm = km + (int64_t)(t0 / G) * D;
+            int64_t gat = kv_blk(c, layer, blk, head, (int64_t)(BS / G) * D) + off / G * D;
+            const float *gs = c->ks + gat, *gm = c->km + gat;
             for (int r = 0; r < rep; r++) {
                 for (int d = 0; d < D; d++) qs[r][d] = q[r * D + d] * gs[d];
                 qc[r] = dot_f32(q + r * D, gm, D) * scale;
             }
-            const uint8_t *kc = kq + (int64_t)t0 * bytes;
+            const uint8_t *kc = c->kq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
+            vsp = c->vs + kv_blk(c, layer, blk, head, BS) + off;
+            vmp = c->vm + kv_blk(c, layer, blk, head, BS) + off;
 #if defined(__AVX2__)
             if (D % 32 == 0) /* codes converted in registers, heads three at a time */
                 for (int r0 = 0; r0 < rep; r0 += 3)
@@ -1150,18 +1162,23 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
                 for (int r = 0; r < rep; r++) row_scores(qs[r], kbuf, n, D, scale, s[r]);
             }
         } else {
-            const float *krows = kf32 ? kf32 + (int64_t)t0 * D : kres + (int64_t)(t0 - done) * D;
-            vrows = vf32 ? vf32 + (int64_t)t0 * D : vres + (int64_t)(t0 - done) * D;
+            const float *krows;
+            if (inblock) { /* an fp32 cache's block */
+                int64_t at = kv_blk(c, layer, blk, head, (int64_t)BS * D) + off * D;
+                krows = c->k + at, vrows = c->v + at;
+            } else {
+                krows = kres + (int64_t)(t0 - done) * D, vrows = vres + (int64_t)(t0 - done) * D;
+            }
             for (int r = 0; r < rep; r++) row_scores(q + r * D, krows, n, D, scale, s[r]), qc[r] = 0.f;
         }
         for (int r = 0; r < rep; r++) {
             softmax_chunk(s[r], n, qc[r], &m[r], &l[r], &vmin_acc[r], out + r * D, D);
-            vmin_acc[r] += weigh_values(s[r], quant ? vs + t0 : NULL, quant ? vm + t0 : NULL, n, &l[r], wr[r]);
+            vmin_acc[r] += weigh_values(s[r], vsp, vmp, n, &l[r], wr[r]);
         }
         if (!quant) {
             for (int r = 0; r < rep; r++) weighted_rows(s[r], vrows, n, D, out + r * D);
         } else {
-            const uint8_t *vc = vq + (int64_t)t0 * bytes;
+            const uint8_t *vc = c->vq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
 #if defined(__AVX2__)
             if (D % 32 == 0) { /* value codes converted in registers, heads three at a time */
                 for (int r0 = 0; r0 < rep; r0 += 3)
