@@ -13,6 +13,11 @@ tok/s: what C streams could get at most), and with `--llama-server BIN --gguf Q4
 llama.cpp's own server (native build, `-np C -c 256·C -t 2`, continuous batching) on the
 same C clients, prompts and greedy settings, the rows of the two servers interleaved.
 
+The clients run in a process of their own, for both servers, as real clients do: as
+threads inside llmpress's server process they took its interpreter lock and a core from
+the engine's decode steps (one run, capacity 32: 0.70 of `bench` with the clients inside,
+0.91 with them outside).
+
     python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64] \
         [--llama-server PATH/TO/llama.cpp/build/bin --gguf model-q4_0.gguf]
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import platform
 import socket
 import subprocess
@@ -126,7 +132,9 @@ def load_row(capacity: int, clients: int, out: list, wall: float, hung: int) -> 
     }
 
 
-def llama_server_row(bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: float) -> dict:
+def llama_server_row(
+    clients, bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: float
+) -> dict:
     """llama.cpp's server with C slots on the same C clients (after a warm-up request)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -140,8 +148,8 @@ def llama_server_row(bin_dir: Path, gguf: Path, cap: int, tokens: int, timeout: 
             if time.time() > deadline or proc.poll() is not None:
                 raise SystemExit(f"llama-server did not come up: {' '.join(cmd)}")
             time.sleep(0.5)
-        run_clients(port, 1, 8, timeout)  # warm-up
-        out, wall, hung = run_clients(port, cap, tokens, timeout)
+        clients.apply(run_clients, (port, 1, 8, timeout))  # warm-up
+        out, wall, hung = clients.apply(run_clients, (port, cap, tokens, timeout))
         return {"server": "llama-server", **load_row(cap, cap, out, wall, hung)}
     finally:
         proc.terminate()
@@ -177,7 +185,8 @@ def main() -> None:
     bench = {}
     rows = []
     leak = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    clients = multiprocessing.get_context("spawn").Pool(1)  # the clients' own process
+    with clients, tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "w4"
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
         compress("default", recipe, art, log=lambda _: None)
@@ -188,14 +197,18 @@ def main() -> None:
             httpd = make_server(app, "127.0.0.1", 0)
             port = httpd.server_address[1]
             threading.Thread(target=httpd.serve_forever, daemon=True).start()
-            run_clients(port, 1, 8, args.timeout)  # warm-up
+            clients.apply(run_clients, (port, 1, 8, args.timeout))  # warm-up
             for mult in (1, 2, 4):
-                out, wall, hung = run_clients(port, cap * mult, args.tokens, args.timeout)
+                out, wall, hung = clients.apply(
+                    run_clients, (port, cap * mult, args.tokens, args.timeout)
+                )
                 row = {"server": "llmpress", **load_row(cap, cap * mult, out, wall, hung)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             if cap == max(int(c) for c in args.capacities.split(",")):
-                out, _, hung = run_clients(port, cap * 2, args.tokens, args.timeout, 3)
+                out, _, hung = clients.apply(
+                    run_clients, (port, cap * 2, args.tokens, args.timeout, 3)
+                )
                 time.sleep(1.0)
                 leak = {
                     "capacity": cap,
@@ -215,7 +228,9 @@ def main() -> None:
             bench[cap] = bench_tok_s(weights, kv, cap, args.tokens)
             print(json.dumps({"bench batch": cap, "tok_s": bench[cap]}), flush=True)
             if args.llama_server:
-                row = llama_server_row(args.llama_server, args.gguf, cap, args.tokens, args.timeout)
+                row = llama_server_row(
+                    clients, args.llama_server, args.gguf, cap, args.tokens, args.timeout
+                )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     ours = [r for r in rows if r["server"] == "llmpress"]
