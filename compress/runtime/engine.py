@@ -206,9 +206,9 @@ class Engine:
 
     def _lookup(self, req: Request) -> tuple[list[int], list | None]:
         """The cached blocks a newly admitted prompt may start from (at least its last
-        token is computed: it gives the first reply token's logits). None for a prompt
-        scored token by token (echo): every one of its tokens' logits is asked for. Looked
-        up once per request, however often it waits."""
+        token is computed: it gives the first reply token's logits). Nothing for a prompt
+        scored token by token (echo): every one of its tokens' logits is asked for. The
+        prefix cache's counts take a request once, however often it waits."""
         if self.prefix is None:
             return [], None
         limit = 0 if req.params.prompt_logprobs else len(req.prompt) - 1
