@@ -441,6 +441,14 @@ CASES = [
         _nothing,
     ),
     Case(
+        "serve `--kv-tokens 0`",
+        lambda t: ["serve", "default", "--kv-tokens", "0"],
+        2,
+        "--kv-tokens 0: give 1 or more",
+        "nothing",
+        _nothing,
+    ),
+    Case(
         "serve on a port in use (refused before loading)",
         _busy_port,
         2,

@@ -345,3 +345,25 @@ def test_sigterm_lets_running_streams_finish_then_exits(artifacts):
     assert json.loads(events[-1][6:])["choices"][0]["finish_reason"] == "length"
     log = proc.stdout.read()
     assert "all requests finished" in log and "Traceback" not in log
+
+
+def test_kv_tokens_sizes_the_pool_and_a_request_it_cannot_hold_is_refused(artifacts):
+    """`--kv-tokens 64`: two blocks of 32 tokens. A request whose prompt and max_tokens
+    need more is answered 400 naming the blocks; one that fits is served, and gives its
+    blocks back."""
+    app = build_app(str(artifacts["rtn:w4g64"]), max_batch=2, max_len=256, kv_tokens=64)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        assert _metric(url, "llmpress_kv_cache_blocks_total") == 2
+        client = _client(url)
+        with pytest.raises(openai.BadRequestError, match="KV-cache blocks"):
+            client.completions.create(model=app.model_name, prompt=[5] * 60, max_tokens=8)
+        done = client.completions.create(model=app.model_name, prompt=[5] * 20, max_tokens=8)
+        assert 1 <= done.usage.completion_tokens <= 8
+        assert _metric(url, "llmpress_kv_cache_blocks_in_use") == 0
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.scheduler.stop()
