@@ -253,6 +253,8 @@ def test_c_decode_attention_matches_the_torch_reference(kv):
     use = torch.tensor([3, 0, 1])  # ragged, out of slot order
     for _ in range(40):  # crosses several group boundaries per sequence
         positions = ref.lengths[use].clone()
+        for cache in (ref, fast):  # the step's blocks, as the runtime takes them
+            cache.prepare_rows(use.tolist(), positions.tolist())
         q, k, v = torch.randn(3, heads, d), torch.randn(3, kvh, d), torch.randn(3, kvh, d)
         for layer in range(layers):
             got = decode_attention(q, k, v, fast, layer, use, positions)

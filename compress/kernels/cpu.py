@@ -250,8 +250,9 @@ def decode_attention(
     q, k, v, cache, layer: int, slots, positions, scale: float | None = None, window: int = 0
 ) -> torch.Tensor:
     """Write k/v [B, kv_heads, D] into `layer` of `cache` (fp32 or KIVI int8/int4) at
-    `positions`, then attend q [B, heads, D] over the last `window` positions up to each
-    sequence's own (0: all of them), scores times `scale` (default D**-0.5), in C."""
+    `positions` (their blocks prepared: `KVCache.prepare_rows`), then attend q
+    [B, heads, D] over the last `window` positions up to each sequence's own (0: all of
+    them), scores times `scale` (default D**-0.5), in C."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_f32(t, name)
@@ -259,7 +260,6 @@ def decode_attention(
     if slots.dtype != torch.int64 or positions.dtype != torch.int64:
         raise TypeError("slots and positions must be int64")
     b, heads, d = q.shape
-    cache.prepare_rows(slots.tolist(), positions.tolist())  # blocks for what it writes
     out = torch.empty_like(q)
     scale = d**-0.5 if scale is None else scale
     library().llmp_decode_attention(

@@ -65,7 +65,6 @@ class Request:
     prefilled: int = 0  # prompt tokens in the cache (a long prompt fills it over steps)
     prompt_logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # its chunks'
     prompt_kv: list | None = field(default=None, repr=False)  # Chunk.prefix, while chunked
-    lookups: int = 0  # prefix-cache lookups counted (once, however often it waited)
 
     @property
     def done(self) -> bool:
@@ -196,6 +195,8 @@ class Engine:
             return False
         req.slot = self.free.pop()
         self.running[req.slot] = req
+        if self.prefix is not None:  # counted once, when admitted, however long it waited
+            self.prefix.count(len(req.prompt), len(blocks) * self.cache.block)
         if blocks:
             self.cache.share(req.slot, blocks)
             req.prefilled = len(blocks) * self.cache.block
@@ -207,18 +208,11 @@ class Engine:
     def _lookup(self, req: Request) -> tuple[list[int], list | None]:
         """The cached blocks a newly admitted prompt may start from (at least its last
         token is computed: it gives the first reply token's logits). Nothing for a prompt
-        scored token by token (echo): every one of its tokens' logits is asked for. The
-        prefix cache's counts take a request once, however often it waits."""
+        scored token by token (echo): every one of its tokens' logits is asked for."""
         if self.prefix is None:
             return [], None
         limit = 0 if req.params.prompt_logprobs else len(req.prompt) - 1
-        if req.lookups == 0:
-            req.lookups += 1
-            return self.prefix.lookup(req.prompt, limit)
-        counted = self.prefix.prompt_tokens, self.prefix.hit_tokens
-        found = self.prefix.lookup(req.prompt, limit)
-        self.prefix.prompt_tokens, self.prefix.hit_tokens = counted
-        return found
+        return self.prefix.lookup(req.prompt, limit)
 
     def _remember(self, req: Request) -> None:
         """Index the full blocks prefilled so far: after every chunk, so that a request

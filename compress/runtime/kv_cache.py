@@ -137,7 +137,9 @@ class KVCache:
     def prepare(self, slot: int, start: int, end: int) -> None:
         """Make positions start..end-1 of `slot` writable: blocks are taken from the pool
         as the sequence grows, and a block another sequence also holds is copied first.
-        Raises OutOfBlocks when the pool has none left."""
+        Raises OutOfBlocks when the pool has none left. `write` prepares its own span; a
+        decode step's rows (written in C, or by `write_tokens`) are prepared once, where
+        the step starts (runtime/model.py)."""
         held, bs = self.held[slot], self.block
         for i in range(start // bs, (end - 1) // bs + 1):
             if i < len(held):
@@ -265,7 +267,6 @@ class FP32Cache(KVCache):
         return k[:, :, :length], v[:, :, :length]
 
     def write_tokens(self, layer, slots, positions, k, v):
-        self.prepare_rows(slots.tolist(), positions.tolist())
         blocks = self.table[slots, positions // self.block].long()
         offsets = positions % self.block
         self.k[layer, :, blocks, offsets] = k.transpose(0, 1)

@@ -38,9 +38,7 @@ class PrefixCache:
     def lookup(self, tokens: list[int], limit: int) -> tuple[list[int], list | None]:
         """The pool blocks of the longest cached run of full blocks `tokens` starts with, at
         most `limit` tokens, and for a quantized cache their fp32 k/v per layer
-        ([kv_heads, found, hd] each; None for an fp32 cache). Every prompt is counted, a
-        `limit` of 0 included (a prompt that must be computed whole)."""
-        self.prompt_tokens += len(tokens)
+        ([kv_heads, found, hd] each; None for an fp32 cache)."""
         keys = block_keys(tokens, self.block)[: max(limit, 0) // self.block]
         blocks = self.cache.pool.lookup(keys)
         if self.needs_copies:
@@ -50,7 +48,6 @@ class PrefixCache:
             blocks = blocks[:n]
         if not blocks:
             return [], None
-        self.hit_tokens += len(blocks) * self.block
         if not self.needs_copies:
             return blocks, None
         for key in reversed(keys[: len(blocks)]):  # the head last: most recently used
@@ -79,6 +76,12 @@ class PrefixCache:
             while self.bytes > self.capacity:
                 _, old = self.full.popitem(last=False)
                 self.bytes -= old.numel() * old.element_size()
+
+    def count(self, prompt_tokens: int, hit_tokens: int) -> None:
+        """An admitted request's prompt, and how much of it came from here (every prompt
+        counts, one that must be computed whole included)."""
+        self.prompt_tokens += prompt_tokens
+        self.hit_tokens += hit_tokens
 
     @property
     def hit_rate(self) -> float:
