@@ -1,13 +1,16 @@
-"""Speculative decoding for one user: greedy replies to WikiText-2 test passages on the
-default model (4-bit), plain decoding against `--draft ngram`, rounds interleaved.
+"""Speculative decoding for one user: greedy replies on the default model (4-bit), plain
+decoding against `--draft ngram` (and `--draft ARTIFACT` when given), rounds interleaved.
 
-For each round, each passage (the first PROMPT_CHARS characters of consecutive article
-chunks) is answered with OUTPUT_TOKENS greedy tokens, first plainly and then with n-gram
-speculation, in one engine each (batch 1, KV cache as the artifact's). Reported: the
-median tokens/s of each, the speedup, the drafted tokens kept, and whether every reply was
-token for token the same (it must be).
+Two workloads of PROMPTS WikiText-2 test passages (the first PROMPT_CHARS characters of
+consecutive article chunks): `continue` feeds each passage as raw text to be continued;
+`summarise` asks for a summary of it through the model's chat template (the prompt
+`serve`'s chat route builds), the kind of reply that quotes its input. For each round and
+workload, every prompt is answered with OUTPUT_TOKENS greedy tokens, plainly and with each
+draft, in one engine each (batch 1, KV cache as the artifact's). Reported: the median
+tokens/s of each, the speedups, the drafted tokens kept, and whether every reply was token
+for token the plain one (it must be).
 
-    python benchmarks/speculative.py [--artifact OUT] [--rounds 3] [--out benchmarks/results]
+    python benchmarks/speculative.py [--artifact OUT] [--draft DRAFT_ARTIFACT] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 PROMPTS, PROMPT_CHARS, OUTPUT_TOKENS = 6, 1200, 128
 
 
-def passages(tokenizer) -> list[list[int]]:
+def passages() -> list[str]:
     from compress.calib_data.sources import read_texts
 
     data = ROOT.parent / "shared" / "data" / "wikitext-2-raw" / "test.txt"
@@ -34,7 +37,26 @@ def passages(tokenizer) -> list[list[int]]:
         raise SystemExit(f"{data} is missing: the benchmark reads WikiText-2's test split")
     text = "\n".join(read_texts(str(data)))
     step = len(text) // PROMPTS
-    return [tokenizer.encode(text[i * step : i * step + PROMPT_CHARS]) for i in range(PROMPTS)]
+    return [text[i * step : i * step + PROMPT_CHARS] for i in range(PROMPTS)]
+
+
+def workloads(tokenizer) -> dict[str, list[list[int]]]:
+    """Token ids of each workload's prompts."""
+    texts = passages()
+    chat = [
+        [{"role": "user", "content": f"Summarise this text in a few sentences.\n\n{t}"}]
+        for t in texts
+    ]
+    return {
+        "continue": [tokenizer.encode(t) for t in texts],
+        "summarise": [
+            tokenizer.encode(
+                tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
+                add_special_tokens=False,
+            )
+            for m in chat
+        ],
+    }
 
 
 def replies(weights, prompts, kv, draft: str | None):
@@ -73,6 +95,7 @@ def w4_artifact() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifact", help="a 4-bit artifact of the default model (made if absent)")
+    ap.add_argument("--draft", help="a draft model artifact to measure beside ngram")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
@@ -84,36 +107,50 @@ def main() -> None:
     ckpt = resolve(args.artifact or w4_artifact())
     weights = load_weights(ckpt, device="cpu")
     kv = KVScheme.of_artifact(ckpt.config)
-    prompts = passages(load_tokenizer(ckpt))
-    runs = {"plain": [], "ngram": []}
-    identical, kept = True, []
+    loads = workloads(load_tokenizer(ckpt))
+    drafts = ["ngram"] + ([args.draft] if args.draft else [])
+    names = {d: "ngram" if d == "ngram" else "draft model" for d in drafts}
+    runs = {w: {k: [] for k in ("plain", *names.values())} for w in loads}
+    kept = {w: {names[d]: [] for d in drafts} for w in loads}
+    identical = True
     for r in range(args.rounds):
-        plain, plain_tps, _ = replies(weights, prompts, kv, None)
-        spec_out, spec_tps, spec = replies(weights, prompts, kv, "ngram")
-        identical &= spec_out == plain
-        runs["plain"].append(plain_tps)
-        runs["ngram"].append(spec_tps)
-        kept.append(spec.acceptance)
-        same = spec_out == plain
-        print(f"round {r}: plain {plain_tps:.1f} tok/s, ngram {spec_tps:.1f} tok/s, "
-              f"{100 * spec.acceptance:.0f}% of drafts kept, identical {same}")  # fmt: skip
-    medians = {k: statistics.median(v) for k, v in runs.items()}
+        for load, prompts in loads.items():
+            plain, plain_tps, _ = replies(weights, prompts, kv, None)
+            runs[load]["plain"].append(plain_tps)
+            line = f"round {r} {load}: plain {plain_tps:.1f} tok/s"
+            for d in drafts:
+                out, tps, spec = replies(weights, prompts, kv, d)
+                identical &= out == plain
+                runs[load][names[d]].append(tps)
+                kept[load][names[d]].append(spec.acceptance)
+                line += f", {names[d]} {tps:.1f} ({100 * spec.acceptance:.0f}% kept)"
+            print(line + f", identical so far {identical}")
+    medians = {w: {k: statistics.median(v) for k, v in rows.items()} for w, rows in runs.items()}
     record = {
-        "command": "python benchmarks/speculative.py",
+        "command": "python benchmarks/speculative.py"
+        + (f" --draft {args.draft}" if args.draft else ""),
         "artifact": "default model, rtn:w4g64" if args.artifact is None else args.artifact,
+        "draft": args.draft,
         "prompts": PROMPTS,
-        "prompt_tokens": [len(p) for p in prompts],
+        "prompt_tokens": {w: [len(p) for p in ps] for w, ps in loads.items()},
         "output_tokens": OUTPUT_TOKENS,
-        "runs_tok_s": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "runs_tok_s": {
+            w: {k: [round(x, 1) for x in v] for k, v in rows.items()} for w, rows in runs.items()
+        },
         "median_tok_s": medians,
-        "speedup": medians["ngram"] / medians["plain"],
-        "acceptance": statistics.median(kept),
+        "speedup": {
+            w: {k: m[k] / m["plain"] for k in m if k != "plain"} for w, m in medians.items()
+        },
+        "acceptance": {
+            w: {k: statistics.median(v) for k, v in ks.items()} for w, ks in kept.items()
+        },
         "greedy_identical": identical,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(record, indent=2) + "\n")
-    print(json.dumps({k: record[k] for k in ("median_tok_s", "speedup", "acceptance",
-                                             "greedy_identical")}, indent=2))  # fmt: skip
+    print(
+        json.dumps({k: record[k] for k in ("speedup", "acceptance", "greedy_identical")}, indent=2)
+    )
 
 
 if __name__ == "__main__":

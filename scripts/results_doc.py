@@ -752,26 +752,40 @@ def families(d: dict) -> list[str]:
 
 
 def speculative(d: dict) -> list[str]:
-    plain, spec = d["runs_tok_s"]["plain"], d["runs_tok_s"]["ngram"]
+    what = {
+        "continue": "a passage to continue (raw text)",
+        "summarise": "a request to summarise the passage (chat template)",
+    }
+    rows = []
+    for load, runs in d["runs_tok_s"].items():
+        for name, values in runs.items():
+            label = (
+                "plain"
+                if name == "plain"
+                else f"`--draft {'ngram' if name == 'ngram' else 'DRAFT'}`"
+            )
+            spec = name != "plain"
+            rows.append([
+                load, label, f(d["median_tok_s"][load][name], 1), ", ".join(map(str, values)),
+                f"{100 * d['acceptance'][load][name]:.0f}%" if spec else "",
+                f"{d['speedup'][load][name]:.2f}x" if spec else "",
+            ])  # fmt: skip
+    tokens = [n for ns in d["prompt_tokens"].values() for n in ns]
     return [
-        f"One user, greedy: {d['prompts']} WikiText-2 test passages "
-        f"({min(d['prompt_tokens'])}-{max(d['prompt_tokens'])} tokens) answered with "
-        f"{d['output_tokens']} tokens each by {d['artifact']}, batch 1, plain decoding and "
-        "`--draft ngram` (prompt lookup) in interleaved rounds. Replies identical token for "
-        f"token: {'yes' if d['greedy_identical'] else 'NO'}.",
+        f"One user, greedy: {d['prompts']} WikiText-2 test passages, each as "
+        + " and as ".join(f"`{k}`: {v}" for k, v in what.items() if k in d["runs_tok_s"])
+        + f" ({min(tokens)}-{max(tokens)} prompt tokens), answered with {d['output_tokens']} "
+        f"tokens each by {d['artifact']}, batch 1, plain decoding and each draft in "
+        "interleaved rounds"
+        + (f"; the draft model: {d['draft']}" if d.get("draft") else "")
+        + ". Replies identical token for token: "
+        + ("yes." if d["greedy_identical"] else "NO.")
+        + " Speedups compare runs of one round, back to back; absolute tokens/s move with "
+        "the shared host's load.",
         "",
         *table(
-            ["decoding", "tokens/s (median)", "rounds", "drafts kept", "speedup"],
-            [
-                ["plain", f(d["median_tok_s"]["plain"], 1), ", ".join(map(str, plain)), "", ""],
-                [
-                    "`--draft ngram`",
-                    f(d["median_tok_s"]["ngram"], 1),
-                    ", ".join(map(str, spec)),
-                    f"{100 * d['acceptance']:.0f}%",
-                    f"{d['speedup']:.2f}x",
-                ],
-            ],
+            ["prompts", "decoding", "tokens/s (median)", "rounds", "drafts kept", "speedup"],
+            rows,
         ),
     ]
 
