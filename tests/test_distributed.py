@@ -105,14 +105,21 @@ REPAIRS = {
 }
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
-@pytest.mark.parametrize("repair", REPAIRS)
-def test_two_ranks_repair_as_one_process(tmp_path, repair, parallel, wikitext):
+# a Mixture-of-Experts student: an expert no token of one rank's half chose must still
+# take part in that rank's gradient reductions
+CASES_REPAIR = [
+    *[("llama3", r, p) for r in REPAIRS for p in ("ddp", "fsdp")],
+    *[("qwen3_moe", r, p) for r in REPAIRS for p in ("ddp", "fsdp")],
+]
+
+
+@pytest.mark.parametrize("family, repair, parallel", CASES_REPAIR)
+def test_two_ranks_repair_as_one_process(tmp_path, family, repair, parallel, wikitext):
     """prune's scores are summed over the ranks (the one process's, bit for bit) and the
     repair trains as DDP, or with teacher and student sharded by FSDP, each rank on half
     of every batch: the same steps, to float rounding (the gradients are summed in another
     order)."""
-    model = write_family(tmp_path / "llama3", "llama3", resolve("default").path)
+    model = write_family(tmp_path / family, family, resolve("default").path)
     calib = tmp_path / "calib.txt"
     calib.write_text((wikitext / "valid.txt").read_text(encoding="utf-8")[:40000])
     stages = [
@@ -132,12 +139,17 @@ def test_two_ranks_repair_as_one_process(tmp_path, repair, parallel, wikitext):
     assert [s["distill"]["parallel"] for s in stages] == ["one process", parallel]
     losses = [[kl for _, kl in s["distill"]["loss_history"]] for s in stages]
     assert len(losses[0]) == len(losses[1]) == 6
-    assert losses[0] == pytest.approx(losses[1], rel=1e-4)
+    # experts: a token near a routing tie may pick another expert once the sums' order
+    # differs, and Adam moves a rarely chosen expert by about lr whatever its gradient's
+    # size: seen 5e-4 relative in the losses and 8e-5 in weights (lr 2e-4, 6 steps: an
+    # expert left out of a rank's updates would be 1e-3 off); dense: 3e-7
+    tol = 1e-3 if family.endswith("moe") else 1e-4
+    assert losses[0] == pytest.approx(losses[1], rel=tol)
     a, b = _artifact(one), _artifact(tmp_path / "two")
     assert a.keys() == b.keys()
     for key in a:
         if a[key].is_floating_point():
-            torch.testing.assert_close(b[key], a[key], rtol=1e-3, atol=1e-5, msg=key)
+            torch.testing.assert_close(b[key], a[key], rtol=10 * tol, atol=0.1 * tol, msg=key)
         else:  # integer codes: the repair trains scales around them, never the codes
             assert torch.equal(a[key], b[key]), key
 
@@ -158,9 +170,3 @@ def test_auto_shards_the_repair_where_ddp_would_not_fit(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert sharding.choose("auto", trainable, 0, cpu) == "fsdp"  # 12 of 12.5 MB: above 80%
     assert sharding.choose("ddp", trainable, 10**12, cpu) == "ddp"  # asked: kept
-    with pytest.raises(LlmpressError, match=r"FSDP \(asked for\) does not train Mixture"):
-        sharding.choose("fsdp", trainable, 0, cpu, experts=8)
-    with pytest.raises(LlmpressError, match=r"FSDP \(needed.*does not train Mixture"):
-        sharding.choose("auto", trainable, 10**12, cpu, experts=8)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert sharding.choose("auto", trainable, 0, cpu, experts=8) == "ddp"  # it fits

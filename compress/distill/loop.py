@@ -166,7 +166,7 @@ def distill(
     device = next(student.parameters()).device
     rows = -(-s.batch // distributed.world())  # two models' logits and softmaxes, fp32:
     logits = 16 * rows * data.shape[1] * teacher.config.vocab_size  # the step's largest
-    mode = sharding.choose(s.parallel, params, logits, device, adapter.experts)
+    mode = sharding.choose(s.parallel, params, logits, device)
     t_run, s_run = teacher, student
     if mode == "fsdp":
         t_run, s_run, twin_of = sharding.shard_pair(teacher, student, adapter.blocks)
@@ -222,8 +222,8 @@ def _resident_mb() -> int | None:
 
 
 def _data_parallel(student):
-    """The student as DDP. Unused parameters are looked for: an MoE expert no token of a
-    rank's rows chose gets no gradient there."""
+    """The student as DDP. Unused parameters are still looked for, as a guard: an MoE
+    expert no token of a rank's rows chose runs on no rows (moe.py), so it has zeros."""
     from torch.nn.parallel import DistributedDataParallel
 
     device = next(student.parameters()).device

@@ -21,20 +21,15 @@ import torch
 from compress import distributed
 from compress.calib_data.cost import available_bytes
 from compress.device import free_bytes
-from compress.errors import LlmpressError
 
 MODES = ("auto", "ddp", "fsdp")
 HEADROOM = 0.8  # of the free memory a process may plan to fill
 
 
-def choose(
-    asked: str, trainable: list, activation_bytes: int, device: torch.device, experts: int = 0
-) -> str:
+def choose(asked: str, trainable: list, activation_bytes: int, device: torch.device) -> str:
     """The repair's mode: one process, ddp or fsdp. auto: FSDP when what DDP adds beside
     the loaded models (the gradients and Adam's two moments of `trainable`, and the step's
-    activations) is more than this process's share of the free memory. Experts are
-    refused under FSDP: an expert no token of one rank chose has no gradient there, and
-    the ranks' gradient reductions no longer match."""
+    activations) is more than this process's share of the free memory."""
     if distributed.world() == 1:
         return "one process"
     mode = asked
@@ -45,12 +40,6 @@ def choose(
             free = available_bytes()
             free = None if free is None else free // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         mode = "fsdp" if free is not None and need > HEADROOM * free else "ddp"
-    if mode == "fsdp" and experts:
-        why = "asked for" if asked == "fsdp" else "needed: DDP's state would not fit a rank"
-        raise LlmpressError(
-            f"distill: FSDP ({why}) does not train Mixture-of-Experts students yet: use "
-            "distill.parallel: ddp with fewer processes per node, or a smaller distill.batch"
-        )
     return mode
 
 

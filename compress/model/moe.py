@@ -84,7 +84,10 @@ class MoeMLP(nn.Module):
                 self.counts[e] += rows.numel()
             if e in self.all_tokens:  # calibrated as if selected by every token
                 y = expert(flat)[rows]
-            elif rows.numel():
+            elif rows.numel() or torch.is_grad_enabled():
+                # training: an expert no token chose still runs (on no rows), so its
+                # gradients are zeros, not missing, and every rank of a sharded or
+                # data-parallel repair reduces the same parameters
                 y = expert(flat[rows])
             else:
                 continue
