@@ -204,7 +204,9 @@ def main() -> None:
         shape = SHAPES[name]
         work = args.work / name
         src, logs = work / "checkpoint", work / "logs"
-        if not src.exists():
+        methods = args.methods.split(",")
+        whole = any(m == "rtn" or not args.calibrated_blocks for m in methods)
+        if whole and not src.exists():  # (the calibrated methods' blocks alone need none)
             t = time.perf_counter()
             write(shape, src, tokenizer)
             print(f"{name}: wrote the checkpoint in {time.perf_counter() - t:.0f} s", flush=True)
@@ -212,7 +214,7 @@ def main() -> None:
         row = {"shape": name, "parameters_b": round(parameters(shape) / 1e9, 2),
                "layers": shape.layers, "vocab": shape.vocab, "tied": shape.tied,
                "command": "python benchmarks/scale.py " + " ".join(sys.argv[1:])}  # fmt: skip
-        for method in args.methods.split(","):
+        for method in methods:
             out = work / f"{method}-w4g64"
             shutil.rmtree(out, ignore_errors=True)
             where = src
