@@ -41,20 +41,17 @@ def passages() -> list[str]:
 
 
 def workloads(tokenizer) -> dict[str, list[list[int]]]:
-    """Token ids of each workload's prompts."""
+    """Token ids of each workload's prompts (the summaries' as serve's chat route builds
+    them)."""
+    from compress.serve.protocol import _chat_ids
+
     texts = passages()
-    chat = [
-        [{"role": "user", "content": f"Summarise this text in a few sentences.\n\n{t}"}]
-        for t in texts
-    ]
+    ask = "Summarise this text in a few sentences.\n\n"
     return {
         "continue": [tokenizer.encode(t) for t in texts],
         "summarise": [
-            tokenizer.encode(
-                tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=False),
-                add_special_tokens=False,
-            )
-            for m in chat
+            _chat_ids({"messages": [{"role": "user", "content": ask + t}]}, tokenizer)
+            for t in texts
         ],
     }
 
