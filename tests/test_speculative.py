@@ -14,6 +14,7 @@ from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import parse_kv
 from compress.runtime.sampling import SamplingParams, accept_drafts, probabilities
 from compress.runtime.speculative import (
+    PROBE_EVERY,
     DraftModelProposer,
     NgramProposer,
     Speculator,
@@ -116,6 +117,37 @@ def test_draft_length_follows_acceptance_and_stops_when_it_does_not_pay():
     for _ in range(10):
         spec.record(1, 1)
     assert spec.k >= 3
+
+
+def test_a_paused_model_draft_costs_nothing_until_a_later_sequence(target):
+    """A model draft would have to prefill every token it missed to propose again, so
+    once paused it asks for nothing on that sequence, and tries one token again at every
+    PROBE_EVERY-th new sequence."""
+    spec = Speculator(DraftModelProposer(target, 64, step_cost=0.3))
+    spec.begin(1)
+    for _ in range(10):
+        spec.record(spec.length() or 1, 0)
+    assert spec.k == 0
+    assert [spec.length() for _ in range(64)] == [0] * 64
+    tried = []
+    for sequence in range(2, 2 + 2 * PROBE_EVERY):
+        spec.begin(sequence)
+        spec.begin(sequence)  # the same sequence again: nothing new
+        tried.append(spec.length())
+        if spec.k:
+            spec.record(1, 0)  # refused again: paused again
+    assert tried.count(1) == 2 and tried.count(0) == 2 * PROBE_EVERY - 2
+
+
+def test_a_draft_that_could_never_pay_is_refused_in_one_line(artifacts):
+    """The target drafting for itself costs a whole step per token: slower than no
+    draft even when every draft is kept."""
+    code, _, err = run_cli(
+        ["bench", str(artifacts["rtn:w4g64"]), "--batch", "1", "--draft",
+         str(artifacts["rtn:w4g64"])]
+    )  # fmt: skip
+    assert code == 2 and len(error_lines(err)) == 1, err
+    assert "100% of the target's bytes" in err and "--draft ngram" in err
 
 
 def test_ngram_lookup_proposes_what_followed_the_latest_match():

@@ -252,6 +252,7 @@ class Engine:
         target's logits for all of them in one pass, the kept ones and the next token
         emitted. False (nothing done) when there is nothing to propose."""
         spec, p = self.speculator, req.params
+        spec.begin(req.id)
         length = int(self.cache.lengths[req.slot])
         room = self.cache.rollback_room(req.slot)  # a KIVI group's end, or the context's
         k = min(spec.length(), p.max_tokens - len(req.output) - 1, room - 1)

@@ -13,8 +13,11 @@ Proposers:
 
 k adapts to the measured acceptance (a moving average over verified steps): each step
 takes the length with the most expected tokens per unit of time (`best_k`), and none
-(plain decoding) while no length pays; then every `PROBE_EVERY`-th step still drafts one
-token, so a stretch of text that starts to repeat turns speculation back on.
+(plain decoding) while no length pays. Then the n-gram lookup still drafts one token every
+`PROBE_EVERY`-th step, so a stretch of text that starts to repeat turns speculation back
+on. A model draft does not: to propose it would first have to prefill every token it
+missed, so while paused it costs nothing, and it tries again at every `PROBE_EVERY`-th
+sequence. A draft so large that it could not pay even if always right is refused.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class NgramProposer:
 
     name = "ngram"
     step_cost = 0.0  # of a target decode step, per proposed token
+    probes = True  # proposing after a pause costs nothing
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
@@ -65,6 +69,7 @@ class DraftModelProposer:
     is fp32 whatever the target's: a KIVI one could not roll back across a group's end."""
 
     name = "draft"
+    probes = False  # after a pause it would catch up on every token it missed
 
     def __init__(self, weights: ModelWeights, max_len: int, step_cost: float = 1.0):
         self.step_cost = step_cost  # a draft decode step, in target decode steps
@@ -113,14 +118,25 @@ class Speculator:
     accepted: int = 0
     steps: int = 0  # verified steps
     idle_steps: int = 0  # steps decoded plainly since speculation last ran
+    sequence: int | None = None  # the sequence speculated on last
+    sequences: int = 0  # sequences speculated on (or offered to be)
 
     @property
     def acceptance(self) -> float:
         return self.accepted / self.proposed if self.proposed else 0.0
 
+    def begin(self, sequence: int) -> None:
+        """The running sequence is `sequence`: a paused model draft tries again (one
+        token) at every PROBE_EVERY-th new one."""
+        if sequence == self.sequence:
+            return
+        self.sequence, self.sequences = sequence, self.sequences + 1
+        if not self.k and not self.proposer.probes and self.sequences % PROBE_EVERY == 0:
+            self.k = 1
+
     def length(self) -> int:
         """Drafts to ask for this step (0: decode plainly)."""
-        if self.k:
+        if self.k or not self.proposer.probes:
             return self.k
         self.idle_steps += 1
         return 1 if self.idle_steps % PROBE_EVERY == 0 else 0
@@ -164,4 +180,10 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
             f"{target.shape.vocab}: give a draft made from the same model (same tokenizer)"
         )
     cost = weights.step_bytes / target.step_bytes  # decode is bound by the bytes it reads
+    if not best_k(1.0, MAX_K, VERIFY_ROW_COST + cost):
+        raise LlmpressError(
+            f"--draft {draft}: a draft step reads {cost:.0%} of the target's bytes, so even "
+            "drafts that are always kept would decode slower than no draft: give a smaller "
+            "draft (a pruned, 4-bit copy of the target) or --draft ngram"
+        )
     return Speculator(DraftModelProposer(weights, max_len, cost))
