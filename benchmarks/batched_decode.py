@@ -43,9 +43,10 @@ def cpu_flags() -> str:
     model = next(
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), ""
     )
-    return f"{model}; " + " ".join(f for f in FLAGS if f in have) + " (no " + " ".join(
-        f for f in FLAGS if f not in have
-    ) + ")"  # fmt: skip
+    missing = [f for f in FLAGS if f not in have]
+    return f"{model}; " + " ".join(f for f in FLAGS if f in have) + (
+        f" (no {' '.join(missing)})" if missing else ""
+    )  # fmt: skip
 
 
 def main() -> None:

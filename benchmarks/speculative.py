@@ -8,7 +8,9 @@ consecutive article chunks): `continue` feeds each passage as raw text to be con
 workload, every prompt is answered with OUTPUT_TOKENS greedy tokens, plainly and with each
 draft, in one engine each (batch 1, KV cache as the artifact's). Reported: the median
 tokens/s of each, the speedups, the drafted tokens kept, and whether every reply was token
-for token the plain one (it must be).
+for token the plain one (it must be). For a draft model also: its step's bytes as a share
+of the target's, and the share of its drafts kept when it is made to draft one token at
+every step (speculation pauses a draft that does not pay, after a few drafts).
 
     python benchmarks/speculative.py [--artifact OUT] [--draft DRAFT_ARTIFACT] [--rounds 3]
 """
@@ -25,6 +27,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from batched_decode import cpu_flags  # noqa: E402
 
 PROMPTS, PROMPT_CHARS, OUTPUT_TOKENS = 6, 1200, 128
 
@@ -68,7 +73,8 @@ def replies(weights, prompts, kv, draft: str | None):
     outputs, seconds = [], 0.0
     for prompt in prompts:
         req = engine.submit(Request(list(prompt), params))
-        engine.step()  # the prompt's prefill and first token: not decode time
+        while not req.output:  # the prompt's prefill (in chunks) and first token:
+            engine.step()  # not decode time
         t = time.perf_counter()
         while not engine.idle:
             engine.step()
@@ -76,6 +82,24 @@ def replies(weights, prompts, kv, draft: str | None):
         outputs.append(req.output)
     tokens = len(prompts) * (OUTPUT_TOKENS - 1)
     return outputs, tokens / seconds, spec
+
+
+def forced_acceptance(weights, draft: str, prompts, kv) -> float:
+    """The share of a draft model's first drafts the target keeps when it drafts one
+    token at every step, paused or not: how good the draft is, apart from whether it
+    pays."""
+    from compress.model.loading import resolve
+    from compress.runtime.engine import Engine
+    from compress.runtime.sampling import SamplingParams
+    from compress.runtime.speculative import DraftModelProposer, Speculator
+    from compress.runtime.weights import load_weights
+
+    max_len = max(map(len, prompts)) + OUTPUT_TOKENS + 8
+    proposer = DraftModelProposer(load_weights(resolve(draft), device="cpu"), max_len, 0.0)
+    spec = Speculator(proposer, max_k=1, k=1, adapt=False)
+    engine = Engine(weights, max_batch=1, max_len=max_len, kv=kv, speculator=spec)
+    engine.generate(prompts, SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True))
+    return spec.acceptance
 
 
 def w4_artifact() -> str:
@@ -109,7 +133,7 @@ def main() -> None:
     names = {d: "ngram" if d == "ngram" else "draft model" for d in drafts}
     runs = {w: {k: [] for k in ("plain", *names.values())} for w in loads}
     kept = {w: {names[d]: [] for d in drafts} for w in loads}
-    identical = True
+    identical, row_costs = True, []
     for r in range(args.rounds):
         for load, prompts in loads.items():
             plain, plain_tps, _ = replies(weights, prompts, kv, None)
@@ -117,6 +141,7 @@ def main() -> None:
             line = f"round {r} {load}: plain {plain_tps:.1f} tok/s"
             for d in drafts:
                 out, tps, spec = replies(weights, prompts, kv, d)
+                row_costs.append(spec.row_cost)
                 identical &= out == plain
                 runs[load][names[d]].append(tps)
                 kept[load][names[d]].append(spec.acceptance)
@@ -142,7 +167,17 @@ def main() -> None:
             w: {k: statistics.median(v) for k, v in ks.items()} for w, ks in kept.items()
         },
         "greedy_identical": identical,
+        "cpu": cpu_flags(),
+        "threads": torch.get_num_threads(),
+        "row_cost": statistics.median(row_costs),  # a checked row, in decode steps
     }
+    if args.draft:
+        from compress.runtime.speculative import make_speculator
+
+        record["draft_step_bytes"] = make_speculator(args.draft, weights, 64).proposer.step_cost
+        record["draft_forced_acceptance"] = {
+            w: forced_acceptance(weights, args.draft, prompts, kv) for w, prompts in loads.items()
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(record, indent=2) + "\n")
     print(

@@ -751,6 +751,29 @@ def families(d: dict) -> list[str]:
     ]
 
 
+def rotation(d: dict) -> list[str]:
+    source = {
+        "original": "the original",
+        "fold": "norms folded",
+        "hadamard": "norms folded, Hadamard-rotated",
+    }
+    rows = [
+        [f"`{r['quant']}`", source[r["source"]], f(r["ppl"], 3), f(r["kl"], 4),
+         f(r["top1"], 4), f(r["minutes"], 1)]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        "The default model rotated in its residual stream before rounding, the rotation "
+        "folded into the weights (a plain llama checkpoint; see the script's docstring), "
+        "against the original, with the same `--quant`, `--lm-head w8` and calibration "
+        f"text (WikiText-2 valid); drift of the weights alone (`eval --exact`) on the first "
+        f"{d['windows']} windows of 512 tokens of test.txt. `w4g64` and `w3g64` name no "
+        "method: the fast preset (searched-scale GPTQ on 16 samples).",
+        "",
+        *table(["--quant", "source", "ppl", "KL", "top-1", "minutes"], rows),
+    ]
+
+
 def speculative(d: dict) -> list[str]:
     what = {
         "continue": "a passage to continue (raw text)",
@@ -778,10 +801,27 @@ def speculative(d: dict) -> list[str]:
         f"tokens each by {d['artifact']}, batch 1, plain decoding and each draft in "
         "interleaved rounds"
         + (f"; the draft model: {d['draft']}" if d.get("draft") else "")
+        + (
+            f" (its step reads {100 * d['draft_step_bytes']:.0f}% of the target's bytes; made "
+            "to draft one token at every step, it has "
+            + " and ".join(
+                f"{100 * a:.0f}% kept on `{w}`" for w, a in d["draft_forced_acceptance"].items()
+            )
+            + ")"
+            if d.get("draft_forced_acceptance")
+            else ""
+        )
         + ". Replies identical token for token: "
         + ("yes." if d["greedy_identical"] else "NO.")
         + " Speedups compare runs of one round, back to back; absolute tokens/s move with "
-        "the shared host's load.",
+        "the shared host's load."
+        + (
+            f" CPU: {d['cpu']}, {d['threads']} threads; a checked row past the first cost "
+            f"{d['row_cost']:.2f} of a decode step there (measured by each engine as it "
+            "starts)."
+            if d.get("cpu")
+            else ""
+        ),
         "",
         *table(
             ["prompts", "decoding", "tokens/s (median)", "rounds", "drafts kept", "speedup"],
@@ -1103,6 +1143,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Group scales: min-max or searched",
         "benchmarks/scale_search.py",
         scale_search,
+    ),
+    (
+        "rotation.json",
+        "Rotating the residual stream before rounding",
+        "benchmarks/rotation.py",
+        rotation,
     ),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
     ("awq_drift.json", "AWQ against RTN", "benchmarks/awq_drift.py", awq_drift),

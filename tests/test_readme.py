@@ -184,7 +184,9 @@ def test_recipes_and_gate_files_shown_parse(tmp_path):
 
     shown = [b for page in PAGES for b in blocks(text(page), "yaml")]
     assert shown
-    for block in shown:
+    examples = sorted((ROOT / "examples").glob("*.yaml"))  # files the docs point to
+    assert len(examples) >= 2
+    for block in shown + [f.read_text() for f in examples]:
         data = yaml.safe_load(block)
         if "stages" in data:
             parse_recipe(data)

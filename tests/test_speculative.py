@@ -15,6 +15,7 @@ from compress.runtime.kv_cache import parse_kv
 from compress.runtime.sampling import SamplingParams, accept_drafts, probabilities
 from compress.runtime.speculative import (
     PROBE_EVERY,
+    VERIFY_ROW_COST,
     DraftModelProposer,
     NgramProposer,
     Speculator,
@@ -47,12 +48,12 @@ def test_greedy_output_is_plain_decodings_with_both_proposers(target, artifacts,
     drafts are refused); KIVI groups of 32 complete inside verified chunks."""
     scheme = parse_kv(kv)
     plain = _generate(target, prompts, scheme)
-    ngram = Speculator(NgramProposer())
+    # both draft 3 tokens at every step, whatever they cost on this machine (8-bit costs
+    # more than the 4-bit target: left to the cost model, it would pause)
+    ngram = Speculator(NgramProposer(), k=3, adapt=False)
     assert _generate(target, prompts, scheme, ngram) == plain
     draft_weights = load_weights(resolve(str(artifacts["rtn:w8"])), device="cpu")
-    # its cost counted as nothing, so that it drafts at every step (8-bit costs more
-    # than the 4-bit target: left to the cost model, it would only probe)
-    draft = Speculator(DraftModelProposer(draft_weights, 400, step_cost=0.0))
+    draft = Speculator(DraftModelProposer(draft_weights, 400), k=3, adapt=False)
     assert _generate(target, prompts, scheme, draft) == plain
     for spec in (ngram, draft):  # both proposed and were checked; neither always right
         assert spec.steps > 0 and spec.proposed > spec.accepted > 0
@@ -139,6 +140,17 @@ def test_a_paused_model_draft_costs_nothing_until_a_later_sequence(target):
     assert tried.count(1) == 2 and tried.count(0) == 2 * PROBE_EVERY - 2
 
 
+def test_an_engine_measures_what_a_checked_row_costs_on_this_machine(target):
+    """The cost model's row cost is measured when a speculating engine starts: a check of
+    5 rows reads the weights once, so each row past the first costs less than a step."""
+    spec = Speculator(NgramProposer())
+    Engine(target, max_batch=1, max_len=128, speculator=spec)
+    assert 0.02 <= spec.row_cost < 1.0
+    fixed = Speculator(NgramProposer(), k=3, adapt=False)  # told k: nothing to measure
+    Engine(target, max_batch=1, max_len=128, speculator=fixed)
+    assert fixed.row_cost == VERIFY_ROW_COST
+
+
 def test_a_draft_that_could_never_pay_is_refused_in_one_line(artifacts):
     """The target drafting for itself costs a whole step per token: slower than no
     draft even when every draft is kept."""
@@ -186,7 +198,7 @@ def test_the_serving_loop_streams_every_token_of_a_verified_step(target, prompts
     from compress.serve.scheduler import DONE, Scheduler, ServingEngine
 
     engine = ServingEngine(
-        target, max_batch=2, max_len=320, speculator=make_speculator("ngram", target, 320)
+        target, max_batch=2, max_len=320, speculator=Speculator(NgramProposer(), k=3, adapt=False)
     )
     scheduler = Scheduler(engine, Metrics(2)).start()
     try:
@@ -208,8 +220,8 @@ def test_the_triton_backend_verifies_through_its_decode_path(tmp_path, tokenizer
     """The GPU backend has no one-call decoder: its check runs decode's per-op path with
     the rows as one slot at successive positions (its attention kernel reads each row's
     keys up to its own position; compiled on a GPU, under TRITON_INTERPRET=1 here), and
-    keeps plain decoding's greedy output. The model drafts for itself (its cost counted
-    as nothing, so k stays up): most drafts are kept."""
+    keeps plain decoding's greedy output. The model drafts 3 tokens for itself at every
+    step: most drafts are kept."""
     from family_models import write_family
 
     from compress.pipeline import compress
@@ -225,6 +237,6 @@ def test_the_triton_backend_verifies_through_its_decode_path(tmp_path, tokenizer
     params = SamplingParams(max_tokens=16, ignore_eos=True)  # past the KIVI group at 32
     scheme = parse_kv(kv)
     plain = _generate(weights, prompts, scheme, params=params)
-    spec = Speculator(DraftModelProposer(weights, 128, step_cost=0.0))
+    spec = Speculator(DraftModelProposer(weights, 128), k=3, adapt=False)
     assert _generate(weights, prompts, scheme, spec, params) == plain
     assert spec.steps > 0 and spec.accepted > spec.steps

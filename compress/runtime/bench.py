@@ -83,6 +83,7 @@ class BenchResult:
     draft: str | None = None  # speculative decoding's proposer (`--draft`), if any
     acceptance: float | None = None  # drafted tokens the target kept
     speedup: float | None = None  # tokens/s over the same run without a draft
+    row_cost: float | None = None  # a checked row past the first, in decode steps (measured)
 
 
 def bench_one(
@@ -143,6 +144,7 @@ def bench_one(
         mfu=2 * params_count * prefill_tps / flops,
         draft=draft,
         acceptance=None if speculator is None else speculator.acceptance,
+        row_cost=None if speculator is None else speculator.row_cost,
     )
 
 

@@ -28,7 +28,7 @@ from compress.runtime.sampling import (
     sample,
     token_logprobs,
 )
-from compress.runtime.speculative import Speculator
+from compress.runtime.speculative import Speculator, measure_row_cost
 from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
@@ -93,6 +93,8 @@ class Engine:
             blocks=kv_blocks,
         )  # fmt: skip
         self.prefix = PrefixCache(self.cache, prefix_cache_bytes) if prefix_cache_bytes else None
+        if speculator is not None and speculator.adapt:  # what a check's row costs here
+            speculator.row_cost = measure_row_cost(self.model, kv)
         self.free = list(range(max_batch))[::-1]
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request

@@ -32,13 +32,17 @@ from compress.runtime.model import Model
 from compress.runtime.sampling import SamplingParams, probabilities
 from compress.runtime.weights import ModelWeights
 
-# A verified step of 1 + k rows costs about 1 + VERIFY_ROW_COST * k decode steps: the
-# weights are read once, but each row's int8 products are computed. Measured on the
-# default model (4-bit, fp32 head), 2 CPU cores: 1.30, 1.56 and 1.94 steps for 2, 3 and 5
-# rows; 9 rows cost 5.4 (past the dense head's one-read GEMV), hence MAX_K = 7.
+# A verified step of 1 + k rows costs about 1 + row_cost * k decode steps: the weights are
+# read once, but each row's int8 products are computed. What a row costs depends on the
+# machine (default model, 4-bit, 2 cores: 0.25 of a step on an AVX2 EPYC, 0.41 on an
+# AVX512-VNNI Xeon whose decode step is twice as fast), so each engine measures it on its
+# own target when it starts (`measure_row_cost`); VERIFY_ROW_COST is the figure used
+# before that. 9 rows cost 5.4 steps on the EPYC (past the head's one-read GEMV), hence
+# MAX_K = 7.
 VERIFY_ROW_COST = 0.25
 MAX_K = 7
 PROBE_EVERY = 16
+CALIBRATION_SECONDS = 0.3  # measuring the row cost: at least this long, 3 rounds or more
 
 
 class NgramProposer:
@@ -120,6 +124,8 @@ class Speculator:
     idle_steps: int = 0  # steps decoded plainly since speculation last ran
     sequence: int | None = None  # the sequence speculated on last
     sequences: int = 0  # sequences speculated on (or offered to be)
+    adapt: bool = True  # False: k stays as given (to measure a draft's acceptance)
+    row_cost: float = VERIFY_ROW_COST  # a verified row, in decode steps (Engine measures it)
 
     @property
     def acceptance(self) -> float:
@@ -146,8 +152,9 @@ class Speculator:
         self.accepted += accepted
         self.steps += 1
         self.acceptance_ema = 0.8 * self.acceptance_ema + 0.2 * accepted / proposed
-        row = VERIFY_ROW_COST + self.proposer.step_cost
-        self.k = best_k(self.acceptance_ema, self.max_k, row)
+        if self.adapt:
+            row = self.row_cost + self.proposer.step_cost
+            self.k = best_k(self.acceptance_ema, self.max_k, row)
 
 
 def best_k(acceptance: float, max_k: int, row_cost: float = VERIFY_ROW_COST) -> int:
@@ -161,6 +168,34 @@ def best_k(acceptance: float, max_k: int, row_cost: float = VERIFY_ROW_COST) -> 
         if rate > best_rate * 1.02:  # a gain within noise is not worth the pass
             best, best_rate = k, rate
     return best
+
+
+def measure_row_cost(model: Model, kv, rows: int = 5) -> float:
+    """What one more row of a verified step costs, in decode steps of `model` on this
+    machine: median times of a one-row decode and of a `rows`-row check, on a scratch
+    one-sequence cache of 32 tokens."""
+    import statistics
+    import time
+
+    s, dev = model.w.shape, model.device
+    cache = KVCache(s.layers, 1, s.kv_heads, 64, s.head_dim, kv, dev)
+    model.prefill(torch.arange(32, device=dev) % s.vocab, cache, 0, last_only=True)
+    start, tokens = int(cache.lengths[0]), torch.arange(rows, device=dev)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def timed(run) -> float:
+        cache.lengths[0] = start
+        t = time.perf_counter()
+        run()
+        sync()
+        return time.perf_counter() - t
+
+    one, many, began = [], [], time.perf_counter()
+    while len(one) < 3 or time.perf_counter() - began < CALIBRATION_SECONDS:
+        one.append(timed(lambda: model.decode_ids([1], cache, [0])))
+        many.append(timed(lambda: model.verify(tokens, cache, 0)))
+    step, check = statistics.median(one), statistics.median(many)
+    return min(max((check - step) / ((rows - 1) * step), 0.02), 2.0)
 
 
 def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculator:
@@ -184,6 +219,6 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
         raise LlmpressError(
             f"--draft {draft}: a draft step reads {cost:.0%} of the target's bytes, so even "
             "drafts that are always kept would decode slower than no draft: give a smaller "
-            "draft (a pruned, 4-bit copy of the target) or --draft ngram"
+            "draft (examples/draft.yaml makes one) or --draft ngram"
         )
     return Speculator(DraftModelProposer(weights, max_len, cost))
