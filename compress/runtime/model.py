@@ -174,12 +174,17 @@ def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
         n = start + r1  # keys these rows may see: lo..start + r1 - 1
         lo = max(0, start + r0 - window + 1) if window else 0
         k, v = keys[:, None, lo:n], values[:, None, lo:n]
-        scores = torch.matmul(qg[:, :, r0:r1], k.transpose(-1, -2)) * scale
+        rows_q = qg[:, :, r0:r1]
+        if r1 - r0 == 1:  # as two rows: a one-row product takes another BLAS path whose
+            rows_q = rows_q.expand(-1, -1, 2, -1)  # sums differ in the last bits (int8
+            # activations then round apart): a prompt's last token must come out the same
+            # whether its prefix was computed with it, cached, or in an earlier chunk
+        scores = torch.matmul(rows_q, k.transpose(-1, -2)) * scale
         rows = torch.arange(start + r0, start + r1, device=q.device)[:, None]
         cols = torch.arange(lo, n, device=q.device)[None]
         hidden = (cols > rows) | (cols <= rows - window) if window else cols > rows
         scores.masked_fill_(hidden, float("-inf"))
-        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), v)
+        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), v)[:, :, : r1 - r0]
     return out.view(heads, t, hd)
 
 
