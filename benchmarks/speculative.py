@@ -84,19 +84,16 @@ def replies(weights, prompts, kv, draft: str | None):
     return outputs, tokens / seconds, spec
 
 
-def forced_acceptance(weights, draft: str, prompts, kv) -> float:
-    """The share of a draft model's first drafts the target keeps when it drafts one
-    token at every step, paused or not: how good the draft is, apart from whether it
-    pays."""
-    from compress.model.loading import resolve
+def forced_acceptance(weights, draft, prompts, kv) -> float:
+    """The share of a draft model's (`draft`: its loaded weights) first drafts the target
+    keeps when it drafts one token at every step, paused or not: how good the draft is,
+    apart from whether it pays."""
     from compress.runtime.engine import Engine
     from compress.runtime.sampling import SamplingParams
     from compress.runtime.speculative import DraftModelProposer, Speculator
-    from compress.runtime.weights import load_weights
 
     max_len = max(map(len, prompts)) + OUTPUT_TOKENS + 8
-    proposer = DraftModelProposer(load_weights(resolve(draft), device="cpu"), max_len, 0.0)
-    spec = Speculator(proposer, max_k=1, k=1, adapt=False)
+    spec = Speculator(DraftModelProposer(draft, max_len, 0.0), max_k=1, k=1, adapt=False)
     engine = Engine(weights, max_batch=1, max_len=max_len, kv=kv, speculator=spec)
     engine.generate(prompts, SamplingParams(max_tokens=OUTPUT_TOKENS, ignore_eos=True))
     return spec.acceptance
@@ -172,11 +169,10 @@ def main() -> None:
         "row_cost": statistics.median(row_costs),  # a checked row, in decode steps
     }
     if args.draft:
-        from compress.runtime.speculative import make_speculator
-
-        record["draft_step_bytes"] = make_speculator(args.draft, weights, 64).proposer.step_cost
+        draft = load_weights(resolve(args.draft), device="cpu")
+        record["draft_step_bytes"] = draft.step_bytes / weights.step_bytes
         record["draft_forced_acceptance"] = {
-            w: forced_acceptance(weights, args.draft, prompts, kv) for w, prompts in loads.items()
+            w: forced_acceptance(weights, draft, prompts, kv) for w, prompts in loads.items()
         }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "speculative.json").write_text(json.dumps(record, indent=2) + "\n")
