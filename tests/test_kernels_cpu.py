@@ -1,5 +1,7 @@
 """The C kernels against a plain-torch reference: every layout, ragged widths, batches."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,6 +23,14 @@ CASES = [
     (8, None, False),
     (8, 64, True),
 ]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return set(next((ln for ln in text.splitlines() if ln.startswith("flags")), "").split())
 
 
 def _reference(x: torch.Tensor) -> torch.Tensor:
@@ -59,19 +69,23 @@ def test_packed_matmul_matches_reference(bits, group, zp, k, rows):
     assert (y - exact).norm() / exact.norm() < (0.01 if bits == 4 else 1e-4)
 
 
-@pytest.mark.parametrize("n", [8, 16, 24, 67])  # one tile, a pair, a pair and one, ragged
+# one tile, a pair, a pair and one, ragged, a ragged pair
+@pytest.mark.parametrize("n", [8, 16, 24, 67, 76])
 @pytest.mark.parametrize("zp", [True, False])
 def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, zp):
-    """Batch-1 decode runs int4 tiles through an unrolled one-row loop; its arithmetic per
-    column is the batched tiles' own, so a row's outputs are the same bits alone as among
-    other rows (what lets decode steps and a served prefill agree)."""
+    """Batch-1 decode runs int4 tiles through an unrolled one-row loop, and prompts run
+    pairs of tiles in 512-bit vectors where the CPU has them; the arithmetic per column is
+    the same everywhere, so a row's outputs are the same bits alone as among any other
+    rows (what lets decode steps, chunked and cached prefills agree)."""
     torch.manual_seed(n)
     qw = quantize_weight(torch.randn(n, 576), QuantScheme(bits=4, group_size=64, zero_point=zp))
     lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
-    x = torch.randn(3, 576)
+    x = torch.randn(13, 576)  # row blocks of 8, then 4 + 1
     together = lin(x)
-    for i in range(3):
+    for i in range(13):
         assert torch.equal(lin(x[i : i + 1]), together[i : i + 1])
+    for a, b in [(0, 2), (3, 6), (5, 12)]:
+        assert torch.equal(lin(x[a:b]), together[a:b])
 
 
 def test_a_shared_quantized_input_gives_the_same_result():
@@ -199,6 +213,13 @@ def test_groups_the_kernel_cannot_take_are_refused():
     [
         "-O3 -mavx2 -mfma -mf16c -fopenmp",  # AVX2 without VNNI: maddubs + madd dot products
         "-O3 -fopenmp",  # no AVX2: the portable C loops
+        pytest.param(  # 256-bit VNNI without AVX-512 (the native build takes 512-bit paths)
+            "-O3 -mavx2 -mfma -mf16c -mavxvnni -fopenmp",
+            marks=pytest.mark.skipif(
+                not ({"avx_vnni", "avx512f"} <= _cpu_flags()),
+                reason="only a CPU with AVX-VNNI and AVX-512 has a path the native build skips",
+            ),
+        ),
     ],
 )
 def test_other_instruction_sets_compute_the_same(flags):

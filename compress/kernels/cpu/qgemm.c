@@ -15,6 +15,8 @@
  *                exactly sum(w * x_quantized), so the offset in code * scale adds no error).
  * G is a multiple of 32. Instruction paths: AVX-VNNI or AVX512-VNNI (dpbusd), AVX2
  * (maddubs + madd), and portable C; the build picks by -march=native and tests build all.
+ * With AVX-512 VNNI, int4 prompts (more than one row) run pairs of tiles in 512-bit
+ * vectors (pair_tile_q4), column for column the same arithmetic.
  */
 #include <math.h>
 #include <stdint.h>
@@ -415,6 +417,94 @@ INLINE void row_tile_q4(const uint8_t *wt, const float *sc, const float *zs, int
 #endif
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define PAIR_ZMM 1
+#define PAIR_MT 4
+/* Prompt rows against two adjacent int4 tiles (16 columns) in 512-bit vectors: one load of
+ * each weight vector serves MT rows, and each row keeps two independent dpbusd sums (low
+ * and high nibbles) so that 2 * MT chains hide the instruction's latency. panel_tile's one
+ * chain a row at 8 columns left the multiply units mostly waiting on it. Every column's
+ * arithmetic is panel_tile's, in the same order (the integer sums are exact), so a row's
+ * result does not depend on which path computed it. */
+INLINE __m512 load_pair(const float *a, const float *b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+
+INLINE void pair_tile_q4(int MT, const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                         const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
+                         const int8_t *x8, const float *dx, const float *bs, int K, int nb,
+                         float *y, int64_t ys, int cols) {
+    __m512 acc[PAIR_MT];
+    for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int g = 0, b = 0; g < ng; g++) {
+        __m512 gacc[PAIR_MT];
+        float bz[PAIR_MT];
+        for (int m = 0; m < MT; m++) gacc[m] = _mm512_setzero_ps(), bz[m] = 0.f;
+        for (int j = 0; j < bpg; j++, b++) {
+            __m512i al[PAIR_MT], ah[PAIR_MT];
+            for (int m = 0; m < MT; m++) al[m] = ah[m] = _mm512_setzero_si512();
+            const uint8_t *b0 = w0 + (int64_t)b * 128, *b1 = w1 + (int64_t)b * 128;
+            for (int v = 0; v < 4; v++) {
+                __m512i raw = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 32 * v))),
+                    _mm256_loadu_si256((const __m256i *)(b1 + 32 * v)), 1);
+                __m512i lo = _mm512_and_si512(raw, low);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+                for (int m = 0; m < MT; m++) {
+                    const int8_t *xq = x8 + (int64_t)m * K + b * 32 + 4 * v;
+                    int32_t xa, xb;
+                    memcpy(&xa, xq, 4);
+                    memcpy(&xb, xq + 16, 4);
+                    al[m] = _mm512_dpbusd_epi32(al[m], lo, _mm512_set1_epi32(xa));
+                    ah[m] = _mm512_dpbusd_epi32(ah[m], hi, _mm512_set1_epi32(xb));
+                }
+            }
+            for (int m = 0; m < MT; m++) {
+                __m512 d = _mm512_set1_ps(dx[(int64_t)m * nb + b]);
+                __m512i ai = _mm512_add_epi32(al[m], ah[m]);
+                gacc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), d, gacc[m]);
+                bz[m] += bs[(int64_t)m * nb + b];
+            }
+        }
+        __m512 s = load_pair(sc0 + g * TW, sc1 + g * TW);
+        if (zs0) {
+            __m512 z = load_pair(zs0 + g * TW, zs1 + g * TW);
+            for (int m = 0; m < MT; m++) {
+                acc[m] = _mm512_fmadd_ps(gacc[m], s, acc[m]);
+                acc[m] = _mm512_fnmadd_ps(z, _mm512_set1_ps(bz[m]), acc[m]);
+            }
+        } else {
+            const __m512 offset = _mm512_set1_ps(8.f);
+            for (int m = 0; m < MT; m++)
+                acc[m] = _mm512_fmadd_ps(
+                    _mm512_fnmadd_ps(_mm512_set1_ps(bz[m]), offset, gacc[m]), s, acc[m]);
+        }
+    }
+    __mmask16 keep = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
+    for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * ys, keep, acc[m]);
+}
+
+/* Two tiles against every activation row, PAIR_MT rows at a time. */
+INLINE void pair_rows_q4(const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                         const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
+                         const int8_t *x8, const float *dx, const float *bs, int M, int K,
+                         int nb, float *y, int64_t ys, int cols) {
+    int m = 0;
+#define PAIR(MT) pair_tile_q4(MT, w0, w1, sc0, sc1, zs0, zs1, ng, bpg, x8 + (int64_t)m * K,   \
+                              dx + (int64_t)m * nb, bs + (int64_t)m * nb, K, nb,               \
+                              y + (int64_t)m * ys, ys, cols)
+    for (; m + PAIR_MT <= M; m += PAIR_MT) PAIR(PAIR_MT);
+    switch (M - m) {
+    case 3: PAIR(3); break;
+    case 2: PAIR(2); break;
+    case 1: PAIR(1); break;
+    default: break;
+    }
+#undef PAIR
+}
+#endif
+
 /* One tile against every activation row, MT_MAX rows at a time. */
 INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float *zs, int ng,
                       int bpg, const int8_t *x8, const float *dx, const float *bs, int M,
@@ -439,7 +529,14 @@ INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float 
 /* Threads take chunks of CHUNK_TILES tiles (16 columns); each chunk runs its rows in
  * blocks of ROW_BLOCK, so that the block's activations and the chunk's weights both stay
  * in L1 (8 rows x 1536 inputs + 16 columns x 1536 int4 weights: 24 KB). */
-#define CHUNK_TILES 2
+#define CHUNK_TILES 2 /* the 16 columns of one 512-bit pair */
+#if defined(PAIR_ZMM)
+#define PAIRED(BITS, M) ((BITS) == 4 && (M) > 1) /* one row (decode): row_tile_q4 */
+#define PAIR_ROWS pair_rows_q4
+#else
+#define PAIRED(BITS, M) 0
+#define PAIR_ROWS(...) (void)0
+#endif
 #define ROW_BLOCK 8
 #define DEFINE_GEMM(BITS)                                                                     \
 void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int M, int K,   \
@@ -452,6 +549,16 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
     for (int c = 0; c < chunks; c++)                                                          \
         for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {                                           \
             int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;                               \
+            if (PAIRED(BITS, M) && c * CHUNK_TILES + 1 < tiles) {                             \
+                int t = c * CHUNK_TILES, cols = N - t * TW < 2 * TW ? N - t * TW : 2 * TW;    \
+                const float *s0 = scale + (int64_t)t * ng * TW;                               \
+                const float *z0 = zs ? zs + (int64_t)t * ng * TW : NULL;                      \
+                PAIR_ROWS(w + t * tb, w + (t + 1) * tb, s0, s0 + ng * TW, z0,                 \
+                          z0 ? z0 + ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K,            \
+                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,        \
+                          y + (int64_t)m0 * N + t * TW, N, cols);                             \
+                continue;                                                                     \
+            }                                                                                 \
             for (int t = c * CHUNK_TILES; t < tiles && t < (c + 1) * CHUNK_TILES; t++) {      \
                 int cols = N - t * TW < TW ? N - t * TW : TW;                                 \
                 tile_rows(BITS, w + t * tb, scale + (int64_t)t * ng * TW,                     \
