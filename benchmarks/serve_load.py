@@ -31,6 +31,7 @@ import multiprocessing
 import platform
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -50,6 +51,10 @@ from compress.serve.app import build_app
 from compress.serve.server import make_server
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from batched_decode import cpu_flags  # noqa: E402
+
 PROMPT = "The history of the city begins in the early middle ages, when a small settlement"
 
 
@@ -239,7 +244,11 @@ def main() -> None:
     gain = top["output_tokens_per_s"] / single["output_tokens_per_s"] if single else None
     record = {
         "benchmark": "serve_load",
-        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu": cpu_flags(),
+            "threads": torch.get_num_threads(),
+        },
         "tokens": args.tokens,
         "rows": rows,
         "disconnect_run": leak,

@@ -436,6 +436,23 @@ def runtime_speed(d: dict) -> list[str]:
 DENSE_COLUMNS = (("torch_ms", 2), ("llmpress_ms", 2), ("GB_s", 1), ("speedup", 2))
 
 
+def prefill_attention(d: dict) -> list[str]:
+    h, kvh, hd = d["heads"]
+    body = [
+        [r["case"], r["chunks"], r["rows"], f(r["torch_ms"], 2), f(r["c_ms"], 2),
+         f(r["speedup"], 2), f"{r['max_abs_diff']:.1e}"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        f"One layer's causal attention of a prefill step ({h} query heads over {kvh} KV heads, "
+        f"head dim {hd}; {d['threads']} threads, medians of {d['rounds']} interleaved rounds; "
+        f"CPU: {d['cpu']}): the C call for every chunk of the step against torch's blocks "
+        "per chunk.",
+        "",
+        *table(["step", "chunks", "rows", "torch ms", "C ms", "speedup", "max |diff|"], body),
+    ]
+
+
 def kernel_ab(d: dict) -> list[str]:
     body = [
         [r["model"], r["shape"], r["rows"], f(r["earlier_us"], 1), f(r["now_us"], 1),
@@ -506,7 +523,9 @@ def serve_load(d: dict) -> list[str]:
     x = d["disconnect_run"]
     g = d["batching_gain"]
     return [
-        f"`llmpress serve` on loopback, {d['machine']['threads']} threads; the w4 g64 "
+        f"`llmpress serve` on loopback, {d['machine']['threads']} threads"
+        + (f" ({d['machine']['cpu']})" if d["machine"].get("cpu") else "")
+        + "; the w4 g64 "
         "artifact (zero point) with an int8 lm_head, context 256; queue bound = capacity; "
         f"each client sends one streaming completion of {d['tokens']} tokens; p50/p99 over "
         "the served requests.",
@@ -1204,6 +1223,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "What a decode step leaves outside C",
         "benchmarks/decode_step.py",
         decode_step,
+    ),
+    (
+        "prefill_attention.json",
+        "A prefill step's attention in one C call",
+        "benchmarks/prefill_attention.py",
+        prefill_attention,
     ),
     (
         "kernel_ab.json",

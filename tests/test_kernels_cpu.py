@@ -361,3 +361,44 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
         assert argmax(x) == int(x.argmax()), x
     strided = torch.randn(64, generator=g)[::2]  # not contiguous: torch's own
     assert argmax(strided) == int(strided.argmax())
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "d"),
+    [(9, 3, 64), (18, 1, 40), (4, 4, 36)],  # GQA; a group wider than 8 with 40 dims; MHA, 36
+)
+@pytest.mark.parametrize("window", [0, 16])
+def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
+    heads, kv_heads, d, window
+):
+    """Every chunk of a step in one C call: the same output as the torch reference, and a
+    prompt's rows the same bits whether it was attended whole, in chunks (the later ones
+    over the earlier ones' keys) or beside other prompts in the call."""
+    from compress.kernels.cpu import prefill_attention
+    from compress.runtime.model import _prefill_attention
+
+    torch.manual_seed(heads + d + window)
+    n = 45
+    q, k, v = torch.randn(n, heads, d), torch.randn(kv_heads, n, d), torch.randn(kv_heads, n, d)
+    whole = torch.empty(n, heads * d)
+    prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window)
+    ref = _prefill_attention(q.transpose(0, 1), k, v, 0, 0.2, window or None)
+    torch.testing.assert_close(whole, ref.transpose(0, 1).reshape(n, -1), rtol=1e-5, atol=1e-5)
+
+    other_q = torch.randn(7, heads, d)
+    other_k, other_v = torch.randn(kv_heads, 7, d), torch.randn(kv_heads, 7, d)
+    both_q = torch.cat([other_q, q])
+    split = torch.empty(7 + n, heads * d)
+    chunks = [(0, 7, other_k, other_v, 0)]
+    for a, b in [(0, 1), (1, 17), (17, 18), (18, 45)]:  # one row, a span, one row, the rest
+        chunks.append((7 + a, 7 + b, k[:, :b].contiguous(), v[:, :b].contiguous(), a))
+    prefill_attention(both_q, split, chunks[::-1], 0.2, window)
+    assert torch.equal(split[7:], whole)
+
+
+def test_c_prefill_attention_refuses_keys_of_the_wrong_length():
+    from compress.kernels.cpu import prefill_attention
+
+    q, out = torch.randn(4, 2, 8), torch.empty(4, 16)
+    with pytest.raises(TypeError, match="keys/values"):
+        prefill_attention(q, out, [(0, 4, torch.randn(1, 3, 8), torch.randn(1, 3, 8), 0)], 1.0)

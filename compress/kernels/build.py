@@ -99,6 +99,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]
     lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, f, i, p]
     lib.llmp_decode_attention.restype = None
+    lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, f, i]
+    lib.llmp_prefill_attention.restype = ctypes.c_int
     lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
     lib.llmp_decode_tokens.argtypes = [p, p, p, p, i, p, p, p, p, p, p]

@@ -269,6 +269,47 @@ def decode_attention(
     return out
 
 
+class _PChunk(ctypes.Structure):
+    _fields_ = [
+        *[(n, ctypes.c_void_p) for n in ("q", "k", "v", "out")],
+        *[(n, ctypes.c_int64) for n in ("qs", "os", "kg", "kj", "vg", "vj")],
+        ("T", ctypes.c_int),
+        ("start", ctypes.c_int),
+    ]
+
+
+def _rows_ptr(t: torch.Tensor, name: str) -> int:
+    """The address of a float32 CPU view whose last dimension is dense (rows and heads may
+    be strided: q/k/v are views into one projection's output)."""
+    if t.dtype != torch.float32 or not t.is_cpu or t.stride(-1) != 1:
+        raise TypeError(f"{name}: a float32 CPU view with a dense last dimension")
+    return t.data_ptr()
+
+
+def prefill_attention(q, out, chunks: list, scale: float, window: int = 0) -> None:
+    """Causal attention of every chunk of a prefill step in one C call. q [N, heads, D]
+    holds the step's query rows and out [N, heads * D] receives theirs; each chunk is
+    (a, b, keys, values, start): rows a..b-1 at positions start.. against keys/values
+    [kv_heads, start + b - a, D], each row seeing the keys up to its own (the last
+    `window` of them; 0: all). A row's result is the same bits however its prompt was
+    split into chunks or batched with others (see qgemm.c)."""
+    n, heads, d = q.shape
+    qp, op = _rows_ptr(q, "q"), _rows_ptr(out, "out")
+    if q.stride(1) != d or out.shape != (n, heads * d):
+        raise TypeError("prefill_attention: q [N, heads, D] with dense heads, out [N, heads * D]")
+    qs, os, kv_heads = q.stride(0), out.stride(0), chunks[0][2].shape[0]
+    arr = (_PChunk * len(chunks))()
+    for c, (a, b, k, v, start) in zip(arr, chunks, strict=True):
+        if k.shape != (kv_heads, start + b - a, d) or v.shape != k.shape:
+            raise TypeError(f"prefill_attention: keys/values [{kv_heads}, start + T, {d}]")
+        c.q, c.out, c.qs, c.os = qp + 4 * a * qs, op + 4 * a * os, qs, os
+        c.k, c.kg, c.kj = _rows_ptr(k, "keys"), k.stride(0), k.stride(1)
+        c.v, c.vg, c.vj = _rows_ptr(v, "values"), v.stride(0), v.stride(1)
+        c.T, c.start = b - a, start
+    if library().llmp_prefill_attention(arr, len(chunks), heads, kv_heads, d, scale, window):
+        raise MemoryError("llmp_prefill_attention: out of memory")
+
+
 TILE = 8  # output columns per panel tile (qgemm.c)
 
 

@@ -14,6 +14,7 @@ from compress.kernels.cpu import (
     EXACT_ABOVE,
     QuantizedInput,
     act_mul_quantized,
+    prefill_attention,
     quantize_input,
     rms_norm_quantized,
     rope_,
@@ -246,9 +247,11 @@ class Model:
         positions = torch.cat([torch.arange(c.start, c.start + c.tokens.shape[0]) for c in chunks])
         positions = positions.to(dev)
         h = self._embed(tokens)
+        in_c = packed and dev.type == "cpu"  # the served path: attention in one C call
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             att = torch.empty(ends[-1], s.heads * s.head_dim, device=dev)
+            parts = []
             for c, (a, b) in zip(chunks, bounds, strict=True):
                 kc, vc = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)  # [kv_heads, T, hd]
                 if c.start and c.prefix is not None:
@@ -262,11 +265,16 @@ class Model:
                 if c.prefix is not None:  # what the next chunk attends to
                     c.prefix[i : i + 1] = [(keys, values)]
                 cache.write(i, c.slot, c.start, kc, vc)
+                if in_c:
+                    parts.append((a, b, keys, values, c.start))
+                    continue
                 out = _prefill_attention(
                     q[a:b].transpose(0, 1), keys, values, c.start, spec.attn_scale,
                     spec.windows[i],
                 )  # fmt: skip
                 att[a:b] = out.transpose(0, 1).reshape(b - a, s.heads * s.head_dim)
+            if parts:
+                prefill_attention(q, att, parts, spec.attn_scale, spec.windows[i] or 0)
             h = h + _attn_out(layer, att, spec.eps, packed)
             h = h + _mlp(layer, h, self.w, packed)
         rows = []

@@ -1758,3 +1758,208 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
     for (int b = 0; b < B; b++) lengths[slots[b]]++;
     return 0;
 }
+
+/* ---- Causal prefill attention of one chunk ------------------------------------------
+ * q [T, heads, D] (row stride qs floats) at positions start..start+T-1 against keys and
+ * values [kv_heads, L, D] (L = start + T, contiguous); row r of head h sees keys lo..p,
+ * p = start + r, lo = max(0, p - window + 1) with a sliding window (window 0: none); out
+ * [T, heads * D] (row stride os). One call a layer for every chunk of a step (torch took
+ * ten small ops a chunk: 0.2 ms each, 18% of a 32-prompt step).
+ *
+ * A row's result depends on nothing but its own query and the keys it sees: each score is
+ * a dot product summed in dimension order, the softmax sums run from lo in a fixed order,
+ * and the weighted values add keys in position order, the keys a query may not see
+ * weighing exactly 0. So a prompt's rows come out the same bits whether it was prefilled
+ * whole, in chunks, beside other prompts, or after a cached prefix.
+ *
+ * Scores vectorize over 8 keys at a time from the keys transposed [D, L] (no horizontal
+ * sums), for up to QG query vectors of one KV head at once (consecutive rows' heads that
+ * share it), so each key is loaded once per group. */
+#define QG 8
+#define KT_PAD 16 /* zero keys past L in each transposed row: whole vectors of keys */
+
+/* Compiled as written (no reassociation, no auto-vectorization): which loop computes a
+ * key's term must not depend on where the group starts or how its buffers are aligned. */
+__attribute__((optimize("no-associative-math", "no-tree-vectorize")))
+static void attend_group(const float *const *qv, const int *lo, const int *hi,
+                         const float *kt, int ldk, const float *v, int64_t ldv, int D,
+                         float scale, float *s, int lds, float *const *out) {
+    int j0 = lo[0], j1 = hi[QG - 1]; /* keys any query of the group sees: j0..j1 */
+    for (int q = 1; q < QG; q++) j0 = lo[q] < j0 ? lo[q] : j0;
+    int n = j1 - j0 + 1;
+    int j = 0;
+#if defined(__AVX512F__) /* whole groups of 16 keys: kt rows hold KT_PAD zero keys past L */
+    for (; j < n; j += 16) {
+        __m512 acc[QG];
+        for (int q = 0; q < QG; q++) acc[q] = _mm512_setzero_ps();
+        const float *kc = kt + j0 + j;
+        for (int d = 0; d < D; d++) {
+            __m512 k16 = _mm512_loadu_ps(kc + (int64_t)d * ldk);
+            for (int q = 0; q < QG; q++)
+                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qv[q][d]), k16, acc[q]);
+        }
+        for (int q = 0; q < QG; q++)
+            _mm512_storeu_ps(s + (int64_t)q * lds + j, _mm512_mul_ps(acc[q], _mm512_set1_ps(scale)));
+    }
+#elif defined(__AVX2__) /* whole groups of 8 keys */
+    for (; j < n; j += 8) {
+        __m256 acc[QG];
+        for (int q = 0; q < QG; q++) acc[q] = _mm256_setzero_ps();
+        const float *kc = kt + j0 + j;
+        for (int d = 0; d < D; d++) {
+            __m256 k8 = _mm256_loadu_ps(kc + (int64_t)d * ldk);
+            for (int q = 0; q < QG; q++)
+                acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qv[q][d]), k8, acc[q]);
+        }
+        for (int q = 0; q < QG; q++)
+            _mm256_storeu_ps(s + (int64_t)q * lds + j, _mm256_mul_ps(acc[q], _mm256_set1_ps(scale)));
+    }
+#endif
+    for (; j < n; j++)
+        for (int q = 0; q < QG; q++) {
+            float a = 0.f;
+            for (int d = 0; d < D; d++) a = fmaf(qv[q][d], kt[(int64_t)d * ldk + j0 + j], a);
+            s[(int64_t)q * lds + j] = a * scale;
+        }
+    /* softmax over each query's own keys; the others weigh exactly 0 */
+    for (int q = 0; q < QG; q++) {
+        float *sq = s + (int64_t)q * lds;
+        int a = lo[q] - j0, b = hi[q] - j0 + 1;
+        float m = -INFINITY, l = 0.f;
+        for (int i = a; i < b; i++) m = fmaxf(m, sq[i]);
+        int i = a;
+#if defined(__AVX2__)
+        __m256 mv = _mm256_set1_ps(m), ls = _mm256_setzero_ps();
+        for (; i + 8 <= b; i += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sq + i), mv));
+            _mm256_storeu_ps(sq + i, e);
+            ls = _mm256_add_ps(ls, e);
+        }
+        l = hsum8(ls);
+#endif
+        for (; i < b; i++) sq[i] = expf(sq[i] - m), l += sq[i];
+        float r = 1.f / l;
+        for (i = 0; i < a; i++) sq[i] = 0.f;
+        for (i = a; i < b; i++) sq[i] *= r;
+        for (i = b; i < n; i++) sq[i] = 0.f;
+    }
+    /* out = sum over keys in position order of weight * value, 8 dimensions at a time */
+    int d = 0;
+#if defined(__AVX512F__)
+    for (; d + 16 <= D; d += 16) {
+        __m512 acc[QG];
+        for (int q = 0; q < QG; q++) acc[q] = _mm512_setzero_ps();
+        for (int i = 0; i < n; i++) {
+            __m512 v16 = _mm512_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+            for (int q = 0; q < QG; q++)
+                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(s[(int64_t)q * lds + i]), v16, acc[q]);
+        }
+        for (int q = 0; q < QG; q++) _mm512_storeu_ps(out[q] + d, acc[q]);
+    }
+#endif
+#if defined(__AVX2__)
+    for (; d + 8 <= D; d += 8) {
+        __m256 acc[QG];
+        for (int q = 0; q < QG; q++) acc[q] = _mm256_setzero_ps();
+        for (int i = 0; i < n; i++) {
+            __m256 v8 = _mm256_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+            for (int q = 0; q < QG; q++)
+                acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(s[(int64_t)q * lds + i]), v8, acc[q]);
+        }
+        for (int q = 0; q < QG; q++) _mm256_storeu_ps(out[q] + d, acc[q]);
+    }
+#endif
+    for (; d < D; d++)
+        for (int q = 0; q < QG; q++) {
+            float a = 0.f;
+            for (int i = 0; i < n; i++) a = fmaf(s[(int64_t)q * lds + i], v[(int64_t)(j0 + i) * ldv + d], a);
+            out[q][d] = a;
+        }
+}
+
+/* One chunk: q rows (stride qs), its keys/values (element (g, j, d) at g * kg + j * kj +
+ * d, positions 0..start + T - 1), out rows (stride os). */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int64_t qs, os, kg, kj, vg, vj;
+    int T, start;
+} PChunk;
+
+/* Every chunk of a step in one call, its (chunk, KV head, query group) tasks spread over
+ * the threads. Returns -1 when it cannot allocate its scratch. */
+int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D,
+                           float scale, int window) {
+    int rep = heads / kv_heads, failed = 0;
+    int64_t *kto = malloc(sizeof(int64_t) * (nc + 1)); /* chunk i's keys as [kvh, D, L] */
+    int *first = malloc(sizeof(int) * (nc + 1));       /* its first task */
+    if (kto == NULL || first == NULL) {
+        free(kto), free(first);
+        return -1;
+    }
+    kto[0] = 0, first[0] = 0;
+    int64_t work = 0;
+    for (int i = 0; i < nc; i++) {
+        int L = c[i].start + c[i].T;
+        kto[i + 1] = kto[i] + (int64_t)kv_heads * D * (L + KT_PAD);
+        first[i + 1] = first[i] + kv_heads * ((rep * c[i].T + QG - 1) / QG);
+        work += (int64_t)rep * c[i].T * kv_heads * L * D;
+    }
+    float *kt = malloc(sizeof(float) * (size_t)(kto[nc] > 0 ? kto[nc] : 1));
+    if (kt == NULL) {
+        free(kto), free(first);
+        return -1;
+    }
+    int tasks = first[nc];
+    #pragma omp parallel if (work > 100000)
+    {
+        #pragma omp for schedule(dynamic, 4)
+        for (int t = 0; t < nc * kv_heads; t++) {
+            const PChunk *ch = c + t / kv_heads;
+            int g = t % kv_heads, L = ch->start + ch->T;
+            float *dst = kt + kto[t / kv_heads] + (int64_t)g * D * (L + KT_PAD);
+            for (int j = 0; j < L; j++) {
+                const float *kr = ch->k + g * ch->kg + j * ch->kj;
+                for (int d = 0; d < D; d++) dst[(int64_t)d * (L + KT_PAD) + j] = kr[d];
+            }
+            for (int d = 0; d < D; d++)
+                memset(dst + (int64_t)d * (L + KT_PAD) + L, 0, KT_PAD * sizeof(float));
+        }
+        int Lmax = 0;
+        for (int i = 0; i < nc; i++) Lmax = c[i].start + c[i].T > Lmax ? c[i].start + c[i].T : Lmax;
+        float *s = malloc(sizeof(float) * ((size_t)QG * (Lmax + 2 * KT_PAD) + D));
+        if (s == NULL) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < tasks; t++) {
+            if (s == NULL) continue;
+            int i = 0;
+            while (first[i + 1] <= t) i++;
+            const PChunk *ch = c + i;
+            int per = rep * ch->T, groups = (per + QG - 1) / QG, u0 = t - first[i];
+            int g = u0 % kv_heads, grp = groups - 1 - u0 / kv_heads; /* longest rows first */
+            int L = ch->start + ch->T;
+            const float *qv[QG];
+            float *ov[QG];
+            int lo[QG], hi[QG], nq = 0;
+            for (int u = grp * QG; u < per && u < (grp + 1) * QG; u++, nq++) {
+                int r = u / rep, h = g * rep + u % rep, p = ch->start + r;
+                qv[nq] = ch->q + (int64_t)r * ch->qs + (int64_t)h * D;
+                ov[nq] = ch->out + (int64_t)r * ch->os + (int64_t)h * D;
+                hi[nq] = p;
+                lo[nq] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+            }
+            for (; nq < QG; nq++) { /* a short group: its last query again, into scratch */
+                qv[nq] = qv[nq - 1], lo[nq] = lo[nq - 1], hi[nq] = hi[nq - 1];
+                ov[nq] = s + (int64_t)QG * (Lmax + 2 * KT_PAD);
+            }
+            attend_group(qv, lo, hi, kt + kto[i] + (int64_t)g * D * (L + KT_PAD), L + KT_PAD,
+                         ch->v + g * ch->vg, ch->vj, D, scale, s, Lmax + 2 * KT_PAD, ov);
+        }
+        free(s);
+    }
+    free(kt), free(kto), free(first);
+    return failed ? -1 : 0;
+}

@@ -1,0 +1,112 @@
+"""The served prefill's causal attention: one C call a layer for every chunk of a step
+(`llmp_prefill_attention`) against torch's per-chunk blocks (`_prefill_attention`, what
+the served path ran before and the evaluation's exact path still runs), interleaved in
+one process over the same queries, keys and values.
+
+Head layout of the default model (9 query heads over 3 KV heads, head dim 64). Shapes:
+a step prefilling 28 prompts of 18 tokens (32 requests arriving together), one 256-token
+chunk, a 1,024-token prompt in one chunk, and 256-token chunks over 768- and 1,792-token
+prefixes (a long prompt's later chunks). Reported: the median milliseconds of one layer's
+attention for each, and torch's time over C's.
+
+    python benchmarks/prefill_attention.py [--rounds 30] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from batched_decode import cpu_flags  # noqa: E402
+
+from compress.kernels.cpu import prefill_attention, set_threads  # noqa: E402
+from compress.runtime.model import _prefill_attention  # noqa: E402
+
+HEADS, KV_HEADS, D, SCALE = 9, 3, 64, 0.125
+CASES = {  # name: [(start, rows)] per chunk of the step
+    "28 prompts of 18 tokens": [(0, 18)] * 28,
+    "one 256-token chunk": [(0, 256)],
+    "a 1,024-token prompt": [(0, 1024)],
+    "256 rows over 768 cached": [(768, 256)],
+    "256 rows over 1,792 cached": [(1792, 256)],
+}
+
+
+def step(chunks, gen):
+    """The step's q [N, heads, D] and each chunk's keys/values over its whole prefix."""
+    n = sum(t for _, t in chunks)
+    q = torch.randn(n, HEADS, D, generator=gen)
+    parts, a = [], 0
+    for start, t in chunks:
+        k = torch.randn(KV_HEADS, start + t, D, generator=gen)
+        v = torch.randn(KV_HEADS, start + t, D, generator=gen)
+        parts.append((a, a + t, k, v, start))
+        a += t
+    return q, parts
+
+
+def with_torch(q, out, parts):
+    for a, b, k, v, start in parts:
+        o = _prefill_attention(q[a:b].transpose(0, 1), k, v, start, SCALE)
+        out[a:b] = o.transpose(0, 1).reshape(b - a, HEADS * D)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, chunks in CASES.items():
+        q, parts = step(chunks, gen)
+        ref, got = torch.empty(q.shape[0], HEADS * D), torch.empty(q.shape[0], HEADS * D)
+        times = {"torch": [], "c": []}
+        for _ in range(args.rounds + 2):  # the first two warm up
+            t0 = time.perf_counter()
+            with_torch(q, ref, parts)
+            t1 = time.perf_counter()
+            prefill_attention(q, got, parts, SCALE)
+            t2 = time.perf_counter()
+            times["torch"].append(t1 - t0)
+            times["c"].append(t2 - t1)
+        med = {k: statistics.median(v[2:]) * 1e3 for k, v in times.items()}
+        row = {
+            "case": name,
+            "chunks": len(chunks),
+            "rows": q.shape[0],
+            "torch_ms": med["torch"],
+            "c_ms": med["c"],
+            "speedup": med["torch"] / med["c"],
+            "max_abs_diff": (ref - got).abs().max().item(),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    record = {
+        "benchmark": "prefill_attention",
+        "command": "python benchmarks/prefill_attention.py",
+        "cpu": cpu_flags(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "heads": [HEADS, KV_HEADS, D],
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "prefill_attention.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
