@@ -97,6 +97,21 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(weights, pro
     assert late.output == whole
 
 
+def test_a_steps_prefill_half_gives_first_tokens_before_its_decode_half(weights, prompts):
+    """A server sends a new request's first token after the step's prefill, not after the
+    running sequences' next tokens: the prefill half returns only the prompts it
+    finished, each with one token, and the decode half then gives the others theirs."""
+    engine = Engine(weights, max_batch=2, max_len=512)
+    old = engine.submit(Request(list(prompts[0]), SamplingParams(max_tokens=8)))
+    engine.step()
+    new = engine.submit(Request(list(prompts[1]), SamplingParams(max_tokens=8)))
+    assert engine.prefill_step() == [new]
+    assert (len(new.output), len(old.output)) == (1, 1)
+    assert engine.decode_step() == [old]  # the new one waits for the next step
+    assert (len(new.output), len(old.output)) == (1, 2)
+    assert engine.step() == [old, new]
+
+
 @pytest.mark.parametrize("kv", ["none", "int8", "int4"])
 def test_a_prompt_scored_in_chunks_scores_as_one(weights, prompts, kv):
     """echo + logprobs over a prompt prefilled in chunks of 16: the same log-probabilities

@@ -130,6 +130,24 @@ def test_a_prompt_prefilled_over_several_steps_counts_its_first_token(server):
     assert [_metric(url, n) - b for n, b in zip(names, before, strict=True)] == [1, 1]
 
 
+def test_a_new_requests_first_token_is_sent_before_the_steps_decode(server, monkeypatch):
+    """The scheduler publishes a step's prefill before it runs the step's decode half, so
+    a request's time to first token does not include everyone else's next token."""
+    app, url = server
+    engine = app.scheduler.engine
+    seen, real = [], engine.decode_step
+
+    def spy():
+        seen.extend(s.published for s in app.scheduler.streams.values())
+        return real()
+
+    monkeypatch.setattr(engine, "decode_step", spy)
+    _client(url).completions.create(
+        model=app.model_name, prompt="Hello", max_tokens=3, temperature=0
+    )
+    assert seen[:1] == [1]  # the first decode half: the first token already published
+
+
 def test_curl_streams_server_sent_events(server):
     _, url = server
     curl = shutil.which("curl")

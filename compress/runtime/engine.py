@@ -99,6 +99,7 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}  # slot -> request
         self.eos = tuple(eos_token_ids)
+        self._prefilling: set[int] = set()  # requests in this step's prefill
 
     def submit(self, request: Request) -> Request:
         if not request.prompt:
@@ -135,7 +136,13 @@ class Engine:
         return not self.waiting and not self.running
 
     def step(self) -> list[Request]:
-        """Prefill, then decode once. Returns the requests that received a token.
+        """Prefill, then decode once. Returns the requests that received a token."""
+        return self.prefill_step() + self.decode_step()
+
+    def prefill_step(self) -> list[Request]:
+        """A step's first half: prefill. Returns the requests whose prompts it finished,
+        each with its first token (a server sends those before the decode half runs, so
+        a new request's first token does not wait for everyone else's next one).
 
         Prefill takes at most `prefill_tokens` prompt tokens a step, in one pass (the
         weights read once for every chunk): first the prompts already being prefilled, then
@@ -166,17 +173,23 @@ class Engine:
                 if req.prefilled == len(req.prompt):
                     self._prefilled(req, logits[-1])
                     touched.append(req)
-        busy = {id(r) for r, _ in work}
+        self._prefilling = {id(r) for r, _ in work}
+        return touched
+
+    def decode_step(self) -> list[Request]:
+        """A step's second half: the next token of every running sequence that did not
+        take part in this step's prefill (or one verified speculative step when only one
+        runs). Returns the requests that received tokens."""
+        busy, self._prefilling = self._prefilling, set()
         decoding = [r for r in self.running.values() if id(r) not in busy and r.output]
         if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
-            return [*touched, decoding[0]]
+            return [decoding[0]]
         if decoding:
             last, slots = [r.output[-1] for r in decoding], [r.slot for r in decoding]
             logits = self.model.decode_ids(last, self.cache, slots)
             for req, row in zip(decoding, logits, strict=True):
                 self._emit(req, row)
-            touched += decoding
-        return touched
+        return decoding
 
     def _blocks_needed(self, req: Request) -> int:
         """KV-cache blocks a request may come to hold: its prompt and every token it may

@@ -147,18 +147,23 @@ class Scheduler:
         stream.tokens.put(DONE)
 
     def _step(self) -> None:
-        """One engine step; if it raises, its requests fail and the loop lives on."""
-        try:
-            touched = self.engine.step()
-        except Exception as e:
-            why = f"{type(e).__name__}: {e}"
-            waiting = set(map(id, self.engine.waiting))  # the step never reached these
-            failed = [s.request for s in self.streams.values() if id(s.request) not in waiting]
-            print(f"llmpress serve: a step failed, failing its requests: {why}", file=sys.stderr)
-            for req in failed:
-                self.engine.fail(req, why)
-            touched = failed
-        self._publish(touched)
+        """One engine step, its prefill's first tokens sent before its decode half runs;
+        if a half raises, its requests fail and the loop lives on."""
+        for half in (self.engine.prefill_step, self.engine.decode_step):
+            try:
+                touched = half()
+            except Exception as e:
+                why = f"{type(e).__name__}: {e}"
+                waiting = set(map(id, self.engine.waiting))  # the step never reached these
+                failed = [s.request for s in self.streams.values() if id(s.request) not in waiting]
+                print(
+                    f"llmpress serve: a step failed, failing its requests: {why}", file=sys.stderr
+                )
+                for req in failed:
+                    self.engine.fail(req, why)
+                self._publish(failed)
+                return
+            self._publish(touched)
 
     def _run(self) -> None:
         try:
