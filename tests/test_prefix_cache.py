@@ -117,3 +117,57 @@ def test_a_prompts_last_rows_come_out_the_same_after_a_cached_prefix(w4_runtime,
     model.prefill(ids[:cut], c, 0, last_only=True)
     rest = model.prefill(ids[cut:], c, 0, start=cut, last_only=True)[-1]
     assert torch.equal(whole, rest)
+
+
+@pytest.mark.parametrize("kv", ["none", "int8", "int4"])
+def test_later_choices_fork_the_first_ones_prompt_and_sample_as_if_alone(w4_runtime, prompts, kv):
+    """`n` > 1: choices 2..n wait for choice 1's prompt, then hold every block of it (the
+    partly written last block copied on write), so the prompt is computed once; each
+    choice's reply is the one its seed gives alone, greedy replies are equal, and every
+    block goes back to the pool."""
+    prompt = prompts[0][:75]  # two full blocks of 32 and a partial one
+    assert len(prompt) % 32
+    sampled = [
+        SamplingParams(max_tokens=12, temperature=0.9, seed=s, ignore_eos=True) for s in (3, 4, 5)
+    ]
+
+    def run(params, fork):
+        engine = Engine(w4_runtime, 3, 512, parse_kv(kv))
+        computed = []
+        real = engine.model.prefill_batch
+        engine.model.prefill_batch = lambda chunks, cache: (
+            computed.extend(c.tokens.shape[0] for c in chunks) or real(chunks, cache)
+        )
+        reqs = [Request(list(prompt), p) for p in params]
+        if fork:
+            for r in reqs[1:]:
+                r.fork_of = reqs[0]
+        for r in reqs:
+            engine.submit(r)
+        while not engine.idle:
+            engine.step()
+        assert engine.cache.pool.used == 0 and not any(engine.cache.held)
+        return [r.output for r in reqs], sum(computed)
+
+    forked, computed = run(sampled, fork=True)
+    alone = [run([p], fork=False)[0][0] for p in sampled]
+    assert forked == alone and len({tuple(o) for o in forked}) > 1
+    assert computed == len(prompt)  # once, not three times
+    greedy = [SamplingParams(max_tokens=12, ignore_eos=True)] * 3
+    outputs, _ = run(greedy, fork=True)
+    assert outputs[0] == outputs[1] == outputs[2] == run(greedy[:1], fork=False)[0][0]
+
+
+def test_a_fork_with_no_room_is_admitted_as_any_prompt(w4_runtime, prompts):
+    """A later choice that finds no free slot when its first choice's prompt is cached
+    waits, and is then admitted through the prefix cache like any other prompt."""
+    prompt = prompts[0][:75]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    engine = Engine(w4_runtime, 1, 512)  # one slot: the fork cannot start beside its first
+    first, later = Request(list(prompt), params), Request(list(prompt), params)
+    later.fork_of = first
+    engine.submit(first), engine.submit(later)
+    while not engine.idle:
+        engine.step()
+    assert later.output == first.output
+    assert engine.prefix.hit_tokens == 64  # its two full blocks came from the cache

@@ -65,6 +65,8 @@ class Request:
     prefilled: int = 0  # prompt tokens in the cache (a long prompt fills it over steps)
     prompt_logits: list[torch.Tensor] = field(default_factory=list, repr=False)  # its chunks'
     prompt_kv: list | None = field(default=None, repr=False)  # Chunk.prefix, while chunked
+    # choice 1 of the same request (`n` > 1): this one starts from its cached prompt
+    fork_of: Request | None = field(default=None, repr=False)
 
     @property
     def done(self) -> bool:
@@ -156,8 +158,14 @@ class Engine:
         for req in self.running.values():
             if req.prefilled < len(req.prompt) and budget > 0:
                 budget -= self._chunk(req, budget, work)
-        while self.waiting and self.free and budget > 0 and self._admit(self.waiting[0]):
-            req = self.waiting.popleft()
+        for req in list(self.waiting):  # in order; forks wait for their first choice
+            if not self.free or budget <= 0:
+                break
+            if self._awaits_fork(req):
+                continue
+            if not self._admit(req):
+                break
+            self.waiting.remove(req)
             budget -= self._chunk(req, budget, work)
         touched = []
         if work:
@@ -171,8 +179,10 @@ class Engine:
                 if req.params.prompt_logprobs:
                     req.prompt_logits.append(logits)
                 if req.prefilled == len(req.prompt):
-                    self._prefilled(req, logits[-1])
-                    touched.append(req)
+                    forks = self._fork(req)  # before req may finish and free its blocks
+                    for r in (req, *forks):
+                        self._prefilled(r, logits[-1])
+                    touched += [req, *forks]
         self._prefilling = {id(r) for r, _ in work}
         return touched
 
@@ -196,14 +206,52 @@ class Engine:
         generate (speculation's drafts stay within them)."""
         return self.cache.blocks_for(len(req.prompt) + req.params.max_tokens)
 
+    def _owed(self) -> int:
+        """Blocks the running requests may still take: up to their whole length, plus a
+        copy of a partly written block they share with a fork (copied on write)."""
+        pool, held, bs = self.cache.pool, self.cache.held, self.cache.block
+        owed = 0
+        for slot, r in self.running.items():
+            h = held[slot]
+            owed += max(0, self._blocks_needed(r) - len(h))
+            owed += bool(h and pool.refs[h[-1]] > 1 and int(self.cache.lengths[slot]) % bs)
+        return owed
+
+    def _awaits_fork(self, req: Request) -> bool:
+        """Whether req is a later choice whose first choice's prompt is still on its way
+        (it will start from that one's cache instead of computing the prompt again)."""
+        first = req.fork_of
+        return first is not None and not first.done and first.prefilled < len(first.prompt)
+
+    def _fork(self, first: Request) -> list[Request]:
+        """The waiting later choices of `first` (same prompt), now that its prompt is
+        cached: each takes a slot holding every one of its blocks, the partly written last
+        one copied when first written, and samples its own first token from the same
+        logits. A choice with no room now waits, and is admitted as any prompt is."""
+        forks, bs = [], self.cache.block
+        for req in [r for r in self.waiting if r.fork_of is first]:
+            held = len(self.cache.held[first.slot])
+            copies = 2 if len(req.prompt) % bs else 0  # its own copy, and first's
+            if not self.free or (
+                self._blocks_needed(req) - held + copies > self.cache.pool.available - self._owed()
+            ):
+                break
+            self.waiting.remove(req)
+            req.slot = self.free.pop()
+            self.running[req.slot] = req
+            self.cache.fork(first.slot, req.slot)
+            req.prefilled = len(req.prompt)
+            if self.prefix is not None:  # its prompt supplied whole, none computed
+                self.prefix.count(len(req.prompt), len(req.prompt))
+            forks.append(req)
+        return forks
+
     def _admit(self, req: Request) -> bool:
         """Give the next waiting request a slot and its cached prefix when the pool can
         hold everything it and the running requests may still need (nobody then ever runs
         out of blocks mid-sequence); False: it waits."""
-        pool, held = self.cache.pool, self.cache.held
-        owed = sum(
-            max(0, self._blocks_needed(r) - len(held[slot])) for slot, r in self.running.items()
-        )
+        pool = self.cache.pool
+        owed = self._owed()
         blocks, kv = self._lookup(req)
         unheld = sum(1 for b in blocks if pool.refs[b] == 0)  # taken from the evictable ones
         if self._blocks_needed(req) - len(blocks) + unheld > pool.available - owed:
@@ -250,7 +298,9 @@ class Engine:
     def _prefilled(self, req: Request, last: torch.Tensor) -> None:
         """The whole prompt is cached: score it where asked, then the first token."""
         p, req.prompt_kv = req.params, None
-        if p.prompt_logprobs:
+        if p.prompt_logprobs and req.fork_of is not None and req.fork_of.prompt_logprobs:
+            req.prompt_logprobs = list(req.fork_of.prompt_logprobs)  # forked: the same
+        elif p.prompt_logprobs:
             logits = torch.cat(req.prompt_logits)
             req.prompt_logits = []
             req.prompt_logprobs = [

@@ -173,6 +173,17 @@ class KVCache:
             self.table[slot, i] = b
         self.lengths[slot] = len(blocks) * self.block
 
+    def fork(self, src: int, dst: int) -> None:
+        """An empty slot `dst` starts as a copy of `src`'s sequence: it holds every block
+        of it (a partly written one is copied when either writes there next)."""
+        if self.held[dst]:
+            raise ValueError(f"slot {dst} already holds blocks")
+        for i, b in enumerate(self.held[src]):
+            self.pool.hold(b)
+            self.held[dst].append(b)
+            self.table[dst, i] = b
+        self.lengths[dst] = self.lengths[src]
+
     def register(self, slot: int, keys: list[bytes]) -> None:
         """Index the slot's first len(keys) blocks (full, written) under `keys`."""
         for key, b in zip(keys, self.held[slot], strict=False):
@@ -292,6 +303,11 @@ class KiviCache(KVCache):
 
     def _arrays(self):
         return self.kq, self.vq, self.k_scale, self.k_min, self.v_scale, self.v_min
+
+    def fork(self, src: int, dst: int) -> None:
+        super().fork(src, dst)
+        self.k_res[:, dst] = self.k_res[:, src]  # the newest tokens, kept per slot
+        self.v_res[:, dst] = self.v_res[:, src]
 
     def bytes_per_token(self) -> float:
         layers, _, heads, hd = self.shape

@@ -285,6 +285,8 @@ class Handler(BaseHTTPRequestHandler):
         seed = parsed.params.seed  # choice i samples with seed + i: distinct, reproducible
         seeds = [None if seed is None else seed + i for i in range(parsed.n)]
         requests = [Request(parsed.prompt_ids, replace(parsed.params, seed=s)) for s in seeds]
+        for later in requests[1:]:  # computed once: the others fork its cached prompt
+            later.fork_of = requests[0]
         try:
             streams = app.scheduler.submit_all(requests)
         except EngineStopped as e:
