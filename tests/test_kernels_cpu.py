@@ -71,15 +71,16 @@ def test_packed_matmul_matches_reference(bits, group, zp, k, rows):
 
 # one tile, a pair, a pair and one, ragged, a ragged pair
 @pytest.mark.parametrize("n", [8, 16, 24, 67, 76])
-@pytest.mark.parametrize("zp", [True, False])
-def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, zp):
-    """Batch-1 decode runs int4 tiles through an unrolled one-row loop, and prompts run
-    pairs of tiles in 512-bit vectors where the CPU has them; the arithmetic per column is
-    the same everywhere, so a row's outputs are the same bits alone as among any other
-    rows (what lets decode steps, chunked and cached prefills agree)."""
+@pytest.mark.parametrize(("bits", "zp"), [(4, True), (4, False), (8, False)])
+def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, bits, zp):
+    """Batch-1 decode runs int4 tiles through an unrolled one-row loop, and batches run
+    pairs of tiles in 512-bit vectors where the CPU has them (int8 codes shifted to
+    unsigned); the arithmetic per column is the same everywhere, so a row's outputs are
+    the same bits alone as among any other rows (what lets decode steps, chunked and
+    cached prefills agree)."""
     torch.manual_seed(n)
-    qw = quantize_weight(torch.randn(n, 576), QuantScheme(bits=4, group_size=64, zero_point=zp))
-    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)
+    qw = quantize_weight(torch.randn(n, 576), QuantScheme(bits=bits, group_size=64, zero_point=zp))
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits)
     x = torch.randn(13, 576)  # row blocks of 8, then 4 + 1
     together = lin(x)
     for i in range(13):

@@ -15,8 +15,8 @@
  *                exactly sum(w * x_quantized), so the offset in code * scale adds no error).
  * G is a multiple of 32. Instruction paths: AVX-VNNI or AVX512-VNNI (dpbusd), AVX2
  * (maddubs + madd), and portable C; the build picks by -march=native and tests build all.
- * With AVX-512 VNNI, int4 prompts (more than one row) run pairs of tiles in 512-bit
- * vectors (pair_tile_q4), column for column the same arithmetic.
+ * With AVX-512 VNNI, batches (int4: more than one row; int8: any) run pairs of tiles in
+ * 512-bit vectors (pair_tile), column for column the same arithmetic.
  */
 #include <math.h>
 #include <stdint.h>
@@ -420,23 +420,30 @@ INLINE void row_tile_q4(const uint8_t *wt, const float *sc, const float *zs, int
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define PAIR_ZMM 1
 #define PAIR_MT 4
-/* Prompt rows against two adjacent int4 tiles (16 columns) in 512-bit vectors: one load of
- * each weight vector serves MT rows, and each row keeps two independent dpbusd sums (low
- * and high nibbles) so that 2 * MT chains hide the instruction's latency. panel_tile's one
- * chain a row at 8 columns left the multiply units mostly waiting on it. Every column's
- * arithmetic is panel_tile's, in the same order (the integer sums are exact), so a row's
- * result does not depend on which path computed it. */
+/* Several rows against two adjacent tiles (16 columns) in 512-bit vectors: one load of
+ * each weight vector serves MT rows, and each row keeps two independent dpbusd sums so
+ * that 2 * MT chains hide the instruction's latency. panel_tile's one chain a row at 8
+ * columns left the multiply units mostly waiting on it. int8 codes enter dpbusd's
+ * unsigned operand as w + 128 (a flipped sign bit), and 128 times the block's sum of
+ * activation codes (xs) comes off the integer sum, which is then exactly panel_tile's.
+ * Every column's arithmetic is panel_tile's, in the same order, so a row's result does
+ * not depend on which path computed it. */
 INLINE __m512 load_pair(const float *a, const float *b) {
     return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
 }
 
-INLINE void pair_tile_q4(int MT, const uint8_t *w0, const uint8_t *w1, const float *sc0,
-                         const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
-                         const int8_t *x8, const float *dx, const float *bs, int K, int nb,
-                         float *y, int64_t ys, int cols) {
+INLINE __m512i load_pair_i(const uint8_t *a, const uint8_t *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+                              _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+INLINE void pair_tile(int MT, int bits, const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                      const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
+                      const int8_t *x8, const float *dx, const float *bs, const int32_t *xs,
+                      int K, int nb, float *y, int64_t ys, int cols) {
     __m512 acc[PAIR_MT];
     for (int m = 0; m < MT; m++) acc[m] = _mm512_setzero_ps();
-    const __m512i low = _mm512_set1_epi8(0x0F);
+    const __m512i low = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8((char)0x80);
     for (int g = 0, b = 0; g < ng; g++) {
         __m512 gacc[PAIR_MT];
         float bz[PAIR_MT];
@@ -444,25 +451,42 @@ INLINE void pair_tile_q4(int MT, const uint8_t *w0, const uint8_t *w1, const flo
         for (int j = 0; j < bpg; j++, b++) {
             __m512i al[PAIR_MT], ah[PAIR_MT];
             for (int m = 0; m < MT; m++) al[m] = ah[m] = _mm512_setzero_si512();
-            const uint8_t *b0 = w0 + (int64_t)b * 128, *b1 = w1 + (int64_t)b * 128;
-            for (int v = 0; v < 4; v++) {
-                __m512i raw = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 32 * v))),
-                    _mm256_loadu_si256((const __m256i *)(b1 + 32 * v)), 1);
-                __m512i lo = _mm512_and_si512(raw, low);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
-                for (int m = 0; m < MT; m++) {
-                    const int8_t *xq = x8 + (int64_t)m * K + b * 32 + 4 * v;
-                    int32_t xa, xb;
-                    memcpy(&xa, xq, 4);
-                    memcpy(&xb, xq + 16, 4);
-                    al[m] = _mm512_dpbusd_epi32(al[m], lo, _mm512_set1_epi32(xa));
-                    ah[m] = _mm512_dpbusd_epi32(ah[m], hi, _mm512_set1_epi32(xb));
+            if (bits == 4) {
+                const uint8_t *b0 = w0 + (int64_t)b * 128, *b1 = w1 + (int64_t)b * 128;
+                for (int v = 0; v < 4; v++) {
+                    __m512i raw = load_pair_i(b0 + 32 * v, b1 + 32 * v);
+                    __m512i lo = _mm512_and_si512(raw, low);
+                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low);
+                    for (int m = 0; m < MT; m++) {
+                        const int8_t *xq = x8 + (int64_t)m * K + b * 32 + 4 * v;
+                        int32_t xa, xb;
+                        memcpy(&xa, xq, 4);
+                        memcpy(&xb, xq + 16, 4);
+                        al[m] = _mm512_dpbusd_epi32(al[m], lo, _mm512_set1_epi32(xa));
+                        ah[m] = _mm512_dpbusd_epi32(ah[m], hi, _mm512_set1_epi32(xb));
+                    }
+                }
+            } else {
+                const uint8_t *b0 = w0 + (int64_t)b * 256, *b1 = w1 + (int64_t)b * 256;
+                for (int q = 0; q < 8; q += 2) {
+                    __m512i u0 = _mm512_xor_si512(load_pair_i(b0 + 32 * q, b1 + 32 * q), flip);
+                    __m512i u1 = _mm512_xor_si512(
+                        load_pair_i(b0 + 32 * q + 32, b1 + 32 * q + 32), flip);
+                    for (int m = 0; m < MT; m++) {
+                        const int8_t *xq = x8 + (int64_t)m * K + b * 32 + 4 * q;
+                        int32_t xa, xb;
+                        memcpy(&xa, xq, 4);
+                        memcpy(&xb, xq + 4, 4);
+                        al[m] = _mm512_dpbusd_epi32(al[m], u0, _mm512_set1_epi32(xa));
+                        ah[m] = _mm512_dpbusd_epi32(ah[m], u1, _mm512_set1_epi32(xb));
+                    }
                 }
             }
             for (int m = 0; m < MT; m++) {
                 __m512 d = _mm512_set1_ps(dx[(int64_t)m * nb + b]);
                 __m512i ai = _mm512_add_epi32(al[m], ah[m]);
+                if (bits == 8) /* the codes entered as w + 128 */
+                    ai = _mm512_sub_epi32(ai, _mm512_set1_epi32(128 * xs[(int64_t)m * nb + b]));
                 gacc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), d, gacc[m]);
                 bz[m] += bs[(int64_t)m * nb + b];
             }
@@ -475,7 +499,7 @@ INLINE void pair_tile_q4(int MT, const uint8_t *w0, const uint8_t *w1, const flo
                 acc[m] = _mm512_fnmadd_ps(z, _mm512_set1_ps(bz[m]), acc[m]);
             }
         } else {
-            const __m512 offset = _mm512_set1_ps(8.f);
+            const __m512 offset = _mm512_set1_ps(bits == 4 ? 8.f : 0.f);
             for (int m = 0; m < MT; m++)
                 acc[m] = _mm512_fmadd_ps(
                     _mm512_fnmadd_ps(_mm512_set1_ps(bz[m]), offset, gacc[m]), s, acc[m]);
@@ -486,14 +510,15 @@ INLINE void pair_tile_q4(int MT, const uint8_t *w0, const uint8_t *w1, const flo
 }
 
 /* Two tiles against every activation row, PAIR_MT rows at a time. */
-INLINE void pair_rows_q4(const uint8_t *w0, const uint8_t *w1, const float *sc0,
-                         const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
-                         const int8_t *x8, const float *dx, const float *bs, int M, int K,
-                         int nb, float *y, int64_t ys, int cols) {
+INLINE void pair_rows(int bits, const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                      const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
+                      const int8_t *x8, const float *dx, const float *bs, const int32_t *xs,
+                      int M, int K, int nb, float *y, int64_t ys, int cols) {
     int m = 0;
-#define PAIR(MT) pair_tile_q4(MT, w0, w1, sc0, sc1, zs0, zs1, ng, bpg, x8 + (int64_t)m * K,   \
-                              dx + (int64_t)m * nb, bs + (int64_t)m * nb, K, nb,               \
-                              y + (int64_t)m * ys, ys, cols)
+#define PAIR(MT) pair_tile(MT, bits, w0, w1, sc0, sc1, zs0, zs1, ng, bpg, x8 + (int64_t)m * K,  \
+                           dx + (int64_t)m * nb, bs + (int64_t)m * nb,                         \
+                           xs ? xs + (int64_t)m * nb : NULL, K, nb, y + (int64_t)m * ys, ys,   \
+                           cols)
     for (; m + PAIR_MT <= M; m += PAIR_MT) PAIR(PAIR_MT);
     switch (M - m) {
     case 3: PAIR(3); break;
@@ -531,12 +556,26 @@ INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float 
  * in L1 (8 rows x 1536 inputs + 16 columns x 1536 int4 weights: 24 KB). */
 #define CHUNK_TILES 2 /* the 16 columns of one 512-bit pair */
 #if defined(PAIR_ZMM)
-#define PAIRED(BITS, M) ((BITS) == 4 && (M) > 1) /* one row (decode): row_tile_q4 */
-#define PAIR_ROWS pair_rows_q4
+#define PAIRED(BITS, M) ((M) > 1 || (BITS) == 8) /* one int4 row (decode): row_tile_q4 */
+#define PAIR_ROWS pair_rows
 #else
 #define PAIRED(BITS, M) 0
 #define PAIR_ROWS(...) (void)0
 #endif
+
+/* Each row's sum of its int8 codes per block of 32 (the 8-bit pair path's correction);
+ * NULL when it cannot allocate (the tile path then runs). */
+static int32_t *block_sums(const int8_t *x8, int M, int K) {
+    int nb = K / 32;
+    int32_t *xs = malloc(sizeof(int32_t) * ((size_t)M * nb + 1));
+    if (xs == NULL) return NULL;
+    for (int64_t i = 0; i < (int64_t)M * nb; i++) {
+        int sum = 0;
+        for (int k = 0; k < 32; k++) sum += x8[i * 32 + k];
+        xs[i] = sum;
+    }
+    return xs;
+}
 #define ROW_BLOCK 8
 #define DEFINE_GEMM(BITS)                                                                     \
 void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int M, int K,   \
@@ -545,17 +584,21 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
     int nb = K / 32, ng = K / G, bpg = G / 32, tiles = (N + TW - 1) / TW;                     \
     int64_t tb = (int64_t)nb * 32 * BITS; /* bytes per tile: 8 columns x K x BITS/8 */        \
     int chunks = (tiles + CHUNK_TILES - 1) / CHUNK_TILES;                                     \
+    int32_t *xs = PAIRED(BITS, M) && (BITS) == 8 ? block_sums(x8, M, K) : NULL;               \
+    int paired = PAIRED(BITS, M) && ((BITS) == 4 || xs != NULL);                              \
     _Pragma("omp parallel for schedule(static)")                                              \
     for (int c = 0; c < chunks; c++)                                                          \
         for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {                                           \
             int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;                               \
-            if (PAIRED(BITS, M) && c * CHUNK_TILES + 1 < tiles) {                             \
+            if (paired && c * CHUNK_TILES + 1 < tiles) {                                      \
                 int t = c * CHUNK_TILES, cols = N - t * TW < 2 * TW ? N - t * TW : 2 * TW;    \
                 const float *s0 = scale + (int64_t)t * ng * TW;                               \
                 const float *z0 = zs ? zs + (int64_t)t * ng * TW : NULL;                      \
-                PAIR_ROWS(w + t * tb, w + (t + 1) * tb, s0, s0 + ng * TW, z0,                 \
+                (void)s0, (void)z0, (void)cols;                                               \
+                PAIR_ROWS(BITS, w + t * tb, w + (t + 1) * tb, s0, s0 + ng * TW, z0,           \
                           z0 ? z0 + ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K,            \
-                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,        \
+                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb,                     \
+                          xs ? xs + (int64_t)m0 * nb : NULL, rows, K, nb,                     \
                           y + (int64_t)m0 * N + t * TW, N, cols);                             \
                 continue;                                                                     \
             }                                                                                 \
@@ -567,6 +610,7 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
                           y + (int64_t)m0 * N + t * TW, N, cols);                             \
             }                                                                                 \
         }                                                                                     \
+    free(xs);                                                                                 \
 }
 
 DEFINE_GEMM(4)
