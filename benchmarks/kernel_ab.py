@@ -1,6 +1,8 @@
 """The packed int4 GEMM of this checkout against the one at an earlier git revision, built
 the same way and run interleaved in one process, at the widths of the default model and of
-Qwen2.5-0.5B, for decode batches and a served prompt.
+Qwen2.5-0.5B, for decode batches and a served prompt; and the int8 GEMM at the default
+model's widths and its int8 head, at the rows decode batches of 1, 8 and 32 give it (two
+a sequence: the two-term activations).
 
 End-to-end runs on a shared machine move by 20-30% between runs; one process alternating
 two builds of the same kernel over the same weights is the fair test of "not slower". Each
@@ -44,6 +46,12 @@ SHAPES = {  # (out, in) of q/k/v, gate/up, down, o
     "MoE (hidden 1024, experts 1024)": [(1536, 1024), (2048, 1024), (1024, 1024)],
 }
 COPIES = 30
+# 8-bit weights (an int8 lm_head, rtn:w8): rows as the two-term activations double them
+SHAPES8 = {
+    "default model, int8 head": [(49152, 576)],
+    "default model, int8": [(960, 576), (3072, 576), (576, 1536)],
+}
+HEAD_COPIES = 6  # 28 MB each
 
 
 def build(source: Path, out: Path) -> ctypes.CDLL:
@@ -52,8 +60,9 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))
     p, i = ctypes.c_void_p, ctypes.c_int
-    lib.llmp_gemm_q4.argtypes = [p, p, p, i, i, i, p, p, p, i, p]
-    lib.llmp_gemm_q4.restype = None
+    for name in ("llmp_gemm_q4", "llmp_gemm_q8"):
+        getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
+        getattr(lib, name).restype = None
     lib.llmp_set_threads.argtypes = [i]
     return lib
 
@@ -121,41 +130,46 @@ def main() -> None:
     ptr = cpu._ptr
     rows = [int(r) for r in args.rows.split(",")]
     results = []
-    for model, shapes in SHAPES.items():
-        for n, k in shapes:
-            mats = [
-                cpu.PackedLinear(
-                    torch.randint(-8, 8, (n, k), dtype=torch.int8),
-                    torch.rand(n, k // 64) * 0.01,
-                    None,
-                    64,
-                    4,
-                )
-                for _ in range(COPIES)
-            ]
-            # a kernel from before 4b373b1 reads zs = 8 * scale; later ones derive it
-            offsets = [m.scale * 8 if reads_offsets else None for m in mats]
-            for m_rows in rows:
-                x = cpu.quantize_input(torch.randn(m_rows, k))
-                y = torch.empty(m_rows, n)
+    cases = [(4, model, shape) for model, shapes in SHAPES.items() for shape in shapes]
+    cases += [(8, model, shape) for model, shapes in SHAPES8.items() for shape in shapes]
+    for bits, model, (n, k) in cases:
+        lo = -(1 << (bits - 1))
+        copies = HEAD_COPIES if n * k > 1 << 24 else COPIES
+        mats = [
+            cpu.PackedLinear(
+                torch.randint(lo, -lo, (n, k), dtype=torch.int8),
+                torch.rand(n, k // 64) * 0.01,
+                None,
+                64,
+                bits,
+            )
+            for _ in range(copies)
+        ]
+        # a kernel from before 4b373b1 reads zs = 8 * scale; later ones derive it
+        offsets = [m.scale * 8 if reads_offsets and bits == 4 else None for m in mats]
+        for m_rows in rows if bits == 4 else [2 * r for r in rows if r <= 32]:
+            x = cpu.quantize_input(torch.randn(m_rows, k))
+            y = torch.empty(m_rows, n)
 
-                def run(lib, early, x=x, y=y, mats=mats, offsets=offsets, n=n, m_rows=m_rows):
-                    for mat, z in zip(mats, offsets, strict=True):
-                        lib.llmp_gemm_q4(
-                            ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
-                            ptr(mat.packed), ptr(mat.scale), zs_ptr(z, early), n, ptr(y),
-                        )  # fmt: skip
+            def run(lib, early, x=x, y=y, mats=mats, offsets=offsets, n=n, m_rows=m_rows):
+                gemm = lib.llmp_gemm_q4 if mats[0].bits == 4 else lib.llmp_gemm_q8
+                for mat, z in zip(mats, offsets, strict=True):
+                    gemm(
+                        ptr(x.x8), ptr(x.dx), ptr(x.bsum), m_rows, mat.kp, mat.group,
+                        ptr(mat.packed), ptr(mat.scale), zs_ptr(z, early), n, ptr(y),
+                    )  # fmt: skip
 
-                fns = {
-                    name: (lambda lib=lib, e=name == "earlier": run(lib, e))
-                    for name, lib in libs.items()
-                }
-                med = {k: v / COPIES for k, v in interleaved(fns, args.rounds, 1).items()}
-                results.append(
-                    report(model, n, k, m_rows, earlier_us=round(med["earlier"] * 1e6, 1),
-                           now_us=round(med["now"] * 1e6, 1),
-                           speedup=round(med["earlier"] / med["now"], 3))
-                )  # fmt: skip
+            fns = {
+                name: (lambda lib=lib, e=name == "earlier": run(lib, e))
+                for name, lib in libs.items()
+            }
+            med = {k: v / len(mats) for k, v in interleaved(fns, args.rounds, 1).items()}
+            results.append(
+                report(model, n, k, m_rows, bits=bits,
+                       earlier_us=round(med["earlier"] * 1e6, 1),
+                       now_us=round(med["now"] * 1e6, 1),
+                       speedup=round(med["earlier"] / med["now"], 3))
+            )  # fmt: skip
     dense = []
     for model, (n, k) in HEADS.items():
         w = torch.randn(n, k)

@@ -8,7 +8,9 @@ every engine step is timed. Reported per budget, the median over rounds interlea
 - the streams' worst gap between two tokens while the long prompt is prefilled, and their
   steady time per token before it arrived (a whole prefill of LONG tokens stalls them
   for its full length);
-- the long prompt's time to first token (chunks pay a decode step each between them).
+- the long prompt's time to first token (chunks pay a decode step each between them);
+- and on a second workload, ARRIVALS short prompts (WikiText-2 test passages of ~18
+  tokens) arriving together at an idle engine: their median and last time to first token.
 
     python benchmarks/prefill_budget.py [--budgets 128,256,512,1024,2048,4096] [--rounds 3]
 """
@@ -27,6 +29,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 STREAMS, STREAM_CHARS, LONG = 8, 300, 1500
+ARRIVALS, ARRIVAL_CHARS = 32, 80
 
 
 def texts(tokenizer) -> tuple[list[list[int]], list[int]]:
@@ -39,7 +42,27 @@ def texts(tokenizer) -> tuple[list[list[int]], list[int]]:
     step = len(text) // (STREAMS + 1)
     streams = [tokenizer.encode(text[i * step : i * step + STREAM_CHARS]) for i in range(STREAMS)]
     long = tokenizer.encode(text[STREAMS * step :])[:LONG]
-    return streams, long
+    hop = len(text) // ARRIVALS
+    short = [tokenizer.encode(text[i * hop : i * hop + ARRIVAL_CHARS]) for i in range(ARRIVALS)]
+    return streams, long, short
+
+
+def arrivals(weights, prompts, budget: int) -> dict:
+    """Every prompt submitted at once to an idle engine; time to first token of each."""
+    from compress.runtime.engine import Engine, Request
+    from compress.runtime.sampling import SamplingParams
+
+    engine = Engine(weights, max_batch=len(prompts), max_len=256, prefill_tokens=budget)
+    engine.generate([prompts[0]], SamplingParams(max_tokens=2))  # warm
+    reqs = [Request(p, SamplingParams(max_tokens=16, ignore_eos=True)) for p in prompts]
+    t0 = time.perf_counter()
+    for r in reqs:
+        r.submitted = t0
+        engine.submit(r)
+    while any(r.first_token_at is None for r in reqs):
+        engine.step()
+    ttft = sorted(r.first_token_at - t0 for r in reqs)
+    return {"arrivals_ttft_p50_s": statistics.median(ttft), "arrivals_ttft_last_s": ttft[-1]}
 
 
 def one_run(weights, streams, long, budget: int) -> dict:
@@ -87,12 +110,12 @@ def main() -> None:
 
     ckpt = resolve(args.artifact or w4_artifact())
     weights = load_weights(ckpt, device="cpu")
-    streams, long = texts(load_tokenizer(ckpt))
+    streams, long, short = texts(load_tokenizer(ckpt))
     budgets = [int(b) for b in args.budgets.split(",")]
     runs = {b: [] for b in budgets}
     for r in range(args.rounds):
         for b in budgets:
-            runs[b].append(one_run(weights, streams, long, b))
+            runs[b].append(one_run(weights, streams, long, b) | arrivals(weights, short, b))
             print(f"round {r + 1} budget {b}: {runs[b][-1]}", flush=True)
     rows = {str(b): {k: statistics.median(x[k] for x in v) for k in v[0]} for b, v in runs.items()}
     record = {
@@ -102,6 +125,8 @@ def main() -> None:
         "cpu": cpu_flags(),
         "setup": f"default model rtn:w4g64, fp32 KV cache, {STREAMS} streams decoding, a "
         f"{len(long)}-token prompt arriving",
+        "arrivals": f"{ARRIVALS} prompts of {statistics.median(map(len, short)):.0f} tokens "
+        "(median) arriving together at an idle engine",
         "rows": rows,
     }
     for b, row in rows.items():

@@ -455,12 +455,12 @@ def prefill_attention(d: dict) -> list[str]:
 
 def kernel_ab(d: dict) -> list[str]:
     body = [
-        [r["model"], r["shape"], r["rows"], f(r["earlier_us"], 1), f(r["now_us"], 1),
-         f(r["speedup"], 2)]
+        [r["model"], r.get("bits", 4), r["shape"], r["rows"], f(r["earlier_us"], 1),
+         f(r["now_us"], 1), f(r["speedup"], 2)]
         for r in d["results"]
     ]  # fmt: skip
     return [
-        f"The packed int4 w4g64 GEMM of this checkout against the one at `{d['rev']}`, both "
+        f"The packed g64 GEMM of this checkout against the one at `{d['rev']}`, both "
         f"built with the project's flags and run interleaved in one process ({d['threads']} "
         f"threads, medians of {d['rounds']} rounds over {d['copies']} weight copies per "
         f"shape{'; CPU: ' + d['cpu'] if d.get('cpu') else ''}): the current kernel "
@@ -471,7 +471,10 @@ def kernel_ab(d: dict) -> list[str]:
         )
         + ".",
         "",
-        *table(["widths of", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"], body),
+        *table(
+            ["widths of", "bits", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"],
+            body,
+        ),
         "",
         "A dense fp32 weight at decode batches (a tied embedding read as the head), torch's "
         "`linear` against the runtime's `gemv_f32`, interleaved:",
@@ -850,19 +853,27 @@ def speculative(d: dict) -> list[str]:
 
 
 def prefill_budget(d: dict) -> list[str]:
+    arrivals = "arrivals" in d
     body = [
         [budget, f(r["steady_tpot_ms"], 1), f(r["worst_gap_ms"], 1), f(r["long_ttft_s"], 2),
-         int(r["steps"])]
+         int(r["steps"]),
+         *([f(r["arrivals_ttft_p50_s"], 2), f(r["arrivals_ttft_last_s"], 2)] if arrivals else [])]
         for budget, r in d["rows"].items()
     ]  # fmt: skip
+    head = ["prefill tokens a step", "streams' ms per token before", "worst gap ms",
+            "long prompt's TTFT s", "steps to its first token"]  # fmt: skip
+    if arrivals:
+        head += ["arrivals' TTFT p50 s", "arrivals' last TTFT s"]
     return [
         f"{d['setup']}; per budget (`serve --prefill-tokens`), the median of "
         f"{d['command'].split('--rounds ')[-1]} interleaved rounds: the streams' time per "
         "token before the prompt arrived, their worst gap between two tokens while it was "
-        "prefilled, and the prompt's time to its first token. CPU: " + d["cpu"] + ".",
+        "prefilled, and the prompt's time to its first token"
+        + (f"; then {d['arrivals']}: their median and last time to first token" if arrivals
+           else "")
+        + ". CPU: " + d["cpu"] + ".",
         "",
-        *table(["prefill tokens a step", "streams' ms per token before", "worst gap ms",
-                "long prompt's TTFT s", "steps to its first token"], body),
+        *table(head, body),
     ]  # fmt: skip
 
 
