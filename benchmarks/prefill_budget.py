@@ -12,7 +12,7 @@ every engine step is timed. Reported per budget, the median over rounds interlea
 - and on a second workload, ARRIVALS short prompts (WikiText-2 test passages of ~18
   tokens) arriving together at an idle engine: their median and last time to first token.
 
-    python benchmarks/prefill_budget.py [--budgets 128,256,512,1024,2048,4096] [--rounds 3]
+    python benchmarks/prefill_budget.py [--budgets 128,192,256,384,512,2048] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def one_run(weights, streams, long, budget: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--artifact", help="a 4-bit artifact of the default model (made if absent)")
-    ap.add_argument("--budgets", default="128,256,512,1024,2048,4096")
+    ap.add_argument("--budgets", default="128,192,256,384,512,2048")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()

@@ -1275,7 +1275,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "prefill_budget.json",
         "A long prompt among running streams: the prefill budget",
-        "benchmarks/prefill_budget.py --rounds 2",
+        "benchmarks/prefill_budget.py",
         prefill_budget,
     ),
     (

@@ -38,7 +38,10 @@ _ids = itertools.count()
 # (benchmarks/prefill_budget.py, default model w4, 8 streams, a 1,500-token prompt, AVX2
 # EPYC): the streams' worst gap grows with the budget (128: 0.64 s, 256: 1.13 s, 512: 2.2 s,
 # 2048 = whole: 4.7 s) while the prompt's own TTFT pays little for chunks (+25%, +17%,
-# +15%); 256 is the smallest budget within 20% of the whole prefill's TTFT.
+# +15%); 256 is the smallest budget within 20% of the whole prefill's TTFT. On an AVX-512
+# Xeon, with 32 short prompts arriving together as well: 192 is within 20% there too, and
+# its first tokens came sooner than 256's in one run (p50 0.51 s against 0.73) and not
+# clearly in the next (0.53 against 0.58; 384: 0.42, 512: 0.56), so the default stays.
 PREFILL_TOKENS = 256
 
 # Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
