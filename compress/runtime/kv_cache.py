@@ -164,7 +164,8 @@ class KVCache:
                 self.prepare(slot, pos, pos + 1)
 
     def share(self, slot: int, blocks: list[int]) -> None:
-        """An empty slot starts with `blocks` (full blocks of a cached prefix) as its own."""
+        """An empty slot starts with `blocks` (a cached prefix's full blocks, or a forked
+        sequence's) as its own."""
         if self.held[slot]:
             raise ValueError(f"slot {slot} already holds blocks")
         for i, b in enumerate(blocks):
@@ -176,12 +177,7 @@ class KVCache:
     def fork(self, src: int, dst: int) -> None:
         """An empty slot `dst` starts as a copy of `src`'s sequence: it holds every block
         of it (a partly written one is copied when either writes there next)."""
-        if self.held[dst]:
-            raise ValueError(f"slot {dst} already holds blocks")
-        for i, b in enumerate(self.held[src]):
-            self.pool.hold(b)
-            self.held[dst].append(b)
-            self.table[dst, i] = b
+        self.share(dst, list(self.held[src]))
         self.lengths[dst] = self.lengths[src]
 
     def register(self, slot: int, keys: list[bytes]) -> None:
