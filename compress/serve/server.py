@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from compress.errors import LlmpressError
 from compress.runtime.engine import Request
+from compress.serve.detokenize import Detokenizer
 from compress.serve.protocol import (
     BadRequest,
     Parsed,
@@ -310,9 +311,10 @@ class Handler(BaseHTTPRequestHandler):
     # -- generation -------------------------------------------------------------------
     def _pieces(self, parsed: Parsed, stream: Stream):
         """Yield text pieces as tokens arrive; stop strings end the request early."""
-        tok, app = self.app.tokenizer, self.app
-        ids: list[int] = []
-        sent = ""
+        app = self.app
+        detok = Detokenizer(app.tokenizer)
+        text, sent = "", 0  # text so far; characters of it yielded
+        longest = max(map(len, parsed.stop), default=0)
         checked = time.monotonic()
         while True:
             # A non-streaming client writes nothing that could fail: look for a closed
@@ -331,20 +333,20 @@ class Handler(BaseHTTPRequestHandler):
             stream.consumed += 1  # EOS too: its logprob is reported, its text is not
             if token == app.eos and not stream.request.params.ignore_eos:
                 continue
-            ids.append(token)
-            text = tok.decode(ids, skip_special_tokens=True)
-            cut = min((i for s in parsed.stop if (i := text.find(s)) >= 0), default=-1)
+            piece = detok.push(token)
+            if not piece:  # a character split across tokens: wait for the rest
+                continue
+            start = max(len(text) - longest + 1, 0)  # a stop may begin in earlier text
+            text += piece
+            cut = min((i for s in parsed.stop if (i := text.find(s, start)) >= 0), default=-1)
             if cut >= 0:
                 app.scheduler.cancel(stream)  # frees the slot; the reason is "stop"
                 stream.stopped = True
-                if cut > len(sent):
-                    yield text[len(sent) : cut]
+                if cut > sent:
+                    yield text[sent:cut]
                 return
-            if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
-                continue
-            if len(text) > len(sent):
-                yield text[len(sent) :]
-                sent = text
+            yield text[sent:]
+            sent = len(text)
         if stream.failure is not None:
             raise stream.failure
         if app.scheduler.error is not None:
