@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from compress.serve.app import build_app
+from compress.serve.pump import Pump
 from compress.serve.server import Handler, make_server
 
 
@@ -162,6 +163,91 @@ def test_curl_streams_server_sent_events(server):
     events = [ln[6:] for ln in out.splitlines() if ln.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+
+
+def _events_of(body: bytes) -> list:
+    """A chunked server-sent-events body's events, without their id and time."""
+    data, out = body, []
+    while True:
+        size, _, data = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        line, data = data[:n], data[n + 2 :]
+        assert line.startswith(b"data: ")
+        event = line[6:].strip()
+        out.append(event.decode() if event == b"[DONE]" else json.loads(event))
+        if isinstance(out[-1], dict):
+            out[-1].pop("id"), out[-1].pop("created")
+
+
+def test_the_engine_writes_streams_and_hands_a_slow_client_back(server, monkeypatch):
+    """A stream's events are written by the engine's thread while the socket takes them;
+    a client that does not read (a full socket) gets the rest from its handler thread,
+    the same bytes as a client that reads at once."""
+    _, url = server
+    ends, real = [], Pump.run
+
+    def spy(pump, waiting_on):
+        again = real(pump, waiting_on)
+        if not again:
+            ends.append((pump.done, len(pump.left), pump.error))
+        return again
+
+    monkeypatch.setattr(Pump, "run", spy)
+    setup = Handler.setup
+
+    def small_buffer(handler):  # the socket holds a few kB, as with a client far away
+        setup(handler)
+        handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+    prompt = "The river crossing grew into a market town. " * 22  # ~220 tokens
+    body = json.dumps(
+        {
+            "prompt": prompt,
+            "max_tokens": 6,
+            "stream": True,
+            "temperature": 0,
+            "echo": True,
+            "logprobs": 20,
+        }
+    ).encode()
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    host, port = url.removeprefix("http://").split(":")
+    fetched = len(ends)
+
+    def fetch(read_after: float) -> bytes:
+        nonlocal fetched
+        fetched += 1
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)  # a small window
+        sock.settimeout(60)
+        sock.connect((host, int(port)))
+        sock.sendall(request)
+        time.sleep(read_after)
+        data = b""
+        while not data.endswith(b"\r\n0\r\n\r\n"):
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the stream before its last chunk"
+            data += chunk
+        sock.close()
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        deadline = time.monotonic() + 10  # the spy records after the last write returns
+        while len(ends) < fetched and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return rest
+
+    fast = _events_of(fetch(0.0))
+    assert ends[-1] == (True, 0, None)  # written whole by the engine's thread
+    monkeypatch.setattr(Handler, "setup", small_buffer)
+    slow = _events_of(fetch(1.5))
+    assert ends[-1][0] is False and ends[-1][1] > 0  # the socket filled: handed back
+    assert slow == fast and fast[-1] == "[DONE]"
+    assert len(fast[0]["choices"][0]["logprobs"]["tokens"]) > 150  # the echoed prompt
 
 
 @pytest.mark.parametrize(

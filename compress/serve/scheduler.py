@@ -3,7 +3,8 @@
 Handlers `submit` (refused with QueueFull beyond the bound) and read tokens from their
 Stream; the loop admits new requests at the next step (continuous batching), pushes each
 new token to its stream, and applies cancellations (a client gone) before stepping, so a
-slot is free again within one step.
+slot is free again within one step. A streamed response may be `attach`ed as a Pump: the
+loop then writes its events itself after each step (compress/serve/pump.py).
 
 A failure is confined to the requests it touches: a request whose token choice raises
 fails alone (ServingEngine), a step that raises fails the requests of that step; the
@@ -12,6 +13,7 @@ loop, and every other request, go on.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import sys
 import threading
@@ -20,8 +22,10 @@ from collections import deque
 
 from compress.runtime.engine import Engine, Request
 from compress.serve.metrics import Metrics
+from compress.serve.pump import Pump
 
 DONE = object()
+_NOTHING = object()
 
 
 class QueueFull(RuntimeError):
@@ -73,6 +77,24 @@ class Stream:
         self.published = 0  # output tokens put on `tokens` (a verified step adds several)
         self.started = False  # its prompt is cached (counted, its TTFT observed)
         self.failure: GenerationFailed | None = None  # set before DONE when it failed
+        self.pump: Pump | None = None  # its response, while the engine's thread writes it
+        self._held = _NOTHING  # a token `wait` took off the queue
+
+    def take(self):
+        """The next token (or DONE), or None when there is none yet. Never blocks."""
+        if self._held is not _NOTHING:
+            token, self._held = self._held, _NOTHING
+            return token
+        try:
+            return self.tokens.get_nowait()
+        except queue.Empty:
+            return None
+
+    def wait(self, timeout: float) -> None:
+        """Block until `take` has something to give, or for `timeout` seconds."""
+        if self._held is _NOTHING:
+            with contextlib.suppress(queue.Empty):
+                self._held = self.tokens.get(timeout=timeout)
 
 
 class Scheduler:
@@ -85,6 +107,8 @@ class Scheduler:
         self.streams: dict[int, Stream] = {}
         self.recent: deque[tuple[float, int]] = deque()  # (time, tokens) for tokens/s
         self.error: BaseException | None = None
+        self.pumps: set[Pump] = set()  # attached and not finished
+        self._due: set[Pump] = set()  # pumps whose streams got tokens (or ended) since run
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="llmpress-engine", daemon=True)
 
@@ -121,6 +145,13 @@ class Scheduler:
     def cancel(self, stream: Stream) -> None:
         self.inbox.put(("cancel", stream))
 
+    def attach(self, pump: Pump) -> bool:
+        """Have the loop write `pump`'s response; False when the loop is not running."""
+        if self.error is not None or not self.thread.is_alive():
+            return False
+        self.inbox.put(("pump", pump))
+        return True
+
     def _drain(self, block: bool) -> None:
         while True:
             try:
@@ -137,6 +168,12 @@ class Scheduler:
             elif op == "cancel" and stream.request.id in self.streams:
                 self.engine.cancel(stream.request)
                 self._retire(stream)
+            elif op == "pump":  # `stream` is a Pump: run it now, tokens may be waiting
+                self.pumps.add(stream)
+                self._due.add(stream)
+                for s in stream.streams:
+                    s.pump = stream
+            self._run_pumps()
 
     def _retire(self, stream: Stream, failure: GenerationFailed | None = None) -> None:
         """The request is over (finished, cancelled, refused or failed): once."""
@@ -145,6 +182,17 @@ class Scheduler:
                 self.active -= 1
         stream.failure = failure
         stream.tokens.put(DONE)
+        if stream.pump is not None:
+            self._due.add(stream.pump)
+
+    def _run_pumps(self) -> None:
+        """Write the attached responses' new events (this thread; never blocks)."""
+        due, self._due = self._due, set()
+        for pump in due:
+            if pump in self.pumps and not pump.run(Stream):
+                self.pumps.discard(pump)
+                for s in pump.streams:
+                    s.pump = None
 
     def _step(self) -> None:
         """One engine step, its prefill's first tokens sent before its decode half runs;
@@ -178,6 +226,9 @@ class Scheduler:
             for stream in list(self.streams.values()):
                 stream.tokens.put(DONE)
             raise
+        finally:  # the handlers write what is left of their responses
+            for pump in self.pumps:
+                pump.release()
 
     def _publish(self, touched: list[Request]) -> None:
         now = time.perf_counter()
@@ -203,6 +254,8 @@ class Scheduler:
                     stream.published += 1
                     published += 1
                     m.counters["generated_tokens_total"] += 1
+                if stream.pump is not None:
+                    self._due.add(stream.pump)
                 if req.done:
                     if len(req.output) > 1:
                         per = (req.finished_at - req.first_token_at) / (len(req.output) - 1)
@@ -214,6 +267,7 @@ class Scheduler:
             span = max(now - self.recent[0][0], 1e-3) if len(self.recent) > 1 else 5.0
             m.tokens_per_s = sum(n for _, n in self.recent) / span
         self._gauges()
+        self._run_pumps()
 
     def _gauges(self) -> None:
         m = self.metrics

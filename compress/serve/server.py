@@ -17,7 +17,6 @@ import io
 import ipaddress
 import itertools
 import json
-import queue
 import select
 import socket
 import sys
@@ -42,6 +41,7 @@ from compress.serve.protocol import (
     parse_request,
     response_body,
 )
+from compress.serve.pump import Pump
 from compress.serve.scheduler import (
     DONE,
     EngineStopped,
@@ -197,10 +197,6 @@ class Handler(BaseHTTPRequestHandler):
     ):
         self._send(status, error_body(message, kind, code), headers=headers)
 
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
-
     def _authorized(self) -> bool:
         """With --api-key, /v1 routes and /metrics need `Authorization: Bearer KEY`;
         answers 401 (OpenAI's shape) when it is missing or wrong."""
@@ -310,23 +306,17 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- generation -------------------------------------------------------------------
     def _pieces(self, parsed: Parsed, stream: Stream):
-        """Yield text pieces as tokens arrive; stop strings end the request early."""
+        """Yield text pieces as tokens arrive, or `stream` itself when its next token is
+        not there yet (the thread running this waits, or runs it again later); stop
+        strings end the request early."""
         app = self.app
         detok = Detokenizer(app.tokenizer)
         text, sent = "", 0  # text so far; characters of it yielded
         longest = max(map(len, parsed.stop), default=0)
-        checked = time.monotonic()
         while True:
-            # A non-streaming client writes nothing that could fail: look for a closed
-            # socket every quarter second, whether or not tokens are arriving.
-            if not parsed.stream and time.monotonic() - checked >= CHECK_GONE_S:
-                checked = time.monotonic()
-                if self._client_gone():
-                    app.scheduler.cancel(stream)
-                    raise ConnectionResetError("client closed the connection")
-            try:
-                token = stream.tokens.get(timeout=CHECK_GONE_S)
-            except queue.Empty:
+            token = stream.take()
+            if token is None:
+                yield stream
                 continue
             if token is DONE:
                 break
@@ -352,6 +342,21 @@ class Handler(BaseHTTPRequestHandler):
         if app.scheduler.error is not None:
             raise GenerationFailed(f"engine failed: {app.scheduler.error}")
 
+    def _waiting_here(self, body, check_gone: bool):
+        """Run a body on this thread: its items, waiting here for tokens it needs. A
+        client that writes nothing that could fail (a whole completion) is looked for
+        every quarter second: gone, its request is cancelled."""
+        checked = time.monotonic()
+        for item in body:
+            if check_gone and time.monotonic() - checked >= CHECK_GONE_S:
+                checked = time.monotonic()
+                if self._client_gone():
+                    raise ConnectionResetError("client closed the connection")
+            if isinstance(item, Stream):
+                item.wait(CHECK_GONE_S)
+            else:
+                yield item
+
     def _client_gone(self) -> bool:
         """The client closed its socket (readable with nothing to read)."""
         try:
@@ -369,7 +374,7 @@ class Handler(BaseHTTPRequestHandler):
         choices, generated = [], 0
         for index, stream in enumerate(streams):
             try:
-                text = "".join(self._pieces(parsed, stream))
+                text = "".join(self._waiting_here(self._pieces(parsed, stream), True))
             except GenerationFailed as e:
                 kind = "invalid_request_error" if e.status < 500 else "server_error"
                 self._error(e.status, str(e), kind)
@@ -395,53 +400,79 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        body = self._events(parsed, rid, streams)
+        try:
+            pump = Pump(body, self.connection, streams)
+            if Pump.usable(self.connection) and self.app.scheduler.attach(pump):
+                while not pump.handed.wait(1.0):  # the engine's thread writes; wait for it
+                    if not self.app.scheduler.thread.is_alive():
+                        break  # (it released every pump as it stopped; never hang here)
+                if pump.done:
+                    return
+                if pump.error is not None:
+                    raise pump.error
+                self.wfile.write(pump.left)  # the client was slow: write the rest here
+            for data in self._waiting_here(body, False):
+                self.wfile.write(data)
+        except _GONE:
+            self.close_connection = True  # the client left: _post frees every slot
 
-        def event(obj) -> None:
-            self._chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+    def _events(self, parsed: Parsed, rid: str, streams: list[Stream]):
+        """The streamed body after the headers: chunk bytes (or a Stream to wait for)."""
+
+        def event(obj) -> bytes:
+            return _chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         try:
             for index, stream in enumerate(streams):
-                self._stream_choice(parsed, rid, stream, index, event)
+                yield from self._choice_events(parsed, rid, stream, index, event)
             if parsed.include_usage:
                 n = sum(len(s.request.output) for s in streams)
                 p = len(parsed.prompt_ids)
                 usage = {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
                 obj = "chat.completion.chunk" if parsed.chat else "text_completion"
-                event({**envelope(parsed, rid, obj, []), "usage": usage})
-        except _GONE:
-            self.close_connection = True  # the client left: _post frees every slot
-            return
+                yield event({**envelope(parsed, rid, obj, []), "usage": usage})
         except GenerationFailed as e:  # the status line is sent: say so in the stream
             self.close_connection = True
-            event(json.loads(error_body(str(e), "server_error")))
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")
+            yield event(json.loads(error_body(str(e), "server_error")))
+        yield _chunk(b"data: [DONE]\n\n") + _chunk(b"")
 
-    def _stream_choice(self, parsed: Parsed, rid: str, stream: Stream, index: int, event):
+    def _choice_events(self, parsed: Parsed, rid: str, stream: Stream, index: int, event):
         req, tok = stream.request, self.app.tokenizer
         first = True
         if parsed.chat:
-            event(chunk_body(parsed, rid, None, None, first=True, index=index))
+            yield event(chunk_body(parsed, rid, None, None, first=True, index=index))
             first = False
         sent = offset = 0  # output tokens whose logprobs went out; text sent
         pieces = self._pieces(parsed, stream)
         if parsed.echo:  # the prompt first, with its logprobs once the prefill made them
             piece = next(pieces, None)
+            while isinstance(piece, Stream):
+                yield piece
+                piece = next(pieces, None)
             scored = req.prompt_logprobs or [None] * len(req.prompt)
             lp = logprobs_body(parsed, tok, req.prompt, scored)
-            event(chunk_body(parsed, rid, parsed.prompt_text, None, first, lp, index))
+            yield event(chunk_body(parsed, rid, parsed.prompt_text, None, first, lp, index))
             offset, first = len(parsed.prompt_text), False
             pieces = itertools.chain([] if piece is None else [piece], pieces)
         for piece in pieces:
+            if isinstance(piece, Stream):
+                yield piece
+                continue
             ids = req.output[sent : stream.consumed]
             lp = logprobs_body(parsed, tok, ids, req.logprobs[sent : stream.consumed], offset)
             sent, offset = stream.consumed, offset + len(piece)
-            event(chunk_body(parsed, rid, piece, None, first, lp, index))
+            yield event(chunk_body(parsed, rid, piece, None, first, lp, index))
             first = False
         rest = req.output[sent : stream.consumed]  # an EOS has no text, only its logprob
         lp = logprobs_body(parsed, tok, rest, req.logprobs[sent : stream.consumed], offset)
         finish = self._finish_reason(stream)
-        event(chunk_body(parsed, rid, None, finish, first, lp if rest else None, index))
+        yield event(chunk_body(parsed, rid, None, finish, first, lp if rest else None, index))
+
+
+def _chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked body (empty: the last chunk)."""
+    return f"{len(data):X}\r\n".encode() + data + b"\r\n"
 
 
 def _linger(sock: socket.socket) -> None:
