@@ -403,3 +403,43 @@ def test_c_prefill_attention_refuses_keys_of_the_wrong_length():
     q, out = torch.randn(4, 2, 8), torch.empty(4, 16)
     with pytest.raises(TypeError, match="keys/values"):
         prefill_attention(q, out, [(0, 4, torch.randn(1, 3, 8), torch.randn(1, 3, 8), 0)], 1.0)
+
+
+def test_hand_over_gives_the_engine_thread_the_count_and_frees_the_callers_workers():
+    """A count set on one thread holds only there; hand_over carries it to the thread that
+    runs the kernels from then on, and ends the caller's idle workers (libgomp's workers
+    sleep at every barrier once the process's teams outnumber the CPUs)."""
+    import os
+    import threading
+    import time
+
+    from compress.kernels.build import library
+    from compress.kernels.cpu import hand_over, set_threads
+
+    lib, before = library(), torch.get_num_threads()
+    n = (os.cpu_count() or 1) + 1  # no process default: more threads than CPUs
+
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def on_a_thread(fn) -> int:
+        out = []
+        t = threading.Thread(target=lambda: (fn(), out.append(lib.llmp_get_threads())))
+        t.start()
+        t.join()
+        return out[0]
+
+    try:
+        set_threads(n)
+        assert lib.llmp_get_threads() == n
+        quantize_input(torch.randn(64, 256))  # a team of n on this thread: n - 1 workers
+        with_workers = tasks()
+        adopt = hand_over()
+        deadline = time.monotonic() + 10
+        while tasks() > with_workers - (n - 1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tasks() == with_workers - (n - 1)
+        assert on_a_thread(lambda: None) != n  # a new thread: the process default
+        assert on_a_thread(adopt) == n
+    finally:
+        set_threads(before)

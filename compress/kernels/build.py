@@ -118,6 +118,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_sigmoid_gate.restype = None
     lib.llmp_decode_workspace.restype = ctypes.c_int64
     lib.llmp_set_threads.argtypes = [i]
+    lib.llmp_release_threads.argtypes = []
+    lib.llmp_release_threads.restype = None
+    lib.llmp_get_threads.argtypes = []
+    lib.llmp_get_threads.restype = i
     lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
     lib.llmp_argmax.restype = ctypes.c_int64
     for name in (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,19 @@ def set_threads(n: int | None = None) -> None:
     if n:
         torch.set_num_threads(n)
     library().llmp_set_threads(torch.get_num_threads())
+
+
+def hand_over() -> Callable[[], None]:
+    """For a thread that will run every kernel from now on (a server's engine thread):
+    this thread's idle OpenMP workers exit now (see llmp_release_threads), and the
+    function returned, called first on the new thread, gives it this thread's count (a
+    count set with set_threads holds only for the thread that set it). Nothing is built or
+    loaded for a process that has not run a kernel (a GPU server)."""
+    if library.cache_info().currsize == 0:
+        return lambda: None
+    n = torch.get_num_threads()
+    library().llmp_release_threads()
+    return lambda: library().llmp_set_threads(n)
 
 
 @dataclass

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import deque
 
+from compress.kernels.cpu import hand_over
 from compress.runtime.engine import Engine, Request
 from compress.serve.metrics import Metrics
 from compress.serve.pump import Pump
@@ -114,6 +115,7 @@ class Scheduler:
 
     def start(self) -> Scheduler:
         self._gauges()  # every gauge and counter in /metrics from the start, zeros included
+        self._adopt = hand_over()  # the CPU kernels' threads go with the engine
         self.thread.start()
         return self
 
@@ -215,6 +217,7 @@ class Scheduler:
 
     def _run(self) -> None:
         try:
+            self._adopt()
             while not self._stop.is_set():
                 self._drain(block=self.engine.idle)
                 if self.engine.idle:

@@ -833,6 +833,25 @@ void llmp_set_threads(int n) {
     (void)n;
 }
 
+int llmp_get_threads(void) {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+/* The calling thread's idle OpenMP workers exit. libgomp counts every team's threads in
+ * the process; once they outnumber the CPUs, its workers sleep at every barrier instead of
+ * spinning, and a decode step has hundreds of barriers: a server whose main thread loaded
+ * the weights (a team of its own) and whose engine thread decodes (another) ran batch-1
+ * steps 25-30% slower than `bench`, which loads and decodes on one thread. */
+void llmp_release_threads(void) {
+#if defined(_OPENMP) && (_OPENMP >= 201811 || (!defined(__clang__) && __GNUC__ >= 9))
+    omp_pause_resource_all(omp_pause_soft);
+#endif
+}
+
 /* Fused elementwise steps of a decode layer: one call each instead of several torch ops,
  * whose per-op overhead dominates a 135M-parameter model's decode step. */
 
