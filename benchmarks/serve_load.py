@@ -9,9 +9,13 @@ a run where a third of the clients disconnect mid-stream, after which the server
 metrics must show no running request and no KV slot in use.
 
 In the same run, per capacity C: `bench` of the same artifact at batch C (its decode
-tok/s: what C streams could get at most), and with `--llama-server BIN --gguf Q4_0.gguf`
-llama.cpp's own server (native build, `-np C -c 256·C -t 2`, continuous batching) on the
-same C clients, prompts and greedy settings, the rows of the two servers interleaved.
+tok/s: what C streams could get at most), in a process of its own while the server idles,
+before and after each of `--rounds` runs of C clients. This shared machine's speed drifts
+by a third within minutes, so each run's rate is compared with the mean of the two
+`bench` runs around it, and the median round is reported. And with `--llama-server BIN
+--gguf Q4_0.gguf` llama.cpp's own server (native build, `-np C -c 256·C -t 2`, continuous
+batching) on the same C clients, prompts and greedy settings, the rows of the two servers
+interleaved.
 
 The clients run in a process of their own, for both servers, as real clients do: as
 threads inside llmpress's server process they took its interpreter lock and a core from
@@ -179,6 +183,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capacities", default="1,8,32")
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="C-client runs against bench")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run, at most")
     ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
     ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
@@ -187,23 +192,39 @@ def main() -> None:
     if bool(args.llama_server) != bool(args.gguf):
         raise SystemExit("--llama-server and --gguf go together")
     set_threads(torch.get_num_threads())
-    bench = {}
+    bench, bench_runs, rounds = {}, {}, {}
     rows = []
     leak = {}
-    clients = multiprocessing.get_context("spawn").Pool(1)  # the clients' own process
+    spawn = multiprocessing.get_context("spawn")
+    clients = spawn.Pool(1)  # the clients' own process
     with clients, tempfile.TemporaryDirectory() as tmp:
         art = Path(tmp) / "w4"
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
         compress("default", recipe, art, log=lambda _: None)
-        ckpt = resolve(str(art))
-        weights, kv = load_weights(ckpt), kv_scheme(None, ckpt.config)  # for bench, once
+        bencher = spawn.Pool(1, initializer=_bench_init, initargs=(str(art),))  # its own too
         for cap in [int(c) for c in args.capacities.split(",")]:
             app = build_app(str(art), max_batch=cap, max_len=256, max_queue=cap)
             httpd = make_server(app, "127.0.0.1", 0)
             port = httpd.server_address[1]
             threading.Thread(target=httpd.serve_forever, daemon=True).start()
             clients.apply(run_clients, (port, 1, 8, args.timeout))  # warm-up
-            for mult in (1, 2, 4):
+            benches = [bencher.apply(bench_tok_s, (cap, args.tokens))]
+            runs = []
+            for _ in range(args.rounds):  # C clients between two bench runs, each round
+                out, wall, hung = clients.apply(run_clients, (port, cap, args.tokens, args.timeout))
+                runs.append({"server": "llmpress", **load_row(cap, cap, out, wall, hung)})
+                benches.append(bencher.apply(bench_tok_s, (cap, args.tokens)))
+                print(json.dumps({**runs[-1], "bench": benches[-2:]}), flush=True)
+            ratios = [
+                r["output_tokens_per_s"] / ((a + b) / 2)
+                for r, a, b in zip(runs, benches, benches[1:], strict=False)
+            ]
+            median = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
+            rows.append(runs[median])
+            bench[cap] = (benches[median] + benches[median + 1]) / 2
+            bench_runs[cap] = benches[median : median + 2]
+            rounds[cap] = ratios
+            for mult in (2, 4):
                 out, wall, hung = clients.apply(
                     run_clients, (port, cap * mult, args.tokens, args.timeout)
                 )
@@ -230,14 +251,13 @@ def main() -> None:
             httpd.shutdown()
             httpd.server_close()
             app.scheduler.stop()
-            bench[cap] = bench_tok_s(weights, kv, cap, args.tokens)
-            print(json.dumps({"bench batch": cap, "tok_s": bench[cap]}), flush=True)
             if args.llama_server:
                 row = llama_server_row(
                     clients, args.llama_server, args.gguf, cap, args.tokens, args.timeout
                 )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+        bencher.terminate()
     ours = [r for r in rows if r["server"] == "llmpress"]
     single = next((r for r in ours if r["clients"] == 1), None)
     top = max((r for r in ours if r["clients"] == r["capacity"]), key=lambda r: r["capacity"])
@@ -254,6 +274,8 @@ def main() -> None:
         "disconnect_run": leak,
         "batching_gain": {"streams": top["clients"], "vs_single": gain},
         "bench_tok_s": bench,
+        "bench_tok_s_before_after": bench_runs,
+        "served_vs_bench_rounds": rounds,
         "served_vs_bench": {
             r["capacity"]: r["output_tokens_per_s"] / bench[r["capacity"]]
             for r in ours
@@ -267,10 +289,20 @@ def main() -> None:
     print(table(record))
 
 
-def bench_tok_s(weights, kv, batch: int, tokens: int) -> float:
+_BENCH: dict = {}
+
+
+def _bench_init(artifact: str) -> None:
+    """The bench process: the artifact loaded once, torch's threads for the kernels."""
+    set_threads(torch.get_num_threads())
+    ckpt = resolve(artifact)
+    _BENCH.update(weights=load_weights(ckpt), kv=kv_scheme(None, ckpt.config))
+
+
+def bench_tok_s(batch: int, tokens: int) -> float:
     """`llmpress bench`'s decode tok/s at `batch` (prompts of 16 tokens, about the
     clients' prompt)."""
-    record = run_bench(weights, [batch], 16, tokens, kv, lambda _: None)
+    record = run_bench(_BENCH["weights"], [batch], 16, tokens, _BENCH["kv"], lambda _: None)
     return record["results"][0]["tokens_per_s"]
 
 
@@ -299,7 +331,10 @@ def table(record: dict) -> str:
     for cap, ratio in (record.get("served_vs_bench") or {}).items():
         lines.append(
             f"{cap} streams served at {ratio:.2f}× `bench`'s batch-{cap} decode tok/s "
-            f"({record['bench_tok_s'][cap]:.1f}, same run)."
+            f"({record['bench_tok_s'][cap]:.1f}: the mean of "
+            f"{' and '.join(f'{v:.1f}' for v in record['bench_tok_s_before_after'][cap])}, "
+            "run before and after; the median of "
+            f"{', '.join(f'{v:.2f}' for v in record['served_vs_bench_rounds'][cap])})."
         )
     leak = record["disconnect_run"]
     if leak:

@@ -562,8 +562,20 @@ def serve_load(d: dict) -> list[str]:
 def served_vs_bench(d: dict) -> list[str]:
     """C clients against `bench` at batch C, and llama-server's rows, in the same run."""
     ratios = d.get("served_vs_bench") or {}
+    runs = d.get("bench_tok_s_before_after") or {}
+
+    def bench(c) -> str:
+        if c not in runs:
+            return f"{d['bench_tok_s'][c]:.1f}"
+        both = " and ".join(f"{v:.1f}" for v in runs[c])
+        text = f"{d['bench_tok_s'][c]:.1f}, the mean of {both} run before and after"
+        each = (d.get("served_vs_bench_rounds") or {}).get(c)
+        if each:
+            text += "; the median of rounds at " + ", ".join(f"{v:.2f}×" for v in each)
+        return text
+
     lines = [
-        f"{c} streams: {r:.2f}× `bench`'s batch-{c} decode tokens/s ({d['bench_tok_s'][c]:.1f})."
+        f"{c} streams: {r:.2f}× `bench`'s batch-{c} decode tokens/s ({bench(c)})."
         for c, r in ratios.items()
     ]
     if d.get("llama_server"):
