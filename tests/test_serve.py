@@ -219,6 +219,11 @@ def test_the_engine_writes_streams_and_hands_a_slow_client_back(server, monkeypa
     host, port = url.removeprefix("http://").split(":")
     fetched = len(ends)
 
+    def settled() -> None:  # the spy records after the pump's last write returns
+        deadline = time.monotonic() + 10
+        while len(ends) < fetched and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     def fetch(read_after: float) -> bytes:
         nonlocal fetched
         fetched += 1
@@ -236,13 +241,20 @@ def test_the_engine_writes_streams_and_hands_a_slow_client_back(server, monkeypa
         sock.close()
         head, _, rest = data.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200")
-        deadline = time.monotonic() + 10  # the spy records after the last write returns
-        while len(ends) < fetched and time.monotonic() < deadline:
-            time.sleep(0.01)
+        settled()
         return rest
 
     fast = _events_of(fetch(0.0))
     assert ends[-1] == (True, 0, None)  # written whole by the engine's thread
+    whole = json.loads(body)
+    whole["stream"] = False
+    req = urllib.request.Request(url + "/v1/completions", json.dumps(whole).encode())
+    answer = json.loads(urllib.request.urlopen(req, timeout=60).read())
+    fetched += 1
+    settled()
+    assert len(ends) == fetched and ends[-1] == (True, 0, None)  # gathered there too
+    streamed = "".join(e["choices"][0]["text"] for e in fast if isinstance(e, dict))
+    assert answer["choices"][0]["text"] == streamed
     monkeypatch.setattr(Handler, "setup", small_buffer)
     slow = _events_of(fetch(1.5))
     assert ends[-1][0] is False and ends[-1][1] > 0  # the socket filled: handed back

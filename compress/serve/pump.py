@@ -1,4 +1,4 @@
-"""A streamed response written by the engine's own thread while its client keeps up.
+"""A response run by the engine's own thread while its client keeps up.
 
 A handler thread per stream woke once per token, took the interpreter lock in turn with
 every other one and ran on the cores the decode step's threads were using: at 32 streams
@@ -7,7 +7,8 @@ the steps ran 10-20% slower than in `bench` with the same batch. The body is a g
 change: the engine's thread runs it right after each step's tokens are published and
 writes without blocking; the first write the socket does not take whole, a failed write,
 or an error hands the rest back to the handler thread, which goes on with blocking writes
-as before. A slow client never holds up the engine.
+as before. A slow client never holds up the engine. A whole (non-streamed) completion's
+body writes nothing: it gathers the text, and its handler wakes once, to answer.
 """
 
 from __future__ import annotations

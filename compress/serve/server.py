@@ -342,20 +342,25 @@ class Handler(BaseHTTPRequestHandler):
         if app.scheduler.error is not None:
             raise GenerationFailed(f"engine failed: {app.scheduler.error}")
 
-    def _waiting_here(self, body, check_gone: bool):
-        """Run a body on this thread: its items, waiting here for tokens it needs. A
-        client that writes nothing that could fail (a whole completion) is looked for
-        every quarter second: gone, its request is cancelled."""
-        checked = time.monotonic()
+    def _run_body(self, body, streams: list[Stream]) -> None:
+        """Run a response body (a generator of bytes to write, or the Stream whose next
+        token it needs): on the engine's thread while the socket takes every write at
+        once, then (a slow client, or no engine to attach to) on this one."""
+        pump = Pump(body, self.connection, streams)
+        if Pump.usable(self.connection) and self.app.scheduler.attach(pump):
+            while not pump.handed.wait(1.0):  # the engine's thread runs it; wait for it
+                if not self.app.scheduler.thread.is_alive():
+                    break  # (it released every pump as it stopped; never hang here)
+            if pump.done:
+                return
+            if pump.error is not None:
+                raise pump.error
+            self.wfile.write(pump.left)  # the client was slow: write the rest here
         for item in body:
-            if check_gone and time.monotonic() - checked >= CHECK_GONE_S:
-                checked = time.monotonic()
-                if self._client_gone():
-                    raise ConnectionResetError("client closed the connection")
             if isinstance(item, Stream):
                 item.wait(CHECK_GONE_S)
             else:
-                yield item
+                self.wfile.write(item)
 
     def _client_gone(self) -> bool:
         """The client closed its socket (readable with nothing to read)."""
@@ -370,15 +375,34 @@ class Handler(BaseHTTPRequestHandler):
             return "stop"
         return "length" if stream.request.finish_reason == "length" else "stop"
 
+    def _texts(self, parsed: Parsed, streams: list[Stream], texts: list[str]):
+        """A whole completion's body: each choice's text into `texts`, nothing written.
+        Such a client writes nothing that could fail, so whether it is still there is
+        looked at every quarter second: gone, its requests are cancelled."""
+        checked = time.monotonic()
+        for stream in streams:
+            parts = []
+            for piece in self._pieces(parsed, stream):
+                if not isinstance(piece, Stream):
+                    parts.append(piece)
+                    continue
+                if time.monotonic() - checked >= CHECK_GONE_S:
+                    checked = time.monotonic()
+                    if self._client_gone():
+                        raise ConnectionResetError("client closed the connection")
+                yield piece
+            texts.append("".join(parts))
+
     def _complete(self, parsed: Parsed, streams: list[Stream]) -> None:
+        texts: list[str] = []
+        try:
+            self._run_body(self._texts(parsed, streams, texts), streams)
+        except GenerationFailed as e:
+            kind = "invalid_request_error" if e.status < 500 else "server_error"
+            self._error(e.status, str(e), kind)
+            return
         choices, generated = [], 0
-        for index, stream in enumerate(streams):
-            try:
-                text = "".join(self._waiting_here(self._pieces(parsed, stream), True))
-            except GenerationFailed as e:
-                kind = "invalid_request_error" if e.status < 500 else "server_error"
-                self._error(e.status, str(e), kind)
-                return
+        for index, (stream, text) in enumerate(zip(streams, texts, strict=True)):
             req = stream.request
             ids, records = req.output[: stream.consumed], req.logprobs[: stream.consumed]
             if parsed.echo:
@@ -400,20 +424,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        body = self._events(parsed, rid, streams)
         try:
-            pump = Pump(body, self.connection, streams)
-            if Pump.usable(self.connection) and self.app.scheduler.attach(pump):
-                while not pump.handed.wait(1.0):  # the engine's thread writes; wait for it
-                    if not self.app.scheduler.thread.is_alive():
-                        break  # (it released every pump as it stopped; never hang here)
-                if pump.done:
-                    return
-                if pump.error is not None:
-                    raise pump.error
-                self.wfile.write(pump.left)  # the client was slow: write the rest here
-            for data in self._waiting_here(body, False):
-                self.wfile.write(data)
+            self._run_body(self._events(parsed, rid, streams), streams)
         except _GONE:
             self.close_connection = True  # the client left: _post frees every slot
 
