@@ -3,8 +3,9 @@
 Handlers `submit` (refused with QueueFull beyond the bound) and read tokens from their
 Stream; the loop admits new requests at the next step (continuous batching), pushes each
 new token to its stream, and applies cancellations (a client gone) before stepping, so a
-slot is free again within one step. A streamed response may be `attach`ed as a Pump: the
-loop then writes its events itself after each step (compress/serve/pump.py).
+slot is free again within one step. A response may be `attach`ed as a Pump: the loop then
+runs it itself after each step, writing a stream's events or gathering a whole
+completion's text (compress/serve/pump.py).
 
 A failure is confined to the requests it touches: a request whose token choice raises
 fails alone (ServingEngine), a step that raises fails the requests of that step; the
