@@ -2,7 +2,9 @@
 
 For each batch capacity C (default 1, 8, 32) a server runs the w4 artifact (RTN g64 zero
 point, lm_head int8) with a queue bound of C; N = 1×, 2×, 4× C concurrent clients each
-send one streaming completion (prompt ~32 tokens, 64 tokens out, greedy). Reported: served
+send one streaming completion (prompt ~20 tokens, exactly 64 tokens out with
+`ignore_eos`, greedy; each client's prompt starts with its own number, so no two share a
+cached block). Reported: served
 and refused (429) requests — every request must end one way or the other, none may hang —
 requests/s, output tokens/s, p50/p99 time to first token and time per output token. Then
 a run where a third of the clients disconnect mid-stream, after which the server's
@@ -62,8 +64,12 @@ from batched_decode import cpu_flags  # noqa: E402
 PROMPT = "The history of the city begins in the early middle ages, when a small settlement"
 
 
-def client(port: int, tokens: int, disconnect_after: int | None, out: list, deadline: float):
-    body = json.dumps({"prompt": PROMPT, "max_tokens": tokens, "stream": True, "temperature": 0})
+def client(
+    port: int, i: int, tokens: int, disconnect_after: int | None, out: list, deadline: float
+):
+    prompt = f"Note {i}: {PROMPT}"  # distinct from its first token: nothing to share
+    body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
+    body = json.dumps({**body, "ignore_eos": True})  # every reply as long as bench's
     t0 = time.perf_counter()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=max(deadline - t0, 1))
     try:
@@ -107,7 +113,7 @@ def run_clients(port, n, tokens, timeout, disconnect_every=0):
     threads = [
         threading.Thread(
             target=client,
-            args=(port, tokens, 4 if disconnect_every and i % disconnect_every == 0 else None),
+            args=(port, i, tokens, 4 if disconnect_every and i % disconnect_every == 0 else None),
             kwargs={"out": out, "deadline": deadline},
         )
         for i in range(n)

@@ -149,6 +149,22 @@ def test_a_new_requests_first_token_is_sent_before_the_steps_decode(server, monk
     assert seen[:1] == [1]  # the first decode half: the first token already published
 
 
+def test_ignore_eos_generates_max_tokens(server):
+    """A load test's requests all run their length (vLLM's and llama.cpp's extension)."""
+    app, url = server
+    client = _client(url)
+    ask = {
+        "model": app.model_name,
+        "messages": [{"role": "user", "content": "Answer with one word: is the sky blue?"}],
+    }
+    ask.update(max_tokens=120, temperature=0)
+    short = client.chat.completions.create(**ask)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 120
+    full = client.chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 120
+    assert full.choices[0].message.content.startswith(short.choices[0].message.content)
+
+
 def test_curl_streams_server_sent_events(server):
     _, url = server
     curl = shutil.which("curl")
@@ -273,6 +289,7 @@ def test_the_engine_writes_streams_and_hands_a_slow_client_back(server, monkeypa
         (b'{"prompt": "x", "seed": 18446744073709551616}', 400, "`seed` must be between"),
         (b'{"prompt": "x", "seed": -1}', 400, "`seed` must be between"),
         (b'{"prompt": "a\\ud800b"}', 400, "lone surrogate"),
+        (b'{"prompt": "x", "ignore_eos": 1}', 400, "`ignore_eos` must be true or false"),
     ],
 )
 def test_bad_requests_get_400_and_the_server_lives_on(server, body, status, needle):

@@ -17,6 +17,7 @@ from compress.runtime.sampling import SamplingParams
 COMMON = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
     "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
+    "ignore_eos",  # vLLM's and llama.cpp's extension: load tests generate max_tokens exactly
 }  # fmt: skip
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "suffix", "best_of"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "top_logprobs"}
@@ -137,6 +138,9 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("`stream` must be true or false")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest("`ignore_eos` must be true or false")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("`stream_options` must be an object")
@@ -148,6 +152,7 @@ def parse_request(body: dict, tokenizer, chat: bool, max_len: int, model: str) -
         seed=seed,
         logprobs=logprobs,
         prompt_logprobs=echo and logprobs is not None,
+        ignore_eos=ignore_eos,
     )
     prompt_text = _echoed(body, prompt_ids, tokenizer) if echo else ""
     include = bool(options.get("include_usage"))
