@@ -530,7 +530,8 @@ def serve_load(d: dict) -> list[str]:
         + (f" ({d['machine']['cpu']})" if d["machine"].get("cpu") else "")
         + "; the w4 g64 "
         "artifact (zero point) with an int8 lm_head, context 256; queue bound = capacity; "
-        f"each client sends one streaming completion of {d['tokens']} tokens; p50/p99 over "
+        "each client sends one streaming completion of a prompt of its own (about 20 tokens; "
+        f"none shares a cached block), {d['tokens']} tokens out with `ignore_eos`; p50/p99 over "
         "the served requests.",
         "",
         *table(
