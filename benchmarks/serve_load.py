@@ -4,7 +4,7 @@ For each batch capacity C (default 1, 8, 32) a server runs the w4 artifact (RTN 
 point, lm_head int8) with a queue bound of C; N = 1×, 2×, 4× C concurrent clients each
 send one streaming completion (prompt ~20 tokens, exactly 64 tokens out with
 `ignore_eos`, greedy; each client's prompt starts with its own number, so no two share a
-cached block). Reported: served
+cached block, not even with an earlier run). Reported: served
 and refused (429) requests — every request must end one way or the other, none may hang —
 requests/s, output tokens/s, p50/p99 time to first token and time per output token. Then
 a run where a third of the clients disconnect mid-stream, after which the server's
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import multiprocessing
 import platform
@@ -67,7 +68,7 @@ PROMPT = "The history of the city begins in the early middle ages, when a small 
 def client(
     port: int, i: int, tokens: int, disconnect_after: int | None, out: list, deadline: float
 ):
-    prompt = f"Note {i}: {PROMPT}"  # distinct from its first token: nothing to share
+    prompt = f"Note {i}: {PROMPT}"  # a number no other request has: no cached block to share
     body = {"prompt": prompt, "max_tokens": tokens, "stream": True, "temperature": 0}
     body = json.dumps({**body, "ignore_eos": True})  # every reply as long as bench's
     t0 = time.perf_counter()
@@ -107,13 +108,21 @@ def metric(port: int, name: str) -> float:
     return next(float(ln.split()[1]) for ln in text.splitlines() if ln.startswith(name + " "))
 
 
+_REQUESTS = itertools.count()  # numbers every request of this process (all runs, both servers)
+
+
 def run_clients(port, n, tokens, timeout, disconnect_every=0):
     out: list[dict] = []
     deadline = time.perf_counter() + timeout
     threads = [
         threading.Thread(
             target=client,
-            args=(port, i, tokens, 4 if disconnect_every and i % disconnect_every == 0 else None),
+            args=(
+                port,
+                next(_REQUESTS),
+                tokens,
+                4 if disconnect_every and i % disconnect_every == 0 else None,
+            ),
             kwargs={"out": out, "deadline": deadline},
         )
         for i in range(n)

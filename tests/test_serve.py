@@ -204,8 +204,8 @@ def test_the_engine_writes_streams_and_hands_a_slow_client_back(server, monkeypa
     _, url = server
     ends, real = [], Pump.run
 
-    def spy(pump, waiting_on):
-        again = real(pump, waiting_on)
+    def spy(pump):
+        again = real(pump)
         if not again:
             ends.append((pump.done, len(pump.left), pump.error))
         return again

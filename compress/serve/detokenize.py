@@ -44,7 +44,7 @@ class Detokenizer:
         # turn the next character's bytes into U+FFFD with them).
         self.start = max(self.read - CONTEXT, 0)
         self.done = self._decode(self.ids[self.start : self.read])
-        while self.done.startswith("\ufffd") and 0 < self.start > self.read - CONTEXT - 3:
+        while self.done.startswith("\ufffd") and self.start > max(self.read - CONTEXT - 3, 0):
             self.start -= 1
             self.done = self._decode(self.ids[self.start : self.read])
         return piece

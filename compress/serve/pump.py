@@ -32,13 +32,13 @@ class Pump:
         """The engine may write to it: a socket with a timeout never blocks a write."""
         return sock.gettimeout() is not None
 
-    def run(self, waiting_on) -> bool:
+    def run(self) -> bool:
         """On the engine's thread: write what the body has now. True when it waits for
-        tokens (run it again after the next step); False when it is finished here.
-        `waiting_on` is the type of the items that mean "no token yet"."""
+        tokens (an item that is not bytes: run it again after the next step); False when
+        it is finished here."""
         try:
             for item in self.body:
-                if isinstance(item, waiting_on):
+                if not isinstance(item, bytes):
                     return True
                 try:
                     n = os.write(self.fd, item)

@@ -192,7 +192,7 @@ class Scheduler:
         """Write the attached responses' new events (this thread; never blocks)."""
         due, self._due = self._due, set()
         for pump in due:
-            if pump in self.pumps and not pump.run(Stream):
+            if pump in self.pumps and not pump.run():
                 self.pumps.discard(pump)
                 for s in pump.streams:
                     s.pump = None
