@@ -64,6 +64,9 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
         getattr(lib, name).restype = None
     lib.llmp_set_threads.argtypes = [i]
+    if hasattr(lib, "llmp_amx_enable"):  # as compress.kernels.build enables it
+        lib.llmp_amx_enable.argtypes = [i]
+        lib.llmp_amx_enable(1)
     return lib
 
 
@@ -187,8 +190,9 @@ def main() -> None:
                        speedup=round(med["torch"] / med["llmpress"], 3))
             )  # fmt: skip
     record = {
-        "command": f"python benchmarks/kernel_ab.py --rev {args.rev}",
+        "command": f"python benchmarks/kernel_ab.py --rev {args.rev} --rows {args.rows}",
         "cpu": cpu_flags(),
+        "amx": cpu.use_amx(True),
         "change": args.change,
         "rev": args.rev,
         "threads": args.threads,

@@ -9,9 +9,11 @@ from compress.kernels.cpu import (
     EXACT_ABOVE,
     GEMV_ROWS,
     PackedLinear,
+    QuantizedInput,
     panels_of,
     quantize_input,
     to_panels,
+    use_amx,
 )
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 
@@ -87,6 +89,39 @@ def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, bits, zp):
         assert torch.equal(lin(x[i : i + 1]), together[i : i + 1])
     for a, b in [(0, 2), (3, 6), (5, 12)]:
         assert torch.equal(lin(x[a:b]), together[a:b])
+
+
+@pytest.mark.parametrize(("bits", "group", "zp"), CASES)
+def test_tile_instructions_compute_the_bits_the_vector_path_does(bits, group, zp):
+    """On a processor with AMX, products of 16 rows or more run on tiles: the same exact
+    integer sums per block, then the vector path's float steps in its order, so every
+    output is the same bits as without tiles, and as the row alone computes it. Widths
+    cover a ragged last tile, an odd tile left to the vector path and work items of
+    different sizes; rows cover a partial last block of 16."""
+    if not use_amx(True):
+        pytest.skip("no AMX tiles on this processor (or the OS does not grant them)")
+    try:
+        for n, k, rows in [
+            (8, 576, 16),
+            (40, 576, 17),
+            (67, 1536, 40),
+            (576, 96, 33),
+            (200, 576, 64),
+        ]:
+            torch.manual_seed(n + rows)
+            scheme = QuantScheme(bits=bits, group_size=group, zero_point=zp)
+            qw = quantize_weight(torch.randn(n, k), scheme)
+            lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits)
+            x = quantize_input(torch.randn(rows, k) * torch.rand(1, k) * 4)
+            tiles = lin(x)
+            use_amx(False)
+            vectors = lin(x)
+            use_amx(True)
+            assert torch.equal(tiles, vectors), (n, k, rows)
+            alone = lin(QuantizedInput(x.x[5:6], x.x8[5:6], x.dx[5:6], x.bsum[5:6]))
+            assert torch.equal(alone, tiles[5:6])
+    finally:
+        use_amx(True)
 
 
 def test_a_shared_quantized_input_gives_the_same_result():

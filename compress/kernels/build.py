@@ -78,6 +78,7 @@ def library() -> ctypes.CDLL:
                 continue
         lib = ctypes.CDLL(str(target))
         _declare(lib)
+        lib.llmp_amx_enable(1)  # tile instructions where the processor and the OS allow
         return lib
     raise LlmpressError("could not build llmpress's CPU kernels: " + "; ".join(errors))
 
@@ -122,6 +123,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_release_threads.restype = None
     lib.llmp_get_threads.argtypes = []
     lib.llmp_get_threads.restype = i
+    lib.llmp_amx_enable.argtypes = [i]
+    lib.llmp_amx_enable.restype = i
     lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
     lib.llmp_argmax.restype = ctypes.c_int64
     for name in (

@@ -106,7 +106,7 @@ def bench_one(
     vocab = weights.shape.vocab
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
     warm = torch.randint(vocab, (prompt_len,), generator=gen).tolist()
-    engine.submit(Request(warm, SamplingParams(max_tokens=4, ignore_eos=True)))
+    engine.submit(Request(warm, SamplingParams(max_tokens=min(4, output_len), ignore_eos=True)))
     while not engine.idle:
         engine.step()
     reqs = [
