@@ -478,3 +478,43 @@ def test_hand_over_gives_the_engine_thread_the_count_and_frees_the_callers_worke
         assert on_a_thread(adopt) == n
     finally:
         set_threads(before)
+
+
+def test_a_build_without_openmp_says_so_in_one_line_and_still_computes(tmp_path):
+    """A compiler that cannot build with -fopenmp gets the one-thread build, and every
+    process that loads it says so on stderr (what it costs and the fix), never quietly."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    real = shutil.which("cc") or shutil.which("gcc")
+    cc = tmp_path / "cc"
+    cc.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *-fopenmp*) echo "cc: error: unsupported option -fopenmp" >&2; exit 1;; '
+        "esac\n"
+        f'exec {real} "$@"\n'
+    )
+    cc.chmod(0o755)
+    env = {**os.environ, "CC": str(cc), "LLMPRESS_CACHE": str(tmp_path / "cache")}
+    env.pop("LLMPRESS_KERNEL_FLAGS", None)
+    code = (
+        "import torch\n"
+        "from compress.kernels.cpu import PackedLinear\n"
+        "from compress.quantizers.scheme import QuantScheme, quantize_weight\n"
+        "qw = quantize_weight(torch.randn(16, 64), QuantScheme(bits=4, group_size=32))\n"
+        "lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, 4)\n"
+        "x = torch.randn(3, 64)\n"
+        "err = (lin(x) - x @ qw.dequantize().T).norm() / (x @ qw.dequantize().T).norm()\n"
+        "assert err < 0.02, err\n"
+    )
+    for _ in range(2):  # built, then loaded from the cache: it says so both times
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        lines = [ln for ln in run.stderr.splitlines() if ln.startswith("llmpress:")]
+        assert len(lines) == 1, run.stderr
+        assert "one thread" in lines[0] and "-fopenmp" in lines[0]
+        assert "LLMPRESS_KERNEL_FLAGS" in lines[0]

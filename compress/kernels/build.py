@@ -14,6 +14,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -55,6 +56,18 @@ def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     return None
 
 
+def fallback_note(failed: str, used: list[str]) -> str:
+    """One line on a build that fell back to fewer flags: what it costs and the fix."""
+    cost = "one thread" if "-fopenmp" not in used else "no native instructions"
+    if "-march=native" not in used:
+        cost = "portable C without SIMD, many times slower"
+    return (
+        f"the CPU kernels were built with `{' '.join(used)}` ({cost}) because `{failed}`; "
+        "install the compiler's OpenMP runtime (libgomp for gcc, libomp for clang) or a "
+        "newer compiler, or set LLMPRESS_KERNEL_FLAGS"
+    )
+
+
 @cache
 def library() -> ctypes.CDLL:
     """The compiled kernel library (built now if this machine has none yet)."""
@@ -79,6 +92,8 @@ def library() -> ctypes.CDLL:
         lib = ctypes.CDLL(str(target))
         _declare(lib)
         lib.llmp_amx_enable(1)  # tile instructions where the processor and the OS allow
+        if errors:  # a slower build: never quietly
+            print(f"llmpress: {fallback_note(errors[0], flags)}", file=sys.stderr)
         return lib
     raise LlmpressError("could not build llmpress's CPU kernels: " + "; ".join(errors))
 
