@@ -518,3 +518,20 @@ def test_a_build_without_openmp_says_so_in_one_line_and_still_computes(tmp_path)
         assert len(lines) == 1, run.stderr
         assert "one thread" in lines[0] and "-fopenmp" in lines[0]
         assert "LLMPRESS_KERNEL_FLAGS" in lines[0]
+
+
+def test_llmpress_amx_0_turns_the_tiles_off():
+    """LLMPRESS_AMX=0 leaves every product to the vector path (a VM whose tiles fault);
+    otherwise the tiles are on wherever this process could turn them on."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from compress.kernels.cpu import amx_active\nprint(amx_active())"
+    for value, expect in (("0", "False"), ("1", str(use_amx(True)))):
+        env = {**os.environ, "LLMPRESS_AMX": value}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == expect

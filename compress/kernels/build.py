@@ -91,7 +91,8 @@ def library() -> ctypes.CDLL:
                 continue
         lib = ctypes.CDLL(str(target))
         _declare(lib)
-        lib.llmp_amx_enable(1)  # tile instructions where the processor and the OS allow
+        # tile instructions where the processor and the OS allow, unless LLMPRESS_AMX=0
+        lib.llmp_amx_enable(int(os.environ.get("LLMPRESS_AMX", "1") != "0"))
         if errors:  # a slower build: never quietly
             print(f"llmpress: {fallback_note(errors[0], flags)}", file=sys.stderr)
         return lib
@@ -140,6 +141,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_get_threads.restype = i
     lib.llmp_amx_enable.argtypes = [i]
     lib.llmp_amx_enable.restype = i
+    lib.llmp_amx_state.argtypes = []
+    lib.llmp_amx_state.restype = i
     lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
     lib.llmp_argmax.restype = ctypes.c_int64
     for name in (

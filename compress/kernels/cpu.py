@@ -65,6 +65,11 @@ def use_amx(on: bool = True) -> bool:
     return bool(library().llmp_amx_enable(int(on)))
 
 
+def amx_active() -> bool:
+    """Whether the packed GEMMs of 16 rows or more run on AMX tiles now."""
+    return bool(library().llmp_amx_state())
+
+
 @dataclass
 class QuantizedInput:
     """x [M, K] as int8 blocks of 32: x8 [M, Kp], dx [M, Kp/32], bsum [M, Kp/32]."""

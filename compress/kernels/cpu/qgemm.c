@@ -595,6 +595,8 @@ int llmp_amx_enable(int on) {
     return amx_on;
 }
 
+int llmp_amx_state(void) { return amx_on; }
+
 static void amx_config(void) {
     struct {
         uint8_t palette, start_row, reserved[14];
@@ -781,6 +783,8 @@ int llmp_amx_enable(int on) {
     (void)on;
     return 0;
 }
+
+int llmp_amx_state(void) { return 0; }
 #endif
 
 /* Each row's sum of its int8 codes per block of 32 (the 8-bit pair path's correction);
