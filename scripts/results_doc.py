@@ -460,7 +460,8 @@ def kernel_ab(d: dict) -> list[str]:
         for r in d["results"]
     ]  # fmt: skip
     return [
-        f"The packed g64 GEMM of this checkout against the one at `{d['rev']}`, both "
+        (f"Run as `{d['command']}`. " if "--rows" in d.get("command", "") else "")
+        + f"The packed g64 GEMM of this checkout against the one at `{d['rev']}`, both "
         f"built with the project's flags and run interleaved in one process ({d['threads']} "
         f"threads, medians of {d['rounds']} rounds over {d['copies']} weight copies per "
         f"shape{'; CPU: ' + d['cpu'] if d.get('cpu') else ''}): the current kernel "
