@@ -60,8 +60,8 @@ def hand_over() -> Callable[[], None]:
 def use_amx(on: bool = True) -> bool:
     """Whether the packed GEMMs run on AMX tiles from now on: asked for (`on`), compiled in
     (a processor with AMX-INT8) and granted by the OS (Linux 5.16 or later). On by default
-    where all hold; results are bit-identical either way (qgemm.c), so this exists for
-    measuring and testing the two paths against each other."""
+    where all hold, unless LLMPRESS_AMX=0; results are bit-identical either way (qgemm.c),
+    so this exists for measuring and testing the two paths against each other."""
     return bool(library().llmp_amx_enable(int(on)))
 
 
