@@ -578,15 +578,18 @@ static int omp_thread(void) { return 0; }
 #include <unistd.h>
 /* ---- AMX: the pair path's integer sums from tile instructions -----------------------
  * One tile multiply gives the int32 sums of 16 activation rows x 16 columns over one block
- * of 32 inputs (8192 products) where the 512-bit path needs 16 dot instructions per row.
+ * of 32 inputs (8192 products) where the 512-bit path needs 8 dot instructions per row.
  * The sums are exact either way, and the float steps after them are pair_tile's in its
  * order, so every result is bit-identical to the pair path: a row computes the same at any
- * batch, on either path (speculative decoding's check relies on it). The weights of a pair
- * of tiles are unpacked once per call into the tile operand layout, 8 quads x 64 bytes a
- * block, and serve every 16 rows. Tiles: 0 = sums (16 x 16 int32), 1 = activations (16
- * rows x 32 codes), 2 = weights. The OS grants the tile state per process
- * (llmp_amx_enable); every call configures its threads' tiles, since other libraries in
- * the process may use AMX with their own configuration, and releases them after. */
+ * batch, on either path (speculative decoding's check relies on it). The weights of up to
+ * AMX_PAIRS pairs of tiles are unpacked once per call into the tile operand layout, 8
+ * quads x 64 bytes a block, and serve every 16 rows. Tiles: 0-3 = sums (16 x 16 int32, one
+ * per pair), 4 = activations (16 rows x 32 codes), 5-7 = weights. The per-block scaling of
+ * the sums in vector registers is most of the time left (without it: 1.4-2.5x faster);
+ * storing a block's sums two blocks before reading them did not help. The OS grants the
+ * tile state per process (llmp_amx_enable); every call configures its threads' tiles,
+ * since other libraries in the process may use AMX with their own configuration, and
+ * releases them after. */
 #define AMX_MIN_ROWS 16 /* fewer rows: the 512-bit path is as fast (8 rows: 25% faster) */
 static int amx_on;
 
