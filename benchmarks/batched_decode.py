@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from compress.kernels.cpu import set_threads
+from compress.kernels.cpu import amx_active, set_threads
 from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_recipe
@@ -44,9 +44,12 @@ def cpu_flags() -> str:
         (ln.split(":", 1)[1].strip() for ln in text.splitlines() if "model name" in ln), ""
     )
     missing = [f for f in FLAGS if f not in have]
+    tiles = ""
+    if "amx_int8" in have:  # whether the kernels used them (LLMPRESS_AMX, the OS's grant)
+        tiles = "; AMX tiles on" if amx_active() else "; AMX tiles off"
     return f"{model}; " + " ".join(f for f in FLAGS if f in have) + (
         f" (no {' '.join(missing)})" if missing else ""
-    )  # fmt: skip
+    ) + tiles  # fmt: skip
 
 
 def main() -> None:
