@@ -64,9 +64,9 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
         getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
         getattr(lib, name).restype = None
     lib.llmp_set_threads.argtypes = [i]
-    if hasattr(lib, "llmp_amx_enable"):  # as compress.kernels.build enables it
+    if hasattr(lib, "llmp_amx_enable"):  # tiles as the package has them (LLMPRESS_AMX)
         lib.llmp_amx_enable.argtypes = [i]
-        lib.llmp_amx_enable(1)
+        lib.llmp_amx_enable(int(cpu.amx_active()))
     return lib
 
 
@@ -192,7 +192,6 @@ def main() -> None:
     record = {
         "command": f"python benchmarks/kernel_ab.py --rev {args.rev} --rows {args.rows}",
         "cpu": cpu_flags(),
-        "amx": cpu.use_amx(True),
         "change": args.change,
         "rev": args.rev,
         "threads": args.threads,

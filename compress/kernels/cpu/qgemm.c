@@ -437,6 +437,19 @@ INLINE __m512i load_pair_i(const uint8_t *a, const uint8_t *b) {
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
+/* The pair path's float steps, which the AMX path shares so that both round alike: a
+ * block's integer sums into its group's (d: the block's activation scale), and a group's
+ * into the row's accumulator, with zero offsets z (zp) or the symmetric offset. */
+INLINE __m512 pair_block(__m512 gacc, __m512i ai, float d) {
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), _mm512_set1_ps(d), gacc);
+}
+
+INLINE __m512 pair_group(__m512 acc, __m512 gacc, __m512 s, int zp, __m512 z, float bz,
+                         __m512 offset) {
+    if (zp) return _mm512_fnmadd_ps(z, _mm512_set1_ps(bz), _mm512_fmadd_ps(gacc, s, acc));
+    return _mm512_fmadd_ps(_mm512_fnmadd_ps(_mm512_set1_ps(bz), offset, gacc), s, acc);
+}
+
 INLINE void pair_tile(int MT, int bits, const uint8_t *w0, const uint8_t *w1, const float *sc0,
                       const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
                       const int8_t *x8, const float *dx, const float *bs, const int32_t *xs,
@@ -483,27 +496,18 @@ INLINE void pair_tile(int MT, int bits, const uint8_t *w0, const uint8_t *w1, co
                 }
             }
             for (int m = 0; m < MT; m++) {
-                __m512 d = _mm512_set1_ps(dx[(int64_t)m * nb + b]);
                 __m512i ai = _mm512_add_epi32(al[m], ah[m]);
                 if (bits == 8) /* the codes entered as w + 128 */
                     ai = _mm512_sub_epi32(ai, _mm512_set1_epi32(128 * xs[(int64_t)m * nb + b]));
-                gacc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai), d, gacc[m]);
+                gacc[m] = pair_block(gacc[m], ai, dx[(int64_t)m * nb + b]);
                 bz[m] += bs[(int64_t)m * nb + b];
             }
         }
         __m512 s = load_pair(sc0 + g * TW, sc1 + g * TW);
-        if (zs0) {
-            __m512 z = load_pair(zs0 + g * TW, zs1 + g * TW);
-            for (int m = 0; m < MT; m++) {
-                acc[m] = _mm512_fmadd_ps(gacc[m], s, acc[m]);
-                acc[m] = _mm512_fnmadd_ps(z, _mm512_set1_ps(bz[m]), acc[m]);
-            }
-        } else {
-            const __m512 offset = _mm512_set1_ps(bits == 4 ? 8.f : 0.f);
-            for (int m = 0; m < MT; m++)
-                acc[m] = _mm512_fmadd_ps(
-                    _mm512_fnmadd_ps(_mm512_set1_ps(bz[m]), offset, gacc[m]), s, acc[m]);
-        }
+        __m512 z = zs0 ? load_pair(zs0 + g * TW, zs1 + g * TW) : _mm512_setzero_ps();
+        const __m512 offset = _mm512_set1_ps(bits == 4 ? 8.f : 0.f);
+        for (int m = 0; m < MT; m++)
+            acc[m] = pair_group(acc[m], gacc[m], s, zs0 != NULL, z, bz[m], offset);
     }
     __mmask16 keep = cols >= 16 ? 0xFFFF : (__mmask16)((1u << cols) - 1);
     for (int m = 0; m < MT; m++) _mm512_mask_storeu_ps(y + m * ys, keep, acc[m]);
@@ -648,31 +652,23 @@ INLINE void amx_epilogue(AmxAcc *a, int b, int bpg, int np, int bits, const floa
                          int nb) {
     int g = b / bpg, first = b % bpg == 0;
     for (int m = 0; m < rows; m++) {
-        __m512 d = _mm512_set1_ps(dx[(int64_t)m * nb + b]);
+        float d = dx[(int64_t)m * nb + b];
         for (int c = 0; c < np; c++) {
-            __m512 f = _mm512_cvtepi32_ps(_mm512_load_si512(a->sums[b & 1][c] + 16 * m));
-            a->gacc[c][m] = _mm512_fmadd_ps(f, d, first ? _mm512_setzero_ps() : a->gacc[c][m]);
+            __m512i ai = _mm512_load_si512(a->sums[b & 1][c] + 16 * m);
+            a->gacc[c][m] = pair_block(first ? _mm512_setzero_ps() : a->gacc[c][m], ai, d);
         }
         a->bz[m] = (first ? 0.f : a->bz[m]) + bs[(int64_t)m * nb + b];
     }
     if ((b + 1) % bpg) return;
+    const __m512 offset = _mm512_set1_ps(bits == 4 ? 8.f : 0.f);
     for (int c = 0; c < np; c++) {
         const float *s0 = sc + (int64_t)2 * c * ng * TW;
+        const float *z0 = zs ? zs + (int64_t)2 * c * ng * TW : NULL;
         __m512 s = load_pair(s0 + g * TW, s0 + (ng + g) * TW);
-        if (zs) {
-            const float *z0 = zs + (int64_t)2 * c * ng * TW;
-            __m512 z = load_pair(z0 + g * TW, z0 + (ng + g) * TW);
-            for (int m = 0; m < rows; m++) {
-                a->acc[c][m] = _mm512_fmadd_ps(a->gacc[c][m], s, a->acc[c][m]);
-                a->acc[c][m] = _mm512_fnmadd_ps(z, _mm512_set1_ps(a->bz[m]), a->acc[c][m]);
-            }
-        } else {
-            const __m512 offset = _mm512_set1_ps(bits == 4 ? 8.f : 0.f);
-            for (int m = 0; m < rows; m++)
-                a->acc[c][m] = _mm512_fmadd_ps(
-                    _mm512_fnmadd_ps(_mm512_set1_ps(a->bz[m]), offset, a->gacc[c][m]), s,
-                    a->acc[c][m]);
-        }
+        __m512 z = z0 ? load_pair(z0 + g * TW, z0 + (ng + g) * TW) : _mm512_setzero_ps();
+        for (int m = 0; m < rows; m++)
+            a->acc[c][m] = pair_group(a->acc[c][m], a->gacc[c][m], s, zs != NULL, z, a->bz[m],
+                                      offset);
     }
 }
 
