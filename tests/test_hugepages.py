@@ -19,7 +19,7 @@ def _vma_flags(ptr: int) -> dict[str, str]:
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= ptr < hi
         elif inside:
-            fields[head.rstrip(":")] = line.split()[1]
+            fields[head.rstrip(":")] = " ".join(line.split()[1:])
     return fields
 
 
@@ -41,11 +41,11 @@ def test_placed_memory_is_madvised_for_huge_pages():
     small = hugepages.place(torch.ones(1000))  # in the shared chunk
     large = hugepages.place(torch.ones(hugepages.CHUNK // 4 + 10))  # a mapping of its own
     for t in (small, large):
-        assert _vma_flags(t.data_ptr()).get("THPeligible") == "1"
-    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
-    if "[madvise]" in mode:  # what the placement is for: torch's own memory is not
-        torch_owned = torch.ones(hugepages.CHUNK // 4)
-        assert _vma_flags(torch_owned.data_ptr()).get("THPeligible") == "0"
+        flags = _vma_flags(t.data_ptr())
+        assert flags.get("THPeligible") == "1"
+        assert "hg" in flags["VmFlags"].split()  # madvised by us, whatever the system default
+    # Whether torch's own memory is eligible depends on the host (mTHP sizes set to
+    # `always`, glibc's hugetlb tunable), so it is not asserted here.
 
 
 @pytest.mark.skipif(not hugepages.available(), reason="needs transparent huge pages")
@@ -54,4 +54,4 @@ def test_a_large_tensor_frees_its_mapping():
     ptr = t.data_ptr()
     del t
     gc.collect()
-    assert _vma_flags(ptr).get("THPeligible") != "1"  # unmapped (or reused by torch)
+    assert "hg" not in _vma_flags(ptr).get("VmFlags", "").split()  # unmapped, or not ours
