@@ -170,6 +170,65 @@ def scale_search(d: dict) -> list[str]:
     ]
 
 
+def gptq_rounding(d: dict) -> list[str]:
+    body = [
+        [
+            k,
+            f"{r['rows']} × {r['columns']}",
+            r["torch_s"],
+            r["c_s"],
+            f"{r['speedup']}×",
+            r["estimate_s"],
+            "yes" if r["identical"] else "**no**",
+        ]
+        for k, r in d["rows"].items()
+    ]
+    out = [
+        "GPTQ's rounding of one linear (w4g64 symmetric, act_order, searched scales: the fast "
+        "preset's settings; Hessians from 2,048 correlated inputs; the default model's "
+        "block-3 weights, random ones at the larger shapes): the column loop in torch and "
+        "in C (kernels/cpu/gptq.c), both with the scale search computing its candidates in "
+        "place, median seconds of the two taking turns, and the "
+        f"estimate's seconds from gptq.py's work model. CPU: {d['cpu']}, {d['threads']} "
+        "threads.",
+        "",
+        *table(
+            [
+                "linear",
+                "shape",
+                "torch loop s",
+                "C loop s",
+                "speedup",
+                "estimate s",
+                "same integers",
+            ],
+            body,
+        ),
+    ]
+    e2e = d.get("end_to_end")
+    if e2e:
+        runs = e2e["runs"]
+        cells = [
+            [
+                f"`{side}`",
+                ", ".join(map(str, r["wall_s"])),
+                ", ".join(map(str, r["gptq_transform_s"])),
+                ", ".join(r["sha"]),
+            ]
+            for side, r in runs.items()
+        ]
+        out += [
+            "",
+            f"The README's first compress (`llmpress compress default --quant w4g64`), "
+            f"{e2e['rev']} (torch loop, the search as it was) and this checkout taking turns, "
+            "each in its own process, and the "
+            "first 12 hex digits of the sha256 of each run's model.safetensors.",
+            "",
+            *table(["code", "wall s", "gptq transform s", "weights sha256"], cells),
+        ]
+    return out
+
+
 def quality_timing(d: dict) -> list[str]:
     """Where the time of the lowest-KL 4-bit row went, from its manifest's timing."""
     results = d["results"]
@@ -1187,6 +1246,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Group scales: min-max or searched",
         "benchmarks/scale_search.py",
         scale_search,
+    ),
+    (
+        "gptq_rounding.json",
+        "GPTQ's rounding: the column loop in C",
+        "benchmarks/gptq_rounding.py --rounds 2 --against 949e77d",
+        gptq_rounding,
     ),
     (
         "rotation.json",

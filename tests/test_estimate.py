@@ -54,7 +54,7 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt):
     assert more["gptq"] > fast["gptq"]  # the Hessians grow with the tokens
     assert max(best, key=best.get) == "distill"  # as measured: 306 s of 9.6 min
     assert estimate_line(fast) == (
-        "estimated time here: ~2 min (gptq 55 s, calibration passes 39 s; reading and "
+        "estimated time here: ~1 min (gptq 46 s, calibration passes 39 s; reading and "
         "writing not counted)"
     )
     assert estimate_line(best).startswith("estimated time here: ~13 min (distill 7 min, ")

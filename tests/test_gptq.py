@@ -155,3 +155,65 @@ def test_the_hessians_upper_triangle_mirrors_into_the_whole():
     flat = x.reshape(300, 4500).double()
     torch.testing.assert_close(got.double(), 2 * flat.T @ flat / 300, rtol=1e-5, atol=1e-5)
     assert torch.equal(got, got.T) and not slabs
+
+
+@pytest.mark.parametrize(
+    "bits, group, zero_point, act_order, search, dtype",
+    [
+        (4, 64, False, True, True, torch.float32),  # the fast preset's settings
+        (4, 64, True, False, True, torch.bfloat16),
+        (3, 32, True, True, False, torch.float16),
+        (8, None, False, False, False, torch.float32),  # per channel: one group per row
+        (4, 128, False, False, False, torch.bfloat16),
+    ],
+)
+def test_the_c_column_loop_rounds_as_the_torch_loop(
+    monkeypatch, bits, group, zero_point, act_order, search, dtype
+):
+    """GPTQ's column loop runs in C on the CPU (kernels/gptq.c) and in torch elsewhere:
+    the same integers, scales and zero points, bit for bit."""
+    from compress.kernels import gptq_loop
+
+    assert gptq_loop.ready()
+    w, _, h = _layer(seed=3, rows=150, cols=384)
+    w[5, 17] = 1.5  # an outlier group
+    scheme = QuantScheme(bits, group, zero_point)
+    args = (scheme, dtype, act_order)
+    fast = gptq_quantize(w, h, *args, scale_search=search)
+    monkeypatch.setattr(gptq_loop, "ready", lambda: False)
+    slow = gptq_quantize(w, h, *args, scale_search=search)
+    assert torch.equal(fast.q, slow.q) and torch.equal(fast.scale, slow.scale)
+    assert (fast.zero_point is None) == (not zero_point)
+    if zero_point:
+        assert torch.equal(fast.zero_point, slow.zero_point)
+    # and it did round: GPTQ's integers differ from rounding each weight to nearest
+    assert not torch.equal(fast.q, quantize_weight(w, scheme, dtype).q)
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+@pytest.mark.parametrize("per_column", [False, True])
+def test_the_c_column_loop_leaves_the_torch_loops_floats(monkeypatch, zero_point, per_column):
+    """One block's column range, C against torch: the updated weights and the scaled errors
+    to the last bit, not only the integers (which a one-ulp slip rarely flips)."""
+    from compress.kernels import gptq_loop
+    from compress.quantizers.gptq import _inverse_factor, _round_columns
+
+    w, _, h = _layer(seed=4, rows=70, cols=128)
+    hinv, _ = _inverse_factor([h], 0.01, False, False)
+    scheme = QuantScheme(4, 32, zero_point)
+    g = torch.Generator().manual_seed(5)
+    wide = (70, 128) if per_column else (70, 1)
+    s = (torch.rand(wide, generator=g) * 0.02 + 0.005).expand(70, 128)
+    z = torch.randint(3, 12, wide, generator=g).float().expand(70, 128) if zero_point else None
+    out = {}
+    for name in ("c", "torch"):
+        if name == "torch":
+            monkeypatch.setattr(gptq_loop, "ready", lambda: False)
+        wb, q = w.clone(), torch.zeros(70, 128, dtype=torch.int8)
+        err = torch.zeros(70, 128)
+        _round_columns(wb, 32, 96, hinv, s, z, scheme, q, err)  # a middle range
+        out[name] = (wb, q, err)
+    for a, b in zip(out["c"], out["torch"], strict=True):
+        assert torch.equal(a, b)
+    assert torch.equal(out["c"][0][:, :33], w[:, :33])  # only later columns are updated
+    assert (out["c"][1][:, 32:96] != 0).any() and (out["c"][1][:, 96:] == 0).all()

@@ -85,19 +85,28 @@ def test_decode_attention_matches_reference(bits):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_triton_backend_decodes_the_default_model_like_the_cpu_backend(artifacts, tokenizer):
+def test_triton_backend_decodes_the_default_model_like_the_cpu_backend(
+    tokenizer, tmp_path, wikitext
+):
     """The CUDA backend end to end on CPU tensors (TRITON_INTERPRET=1): Triton dequant
     matmuls for every block linear, Triton attention over an int8 KIVI cache whose prompt
     filled one quantized group and part of the residual. Its greedy tokens equal the C
     backend's, and its prompt logits equal transformers' on the same artifact (fp32
-    activations, where the C kernels quantize them to int8). Two tokens: the interpreter
-    takes about a minute for them."""
+    activations, where the C kernels quantize them to int8). Four of the default model's
+    30 blocks (the others pruned away): every block runs the same kernels, and the
+    interpreter took two minutes for all 30."""
     from compress.artifact.dense import load_model
     from compress.model.loading import resolve
+    from compress.pipeline import compress
+    from compress.recipe import parse_quant, parse_recipe
     from compress.runtime import Engine, load_weights
     from compress.runtime.kv_cache import parse_kv
 
-    ckpt = resolve(str(artifacts["rtn:w4g64"]))
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 2, "length": 64}
+    stages = [{"prune": {"layers": 26, "layer_metric": "bi"}}, parse_quant("rtn:w4g64")]
+    recipe = parse_recipe({"stages": stages, "calib": calib})
+    ckpt = resolve(str(compress("default", recipe, tmp_path / "four", log=lambda _: None)))
+    assert ckpt.config["num_hidden_layers"] == 4
     text = "one, two, three, four, five, six, seven, eight, nine,"
     prompt = tokenizer(text)["input_ids"]
     assert 16 < len(prompt) < 32  # past one KV group of 16, tl.dot for the prompt's rows

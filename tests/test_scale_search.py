@@ -7,7 +7,13 @@ import torch
 from compress.errors import LlmpressError
 from compress.quantizers.gptq import gptq_quantize
 from compress.quantizers.scale_search import search_qparams
-from compress.quantizers.scheme import QuantScheme, compute_qparams, dequantize, quantize_with
+from compress.quantizers.scheme import (
+    QuantScheme,
+    compute_qparams,
+    dequantize,
+    quantize_with,
+    storage_rounded,
+)
 from compress.recipe import parse_quant, quant_recipe, recipe_from_flags
 from tests.test_gptq import real_block_inputs
 
@@ -84,3 +90,46 @@ def test_a_spec_without_method_is_the_fast_preset():
     assert flagged.stages[0][1].scheme == QuantScheme(3, 64, True)
     with pytest.raises(LlmpressError, match="METHOD"):
         parse_quant("w4g64")  # a stage needs its method; only --quant fills one in
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_search_keeps_the_first_least_error_candidate(zero_point, dtype):
+    """The search computes each candidate in place; its scales are those of the plain
+    definition: each grid clip's min-max parameters, the first of least weighted error,
+    then (symmetric) twice the least-squares refit, where it errs less."""
+    from compress.quantizers.scale_search import GRID
+
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(40, 256, generator=g) * torch.rand(256, generator=g) * 0.05
+    w[3, 10] = 2.0
+    d = torch.rand(256, generator=g) ** 3
+    d[:64] = 0  # a group whose inputs were never seen
+    scheme = QuantScheme(3, 64, zero_point)
+
+    def error(scale, zp):
+        wq = dequantize(quantize_with(w, scale, zp, scheme, 64), scale, zp, 64)
+        return (d * (w - wq) ** 2).reshape(40, -1, 64).sum(-1)
+
+    candidates = [compute_qparams(w, scheme, 64, dtype, clip=c) for c in GRID]
+    errors = torch.stack([error(*c) for c in candidates])
+    first = errors.argmin(0)  # torch.argmin: the first of equal minima
+    pick = torch.gather(torch.stack([c[0] for c in candidates]), 0, first[None])[0]
+    best = torch.gather(errors, 0, first[None])[0]
+    zps = torch.stack([c[1] for c in candidates]) if zero_point else None
+    if not zero_point:  # twice: the least-squares scale of the chosen integers, if better
+        for _ in range(2):
+            q = quantize_with(w, pick, None, scheme, 64).float().reshape(40, -1, 64)
+            wg, dg = w.reshape(40, -1, 64), d.reshape(-1, 64)
+            num, den = (dg * wg * q).sum(-1), (dg * q * q).sum(-1)
+            refit = torch.where((num > 0) & (den > 0), num / den.clamp(min=1e-30), pick.float())
+            refit = storage_rounded(refit, dtype)
+            better = error(refit, None) < best
+            pick, best = (
+                torch.where(better, refit, pick),
+                torch.where(better, error(refit, None), best),
+            )
+    scale, zp = search_qparams(w, scheme, 64, dtype, d)
+    assert torch.equal(scale, pick)
+    if zero_point:
+        assert torch.equal(zp, torch.gather(zps, 0, first[None])[0])

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from compress.errors import LlmpressError
 
-SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"
+SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"  # the runtime's kernels
+SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "gptq.c")  # all built into one library
 # No -ffast-math (NaN and infinity must survive), but the parts of it that let the compiler
 # vectorize float reductions and inline rounding.
 FAST = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
@@ -48,7 +49,8 @@ def _cpu_id() -> str:
 def _compile(compiler: str, flags: list[str], target: Path) -> str | None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
-        cmd = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(out), "-lm"]
+        sources = [str(path) for path in SOURCES]
+        cmd = [compiler, *flags, "-shared", "-fPIC", *sources, "-o", str(out), "-lm"]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             return run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
@@ -77,7 +79,7 @@ def library() -> ctypes.CDLL:
             "no C compiler found for llmpress's CPU kernels: install gcc (apt install gcc) "
             "or set CC"
         )
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     errors = []
     override = os.environ.get("LLMPRESS_KERNEL_FLAGS")  # e.g. "-O3 -mavx2 -mfma" or "-O3"
     for flags in [override.split()] if override else FLAG_SETS:
@@ -138,6 +140,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_release_threads.argtypes = []
     lib.llmp_release_threads.restype = None
     lib.llmp_get_threads.argtypes = []
+    lib.llmp_gptq_columns.argtypes = [p, i, i, i, i, i, p, i, p, p, i, i, f, f, p, i, p, i]
+    lib.llmp_gptq_columns.restype = None
     lib.llmp_get_threads.restype = i
     lib.llmp_amx_enable.argtypes = [i]
     lib.llmp_amx_enable.restype = i

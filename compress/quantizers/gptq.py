@@ -22,6 +22,7 @@ import torch
 
 from compress.distributed import all_sum, sum_floats
 from compress.errors import LlmpressError
+from compress.kernels import gptq_loop
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import RTNConfig, adjusted_groups
 from compress.quantizers.scale_search import search_qparams
@@ -40,11 +41,20 @@ BLOCK = 128  # columns updated together (the lazy batch update of the paper)
 ROWS = 2048
 
 # FLOP-equivalents of the column solve (compress/estimate.py): its lazy-batch updates are
-# skinny products, out·in² FLOPs at a fraction of the probe's rate, and each column has
-# steps of its own (quantizing it, the error feedback inside its block); fitted on the
-# default model and the Llama-3.2-1B and Qwen2.5-7B shapes
-SOLVE_FACTOR = 13.0
-COLUMN_FLOPS = 1.7e7
+# skinny products, out·in² FLOPs at a fraction of the probe's rate; the scale search
+# tries its grid on every weight (out·in); each column has steps of its own; H⁻¹'s factor
+# costs in³. Fitted by benchmarks/gptq_rounding.py --fit on the default model's,
+# Llama-3.2-1B's and a Qwen2.5-7B MLP's shapes (the column loop in C).
+SOLVE_FACTOR = 4.0
+SEARCH_FLOPS = 1.77e4
+COLUMN_FLOPS = 2.7e6
+FACTOR_FLOPS = 1.5
+
+
+def solve_flops(out: int, inp: int) -> float:
+    """FLOP-equivalents of rounding one [out, inp] linear (the estimate's model)."""
+    solve = SOLVE_FACTOR * out * inp * inp + SEARCH_FLOPS * out * inp
+    return solve + COLUMN_FLOPS * inp + FACTOR_FLOPS * inp**3
 
 
 @dataclass(frozen=True)
@@ -119,32 +129,62 @@ def gptq_quantize(
     for b0 in range(0, cols, block):
         b1 = min(b0 + block, cols)
         wb, err = w[:, b0:b1].clone(), torch.zeros(rows, b1 - b0, device=dev)
-        for j in range(b1 - b0):
-            col = order[b0 + j]  # the stored column this one is
-            g = col // group
-            if static is not None:
-                s = static[0][:, g : g + 1].float()
-                z = None if static[1] is None else static[1][:, g : g + 1].float()
-            elif (b0 + j) % group == 0:  # a new group: its parameters from w as it is now
-                span = wb[:, j : j + group] if group < cols else w
-                s16, z8 = qparams(span, b0 + j if group < cols else 0)
+        qb = torch.empty(rows, b1 - b0, dtype=torch.int8, device=dev)
+        hb = hinv[b0:b1, b0:b1]
+        if static is not None:  # each column its stored column's group
+            g = torch.tensor([c // group for c in order[b0:b1]], device=dev)
+            s = static[0].float()[:, g]
+            z = None if static[1] is None else static[1].float()[:, g]
+            _round_columns(wb, 0, b1 - b0, hb, s, z, scheme, qb, err)
+        for j0 in range(0, b1 - b0, group) if static is None else ():
+            if group < cols or b0 == 0:  # a new group: its parameters from w as it is now
+                span = wb[:, j0 : j0 + group] if group < cols else w
+                s16, z8 = qparams(span, b0 + j0 if group < cols else 0)
+                g = (b0 + j0) // group
                 scale[:, g : g + 1] = s16
                 if zp is not None:
                     zp[:, g : g + 1] = z8
                 s, z = s16.float(), None if z8 is None else z8.float()
-            x = wb[:, j : j + 1]
-            qc = torch.round(x / s)  # as quantize_with rounds
-            if z is not None:
-                qc = qc + z
-            qc = qc.clamp(scheme.qmin, scheme.qmax)
-            q[:, col] = qc[:, 0].to(torch.int8)
-            e = (x - (qc - (0 if z is None else z)) * s) / hinv[b0 + j, b0 + j]
-            wb[:, j + 1 :] -= e @ hinv[b0 + j : b0 + j + 1, b0 + j + 1 : b1]
-            err[:, j : j + 1] = e
+            j1 = min(j0 + group, b1 - b0)
+            wide = (rows, b1 - b0)
+            _round_columns(
+                wb,
+                j0,
+                j1,
+                hb,
+                s.expand(wide),
+                None if z is None else z.expand(wide),
+                scheme,
+                qb,
+                err,
+            )
+        q[:, order[b0:b1]] = qb
         w[:, b1:] -= err @ hinv[b0:b1, b1:]
     if static is not None:
         scale, zp = static
     return QuantizedWeight(q=q, scale=scale, zero_point=zp, scheme=scheme, group_size=group)
+
+
+def _round_columns(wb, j0: int, j1: int, hinv, s, z, scheme: QuantScheme, q, err) -> None:
+    """Columns [j0, j1) of the block `wb` rounded in turn, in place: each column's integers
+    into `q`, its error scaled by H⁻¹'s diagonal into `err`, and that error pushed onto the
+    block's later columns. `s`, `z` (or None): [rows, block] float32, one per column (an
+    expanded view where one per row). On the CPU the C loop (bit-identical, many times
+    faster: kernels/gptq_loop.py); elsewhere the same steps in torch."""
+    if wb.is_cpu and gptq_loop.ready():
+        gptq_loop.columns(wb, j0, j1, hinv, s, z, scheme.qmin, scheme.qmax, q, err)
+        return
+    for j in range(j0, j1):
+        x, sj = wb[:, j : j + 1], s[:, j : j + 1]
+        zj = None if z is None else z[:, j : j + 1]
+        qc = torch.round(x / sj)  # as quantize_with rounds
+        if zj is not None:
+            qc = qc + zj
+        qc = qc.clamp(scheme.qmin, scheme.qmax)
+        q[:, j] = qc[:, 0].to(torch.int8)
+        e = (x - (qc - (0 if zj is None else zj)) * sj) / hinv[j, j]
+        wb[:, j + 1 :] -= e @ hinv[j : j + 1, j + 1 :]
+        err[:, j : j + 1] = e
 
 
 def _inverse_factor(held: list[torch.Tensor], dampening: float, act_order: bool, own: bool):
@@ -289,7 +329,7 @@ class GPTQ(Described):
         """The Hessians (x·xᵀ over every token, per distinct input) and the column solve
         (out·in² for the lazy-batch updates, plus each column's own steps)."""
         hessians = sum(_hessian_flops(d, load.tokens) for d in load.inputs)
-        solve = sum(SOLVE_FACTOR * o * i * i + COLUMN_FLOPS * i for o, i in load.linears)
+        solve = sum(solve_flops(o, i) for o, i in load.linears)
         return load.layers * (hessians + solve)
 
     def __init__(self, config: GPTQConfig):

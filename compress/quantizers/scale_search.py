@@ -24,7 +24,8 @@ import torch
 from compress.quantizers.scheme import (
     QuantScheme,
     compute_qparams,
-    dequantize,
+    group_range,
+    qparams_from_range,
     quantize_with,
     storage_rounded,
 )
@@ -58,10 +59,18 @@ def search_qparams(
 
 def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Tensor):
     best: list[torch.Tensor | None] = [None, None, None]  # error, scale, zero point
+    g, dg = w.reshape(w.shape[0], -1, group), d.reshape(-1, group)
 
     def consider(scale: torch.Tensor, zp: torch.Tensor | None) -> None:
-        wq = dequantize(quantize_with(w, scale, zp, scheme, group), scale, zp, group)
-        err = (d * (w - wq) ** 2).reshape(w.shape[0], -1, group).sum(-1)
+        # dequantize(quantize_with(...)) in place, the same float steps
+        s = scale.float().unsqueeze(-1)
+        q = torch.div(g, s).round_()
+        if zp is not None:
+            z = zp.float().unsqueeze(-1)
+            q = q.add_(z).clamp_(scheme.qmin, scheme.qmax).sub_(z)
+        else:
+            q = q.clamp_(scheme.qmin, scheme.qmax)
+        err = torch.sub(g, q.mul_(s)).pow_(2).mul_(dg).sum(-1)
         if best[0] is None:
             best[:] = [err, scale, zp]
             return
@@ -71,8 +80,9 @@ def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Ten
         if zp is not None:
             best[2] = torch.where(better, zp, best[2])
 
+    extent = group_range(w, scheme, group)  # the same for every clip factor
     for c in GRID:
-        consider(*compute_qparams(w, scheme, group, dtype, clip=c))
+        consider(*qparams_from_range(extent, scheme, dtype, clip=c))
     if not scheme.zero_point:  # least-squares refit of the winner's scale to its integers
         for _ in range(2):
             s = best[1].float()

@@ -146,13 +146,27 @@ def compute_qparams(
     clip: torch.Tensor | float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Min-max scale (and zero point) per group; `clip` shrinks the range (AWQ's search)."""
+    return qparams_from_range(group_range(w, scheme, group_size), scheme, storage_dtype, clip)
+
+
+def group_range(w: torch.Tensor, scheme: QuantScheme, group_size: int):
+    """What a group's min-max parameters are made of: (min ≤ 0, max ≥ 0) with a zero
+    point, (max |w|, None) without; a search over clip factors computes it once."""
     g = _grouped(w.float(), group_size)
     if scheme.zero_point:
-        lo = g.amin(dim=-1).clamp(max=0) * clip
-        hi = g.amax(dim=-1).clamp(min=0) * clip
+        return g.amin(dim=-1).clamp(max=0), g.amax(dim=-1).clamp(min=0)
+    return g.abs().amax(dim=-1), None
+
+
+def qparams_from_range(
+    extent, scheme: QuantScheme, storage_dtype: torch.dtype, clip: torch.Tensor | float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compute_qparams from group_range's result."""
+    if scheme.zero_point:
+        lo, hi = extent[0] * clip, extent[1] * clip
         scale = _exact_div(hi - lo, scheme.qmax - scheme.qmin)
     else:  # max|w| / 7.5 at 4 bits (compressed-tensors' rule): -8 is used, +max rounds to 7
-        scale = _exact_div(g.abs().amax(dim=-1) * clip, (scheme.qmax - scheme.qmin) / 2)
+        scale = _exact_div(extent[0] * clip, (scheme.qmax - scheme.qmin) / 2)
     scale = storage_rounded(scale, storage_dtype)
     if not scheme.zero_point:
         return scale, None
