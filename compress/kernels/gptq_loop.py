@@ -19,7 +19,7 @@ from compress.errors import LlmpressError
 @cache
 def ready() -> bool:
     """Whether the C library is built; where it cannot be, GPTQ runs its torch loop and
-    says so once (same integers, several times slower)."""
+    says so once (the same integers, slower)."""
     from compress.kernels.build import library
 
     try:

@@ -169,8 +169,8 @@ def _round_columns(wb, j0: int, j1: int, hinv, s, z, scheme: QuantScheme, q, err
     """Columns [j0, j1) of the block `wb` rounded in turn, in place: each column's integers
     into `q`, its error scaled by H⁻¹'s diagonal into `err`, and that error pushed onto the
     block's later columns. `s`, `z` (or None): [rows, block] float32, one per column (an
-    expanded view where one per row). On the CPU the C loop (bit-identical, many times
-    faster: kernels/gptq_loop.py); elsewhere the same steps in torch."""
+    expanded view where one per row). On the CPU the C loop (bit-identical; 1.2-3x faster
+    per linear, benchmarks/gptq_rounding.py); elsewhere the same steps in torch."""
     if wb.is_cpu and gptq_loop.ready():
         gptq_loop.columns(wb, j0, j1, hinv, s, z, scheme.qmin, scheme.qmax, q, err)
         return
