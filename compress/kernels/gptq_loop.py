@@ -14,19 +14,18 @@ from functools import cache
 import torch
 
 from compress.errors import LlmpressError
+from compress.kernels.build import library
 
 
 @cache
 def ready() -> bool:
     """Whether the C library is built; where it cannot be, GPTQ runs its torch loop and
     says so once (the same integers, slower)."""
-    from compress.kernels.build import library
-
     try:
         library()
     except LlmpressError as e:
         print(
-            f"llmpress: GPTQ's column loop runs in torch, several times slower: {e}",
+            f"llmpress: GPTQ's column loop runs in torch, slower: {e}",
             file=sys.stderr,
         )
         return False
@@ -39,8 +38,6 @@ def columns(wb, j0: int, j1: int, hinv, scale, zero, qmin: int, qmax: int, q, er
     and each column's error pushed onto the block's later columns. `hinv` [nb, nb]: the
     block's part of H⁻¹'s upper factor; `scale`, `zero` (or None): [rows, nb] float32,
     possibly expanded (stride 0 along the columns: one per row)."""
-    from compress.kernels.build import library
-
     floats = (wb, hinv, err, scale) if zero is None else (wb, hinv, err, scale, zero)
     layout_ok = (
         all(t.is_cpu and t.dtype == torch.float32 for t in floats)

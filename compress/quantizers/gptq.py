@@ -136,28 +136,21 @@ def gptq_quantize(
             s = static[0].float()[:, g]
             z = None if static[1] is None else static[1].float()[:, g]
             _round_columns(wb, 0, b1 - b0, hb, s, z, scheme, qb, err)
-        for j0 in range(0, b1 - b0, group) if static is None else ():
-            if group < cols or b0 == 0:  # a new group: its parameters from w as it is now
-                span = wb[:, j0 : j0 + group] if group < cols else w
-                s16, z8 = qparams(span, b0 + j0 if group < cols else 0)
-                g = (b0 + j0) // group
-                scale[:, g : g + 1] = s16
-                if zp is not None:
-                    zp[:, g : g + 1] = z8
-                s, z = s16.float(), None if z8 is None else z8.float()
-            j1 = min(j0 + group, b1 - b0)
-            wide = (rows, b1 - b0)
-            _round_columns(
-                wb,
-                j0,
-                j1,
-                hb,
-                s.expand(wide),
-                None if z is None else z.expand(wide),
-                scheme,
-                qb,
-                err,
-            )
+        else:
+            for j0 in range(0, b1 - b0, group):
+                if group < cols or b0 == 0:  # a new group: its parameters from w as it is now
+                    span = wb[:, j0 : j0 + group] if group < cols else w
+                    s16, z8 = qparams(span, b0 + j0 if group < cols else 0)
+                    g = (b0 + j0) // group
+                    scale[:, g : g + 1] = s16
+                    if zp is not None:
+                        zp[:, g : g + 1] = z8
+                    s, z = s16.float(), None if z8 is None else z8.float()
+                wide = (rows, b1 - b0)  # one parameter per row, seen as one per column
+                z_wide = None if z is None else z.expand(wide)
+                _round_columns(
+                    wb, j0, min(j0 + group, b1 - b0), hb, s.expand(wide), z_wide, scheme, qb, err
+                )
         q[:, order[b0:b1]] = qb
         w[:, b1:] -= err @ hinv[b0:b1, b1:]
     if static is not None:

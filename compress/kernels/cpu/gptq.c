@@ -1,8 +1,8 @@
 /* GPTQ's column loop (compress/quantizers/gptq.py) for CPU tensors.
  *
  * Why: the loop visits one column at a time and each visit is a dozen small tensor ops,
- * so in torch it costs ~15 ops of Python and dispatch per column: about 20 s of the
- * default model's 70 s `--quant w4g64`, whatever the number of calibration samples. Rows
+ * so in torch it costs ~15 ops of Python and dispatch per column, whatever the number of
+ * calibration samples: most of GPTQ's rounding time on the default model. Rows
  * are independent given the inverse Hessian's factor, so here each thread takes whole
  * rows and runs every column of the range for them, the row's block of weights in L1.
  *
