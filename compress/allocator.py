@@ -6,6 +6,12 @@ soon come from the heap, whose freed pages it keeps: measured on a Llama-3.2-1B 
 `compress --quant rtn:w4g64` grew 110 MB per block to 3.2 GB. A fixed threshold keeps
 it at one block (1.3 GB). Not for serving: there each large allocation would page-fault
 afresh every step.
+
+Fixing the threshold also fixes glibc's trim threshold at its 128 kB default, so the
+heap's top was handed back and faulted in again by the next tensor below the threshold:
+the README's compress took 18 million page faults and 37-44 s of system time in a 75-82 s
+run. Keeping up to 64 MB free at the top cut that to 5-6 million and 13-15 s, the run to
+58-63 s (benchmarks/allocator_churn.py).
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ import ctypes
 import ctypes.util
 import sys
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 THRESHOLD = 4 << 20
+TRIM = 64 << 20  # free bytes the heap's top keeps before it is returned
 
 
 def return_freed_memory() -> bool:
-    """Fix glibc's mmap threshold at 4 MB (no-op elsewhere); True when it took effect."""
+    """Fix glibc's mmap threshold at 4 MB and its trim threshold at 64 MB (no-op
+    elsewhere); True when they took effect."""
     if not sys.platform.startswith("linux"):
         return False
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD))
+        mapped = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)
+        return bool(mapped and libc.mallopt(M_TRIM_THRESHOLD, TRIM))
     except (OSError, AttributeError):  # musl and others: no mallopt
         return False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -168,6 +169,60 @@ def scale_search(d: dict) -> list[str]:
         "",
         *table(["rows", *DRIFT, "seconds"], body),
     ]
+
+
+def allocator_churn(d: dict) -> list[str]:
+    out = [
+        "Each command run in its own process, the two settings of glibc's trim threshold "
+        "taking turns; the mmap threshold is compress's fixed 4 MB in both "
+        "(compress/allocator.py). Seconds and page faults are the child's rusage; sha256 "
+        "of the weights written. The 1B-shaped checkpoint is random_checkpoint.py's "
+        "llama-3.2-1b shape with 2 blocks, run with `--model DIR --label NAME --quant "
+        "gptq:w4g64 --flags '...' --rounds 1` (the script's docstring): at its widths "
+        "nearly every tensor is above the mmap threshold, and the trim threshold changes "
+        "neither its page faults nor its peak memory.",
+    ]
+    for command, rec in d["commands"].items():
+        runs = rec["runs"]
+        body = [
+            [
+                r["setting"],
+                r["round"],
+                r["wall_s"],
+                r["user_s"],
+                r["sys_s"],
+                f"{r['minor_faults'] / 1e6:.1f}",
+                r["peak_rss_mb"],
+                f"`{r['sha256']}`",
+            ]
+            for r in runs
+        ]
+        settings = list(dict.fromkeys(r["setting"] for r in runs))
+        wall = {
+            s: statistics.median(r["wall_s"] for r in runs if r["setting"] == s) for s in settings
+        }
+        first, last = settings[0], settings[-1]
+        out += [
+            "",
+            f"`llmpress {command}`. CPU: {rec['cpu']}, {rec['threads']} threads. Median "
+            f"wall: {first} {wall[first]} s, {last} {wall[last]} s "
+            f"({wall[first] / wall[last]:.2f}×).",
+            "",
+            *table(
+                [
+                    "setting",
+                    "round",
+                    "wall s",
+                    "user s",
+                    "sys s",
+                    "minor faults (M)",
+                    "peak RSS MB",
+                    "sha256",
+                ],
+                body,
+            ),
+        ]
+    return out
 
 
 def gptq_rounding(d: dict) -> list[str]:
@@ -1252,6 +1307,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "GPTQ's rounding: the column loop in C",
         "benchmarks/gptq_rounding.py --rounds 2 --against 949e77d",
         gptq_rounding,
+    ),
+    (
+        "allocator_churn.json",
+        "The heap's top kept: page faults in a compress run",
+        "benchmarks/allocator_churn.py --rounds 3",
+        allocator_churn,
     ),
     (
         "rotation.json",

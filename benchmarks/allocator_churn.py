@@ -1,0 +1,124 @@
+"""What glibc's trim threshold costs a compress run: page faults and system time.
+
+`llmpress compress` fixes glibc's mmap threshold at 4 MB so that memory stays one block
+(compress/allocator.py). That also pins the trim threshold at glibc's 128 kB default,
+and the heap's top is handed back and faulted in again by every next tensor. This runs
+the same compress with the trim threshold at 128 kB (the previous behaviour) and at the
+allocator's TRIM (64 MB), taking turns, each in its own process, and reports per run the
+wall, user and system seconds, minor page faults and peak RSS (the child's rusage), and
+the sha256 of the weights written, so that the runs can be seen to write the same bytes.
+Each command's runs are kept in the results file under the command (a rerun of another
+command adds to it).
+
+    python benchmarks/allocator_churn.py [--rounds 2] [--model default] [--quant w4g64]
+        [--flags "--calib-samples 8 --calib-len 256"] [--label NAME]
+
+The results' second command, a Llama-3.2-1B-shaped checkpoint of 2 blocks:
+
+    python -c "import sys; sys.path.insert(0, 'benchmarks'); from pathlib import Path;
+        from dataclasses import replace; from random_checkpoint import SHAPES, write;
+        from compress.model.loading import resolve; write(replace(SHAPES['llama-3.2-1b'],
+        layers=2), Path(sys.argv[1]), resolve('default').path)" DIR
+    python benchmarks/allocator_churn.py --rounds 1 --model DIR \
+        --label llama-3.2-1b-shape-2-blocks --quant gptq:w4g64 --flags \
+        "--calib ../shared/data/wikitext-2-raw/valid.txt --calib-samples 8 --calib-len 256"
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from batched_decode import cpu_flags  # noqa: E402
+
+# the CLI with the allocator's trim threshold set first (its mmap threshold as shipped)
+RUN = (
+    "import sys, compress.allocator as a; a.TRIM = int(sys.argv.pop(1)); "
+    "from compress.cli import main; sys.argv[0] = 'llmpress'; main()"
+)
+SETTINGS = {"trim 128 kB (before)": 128 << 10, "trim 64 MB (now)": 64 << 20}
+
+
+def run_once(trim: int, model: str, quant: str, flags: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "artifact"
+        cmd = [sys.executable, "-c", RUN, str(trim), "compress", model, "--quant", quant, *flags]
+        log = Path(tmp) / "log"
+        t0 = time.perf_counter()
+        with log.open("w") as f:  # a file: a pipe nobody reads would stall the progress bars
+            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, stdout=f, stderr=f)
+            _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        if status != 0:
+            raise SystemExit(f"compress failed: {log.read_text()[-2000:]}")
+        digest = hashlib.sha256()
+        for f in sorted(out.glob("*.safetensors")):
+            digest.update(f.read_bytes())
+    return {
+        "wall_s": round(wall, 1),
+        "user_s": round(usage.ru_utime, 1),
+        "sys_s": round(usage.ru_stime, 1),
+        "minor_faults": usage.ru_minflt,
+        "peak_rss_mb": usage.ru_maxrss // 1024,
+        "sha256": digest.hexdigest()[:16],
+    }
+
+
+def table(record: dict) -> str:
+    lines = [
+        "| setting | round | wall s | user s | sys s | minor faults (M) | peak RSS MB | sha256 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in record["runs"]:
+        lines.append(
+            f"| {r['setting']} | {r['round']} | {r['wall_s']} | {r['user_s']} | {r['sys_s']} "
+            f"| {r['minor_faults'] / 1e6:.1f} | {r['peak_rss_mb']} | `{r['sha256']}` |"
+        )
+    lines += ["", "| setting | median wall s | median sys s |", "|---|---|---|"]
+    for name in SETTINGS:
+        runs = [r for r in record["runs"] if r["setting"] == name]
+        wall = statistics.median(r["wall_s"] for r in runs)
+        sys_s = statistics.median(r["sys_s"] for r in runs)
+        lines.append(f"| {name} | {wall} | {sys_s} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--quant", default="w4g64", help="the README's first compress: w4g64")
+    ap.add_argument("--flags", default="", help="more compress flags, as one string")
+    ap.add_argument("--label", help="the model's name in the results (default: --model)")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "allocator_churn.json")
+    args = ap.parse_args()
+    runs = []
+    for r in range(args.rounds):
+        for name, trim in SETTINGS.items():
+            result = run_once(trim, args.model, args.quant, args.flags.split())
+            row = {"setting": name, "round": r + 1, **result}
+            print(json.dumps(row), flush=True)
+            runs.append(row)
+    command = " ".join(["compress", args.label or args.model, "--quant", args.quant, args.flags])
+    record = {"cpu": cpu_flags(), "threads": os.cpu_count(), "runs": runs}
+    kept = json.loads(args.out.read_text()) if args.out.is_file() else {"commands": {}}
+    kept["commands"][command.strip()] = record
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(kept, indent=2) + "\n")
+    print(table(record))
+
+
+if __name__ == "__main__":
+    main()
