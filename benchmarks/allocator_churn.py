@@ -8,10 +8,11 @@ allocator's TRIM (64 MB), taking turns, each in its own process, and reports per
 wall, user and system seconds, minor page faults and peak RSS (the child's rusage), and
 the sha256 of the weights written, so that the runs can be seen to write the same bytes.
 Each command's runs are kept in the results file under the command (a rerun of another
-command adds to it).
+command adds to it). With `--against REV` the two sides are REV's code and this
+checkout's instead, each with the allocator settings it ships (a git worktree of REV).
 
     python benchmarks/allocator_churn.py [--rounds 2] [--model default] [--quant w4g64]
-        [--flags "--calib-samples 8 --calib-len 256"] [--label NAME]
+        [--flags "--calib-samples 8 --calib-len 256"] [--label NAME] [--against REV]
 
 The results' second command, a Llama-3.2-1B-shaped checkpoint of 2 blocks:
 
@@ -51,14 +52,19 @@ RUN = (
 SETTINGS = {"trim 128 kB (before)": 128 << 10, "trim 64 MB (now)": 64 << 20}
 
 
-def run_once(trim: int, model: str, quant: str, flags: list[str]) -> dict:
+def run_once(trim: int | None, model: str, quant: str, flags: list[str], code: Path) -> dict:
+    """One compress in a process of its own: `code`'s package, its trim threshold set to
+    `trim` (None: as shipped)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "artifact"
-        cmd = [sys.executable, "-c", RUN, str(trim), "compress", model, "--quant", quant, *flags]
+        head = ["-c", RUN, str(trim)] if trim is not None else ["-m", "compress"]
+        # -P: the package from PYTHONPATH (`code`), not from the working directory
+        cmd = [sys.executable, "-P", *head, "compress", model, "--quant", quant, *flags]
         log = Path(tmp) / "log"
         t0 = time.perf_counter()
         with log.open("w") as f:  # a file: a pipe nobody reads would stall the progress bars
-            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, stdout=f, stderr=f)
+            env = {**os.environ, "PYTHONPATH": str(code)}
+            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, env=env, stdout=f, stderr=f)
             _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         if status != 0:
@@ -87,7 +93,7 @@ def table(record: dict) -> str:
             f"| {r['minor_faults'] / 1e6:.1f} | {r['peak_rss_mb']} | `{r['sha256']}` |"
         )
     lines += ["", "| setting | median wall s | median sys s |", "|---|---|---|"]
-    for name in SETTINGS:
+    for name in dict.fromkeys(r["setting"] for r in record["runs"]):
         runs = [r for r in record["runs"] if r["setting"] == name]
         wall = statistics.median(r["wall_s"] for r in runs)
         sys_s = statistics.median(r["sys_s"] for r in runs)
@@ -102,16 +108,30 @@ def main() -> None:
     ap.add_argument("--quant", default="w4g64", help="the README's first compress: w4g64")
     ap.add_argument("--flags", default="", help="more compress flags, as one string")
     ap.add_argument("--label", help="the model's name in the results (default: --model)")
+    ap.add_argument("--against", metavar="REV", help="compare REV's code with this checkout's")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "allocator_churn.json")
     args = ap.parse_args()
     runs = []
-    for r in range(args.rounds):
-        for name, trim in SETTINGS.items():
-            result = run_once(trim, args.model, args.quant, args.flags.split())
-            row = {"setting": name, "round": r + 1, **result}
-            print(json.dumps(row), flush=True)
-            runs.append(row)
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = [(name, trim, ROOT) for name, trim in SETTINGS.items()]
+        if args.against:
+            tree = Path(tmp) / "rev"
+            git = ["git", "worktree", "add", "-q", "--detach", str(tree), args.against]
+            subprocess.run(git, cwd=ROOT, check=True)
+            sides = [(f"code of {args.against}", None, tree), ("this checkout", None, ROOT)]
+        try:
+            for r in range(args.rounds):
+                for name, trim, code in sides:
+                    result = run_once(trim, args.model, args.quant, args.flags.split(), code)
+                    row = {"setting": name, "round": r + 1, **result}
+                    print(json.dumps(row), flush=True)
+                    runs.append(row)
+        finally:
+            if args.against:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
     command = " ".join(["compress", args.label or args.model, "--quant", args.quant, args.flags])
+    if args.against:
+        command += f" (against {args.against})"
     record = {"cpu": cpu_flags(), "threads": os.cpu_count(), "runs": runs}
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {"commands": {}}
     kept["commands"][command.strip()] = record

@@ -174,9 +174,10 @@ def scale_search(d: dict) -> list[str]:
 def allocator_churn(d: dict) -> list[str]:
     out = [
         "Each command run in its own process, the two settings of glibc's trim threshold "
-        "taking turns; the mmap threshold is compress's fixed 4 MB in both "
-        "(compress/allocator.py). Seconds and page faults are the child's rusage; sha256 "
-        "of the weights written. The 1B-shaped checkpoint is random_checkpoint.py's "
+        "taking turns (the mmap threshold is compress's fixed 4 MB in both: "
+        "compress/allocator.py), or, with `--against REV`, REV's code and this "
+        "checkout's. Seconds and page faults are the child's rusage; sha256 of the "
+        "weights written. The 1B-shaped checkpoint is random_checkpoint.py's "
         "llama-3.2-1b shape with 2 blocks, run with `--model DIR --label NAME --quant "
         "gptq:w4g64 --flags '...' --rounds 1` (the script's docstring): at its widths "
         "nearly every tensor is above the mmap threshold, and the trim threshold changes "
@@ -202,11 +203,20 @@ def allocator_churn(d: dict) -> list[str]:
             s: statistics.median(r["wall_s"] for r in runs if r["setting"] == s) for s in settings
         }
         first, last = settings[0], settings[-1]
+        shas = {s: {r["sha256"] for r in runs if r["setting"] == s} for s in settings}
+        same = (
+            "All runs wrote the same bytes."
+            if len(set().union(*shas.values())) == 1
+            else "Runs of the same code did not all write the same bytes: "
+            "this compress is not bit-reproducible from run to run (open)."
+            if any(len(v) > 1 for v in shas.values())
+            else "The two sides wrote different bytes."
+        )
         out += [
             "",
             f"`llmpress {command}`. CPU: {rec['cpu']}, {rec['threads']} threads. Median "
             f"wall: {first} {wall[first]} s, {last} {wall[last]} s "
-            f"({wall[first] / wall[last]:.2f}×).",
+            f"({wall[first] / wall[last]:.2f}×). {same}",
             "",
             *table(
                 [

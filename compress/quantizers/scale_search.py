@@ -60,17 +60,20 @@ def search_qparams(
 def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Tensor):
     best: list[torch.Tensor | None] = [None, None, None]  # error, scale, zero point
     g, dg = w.reshape(w.shape[0], -1, group), d.reshape(-1, group)
+    # every candidate's codes and errors in the same two buffers: allocated afresh, each
+    # (8-32 MB at a 1B shape) was a new mapping whose pages all faulted in again
+    codes, errors = torch.empty_like(g), torch.empty_like(g)
 
     def consider(scale: torch.Tensor, zp: torch.Tensor | None) -> None:
         # dequantize(quantize_with(...)) in place, the same float steps
         s = scale.float().unsqueeze(-1)
-        q = torch.div(g, s).round_()
+        q = torch.div(g, s, out=codes).round_()
         if zp is not None:
             z = zp.float().unsqueeze(-1)
             q = q.add_(z).clamp_(scheme.qmin, scheme.qmax).sub_(z)
         else:
             q = q.clamp_(scheme.qmin, scheme.qmax)
-        err = torch.sub(g, q.mul_(s)).pow_(2).mul_(dg).sum(-1)
+        err = torch.sub(g, q.mul_(s), out=errors).pow_(2).mul_(dg).sum(-1)
         if best[0] is None:
             best[:] = [err, scale, zp]
             return
