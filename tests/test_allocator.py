@@ -40,8 +40,8 @@ def test_the_fixed_threshold_returns_freed_blocks():
 
 # Tensors below the mmap threshold come from the heap of the allocating thread's arena;
 # while the trim threshold stayed at glibc's 128 kB a thread's freed top went back to the
-# system and its next tensors faulted their pages in again (18 million faults in the
-# README's compress, 5 million with the heap's top kept).
+# system and its next tensors faulted their pages in again (19-20 million faults in the
+# README's compress, 5-8 million with the heap's top kept).
 CHURN = """
 import resource, sys, threading, torch
 import compress.allocator as a
