@@ -44,9 +44,12 @@ sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
 
-# the CLI with the allocator's trim threshold set first (its mmap threshold as shipped)
+# the CLI of the package in the first argument, its allocator's trim threshold set to the
+# second first (`shipped`: left as the package has it; the mmap threshold always is)
 RUN = (
-    "import sys, compress.allocator as a; a.TRIM = int(sys.argv.pop(1)); "
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); trim = sys.argv.pop(1)\n"
+    "import compress.allocator as a\n"
+    "if trim != 'shipped': a.TRIM = int(trim)\n"
     "from compress.cli import main; sys.argv[0] = 'llmpress'; main()"
 )
 SETTINGS = {"trim 128 kB (before)": 128 << 10, "trim 64 MB (now)": 64 << 20}
@@ -57,14 +60,13 @@ def run_once(trim: int | None, model: str, quant: str, flags: list[str], code: P
     `trim` (None: as shipped)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "artifact"
-        head = ["-c", RUN, str(trim)] if trim is not None else ["-m", "compress"]
-        # -P: the package from PYTHONPATH (`code`), not from the working directory
-        cmd = [sys.executable, "-P", *head, "compress", model, "--quant", quant, *flags]
+        setting = "shipped" if trim is None else str(trim)
+        cmd = [sys.executable, "-c", RUN, str(code), setting, "compress", model, "--quant", quant]
+        cmd += flags
         log = Path(tmp) / "log"
         t0 = time.perf_counter()
         with log.open("w") as f:  # a file: a pipe nobody reads would stall the progress bars
-            env = {**os.environ, "PYTHONPATH": str(code)}
-            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, env=env, stdout=f, stderr=f)
+            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, stdout=f, stderr=f)
             _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         if status != 0:
@@ -129,7 +131,8 @@ def main() -> None:
         finally:
             if args.against:
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
-    command = " ".join(["compress", args.label or args.model, "--quant", args.quant, args.flags])
+    words = ["compress", args.label or args.model, "--quant", args.quant, args.flags]
+    command = " ".join(words).strip()
     if args.against:
         command += f" (against {args.against})"
     record = {"cpu": cpu_flags(), "threads": os.cpu_count(), "runs": runs}

@@ -9,9 +9,10 @@ afresh every step.
 
 Fixing the threshold also fixes glibc's trim threshold at its 128 kB default, so the
 heap's top was handed back and faulted in again by the next tensor below the threshold:
-the README's compress took 19-20 million page faults and 39-50 s of system time in a
-73-90 s run. Keeping up to 64 MB free at the top cut that to 5-8 million and 12-20 s,
-the run to 55-70 s, for 40-180 MB more peak memory (benchmarks/allocator_churn.py).
+with the scale search's shared buffers in place the README's compress took 9-13 million
+page faults and 25-33 s of system time in a 73-83 s run. Keeping up to 64 MB free at the
+top cut that to 5-8 million and 16-21 s, the run to 66-71 s, for up to 200 MB more peak
+memory in some runs (benchmarks/allocator_churn.py).
 """
 
 from __future__ import annotations
