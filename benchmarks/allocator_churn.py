@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -43,6 +44,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
+from revision import checkout  # noqa: E402
 
 # the CLI of the package in the first argument, its allocator's trim threshold set to the
 # second first (`shipped`: left as the package has it; the mmap threshold always is)
@@ -114,30 +116,23 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "allocator_churn.json")
     args = ap.parse_args()
     runs = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with checkout(args.against) if args.against else nullcontext() as tree:
         sides = [(name, trim, ROOT) for name, trim in SETTINGS.items()]
         if args.against:
-            tree = Path(tmp) / "rev"
-            git = ["git", "worktree", "add", "-q", "--detach", str(tree), args.against]
-            subprocess.run(git, cwd=ROOT, check=True)
             sides = [(f"code of {args.against}", None, tree), ("this checkout", None, ROOT)]
-        try:
-            for r in range(args.rounds):
-                for name, trim, code in sides:
-                    result = run_once(trim, args.model, args.quant, args.flags.split(), code)
-                    row = {"setting": name, "round": r + 1, **result}
-                    print(json.dumps(row), flush=True)
-                    runs.append(row)
-        finally:
-            if args.against:
-                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT)
+        for r in range(args.rounds):
+            for name, trim, code in sides:
+                result = run_once(trim, args.model, args.quant, args.flags.split(), code)
+                row = {"setting": name, "round": r + 1, **result}
+                print(json.dumps(row), flush=True)
+                runs.append(row)
     words = ["compress", args.label or args.model, "--quant", args.quant, args.flags]
     command = " ".join(words).strip()
     if args.against:
         command += f" (against {args.against})"
     record = {"cpu": cpu_flags(), "threads": os.cpu_count(), "runs": runs}
     kept = json.loads(args.out.read_text()) if args.out.is_file() else {"commands": {}}
-    kept["commands"][command.strip()] = record
+    kept["commands"][command] = record
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(kept, indent=2) + "\n")
     print(table(record))

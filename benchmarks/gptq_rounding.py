@@ -38,6 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from batched_decode import cpu_flags  # noqa: E402
+from revision import checkout  # noqa: E402
 
 from compress.estimate import PASS_EFFICIENCY  # noqa: E402
 from compress.kernels import gptq_loop  # noqa: E402
@@ -84,27 +85,22 @@ def end_to_end(rev: str, rounds: int) -> dict:
     turn, each in a process of its own."""
     root = HERE.parent
     times: dict[str, dict[str, list[float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        tree = Path(tmp) / "rev"
-        subprocess.run(["git", "worktree", "add", "-q", "--detach", str(tree), rev], cwd=root)
-        try:
-            for _ in range(rounds):
-                for side, code in ((rev, tree), ("this checkout", root)):
-                    out = Path(tmp) / "out"
-                    cmd = [sys.executable, "-m", "compress", "compress", "default", "-o", str(out)]
-                    env = {**os.environ, "PYTHONPATH": str(code)}
-                    start = time.perf_counter()
-                    cmd += ["--quant", "w4g64", "--overwrite"]
-                    subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
-                    wall = time.perf_counter() - start
-                    manifest = json.loads((out / "manifest.json").read_text())
-                    rec = times.setdefault(side, {"wall_s": [], "gptq_transform_s": [], "sha": []})
-                    rec["wall_s"].append(round(wall, 1))
-                    rec["gptq_transform_s"].append(manifest["timing_s"]["gptq transform"])
-                    digest = hashlib.sha256((out / "model.safetensors").read_bytes())
-                    rec["sha"].append(digest.hexdigest()[:12])
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=root)
+    with tempfile.TemporaryDirectory() as tmp, checkout(rev) as tree:
+        for _ in range(rounds):
+            for side, code in ((rev, tree), ("this checkout", root)):
+                out = Path(tmp) / "out"
+                cmd = [sys.executable, "-m", "compress", "compress", "default", "-o", str(out)]
+                env = {**os.environ, "PYTHONPATH": str(code)}
+                start = time.perf_counter()
+                cmd += ["--quant", "w4g64", "--overwrite"]
+                subprocess.run(cmd, cwd=tmp, env=env, check=True, capture_output=True)
+                wall = time.perf_counter() - start
+                manifest = json.loads((out / "manifest.json").read_text())
+                rec = times.setdefault(side, {"wall_s": [], "gptq_transform_s": [], "sha": []})
+                rec["wall_s"].append(round(wall, 1))
+                rec["gptq_transform_s"].append(manifest["timing_s"]["gptq transform"])
+                digest = hashlib.sha256((out / "model.safetensors").read_bytes())
+                rec["sha"].append(digest.hexdigest()[:12])
     return {"rev": rev, "runs": times}
 
 
