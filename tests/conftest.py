@@ -48,6 +48,17 @@ def default_ckpt():
     return resolve("default")
 
 
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch, default_ckpt) -> Path:
+    """An empty LLMPRESS_CACHE (no text generated, no eval reference kept) that holds the
+    default model's conversion already: converting the GGUF again took 20 s a test."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / default_ckpt.path.name).symlink_to(default_ckpt.path, target_is_directory=True)
+    monkeypatch.setenv("LLMPRESS_CACHE", str(cache))
+    return cache
+
+
 @pytest.fixture(scope="session")
 def base_model(default_ckpt):
     return load_model(default_ckpt)

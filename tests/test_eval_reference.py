@@ -22,16 +22,13 @@ def test_the_block_walk_gives_transformers_log_probs(default_ckpt, base_model, t
         assert (got - want).abs().max() < 2e-4
 
 
-def test_a_second_eval_reads_the_original_from_the_cache(
-    tmp_path, monkeypatch, wikitext, artifacts
-):
-    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+def test_a_second_eval_reads_the_original_from_the_cache(fresh_cache, wikitext, artifacts):
     lines = []
     args = dict(base="default", data=str(wikitext / "test.txt"), ctx=64, windows=2,
                 record=False, exact=True)  # fmt: skip
     first = evaluate(str(artifacts["rtn:w4g64"]), log=lines.append, **args)
     assert first.reference == "computed" and any("block 30/30" in ln for ln in lines)
-    assert len(list((tmp_path / "cache" / "eval").glob("*.pt"))) == 1
+    assert len(list((fresh_cache / "eval").glob("*.pt"))) == 1
     lines.clear()
     second = evaluate(str(artifacts["rtn:w4g64"]), log=lines.append, **args)
     assert second.reference == "cached" and not any("block" in ln for ln in lines)

@@ -94,12 +94,11 @@ def test_awq_gemm_when_a_layer_is_as_wide_as_the_group(tmp_path):
 # -- calibration says what it costs before it starts --
 
 
-def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch):
+def test_calibration_cost_is_said_before_any_work(tmp_path, monkeypatch, fresh_cache):
     from compress.pipeline import compress
     from compress.recipe import recipe_from_flags
     from compress.runtime import calib_text
 
-    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))  # nothing generated yet
     model = tiny_model(tmp_path / "tiny")
     lines: list[str] = []
     logged_before = []
@@ -144,13 +143,14 @@ def test_long_self_generation_says_how_to_skip_it(default_ckpt):
     assert plan.endswith("to skip generating, calibrate on your own text: --calib FILE.txt")
 
 
-def test_self_generated_text_that_cannot_fit_is_refused_before_any_work(tmp_path, monkeypatch):
+def test_self_generated_text_that_cannot_fit_is_refused_before_any_work(
+    tmp_path, monkeypatch, fresh_cache
+):
     """Generating text loads the whole model in fp32 (a 7B: 28 GB): where that exceeds the
     machine's available memory, compress and eval say so in one line and how to work
     block by block instead, rather than end in an out-of-memory kill hours later."""
     from compress.calib_data import cost
 
-    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))  # nothing generated yet
     monkeypatch.setattr(cost, "available_bytes", lambda: 10**6)  # 1 MB free
     model = tiny_model(tmp_path / "tiny")
     run = run_cli(["compress", str(model), "-o", str(tmp_path / "a"), "--quant", "int8",
