@@ -207,7 +207,7 @@ def main() -> None:
     if bool(args.llama_server) != bool(args.gguf):
         raise SystemExit("--llama-server and --gguf go together")
     set_threads(torch.get_num_threads())
-    bench, bench_runs, rounds = {}, {}, {}
+    bench, bench_runs, rounds, whole = {}, {}, {}, {}
     rows = []
     leak = {}
     spawn = multiprocessing.get_context("spawn")
@@ -219,6 +219,7 @@ def main() -> None:
         bencher = spawn.Pool(1, initializer=_bench_init, initargs=(str(art),))  # its own too
         for cap in [int(c) for c in args.capacities.split(",")]:
             app = build_app(str(art), max_batch=cap, max_len=256, max_queue=cap)
+            clock = StepClock(app.scheduler)
             httpd = make_server(app, "127.0.0.1", 0)
             port = httpd.server_address[1]
             threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -226,10 +227,14 @@ def main() -> None:
             benches = [bencher.apply(bench_tok_s, (cap, args.tokens))]
             runs = []
             for _ in range(args.rounds):  # C clients between two bench runs, each round
+                clock.reset()
                 out, wall, hung = clients.apply(run_clients, (port, cap, args.tokens, args.timeout))
-                runs.append({"server": "llmpress", **load_row(cap, cap, out, wall, hung)})
+                row = load_row(cap, cap, out, wall, hung)
+                runs.append({"server": "llmpress", **row, "engine_s": clock.read()})
                 benches.append(bencher.apply(bench_tok_s, (cap, args.tokens)))
                 print(json.dumps({**runs[-1], "bench": benches[-2:]}), flush=True)
+            wholes = [b["whole"] for b in benches]
+            benches = [b["decode"] for b in benches]
             ratios = [
                 r["output_tokens_per_s"] / ((a + b) / 2)
                 for r, a, b in zip(runs, benches, benches[1:], strict=False)
@@ -237,6 +242,7 @@ def main() -> None:
             median = sorted(range(len(runs)), key=lambda i: ratios[i])[len(runs) // 2]
             rows.append(runs[median])
             bench[cap] = (benches[median] + benches[median + 1]) / 2
+            whole[cap] = (wholes[median] + wholes[median + 1]) / 2
             bench_runs[cap] = benches[median : median + 2]
             rounds[cap] = ratios
             for mult in (2, 4):
@@ -296,12 +302,52 @@ def main() -> None:
             for r in ours
             if r["clients"] == r["capacity"]
         },
+        "bench_whole_tok_s": whole,
+        "served_vs_bench_whole": {
+            r["capacity"]: r["output_tokens_per_s"] / whole[r["capacity"]]
+            for r in ours
+            if r["clients"] == r["capacity"]
+        },
         "llama_server": None if not args.llama_server else f"{args.gguf.name}, -t 2",
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "serve_load.json").write_text(json.dumps(record, indent=2) + "\n")
     (args.out / "serve_load.md").write_text(table(record) + "\n")
     print(table(record))
+
+
+class StepClock:
+    """Where the engine's thread spent a run: its steps' prefill and decode halves (and
+    how many decode halves ran), and publishing each half's tokens, which includes
+    writing the streams' events (the scheduler's pumps)."""
+
+    def __init__(self, scheduler):
+        self.seconds = {}
+        engine = scheduler.engine
+        for name in ("prefill_step", "decode_step", "_publish"):
+            owner = scheduler if name == "_publish" else engine
+            setattr(owner, name, self._timed(name, getattr(owner, name)))
+        self.reset()
+
+    def _timed(self, name, fn):
+        def timed(*args):
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                self.seconds[name] += time.perf_counter() - t
+                self.calls[name] += 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(("prefill_step", "decode_step", "_publish"), 0.0)
+        self.calls = dict.fromkeys(self.seconds, 0)
+
+    def read(self) -> dict:
+        s = self.seconds
+        return {"prefill": s["prefill_step"], "decode": s["decode_step"],
+                "publish": s["_publish"], "steps": self.calls["decode_step"]}  # fmt: skip
 
 
 _BENCH: dict = {}
@@ -314,11 +360,15 @@ def _bench_init(artifact: str) -> None:
     _BENCH.update(weights=load_weights(ckpt), kv=kv_scheme(None, ckpt.config))
 
 
-def bench_tok_s(batch: int, tokens: int) -> float:
-    """`llmpress bench`'s decode tok/s at `batch` (prompts of 16 tokens, about the
-    clients' prompt)."""
+def bench_tok_s(batch: int, tokens: int) -> dict:
+    """`llmpress bench` at `batch` (prompts of 16 tokens, about the clients' prompt): its
+    decode tok/s, and the whole batch's output tokens over the time from the prompts to
+    the last token (every prompt prefilled in one step, then decoded): the work a served
+    run's rate also counts, without the server."""
     record = run_bench(_BENCH["weights"], [batch], 16, tokens, _BENCH["kv"], lambda _: None)
-    return record["results"][0]["tokens_per_s"]
+    r = record["results"][0]
+    seconds = r["ttft_s"] + (tokens - 1) * r["tpot_s"]
+    return {"decode": r["tokens_per_s"], "whole": batch * tokens / seconds}
 
 
 def table(record: dict) -> str:
@@ -349,7 +399,13 @@ def table(record: dict) -> str:
             f"({record['bench_tok_s'][cap]:.1f}: the mean of "
             f"{' and '.join(f'{v:.1f}' for v in record['bench_tok_s_before_after'][cap])}, "
             "run before and after; the median of "
-            f"{', '.join(f'{v:.2f}' for v in record['served_vs_bench_rounds'][cap])})."
+            f"{', '.join(f'{v:.2f}' for v in record['served_vs_bench_rounds'][cap])})"
+            + (
+                f"; {record['served_vs_bench_whole'][cap]:.2f}× its whole-batch rate "
+                f"({record['bench_whole_tok_s'][cap]:.1f}: prompts prefilled, then decoded)."
+                if cap in (record.get("served_vs_bench_whole") or {})
+                else "."
+            )
         )
     leak = record["disconnect_run"]
     if leak:

@@ -700,10 +700,35 @@ def served_vs_bench(d: dict) -> list[str]:
             text += "; the median of rounds at " + ", ".join(f"{v:.2f}×" for v in each)
         return text
 
+    whole = d.get("served_vs_bench_whole") or {}
+
+    def whole_rate(c) -> str:
+        if c not in whole:
+            return ""
+        return f"; {whole[c]:.2f}× its whole-batch rate ({d['bench_whole_tok_s'][c]:.1f})"
+
     lines = [
-        f"{c} streams: {r:.2f}× `bench`'s batch-{c} decode tokens/s ({bench(c)})."
+        f"{c} stream{'s' if str(c) != '1' else ''}: {r:.2f}× `bench`'s batch-{c} decode "
+        f"tokens/s ({bench(c)}){whole_rate(c)}."
         for c, r in ratios.items()
     ]
+    if whole:
+        lines.append(
+            "A whole-batch rate is the batch's output tokens over `bench`'s time from its "
+            "prompts to its last token (every prompt prefilled in one step, then decoded): "
+            "a served rate counts the prompts' prefill too, the decode rate does not."
+        )
+    for r in d["rows"]:
+        e = r.get("engine_s")
+        if e and r["clients"] == r["capacity"] and e["steps"]:
+            lines.append(
+                f"The engine's thread in the median {r['capacity']}-client round "
+                f"({r['wall_s']:.2f} s from the first request to the last token): prefilling "
+                f"{e['prefill']:.2f} s, "
+                f"decoding {e['decode']:.2f} s in {e['steps']} steps "
+                f"({1e3 * e['decode'] / e['steps']:.1f} ms each), publishing tokens and "
+                f"writing the streams' events {e['publish']:.2f} s."
+            )
     if d.get("llama_server"):
         lines.append(
             f"llama-server rows: llama.cpp's own server (native build) on {d['llama_server']}, "
