@@ -435,6 +435,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, draf
     from compress.model.loading import check_context, resolve
     from compress.runtime.bench import format_bench, run_bench
     from compress.runtime.kv_cache import kv_scheme
+    from compress.runtime.speculative import check_draft_vocabulary
     from compress.runtime.weights import load_weights
 
     try:
@@ -458,6 +459,7 @@ def bench(artifact, batches, prompt_len, output_len, kv, threads, json_out, draf
     set_threads(threads)
     ckpt = resolve(artifact)
     check_context(ckpt, prompt_len + output_len, "--prompt-len + --output-len")
+    check_draft_vocabulary(draft, ckpt.config)
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
     for note in weights.dense_fallbacks:

@@ -181,15 +181,27 @@ def test_bench_reports_acceptance_and_speedup(artifacts, tmp_path):
     assert "| ngram |" in stdout
 
 
-def test_a_draft_with_another_vocabulary_is_refused_in_one_line(target, tmp_path):
+def test_a_draft_with_another_vocabulary_is_refused_in_one_line(target, tmp_path, monkeypatch):
     from conftest import write_tiny_llama
+
+    from compress.errors import LlmpressError
+    from compress.runtime import weights as runtime_weights
+    from compress.serve import app
 
     tiny = write_tiny_llama(tmp_path / "tiny")
     with pytest.raises(Exception) as e:
         make_speculator(str(tiny), target, 64)
     assert "vocabulary" in str(e.value) and "same tokenizer" in str(e.value)
+
+    def loaded(*args, **kwargs):  # bench and serve refuse from the configs, before this
+        raise AssertionError("the target's weights were loaded before the draft was checked")
+
+    monkeypatch.setattr(runtime_weights, "load_weights", loaded)
+    monkeypatch.setattr(app, "load_weights", loaded)
     code, _, err = run_cli(["bench", "default", "--batch", "1", "--draft", str(tiny)])
     assert code == 2 and len(error_lines(err)) == 1 and "vocabulary" in err
+    with pytest.raises(LlmpressError, match="its vocabulary has 128 tokens, the target's 49152"):
+        app.build_app("default", max_batch=1, max_len=64, draft=str(tiny))
 
 
 def test_the_serving_loop_streams_every_token_of_a_verified_step(target, prompts):

@@ -198,6 +198,27 @@ def measure_row_cost(model: Model, kv, rows: int = 5) -> float:
     return min(max((check - step) / ((rows - 1) * step), 0.02), 2.0)
 
 
+def check_draft_vocabulary(draft: str | None, target_config: dict) -> None:
+    """Refuse a draft whose config names another vocabulary than the target's before
+    either model's weights are loaded (they took 8-11 s on the default model first)."""
+    from compress.model.loading import resolve
+
+    if draft is None or draft == "ngram":
+        return
+    mine, theirs = resolve(draft).config.get("vocab_size"), target_config.get("vocab_size")
+    if mine is not None and theirs is not None and mine != theirs:
+        raise _vocabulary_error(draft, mine, theirs)
+
+
+def _vocabulary_error(draft: str, mine: int, theirs: int):
+    from compress.errors import LlmpressError
+
+    return LlmpressError(
+        f"--draft {draft}: its vocabulary has {mine} tokens, the target's {theirs}: give a "
+        "draft made from the same model (same tokenizer)"
+    )
+
+
 def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculator:
     """`--draft`: `ngram`, or an artifact (or checkpoint) whose vocabulary is the target's.
     Speculation checks each row as decode computes it (`Model.verify`), so its greedy
@@ -210,10 +231,7 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
         return Speculator(NgramProposer())
     weights = load_weights(resolve(draft), device=target.embed.device, kernels=target.kernels)
     if weights.shape.vocab != target.shape.vocab:
-        raise LlmpressError(
-            f"--draft {draft}: its vocabulary has {weights.shape.vocab} tokens, the target's "
-            f"{target.shape.vocab}: give a draft made from the same model (same tokenizer)"
-        )
+        raise _vocabulary_error(draft, weights.shape.vocab, target.shape.vocab)
     cost = weights.step_bytes / target.step_bytes  # decode is bound by the bytes it reads
     if not best_k(1.0, MAX_K, VERIFY_ROW_COST + cost):
         raise LlmpressError(

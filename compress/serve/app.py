@@ -13,7 +13,7 @@ from compress.model.loading import load_tokenizer, resolve
 from compress.runtime.engine import PREFILL_TOKENS, PREFIX_CACHE_BYTES
 from compress.runtime.kv_blocks import block_size
 from compress.runtime.kv_cache import kv_scheme
-from compress.runtime.speculative import make_speculator
+from compress.runtime.speculative import check_draft_vocabulary, make_speculator
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
 from compress.serve.scheduler import Scheduler, ServingEngine
@@ -55,6 +55,7 @@ def build_app(
 ) -> App:
     ckpt = resolve(artifact)
     max_len = context_len(ckpt.config, max_len)  # before the weights: fail in a second
+    check_draft_vocabulary(draft, ckpt.config)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt)
     scheme = kv_scheme(kv, ckpt.config)
