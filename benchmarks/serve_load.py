@@ -14,7 +14,11 @@ In the same run, per capacity C: `bench` of the same artifact at batch C (its de
 tok/s: what C streams could get at most), in a process of its own while the server idles,
 before and after each of `--rounds` runs of C clients. This shared machine's speed drifts
 by a third within minutes, so each run's rate is compared with the mean of the two
-`bench` runs around it, and the median round is reported. And with `--llama-server BIN
+`bench` runs around it, and the median round is reported. Each `bench` run gives its
+decode rate and its whole-batch rate (the batch's tokens over the time from its prompts
+to its last token: the prefill a served rate also counts), and each C-client round
+records where the engine's thread spent it (prefill halves, decode halves, publishing
+tokens with the events written then: StepClock). And with `--llama-server BIN
 --gguf Q4_0.gguf` llama.cpp's own server (native build, `-np C -c 256·C -t 2`, continuous
 batching) on the same C clients, prompts and greedy settings, the rows of the two servers
 interleaved.
