@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from compress.calib_data.sources import read_texts
-from compress.serve.detokenize import CONTEXT, Detokenizer
+from compress.serve.detokenize import CONTEXT, Detokenizer, window_decoder
 
 MIXED = "Déjà vu: 東京タワー 🤖🚀 naïve café — ½ ∑ x² ≈ 3.14 ✓ \u00a0(fin)\n\nNext line."
 
@@ -100,3 +100,22 @@ def test_cost_per_token_is_bounded(tokenizer, wikitext):
     text = "".join(detok.push(i) for i in ids)
     assert text == tokenizer.decode(ids, skip_special_tokens=True)
     assert max(seen) <= CONTEXT + 8
+
+
+def test_windows_decode_as_transformers_does(tokenizer, sentencepiece_style, wikitext):
+    """The Rust tokenizer decodes the windows directly only where transformers' decode would
+    give the same text; a tokenizer that cleans up spaces after decoding keeps its decode."""
+    text = lines(wikitext, 60) + MIXED
+    for tok in (tokenizer, sentencepiece_style):
+        decode = window_decoder(tok)
+        assert decode.func == tok.backend_tokenizer.decode
+        ids = tok.encode(text, add_special_tokens=False)
+        ids[7:7] = [tok.eos_token_id]  # special tokens are skipped as transformers skips them
+        for a in range(0, len(ids) - 9, 3):
+            window = ids[a : a + 1 + a % 9]
+            assert decode(window) == tok.decode(window, skip_special_tokens=True)
+    before, tokenizer.clean_up_tokenization_spaces = tokenizer.clean_up_tokenization_spaces, True
+    try:
+        assert window_decoder(tokenizer).func == tokenizer.decode
+    finally:
+        tokenizer.clean_up_tokenization_spaces = before
