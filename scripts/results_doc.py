@@ -1104,6 +1104,26 @@ def decode_step(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def sampling(d: dict) -> list[str]:
+    names = list(d["rows"][0]["ms_per_step"])
+    body = [
+        [r["batch"], *(f(r["ms_per_step"][n], 2) for n in names), f"{r['speedup']:.2f}x",
+         f"{r['over_greedy']:.2f}x", f"{r['multinomial_over_greedy']:.2f}x"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        "Decode steps of the default model (rtn:w4g64, int8 lm_head) greedy and sampled at "
+        "temperature 1 (what `serve` does for a request that names no temperature), each "
+        "sequence with its own seeded generator, drawing by the inverse cumulative "
+        "(sampling.draw) or by torch.multinomial, the draw the runtime used before; the "
+        "three engines' steps alternate in one process; medians per step. CPU: "
+        + d["cpu"] + f", {d['threads']} threads.",
+        "",
+        *table(["batch", *(f"{n} ms/step" for n in names), "multinomial / inverse cumulative",
+                "inverse cumulative / greedy", "multinomial / greedy"], body),
+    ]  # fmt: skip
+
+
 def lm_head(d: dict) -> list[str]:
     body = [[f"`{n}`", *drift_cells(r), r["size MB"]] for n, r in d["results"].items()]
     return [
@@ -1409,6 +1429,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "What a decode step leaves outside C",
         "benchmarks/decode_step.py",
         decode_step,
+    ),
+    (
+        "sampling.json",
+        "What sampling costs a decode step",
+        "benchmarks/sampling.py",
+        sampling,
     ),
     (
         "prefill_attention.json",

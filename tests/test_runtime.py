@@ -220,3 +220,29 @@ def test_non_finite_sampling_parameters_are_refused(bad):
 
     with pytest.raises(ValueError, match="out of range"):
         SamplingParams(**bad)
+
+
+def test_a_drawn_token_follows_the_distribution_and_never_a_zero(monkeypatch):
+    """`draw`: 40,000 draws from an unnormalized distribution with zeros (what top-k and
+    top-p leave), each token's frequency within 4 standard errors of its probability; a
+    seed repeats its draws; a uniform draw rounded up to the total gives the last possible
+    token, not a zero-probability one after it."""
+    from compress.runtime import sampling
+
+    weights = torch.tensor([0.0, 3.0, 0.5, 0.0, 1.5, 2.0, 0.0, 0.0], dtype=torch.float64)
+    p = weights / weights.sum()
+    gen = torch.Generator().manual_seed(3)
+    trials = 40_000
+    counts = torch.bincount(
+        torch.tensor([sampling.draw(weights, gen) for _ in range(trials)]), minlength=8
+    )
+    freq = counts.double() / trials
+    se = (p * (1 - p) / trials).sqrt()
+    assert ((freq - p).abs() <= 4 * se + 1e-12).all(), (freq, p)
+    assert (counts[p == 0] == 0).all()
+    seeded = [torch.Generator().manual_seed(9) for _ in range(2)]
+    assert [sampling.draw(weights, seeded[0]) for _ in range(50)] == [
+        sampling.draw(weights, seeded[1]) for _ in range(50)
+    ]
+    monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(1, dtype=k["dtype"]))
+    assert sampling.draw(weights, gen) == 5

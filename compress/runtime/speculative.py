@@ -29,7 +29,7 @@ import torch
 from compress.kernels.cpu import argmax
 from compress.runtime.kv_cache import FP32, KVCache
 from compress.runtime.model import Model
-from compress.runtime.sampling import SamplingParams, probabilities
+from compress.runtime.sampling import SamplingParams, draw, probabilities
 from compress.runtime.weights import ModelWeights
 
 # A verified step of 1 + k rows costs about 1 + row_cost * k decode steps: the weights are
@@ -103,7 +103,7 @@ class DraftModelProposer:
                 token = argmax(logits)
             else:
                 p = probabilities(logits, params)
-                token = int(torch.multinomial(p, 1, generator=generator))
+                token = draw(p, generator)
                 probs.append(p)
             tokens.append(token)
             last = token

@@ -1,0 +1,101 @@
+"""What sampling costs a decode step: greedy, temperature-1 sampling by the runtime's
+inverse-cumulative draw (sampling.draw), and the same sampling by torch.multinomial (what
+the runtime drew with before), steps alternating in one process so that a noisy neighbour
+slows all alike. Each engine decodes `batch` sequences (32-token prompts, up to 300 out,
+restarted when done), every sequence with its own seeded generator as `serve` gives a
+request with a seed. The artifact: the default model as runtime_speed.py makes it
+(rtn:w4g64, int8 lm_head). A request that names no temperature is sampled at 1.0 by
+`serve`, as OpenAI's API does, so this is what a default request costs.
+
+    python benchmarks/sampling.py [--batches 1,8,32] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from batched_decode import cpu_flags
+from hugepages import default_artifact
+from interleave import step_medians
+
+from compress.kernels.cpu import set_threads
+from compress.model.loading import resolve
+from compress.runtime import sampling
+from compress.runtime.engine import Engine, Request
+from compress.runtime.kv_cache import kv_scheme
+from compress.runtime.weights import load_weights
+
+HERE = Path(__file__).resolve().parent
+DRAW = sampling.draw
+
+
+def multinomial(probs: torch.Tensor, generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def engine(weights, scheme, batch: int, temperature: float) -> Engine:
+    e = Engine(weights, batch, 400, scheme, prefill_tokens=32 * batch)
+    for b in range(batch):
+        params = sampling.SamplingParams(
+            max_tokens=300, ignore_eos=True, temperature=temperature, seed=b
+        )
+        e.submit(Request(list(range(100 + b, 132 + b)), params))
+    e.step()  # prefill
+    e.step()
+    return e
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = default_artifact(Path(tmp))
+        ckpt = resolve(str(artifact))
+        scheme, weights = kv_scheme(None, ckpt.config), load_weights(ckpt)
+        for batch in (int(b) for b in args.batches.split(",")):
+            fresh = {
+                "greedy": lambda b=batch: engine(weights, scheme, b, 0.0),
+                "sampled, inverse cumulative": lambda b=batch: engine(weights, scheme, b, 1.0),
+                "sampled, torch.multinomial": lambda b=batch: engine(weights, scheme, b, 1.0),
+            }
+
+            def before(name: str) -> None:
+                sampling.draw = multinomial if name.endswith("multinomial") else DRAW
+
+            med = step_medians(fresh, args.steps, before)
+            sampling.draw = DRAW
+            row = {
+                "batch": batch,
+                "steps": args.steps,
+                "ms_per_step": med,
+                "speedup": med["sampled, torch.multinomial"] / med["sampled, inverse cumulative"],
+                "over_greedy": med["sampled, inverse cumulative"] / med["greedy"],
+                "multinomial_over_greedy": med["sampled, torch.multinomial"] / med["greedy"],
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    record = {
+        "command": f"python benchmarks/sampling.py --batches {args.batches} --steps {args.steps}",
+        "cpu": cpu_flags(),
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
