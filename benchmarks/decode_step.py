@@ -23,12 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batched_decode import cpu_flags
 from hugepages import default_artifact, family_artifact
-from interleave import running_engine, step_medians
+from interleave import running_engine, save, step_medians
 
 import compress.runtime.sampling as sampling
 from compress.kernels.cpu import set_threads
@@ -88,14 +85,12 @@ def main() -> None:
             row = alternate(artifact, args.steps)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    record = {
-        "command": f"python benchmarks/decode_step.py --families {args.families}",
-        "cpu": cpu_flags(),
-        "threads": torch.get_num_threads(),
-        "rows": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decode_step.json").write_text(json.dumps(record, indent=1) + "\n")
+    save(
+        args.out,
+        "decode_step.json",
+        f"python benchmarks/decode_step.py --families {args.families}",
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -21,11 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batched_decode import cpu_flags
-from interleave import running_engine, step_medians
+from interleave import running_engine, save, step_medians
 
 from compress.kernels import hugepages
 from compress.kernels.cpu import set_threads
@@ -99,15 +96,13 @@ def main() -> None:
             row = alternate(artifact, args.steps, args.batch)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    record = {
-        "command": f"python benchmarks/hugepages.py --families {args.families}"
+    save(
+        args.out,
+        "hugepages.json",
+        f"python benchmarks/hugepages.py --families {args.families}"
         + "".join(f" --artifact {a.name}" for a in args.artifact),
-        "cpu": cpu_flags(),
-        "threads": torch.get_num_threads(),
-        "rows": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hugepages.json").write_text(json.dumps(record, indent=1) + "\n")
+        rows,
+    )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@ slows all alike: the A/B harness of benchmarks/hugepages.py and decode_step.py."
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+
+import torch
 
 from compress.runtime.engine import Engine, Request
 from compress.runtime.sampling import SamplingParams
@@ -41,3 +45,12 @@ def step_medians(
             engines[name].step()
             times[name].append(time.perf_counter() - t)
     return {name: statistics.median(t) * 1e3 for name, t in times.items()}
+
+
+def save(out: Path, name: str, command: str, rows: list[dict]) -> None:
+    """out/name: the rows with the command, the CPU and torch's thread count."""
+    from batched_decode import cpu_flags
+
+    record = {"command": command, "cpu": cpu_flags(), "threads": torch.get_num_threads()}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps({**record, "rows": rows}, indent=1) + "\n")

@@ -21,9 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from batched_decode import cpu_flags
 from hugepages import default_artifact
-from interleave import step_medians
+from interleave import save, step_medians
 
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
@@ -87,14 +86,12 @@ def main() -> None:
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
-    record = {
-        "command": f"python benchmarks/sampling.py --batches {args.batches} --steps {args.steps}",
-        "cpu": cpu_flags(),
-        "threads": torch.get_num_threads(),
-        "rows": rows,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sampling.json").write_text(json.dumps(record, indent=1) + "\n")
+    save(
+        args.out,
+        "sampling.json",
+        f"python benchmarks/sampling.py --batches {args.batches} --steps {args.steps}",
+        rows,
+    )
 
 
 if __name__ == "__main__":
