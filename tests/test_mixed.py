@@ -12,7 +12,7 @@ from compress.artifact.dense import load_model
 from compress.errors import LlmpressError
 from compress.model.loading import resolve
 from compress.pipeline import compress
-from compress.quantizers.mixed import allocate, fisher_diagonal, parse_scheme, stored_bits
+from compress.quantizers.mixed import _drawn, allocate, fisher_diagonal, parse_scheme, stored_bits
 from compress.quantizers.scheme import QuantScheme
 from compress.recipe import parse_recipe, recipe_from_flags
 from compress.runtime.lm import RuntimeLM
@@ -57,6 +57,20 @@ def test_options_apply_only_where_their_group_divides():
     assert (
         stored_bits(parse_scheme("w8", g128), (64, 576), 16, exact=True) == 64 * 576 * 8 + 64 * 16
     )
+
+
+def test_fisher_labels_follow_the_models_distribution():
+    """The Fisher pass's labels: per row, each token's frequency over 100,000 rows within 4
+    standard errors of its softmax probability, a token whose probability underflows to 0
+    never drawn, and a seed repeating its labels."""
+    logits = torch.tensor([[0.0, -200.0, 1.0, -1.0, 0.5]]).repeat(100_000, 1)
+    p = logits[0].softmax(-1).double()
+    labels = _drawn(logits, torch.Generator().manual_seed(0))
+    freq = torch.bincount(labels, minlength=5).double() / len(labels)
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / len(labels)).sqrt() + 1e-12).all(), freq
+    assert freq[1] == 0
+    again = _drawn(logits[:50], torch.Generator().manual_seed(0))
+    assert torch.equal(again, labels[:50])
 
 
 def test_fisher_predicts_the_kl_of_a_small_change(tmp_path):
