@@ -19,6 +19,7 @@ LAYERS = [
         "base",
         [
             "compress.errors",
+            "compress.draw",
             "compress.allocator",
             "compress.device",
             "compress.distributed",

@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from compress.artifact.dense import load_model
+from compress.draw import draw
 from compress.errors import LlmpressError
 from compress.model.loading import resolve
 from compress.pipeline import compress
-from compress.quantizers.mixed import _drawn, allocate, fisher_diagonal, parse_scheme, stored_bits
+from compress.quantizers.mixed import allocate, fisher_diagonal, parse_scheme, stored_bits
 from compress.quantizers.scheme import QuantScheme
 from compress.recipe import parse_recipe, recipe_from_flags
 from compress.runtime.lm import RuntimeLM
@@ -65,11 +66,11 @@ def test_fisher_labels_follow_the_models_distribution():
     never drawn, and a seed repeating its labels."""
     logits = torch.tensor([[0.0, -200.0, 1.0, -1.0, 0.5]]).repeat(100_000, 1)
     p = logits[0].softmax(-1).double()
-    labels = _drawn(logits, torch.Generator().manual_seed(0))
+    labels = draw(logits.softmax(-1), torch.Generator().manual_seed(0))
     freq = torch.bincount(labels, minlength=5).double() / len(labels)
     assert ((freq - p).abs() <= 4 * (p * (1 - p) / len(labels)).sqrt() + 1e-12).all(), freq
     assert freq[1] == 0
-    again = _drawn(logits[:50], torch.Generator().manual_seed(0))
+    again = draw(logits[:50].softmax(-1), torch.Generator().manual_seed(0))
     assert torch.equal(again, labels[:50])
 
 

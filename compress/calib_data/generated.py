@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from compress.draw import draw
 from compress.model.default import cache_dir
 
 BATCH = 16  # samples generated together
@@ -78,9 +79,9 @@ def generate_samples(
             result = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = result.past_key_values
             probs = torch.softmax(result.logits[:, -1].float(), dim=-1).cpu()
-            drawn = torch.multinomial(probs, 1, generator=gen)
-            out[lo : lo + rows, t] = drawn[:, 0]
-            ids = drawn.to(device)
+            drawn = draw(probs, gen)
+            out[lo : lo + rows, t] = drawn
+            ids = drawn[:, None].to(device)
             bar.update(rows)
     bar.close()
     return out

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from compress.draw import draw
 from compress.errors import LlmpressError
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 from compress.stage import Described, ModelContext, matches_ignore, register_stage
@@ -146,7 +147,7 @@ def fisher_diagonal(model, samples: torch.Tensor, names: list[str], seed: int) -
         for ids in tqdm(samples, desc="fisher", unit="sample"):
             logits = model(input_ids=ids[None].to(device)).logits[0].float()
             with torch.no_grad():
-                labels = _drawn(logits, gen)
+                labels = draw(logits.softmax(-1), gen)
             loss = F.cross_entropy(logits, labels, reduction="sum")
             grads = torch.autograd.grad(loss, list(weights.values()))
             for n, g in zip(weights, grads, strict=True):
@@ -155,18 +156,6 @@ def fisher_diagonal(model, samples: torch.Tensor, names: list[str], seed: int) -
         for p, flag in saved.items():
             p.requires_grad_(flag)
     return {n: f / len(samples) for n, f in fisher.items()}
-
-
-def _drawn(logits: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """A label per row of logits [T, vocab] from its softmax: the first token whose running
-    total exceeds a uniform draw's share of the row's total (below the total, so never a
-    token of probability 0). torch.multinomial took 0.9 s for a 512-token sample over a
-    49k vocabulary on 2 cores, up to a fifth of the Fisher pass; this takes about 0.2."""
-    total = logits.softmax(-1).double().cumsum(-1)
-    last = total[:, -1:]
-    u = torch.rand(last.shape, dtype=total.dtype, generator=gen, device=total.device)
-    x = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
-    return torch.searchsorted(total, x, right=True)[:, 0]
 
 
 def allocate(costs: dict[str, dict[str, tuple[float, int]]], budget_bits: float) -> dict:
