@@ -9,14 +9,26 @@ from __future__ import annotations
 
 import torch
 
+# float64 running totals held at once (128 MB): a 2048-token sample's rows over a 128k
+# vocabulary would otherwise take 2 GB, twice
+TOTALS_AT_ONCE = 1 << 24
+
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """A token per row of probs [..., vocab] (nonnegative; unnormalized will do), a
     tensor of the leading shape: the first whose running total exceeds u × the row's total,
-    u uniform in [0, 1) from `generator`. The target is kept below the total, so a token of
-    probability 0 is never drawn, and the totals are summed in float64."""
-    total = probs.double().cumsum(-1)
-    last = total[..., -1:]
-    u = torch.rand(last.shape, dtype=total.dtype, generator=generator, device=total.device)
-    target = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
-    return torch.searchsorted(total, target, right=True)[..., 0]
+    u uniform in [0, 1) from `generator`, one per row in order. The target is kept below
+    the total, so a token of probability 0 is never drawn; totals are summed in float64."""
+    rows = probs.reshape(-1, probs.shape[-1])
+    n = rows.shape[0]
+    u = torch.rand((n, 1), dtype=torch.float64, generator=generator, device=probs.device)
+    out = torch.empty(n, dtype=torch.long, device=probs.device)
+    step = max(1, TOTALS_AT_ONCE // rows.shape[1])
+    for lo in range(0, n, step):
+        total = rows[lo : lo + step].double().cumsum(-1)
+        last = total[:, -1:]
+        target = torch.minimum(
+            u[lo : lo + step] * last, torch.nextafter(last, torch.zeros_like(last))
+        )
+        out[lo : lo + step] = torch.searchsorted(total, target, right=True)[:, 0]
+    return out.reshape(probs.shape[:-1])

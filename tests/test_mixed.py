@@ -60,10 +60,11 @@ def test_options_apply_only_where_their_group_divides():
     )
 
 
-def test_fisher_labels_follow_the_models_distribution():
+def test_fisher_labels_follow_the_models_distribution(monkeypatch):
     """The Fisher pass's labels: per row, each token's frequency over 100,000 rows within 4
     standard errors of its softmax probability, a token whose probability underflows to 0
-    never drawn, and a seed repeating its labels."""
+    never drawn, and a seed repeating its labels, also when the rows' running totals are
+    summed a few rows at a time (as a long sample over a large vocabulary is)."""
     logits = torch.tensor([[0.0, -200.0, 1.0, -1.0, 0.5]]).repeat(100_000, 1)
     p = logits[0].softmax(-1).double()
     labels = draw(logits.softmax(-1), torch.Generator().manual_seed(0))
@@ -72,6 +73,8 @@ def test_fisher_labels_follow_the_models_distribution():
     assert freq[1] == 0
     again = draw(logits[:50].softmax(-1), torch.Generator().manual_seed(0))
     assert torch.equal(again, labels[:50])
+    monkeypatch.setattr("compress.draw.TOTALS_AT_ONCE", 5 * 3)  # 3 rows at a time
+    assert torch.equal(draw(logits[:50].softmax(-1), torch.Generator().manual_seed(0)), again)
 
 
 def test_fisher_predicts_the_kl_of_a_small_change(tmp_path):
