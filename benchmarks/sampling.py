@@ -1,7 +1,8 @@
 """What sampling costs a decode step: greedy, temperature-1 sampling by the runtime's
-inverse-cumulative draw (sampling.draw), and the same sampling by torch.multinomial (what
-the runtime drew with before), steps alternating in one process so that a noisy neighbour
-slows all alike. Each engine decodes `batch` sequences (32-token prompts, up to 300 out,
+inverse-cumulative draw (sampling.draw), and the same sampling with torch.multinomial as
+the draw (what the runtime drew with before; the distribution it draws from prepared as
+the runtime now does), steps alternating in one process so that a noisy neighbour slows
+all alike. Each engine decodes `batch` sequences (32-token prompts, up to 300 out,
 restarted when done), every sequence with its own seeded generator as `serve` gives a
 request with a seed. The artifact: the default model as runtime_speed.py makes it
 (rtn:w4g64, int8 lm_head). A request that names no temperature is sampled at 1.0 by

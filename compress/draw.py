@@ -19,6 +19,12 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     tensor of the leading shape: the first whose running total exceeds u × the row's total,
     u uniform in [0, 1) from `generator`, one per row in order. The target is kept below
     the total, so a token of probability 0 is never drawn; totals are summed in float64."""
+    if probs.dim() == 1:  # one token (a sampled stream's): the fewest operations
+        total = probs.double().cumsum(0)
+        last = total[-1:]
+        u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device)
+        target = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
+        return torch.searchsorted(total, target, right=True)[0]
     rows = probs.reshape(-1, probs.shape[-1])
     n = rows.shape[0]
     u = torch.rand((n, 1), dtype=torch.float64, generator=generator, device=probs.device)

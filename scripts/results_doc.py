@@ -1115,7 +1115,8 @@ def sampling(d: dict) -> list[str]:
         "Decode steps of the default model (rtn:w4g64, int8 lm_head) greedy and sampled at "
         "temperature 1 (what `serve` does for a request that names no temperature), each "
         "sequence with its own seeded generator, drawing by the inverse cumulative "
-        "(sampling.draw) or by torch.multinomial, the draw the runtime used before; the "
+        "(sampling.draw) or by torch.multinomial, the draw the runtime used before (from the "
+        "distribution as the runtime now prepares it); the "
         "three engines' steps alternate in one process; medians per step. CPU: "
         + d["cpu"] + f", {d['threads']} threads.",
         "",

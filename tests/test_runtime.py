@@ -246,3 +246,21 @@ def test_a_drawn_token_follows_the_distribution_and_never_a_zero(monkeypatch):
     ]
     monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(1, dtype=k["dtype"]))
     assert sampling.draw(weights, gen) == 5
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0.7}, {"temperature": 1.3, "top_k": 4}])
+def test_sampled_tokens_follow_the_tempered_distribution(params):
+    """`sample` over 30,000 draws: each token's frequency within 4 standard errors of the
+    softmax of logits / temperature (top-k's survivors renormalized), with or without the
+    unnormalized path that plain temperature sampling takes."""
+    from compress.runtime.sampling import SamplingParams, sample
+
+    logits = torch.tensor([2.0, -1.0, 0.5, 1.5, -3.0, 0.0])
+    p = torch.softmax(logits.double() / params["temperature"], -1)
+    if "top_k" in params:
+        p[p < p.topk(params["top_k"]).values[-1]] = 0
+        p /= p.sum()
+    gen, trials = torch.Generator().manual_seed(4), 30_000
+    drawn = [sample(logits, SamplingParams(**params), gen) for _ in range(trials)]
+    freq = torch.bincount(torch.tensor(drawn), minlength=6).double() / trials
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / trials).sqrt() + 1e-12).all(), (freq, p)

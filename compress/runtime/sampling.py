@@ -90,9 +90,15 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from logits [vocab]."""
+    """One token from logits [vocab]. With neither top-k nor top-p the distribution is
+    drawn from unnormalized (the draw divides by its total itself): softmax's sum and
+    division were a third of a sampled token's cost."""
     if params.temperature == 0:
         return argmax(logits)
+    if params.top_k == 0 and params.top_p == 1:
+        scaled = logits.to(torch.float64, copy=True)  # as probabilities(): see there
+        scaled = scaled.sub_(scaled.max()).div_(params.temperature)
+        return draw(scaled.exp_(), generator)
     return draw(probabilities(logits, params), generator)
 
 
