@@ -7,6 +7,8 @@ A running total and a binary search give the same distribution in a thirtieth of
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # float64 running totals held at once (128 MB): a 2048-token sample's rows over a 128k
@@ -22,6 +24,7 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     if probs.dim() == 1:  # one token (a sampled stream's): the fewest operations
         total = probs.double().cumsum(0)
         last = total[-1:]
+        _check(last)
         u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device)
         target = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
         return torch.searchsorted(total, target, right=True)[0]
@@ -33,8 +36,20 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     for lo in range(0, n, step):
         total = rows[lo : lo + step].double().cumsum(-1)
         last = total[:, -1:]
+        _check(last)
         target = torch.minimum(
             u[lo : lo + step] * last, torch.nextafter(last, torch.zeros_like(last))
         )
         out[lo : lo + step] = torch.searchsorted(total, target, right=True)[:, 0]
     return out.reshape(probs.shape[:-1])
+
+
+def _check(totals: torch.Tensor) -> None:
+    """Refuse rows with nothing to draw (all zeros) or NaN/inf in them, as
+    torch.multinomial did, rather than return a token id past the vocabulary."""
+    if totals.numel() == 1:  # a stream's token: one read, not four tensor operations
+        ok = 0 < float(totals) < math.inf  # False for NaN
+    else:
+        ok = bool(((totals > 0) & torch.isfinite(totals)).all())
+    if not ok:
+        raise ValueError("cannot draw a token: a distribution is all zeros or not finite")

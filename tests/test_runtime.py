@@ -244,6 +244,9 @@ def test_a_drawn_token_follows_the_distribution_and_never_a_zero(monkeypatch):
     assert [sampling.draw(weights, seeded[0]) for _ in range(50)] == [
         sampling.draw(weights, seeded[1]) for _ in range(50)
     ]
+    for bad in (torch.zeros(8), torch.tensor([1.0, float("nan"), 2.0])):
+        with pytest.raises(ValueError, match="all zeros or not finite"):
+            sampling.draw(bad, gen)
     monkeypatch.setattr(sampling.torch, "rand", lambda *a, **k: torch.ones(1, dtype=k["dtype"]))
     assert sampling.draw(weights, gen) == 5
 
