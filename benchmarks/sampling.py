@@ -23,12 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hugepages import default_artifact
-from interleave import save, step_medians
+from interleave import running_engine, save, step_medians
 
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
 from compress.runtime import sampling
-from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.weights import load_weights
 
@@ -38,18 +37,6 @@ DRAW = sampling.draw
 
 def multinomial(probs: torch.Tensor, generator) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
-
-
-def engine(weights, scheme, batch: int, temperature: float) -> Engine:
-    e = Engine(weights, batch, 400, scheme, prefill_tokens=32 * batch)
-    for b in range(batch):
-        params = sampling.SamplingParams(
-            max_tokens=300, ignore_eos=True, temperature=temperature, seed=b
-        )
-        e.submit(Request(list(range(100 + b, 132 + b)), params))
-    e.step()  # prefill
-    e.step()
-    return e
 
 
 def main() -> None:
@@ -67,9 +54,11 @@ def main() -> None:
         scheme, weights = kv_scheme(None, ckpt.config), load_weights(ckpt)
         for batch in (int(b) for b in args.batches.split(",")):
             fresh = {
-                "greedy": lambda b=batch: engine(weights, scheme, b, 0.0),
-                "sampled, inverse cumulative": lambda b=batch: engine(weights, scheme, b, 1.0),
-                "sampled, torch.multinomial": lambda b=batch: engine(weights, scheme, b, 1.0),
+                "greedy": lambda b=batch: running_engine(weights, scheme, b),
+                "sampled, inverse cumulative": lambda b=batch: running_engine(
+                    weights, scheme, b, 1
+                ),
+                "sampled, torch.multinomial": lambda b=batch: running_engine(weights, scheme, b, 1),
             }
 
             def before(name: str) -> None:

@@ -21,27 +21,27 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     tensor of the leading shape: the first whose running total exceeds u × the row's total,
     u uniform in [0, 1) from `generator`, one per row in order. The target is kept below
     the total, so a token of probability 0 is never drawn; totals are summed in float64."""
-    if probs.dim() == 1:  # one token (a sampled stream's): the fewest operations
-        total = probs.double().cumsum(0)
-        last = total[-1:]
-        _check(last)
+    if probs.dim() == 1:  # a sampled stream's token: no chunking to pay for
         u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device)
-        target = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
-        return torch.searchsorted(total, target, right=True)[0]
+        return _search(probs, u)[0]
     rows = probs.reshape(-1, probs.shape[-1])
     n = rows.shape[0]
     u = torch.rand((n, 1), dtype=torch.float64, generator=generator, device=probs.device)
     out = torch.empty(n, dtype=torch.long, device=probs.device)
     step = max(1, TOTALS_AT_ONCE // rows.shape[1])
     for lo in range(0, n, step):
-        total = rows[lo : lo + step].double().cumsum(-1)
-        last = total[:, -1:]
-        _check(last)
-        target = torch.minimum(
-            u[lo : lo + step] * last, torch.nextafter(last, torch.zeros_like(last))
-        )
-        out[lo : lo + step] = torch.searchsorted(total, target, right=True)[:, 0]
+        out[lo : lo + step] = _search(rows[lo : lo + step], u[lo : lo + step])[:, 0]
     return out.reshape(probs.shape[:-1])
+
+
+def _search(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """For probs [vocab] or [rows, vocab] and u [1] or [rows, 1]: each row's token, [1]
+    or [rows, 1]."""
+    total = probs.double().cumsum(-1)
+    last = total[..., -1:]
+    _check(last)
+    target = torch.minimum(u * last, torch.nextafter(last, torch.zeros_like(last)))
+    return torch.searchsorted(total, target, right=True)
 
 
 def _check(totals: torch.Tensor) -> None:

@@ -65,13 +65,18 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top: int) -> list
     return out
 
 
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(logits - max) / temperature, a float64 copy. In float64, less the max: a tiny
+    temperature (1e-300 is 0 in float32) then sends every other logit to -inf and never
+    makes inf - inf (NaN): the limit, greedy."""
+    scaled = logits.to(torch.float64, copy=True)
+    return scaled.sub_(scaled.max()).div_(temperature)
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution a sampled token is drawn from, float64 [vocab]: temperature, then
     top-k, then top-p (sampling only; greedy has none)."""
-    # in float64, less the max: a tiny temperature (1e-300 is 0 in float32) then sends
-    # every other logit to -inf and never makes inf - inf (NaN): the limit, greedy
-    logits = logits.double()
-    logits = (logits - logits.max()) / params.temperature
+    logits = _tempered(logits, params.temperature)
     if params.top_k:
         kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -96,9 +101,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.temperature == 0:
         return argmax(logits)
     if params.top_k == 0 and params.top_p == 1:
-        scaled = logits.to(torch.float64, copy=True)  # as probabilities(): see there
-        scaled = scaled.sub_(scaled.max()).div_(params.temperature)
-        return draw(scaled.exp_(), generator)
+        return draw(_tempered(logits, params.temperature).exp_(), generator)
     return draw(probabilities(logits, params), generator)
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.errors import LlmpressError
 from compress.kernels.cpu import argmax
 from compress.runtime.kv_cache import FP32, KVCache
 from compress.runtime.model import Model
@@ -210,9 +211,7 @@ def check_draft_vocabulary(draft: str | None, target_config: dict) -> None:
         raise _vocabulary_error(draft, mine, theirs)
 
 
-def _vocabulary_error(draft: str, mine: int, theirs: int):
-    from compress.errors import LlmpressError
-
+def _vocabulary_error(draft: str, mine: int, theirs: int) -> LlmpressError:
     return LlmpressError(
         f"--draft {draft}: its vocabulary has {mine} tokens, the target's {theirs}: give a "
         "draft made from the same model (same tokenizer)"
@@ -223,7 +222,6 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
     """`--draft`: `ngram`, or an artifact (or checkpoint) whose vocabulary is the target's.
     Speculation checks each row as decode computes it (`Model.verify`), so its greedy
     output is plain decoding's on every KV-cache kind."""
-    from compress.errors import LlmpressError
     from compress.model.loading import resolve
     from compress.runtime.weights import load_weights
 
