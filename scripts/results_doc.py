@@ -158,14 +158,14 @@ def best_variants(d: dict) -> list[str]:
     """`best:w4g64zp`'s recipe written out as quality.py's rows, with one thing changed."""
     rows = sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
     body = [[f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]] for k, r in rows]
-    c = d["calibration"]
+    c, preset = d["calibration"], load("presets.json")["results"]["best:w4g64zp"]
     return [
         f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`; evaluation: "
         f"{d['windows']} windows. The `best:w4g64zp` preset is `mixed@4.6+gptq+distill "
-        "w4g64zp bfloat16` on 64 samples with a 32-step repair: KL 0.0664 in 8.9 minutes "
-        "(the presets section). `repair128`: the repair 128 steps of 2 × 512 tokens; "
-        "`tune`: block-wise tuning (200 steps a block) between GPTQ and the repair. Minutes "
-        "are compress's wall time on 2 cores.",
+        f"w4g64zp bfloat16` on 64 samples with a 32-step repair: KL {f(preset['kl'], 4)} in "
+        f"{preset['minutes']} minutes (the presets section). `repair128`: the repair 128 "
+        "steps of 2 × 512 tokens; `tune`: block-wise tuning (200 steps a block) between "
+        "GPTQ and the repair. Minutes are compress's wall time on 2 cores.",
         "",
         *table(["recipe", *DRIFT, "bits/weight", "minutes"], body),
     ]
