@@ -436,6 +436,7 @@ def repair_quantized(run: _Run, samples: torch.Tensor) -> list[dict]:
         ),
         log=run.log,
         quantized=ws.quantized,
+        updated=ws.updated,
         storage_dtype=ws.storage_dtype,
         device=device,
     )

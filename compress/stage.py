@@ -297,6 +297,9 @@ class ModelContext:
     hidden_index: torch.Tensor | None = None
     # after the block walk: the quantized linears (a stage may replace their entries)
     quantized: dict[str, QuantizedWeight] | None = None
+    # after the walk: dense tensors the artifact stores in place of the source's
+    # (Workspace.updated), for a repair that trains some of them
+    updated: dict[str, torch.Tensor] | None = None
     storage_dtype: torch.dtype = torch.float32
     # before the walk: per-linear schemes for the quantizing stages (Workspace.schemes),
     # and the recipe's `ignore` patterns (linears no stage quantizes)

@@ -33,7 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress import distributed
-from compress.distill import sharding
+from compress.distill import precision, sharding
 from compress.errors import LlmpressError, first_line
 from compress.model.adapters import LLAMA, Adapter
 
@@ -53,6 +53,8 @@ class DistillSettings:
     train_embeddings: bool
     seed: int
     parallel: str = "auto"  # under torchrun: ddp, fsdp, or auto (fsdp where ddp does not fit)
+    precision: str = "fp32"  # the matmuls' precision, resolved: fp32 or bf16 (precision.py)
+    train_dense: bool = False  # a quantized model's norm weights and biases train too
 
 
 def lr_factor(step: int, s: DistillSettings) -> float:
@@ -203,6 +205,7 @@ def distill(
         "resumed_from": start,
         "stopped_on": stopped,
         "parallel": mode,
+        "precision": s.precision,
         "tokens": step * s.batch * data.shape[1],
         "seconds_this_run": round(seconds, 1),
         "tokens_per_second": round(done_tokens / seconds, 1) if seconds else None,
@@ -333,10 +336,11 @@ def _train(student, teacher, data, s, opt, sched, params, history, start, grab, 
             return step, "time", done_tokens
         mine = batch_indices(step, s.batch, data.shape[0], s.seed)[rank::world]
         ids = data[mine].to(device)
-        with torch.no_grad():
+        with torch.no_grad(), precision.autocast(s.precision, device):
             t_logits = teacher(input_ids=ids, use_cache=False).logits
         t_hidden = grab[1].take() if grab else None
-        s_logits = student(input_ids=ids, use_cache=False).logits
+        with precision.autocast(s.precision, device):
+            s_logits = student(input_ids=ids, use_cache=False).logits
         loss = kd_loss(s_logits, t_logits, s.temperature)
         share = len(mine) / s.batch  # of the batch: DDP's mean over ranks makes the sum
         (kd,) = distributed.sum_floats(loss.item() * share)

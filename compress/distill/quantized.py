@@ -94,3 +94,14 @@ def param_groups(wrapped: dict[str, QuantLinear], lr: float, zero_lr: float) -> 
     if zeros:
         groups.append({"params": zeros, "lr": zero_lr})
     return groups
+
+
+def dense_vectors(model: torch.nn.Module, adapter) -> dict[str, torch.nn.Parameter]:
+    """The 1-D parameters of the blocks and the final norm (norm weights, biases): stored
+    dense by the artifact, so a repair may train them at no cost in bits."""
+    prefixes = (adapter.blocks + ".", adapter.final_norm + ".")
+    return {
+        name: p
+        for name, p in model.named_parameters()
+        if p.ndim == 1 and name.startswith(prefixes) and p.is_floating_point()
+    }

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
-from compress.distill.quantized import param_groups, wrap
+from compress.distill.precision import PRECISIONS, resolve
+from compress.distill.quantized import dense_vectors, param_groups, wrap
 from compress.distill.sharding import MODES
 from compress.errors import LlmpressError
 from compress.stage import Described, ModelContext, register_stage
 
 # the repair ran at 1/1.1 of a pass's rate on the default model (compress/estimate.py)
 REPAIR_FACTOR = 1.1
+# a repair step of the default model, fp32 over bf16 on AMX-BF16: 9.5 s over 5.5 s
+# (docs/results.md, "best:w4g64zp's repair: bf16 and longer")
+BF16_SPEEDUP = 1.7
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,16 @@ class DistillConfig:
     samples: int | None = None  # samples cut from `data` (default: calib.samples)
     seed: int = 0
     parallel: str = "auto"  # under torchrun: ddp, fsdp, or auto (fsdp where ddp does not fit)
+    precision: str = "auto"  # fp32, bf16, or auto: bf16 where the device has it natively
+    # after quantization: also train the blocks' and the final norm's weights and the
+    # biases, which the artifact stores dense (they cost no bits)
+    train_dense: bool = False
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise LlmpressError(
+                f"distill.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
         if self.parallel not in MODES:
             raise LlmpressError(
                 f"distill.parallel: {self.parallel!r} is not one of {', '.join(MODES)}"
@@ -91,11 +105,13 @@ class Distill(Described):
     repairs_quantized = True  # may also come last, after the quantizing stages
 
     def work(self, load) -> float:
-        """Every step: the teacher forward, the student forward and backward."""
+        """Every step: the teacher forward, the student forward and backward (the rate a
+        CPU gets: the estimate is one of this machine's CPU)."""
         c = self.config
         length = c.length or load.length
         tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
-        return REPAIR_FACTOR * 4 * load.forward(tokens, head=True)
+        faster = BF16_SPEEDUP if resolve(c.precision, torch.device("cpu")) == "bf16" else 1
+        return REPAIR_FACTOR * 4 * load.forward(tokens, head=True) / faster
 
     def __init__(self, config: DistillConfig):
         self.config = config
@@ -110,6 +126,11 @@ class Distill(Described):
         c = self.config
         if ctx.model is ctx.teacher:
             raise LlmpressError("distill: the model equals the original; put it after prune")
+        if ctx.quantized is None and c.train_dense:
+            raise LlmpressError(
+                "distill.train_dense: applies to repairing a quantized model (after a pruned "
+                "one every weight trains already); remove it"
+            )
         if ctx.quantized is not None and c.hidden_weight > 0:
             raise LlmpressError(
                 "distill: hidden_weight applies to repairing a pruned model; set it to 0 "
@@ -136,6 +157,9 @@ class Distill(Described):
         if ctx.quantized is not None:  # the integers stay: scales and zero points train
             wrapped = wrap(ctx.model, ctx.quantized)
             groups = param_groups(wrapped, c.scale_lr, ZERO_LR_FACTOR * c.scale_lr)
+            if c.train_dense:
+                dense = dense_vectors(ctx.model, ctx.adapter)
+                groups.append({"params": list(dense.values()), "lr": c.scale_lr})
         settings = DistillSettings(
             steps=max(1, c.tokens // (c.batch * data.shape[1])),
             batch=c.batch,
@@ -150,11 +174,13 @@ class Distill(Described):
             train_embeddings=c.train_embeddings,
             seed=c.seed,
             parallel=c.parallel,
+            train_dense=wrapped is not None and c.train_dense,
+            precision=resolve(c.precision, next(ctx.model.parameters()).device),
         )
         ctx.log(
             f"distill: {settings.steps} steps × {c.batch} × {data.shape[1]} tokens from "
-            f"{data.shape[0]} samples, checkpoint every {c.checkpoint_every} steps "
-            f"in {ctx.work_dir}"
+            f"{data.shape[0]} samples in {settings.precision}, checkpoint every "
+            f"{c.checkpoint_every} steps in {ctx.work_dir}"
         )
         settings_id = fingerprint(settings, ctx.config, data, ctx.model)
         record = distill(
@@ -176,4 +202,10 @@ class Distill(Described):
             for name, module in wrapped.items():
                 ctx.quantized[name] = module.result(ctx.storage_dtype)
             trained = f"scales and zero points of {len(wrapped)} quantized linears"
+            if c.train_dense:
+                if ctx.updated is None:
+                    raise LlmpressError("distill.train_dense: this run keeps no dense tensors")
+                for name, p in dense.items():
+                    ctx.updated[name] = p.detach().to("cpu", ctx.storage_dtype).clone()
+                trained += f", and {len(dense)} norm weights and biases"
         return {"stage": "distill", "samples": int(data.shape[0]), "trained": trained, **record}
