@@ -9,7 +9,8 @@ protocol of ../shared/guide/MEASURING.md. No artifact is written. With the defau
 settings the first variant equals quality.py's chain row exactly.
 
     python benchmarks/repair_sweep.py [--bits 4.6] [--dtype bfloat16] [--scheme w4g64]
-        [--variants scale_lr=0.001 scale_lr=0.003 tokens=65536 ...]
+        [--rows mixed+gptq+distill] [--samples 128]
+        [--variants scale_lr=0.001 scale_lr=0.003 tokens=65536 precision=bf16 ...]
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ import time
 from pathlib import Path
 
 import torch
-from quality import REPAIR, SCHEMES, recipe_for
+from batched_decode import cpu_flags
+from quality import REPAIR, ROWS, SCHEMES, recipe_for
 from wikitext import DATA, require
 
 import compress.pipeline as pipeline
@@ -49,7 +51,14 @@ def parse_variant(text: str) -> dict:
     out = {}
     for part in filter(None, text.split(",")):
         key, value = part.split("=", 1)
-        out[key] = int(value) if key in ("tokens", "batch") else float(value)
+        if key in ("tokens", "batch"):
+            out[key] = int(value)
+        elif key in ("precision", "parallel"):
+            out[key] = value
+        elif key == "train_dense":
+            out[key] = value.lower() in ("1", "true", "yes")
+        else:
+            out[key] = float(value)
     return out
 
 
@@ -88,14 +97,22 @@ def sweep(variants: list[str], base, windows, rows: list, work: Path):
                 load_text=None,
                 log=run.log,
                 quantized=copy.deepcopy(ws.quantized),
+                updated={},  # what a train_dense repair would store: the student holds it
                 storage_dtype=ws.storage_dtype,
             )
             config = dataclasses.replace(run.after[0].config, **parse_variant(text))
-            Distill(config).run(ctx)
+            record = Distill(config).run(ctx)
             seconds = time.perf_counter() - started
             as_stored(student, ws.storage_dtype)
             drift = measure_drift(base, {text: student}, windows, data="test.txt")[text]
-            rows.append({"variant": text, **drift.to_dict(), "repair_s": round(seconds)})
+            rows.append({
+                "variant": text,
+                **drift.to_dict(),
+                "repair_s": round(seconds),
+                "steps": record["steps"],
+                "precision": record["precision"],
+                "train_kl": record["loss_history"][-1][1],
+            })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
         raise _Swept
 
@@ -108,36 +125,54 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--scheme", default="w4g64", choices=list(SCHEMES))
     ap.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS)
+    ap.add_argument(
+        "--rows",
+        default=None,
+        choices=[r for r in ROWS if r.endswith("+distill")],
+        help="the chain (default: mixed+awq+gptq+tune+distill, or without mixed at --bits 0)",
+    )
+    ap.add_argument("--samples", type=int, default=128, help="calibration samples")
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--data", type=Path, default=DATA)
+    ap.add_argument("--name", default="repair_sweep", help="results file stem")
     args = ap.parse_args()
     require(args.data)
     ckpt = resolve("default")
     base = load_model(ckpt)
     stream = token_stream(load_tokenizer(ckpt), read_texts(str(args.data / "test.txt")))
     windows = eval_windows(stream, 512, args.windows)
-    calib = {"source": str(args.data / "valid.txt"), "samples": 128, "length": 512}
-    row = "mixed+awq+gptq+tune+distill" if args.bits else "awq+gptq+tune+distill"
+    calib = {"source": str(args.data / "valid.txt"), "samples": args.samples, "length": 512}
+    row = args.rows or ("mixed+awq+gptq+tune+distill" if args.bits else "awq+gptq+tune+distill")
     recipe = recipe_for(row, SCHEMES[args.scheme], calib, args.bits, args.dtype)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         pipeline.repair_quantized = sweep(args.variants, base, windows, rows, Path(tmp))
         with contextlib.suppress(_Swept):  # raised once the sweep is done
             pipeline.compress("default", recipe, Path(tmp) / "artifact", log=print)
-    label = f"{'mixed@' + str(args.bits) + '+' if args.bits else ''}awq+gptq+tune {args.scheme}"
+    chain = row.removesuffix("+distill")
+    if args.bits and chain.startswith("mixed"):
+        chain = chain.replace("mixed", f"mixed@{args.bits}", 1)
+    label = f"{chain} {args.scheme}"
     lines = [
         f"{label} {args.dtype}, then the repair (defaults: {REPAIR}, scale_lr 1e-3):",
         "",
-        "| repair setting | ppl | KL | top-1 | repair s |",
-        "|---|---|---|---|---|",
+        "| repair setting | steps | precision | ppl | KL | top-1 | last step's KL | repair s |",
+        "|---|---|---|---|---|---|---|---|",
         *(
-            f"| {r['variant']} | {r['ppl']:.3f} | {r['kl']:.5f} | {r['top1']:.4f} | "
-            f"{r['repair_s']} |"
+            f"| {r['variant']} | {r['steps']} | {r['precision']} | {r['ppl']:.3f} | "
+            f"{r['kl']:.5f} | {r['top1']:.4f} | {r['train_kl']} | {r['repair_s']} |"
             for r in rows
         ),
     ]
-    meta = {"chain": label, "dtype": args.dtype, "windows": args.windows, "repair": REPAIR}
-    out = HERE / "results" / "repair_sweep"
+    meta = {
+        "chain": label,
+        "dtype": args.dtype,
+        "samples": args.samples,
+        "windows": args.windows,
+        "repair": REPAIR,
+        "cpu": cpu_flags(),
+    }
+    out = HERE / "results" / args.name
     out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

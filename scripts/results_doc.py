@@ -483,6 +483,26 @@ def repair_sweep(d: dict) -> list[str]:
     ]
 
 
+def repair_precision(d: dict) -> list[str]:
+    """The quantized repair's precision and length on one pre-repair state."""
+    body = [
+        [r["steps"], r["precision"], *drift_cells(r, 4), r["train_kl"], r["repair_s"],
+         round(r["repair_s"] / r["steps"], 1)]
+        for r in d["rows"]
+    ]  # fmt: skip
+    return [
+        f"One pre-repair state, `{d['chain']} {d['dtype']}` (`best:w4g64zp`'s recipe on "
+        f"{d['samples']} calibration samples), then each repair trained on its own copy of "
+        f"it (batch {d['repair']['batch']} × 512 tokens, scale_lr 1e-3) and evaluated as the "
+        f"artifact stores it, {d['windows']} windows. `bf16`: the matmuls under autocast, "
+        "what is trained and Adam's state fp32 (AMX-BF16 multiplies it). Repair seconds "
+        "include loading both models; the two 32-step repairs ran alone, the 512-step one "
+        f"shared the CPU with other work part of the time. CPU: {d['cpu']}, 2 cores.",
+        "",
+        *table(["steps", "precision", *DRIFT, "last step's KL", "repair s", "s/step"], body),
+    ]
+
+
 def pruning(d: dict) -> list[str]:
     a = d["args"]
     body = [
@@ -1382,6 +1402,14 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/quality.py --rows mixed+gptq+tune+distill --schemes w4g64zp --bits 4.6 "
         "--dtype bfloat16 --samples 64 --name best_tune",
         best_variants,
+    ),
+    (
+        "repair_precision.json",
+        "best:w4g64zp's repair: bf16 and longer",
+        "benchmarks/repair_sweep.py --rows mixed+gptq+distill --scheme w4g64zp --bits 4.6 "
+        "--dtype bfloat16 --samples 256 --name repair_precision --variants "
+        "tokens=32768,precision=fp32 tokens=32768,precision=bf16 tokens=524288,precision=bf16",
+        repair_precision,
     ),
     (
         "scale_search.json",
