@@ -486,7 +486,8 @@ def repair_sweep(d: dict) -> list[str]:
 def repair_precision(d: dict) -> list[str]:
     """The quantized repair's precision and length on one pre-repair state."""
     body = [
-        [r["steps"], r["precision"], *drift_cells(r, 4), r["train_kl"], r["repair_s"],
+        [f"`{r['variant']}`", r["steps"], r["precision"], *drift_cells(r, 4), r["train_kl"],
+         r["repair_s"],
          round(r["repair_s"] / r["steps"], 1)]
         for r in d["rows"]
     ]  # fmt: skip
@@ -499,7 +500,10 @@ def repair_precision(d: dict) -> list[str]:
         "include loading both models; the two 32-step repairs ran alone, the 512-step one "
         f"shared the CPU with other work part of the time. CPU: {d['cpu']}, 2 cores.",
         "",
-        *table(["steps", "precision", *DRIFT, "last step's KL", "repair s", "s/step"], body),
+        *table(
+            ["setting", "steps", "precision", *DRIFT, "last step's KL", "repair s", "s/step"],
+            body,
+        ),
     ]
 
 
@@ -1409,6 +1413,14 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/repair_sweep.py --rows mixed+gptq+distill --scheme w4g64zp --bits 4.6 "
         "--dtype bfloat16 --samples 256 --name repair_precision --variants "
         "tokens=32768,precision=fp32 tokens=32768,precision=bf16 tokens=524288,precision=bf16",
+        repair_precision,
+    ),
+    (
+        "repair_dense.json",
+        "best:w4g64zp's repair training the norms too",
+        "benchmarks/repair_sweep.py --rows mixed+gptq+distill --scheme w4g64zp --bits 4.6 "
+        "--dtype bfloat16 --samples 256 --name repair_dense "
+        "--variants tokens=32768,precision=bf16,train_dense=1",
         repair_precision,
     ),
     (
