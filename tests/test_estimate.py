@@ -11,13 +11,13 @@ import pytest
 from family_models import write_family
 from test_no_silent import tiny_model
 
-from compress.distill import precision
+from compress.distill import precision, stage
 from compress.distill.stage import BF16_SPEEDUP
 from compress.estimate import estimate, estimate_line
 from compress.model.loading import resolve
 from compress.model.workload import workload
 from compress.pipeline import compress
-from compress.recipe import recipe_from_flags
+from compress.recipe import parse_recipe, recipe_from_flags
 
 RATE = 1.3e11  # a fixed matrix-multiply rate: the figures below do not depend on the machine
 
@@ -49,6 +49,7 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     """More calibration, more stages: more time; each stage that does work is named. (The
     repair's figure is a CPU's without bf16; with AMX-BF16 it is faster, below.)"""
     monkeypatch.setattr(precision, "bf16_support", lambda device: (False, False))
+    monkeypatch.setattr(stage, "bf16_support", precision.bf16_support)
     fast = estimate(_stages("w4g64"), workload(default_ckpt, 16, 512), 2, RATE)
     more = estimate(_stages("w4g64"), workload(default_ckpt, 128, 512), 2, RATE)
     best = estimate(_stages("best:w4g64"), workload(default_ckpt, 64, 512), 2, RATE)
@@ -63,7 +64,12 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     )
     assert estimate_line(best).startswith("estimated time here: ~13 min (distill 7 min, ")
     assert estimate_line({"rtn": 1.0}).startswith("estimated time here: <1 min")
+    # an explicit bf16 this CPU lacks is estimated, not refused: the run may be on a GPU
+    explicit = parse_recipe({"stages": [{"rtn": {}}, {"distill": {"precision": "bf16"}}]})
+    load = workload(default_ckpt, 64, 512)
+    assert estimate(explicit.build(), load, 1, RATE)["distill"] > 0
     monkeypatch.setattr(precision, "bf16_support", lambda device: (True, True))
+    monkeypatch.setattr(stage, "bf16_support", precision.bf16_support)
     amx = estimate(_stages("best:w4g64"), workload(default_ckpt, 64, 512), 2, RATE)
     assert amx["distill"] == pytest.approx(best["distill"] / BF16_SPEEDUP, abs=0.1)
     assert {k: v for k, v in amx.items() if k != "distill"} == {

@@ -23,7 +23,7 @@ import torch
 
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
-from compress.distill.precision import PRECISIONS, resolve
+from compress.distill.precision import PRECISIONS, bf16_support, resolve
 from compress.distill.quantized import dense_vectors, param_groups, wrap
 from compress.distill.sharding import MODES
 from compress.errors import LlmpressError
@@ -110,7 +110,11 @@ class Distill(Described):
         c = self.config
         length = c.length or load.length
         tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
-        faster = BF16_SPEEDUP if resolve(c.precision, torch.device("cpu")) == "bf16" else 1
+        # never refuses: a bf16 the CPU lacks may run on a GPU; run() checks the real device
+        bf16 = c.precision == "bf16" or (
+            c.precision == "auto" and bf16_support(torch.device("cpu"))[1]
+        )
+        faster = BF16_SPEEDUP if bf16 else 1
         return REPAIR_FACTOR * 4 * load.forward(tokens, head=True) / faster
 
     def __init__(self, config: DistillConfig):
