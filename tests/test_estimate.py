@@ -11,7 +11,7 @@ import pytest
 from family_models import write_family
 from test_no_silent import tiny_model
 
-from compress.distill import precision, stage
+from compress.distill import precision
 from compress.distill.stage import BF16_SPEEDUP
 from compress.estimate import estimate, estimate_line
 from compress.model.loading import resolve
@@ -49,7 +49,6 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     """More calibration, more stages: more time; each stage that does work is named. (The
     repair's figure is a CPU's without bf16; with AMX-BF16 it is faster, below.)"""
     monkeypatch.setattr(precision, "bf16_support", lambda device: (False, False))
-    monkeypatch.setattr(stage, "bf16_support", precision.bf16_support)
     fast = estimate(_stages("w4g64"), workload(default_ckpt, 16, 512), 2, RATE)
     more = estimate(_stages("w4g64"), workload(default_ckpt, 128, 512), 2, RATE)
     best = estimate(_stages("best:w4g64"), workload(default_ckpt, 64, 512), 2, RATE)
@@ -69,7 +68,6 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     load = workload(default_ckpt, 64, 512)
     assert estimate(explicit.build(), load, 1, RATE)["distill"] > 0
     monkeypatch.setattr(precision, "bf16_support", lambda device: (True, True))
-    monkeypatch.setattr(stage, "bf16_support", precision.bf16_support)
     amx = estimate(_stages("best:w4g64"), workload(default_ckpt, 64, 512), 2, RATE)
     assert amx["distill"] == pytest.approx(best["distill"] / BF16_SPEEDUP, abs=0.1)
     assert {k: v for k, v in amx.items() if k != "distill"} == {

@@ -32,23 +32,24 @@ def bf16_support(device: torch.device) -> tuple[bool, bool]:
     return amx or avx512, amx
 
 
-def resolve(precision: str, device: torch.device) -> str:
-    """`auto` → `bf16` where the device runs it fast, else `fp32`; an explicit `bf16` the
-    device cannot multiply natively is refused in one line."""
-    if precision not in PRECISIONS:
-        raise LlmpressError(
-            f"distill.precision: {precision!r} is not one of {', '.join(PRECISIONS)}"
-        )
-    native, fast = bf16_support(device)
+def choose(precision: str, device: torch.device) -> str:
+    """What `precision` (one of PRECISIONS) runs as on `device`: `auto` → `bf16` where the
+    device runs it fast, else `fp32`. Never refuses (the time estimate asks this too)."""
     if precision == "auto":
-        return "bf16" if fast else "fp32"
-    if precision == "bf16" and not native:
+        return "bf16" if bf16_support(device)[1] else "fp32"
+    return precision
+
+
+def resolve(precision: str, device: torch.device) -> str:
+    """`choose`, and an explicit `bf16` the device cannot multiply natively refused in one
+    line."""
+    if precision == "bf16" and not bf16_support(device)[0]:
         raise LlmpressError(
             f"distill.precision bf16: {device} has no bf16 matrix instructions (AMX or "
             "AVX512-BF16 on a CPU, compute capability 8.0+ on CUDA), so it would run slower "
             "than fp32; use precision: fp32 or auto"
         )
-    return precision
+    return choose(precision, device)
 
 
 def autocast(precision: str, device: torch.device):

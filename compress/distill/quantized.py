@@ -101,7 +101,5 @@ def dense_vectors(model: torch.nn.Module, adapter) -> dict[str, torch.nn.Paramet
     dense by the artifact, so a repair may train them at no cost in bits."""
     prefixes = (adapter.blocks + ".", adapter.final_norm + ".")
     return {
-        name: p
-        for name, p in model.named_parameters()
-        if p.ndim == 1 and name.startswith(prefixes) and p.is_floating_point()
+        name: p for name, p in model.named_parameters() if p.ndim == 1 and name.startswith(prefixes)
     }

@@ -23,7 +23,7 @@ import torch
 
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
-from compress.distill.precision import PRECISIONS, bf16_support, resolve
+from compress.distill.precision import PRECISIONS, choose, resolve
 from compress.distill.quantized import dense_vectors, param_groups, wrap
 from compress.distill.sharding import MODES
 from compress.errors import LlmpressError
@@ -110,10 +110,8 @@ class Distill(Described):
         c = self.config
         length = c.length or load.length
         tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
-        # never refuses: a bf16 the CPU lacks may run on a GPU; run() checks the real device
-        bf16 = c.precision == "bf16" or (
-            c.precision == "auto" and bf16_support(torch.device("cpu"))[1]
-        )
+        # choose, not resolve: a bf16 the CPU lacks may run on a GPU, and run() checks that
+        bf16 = choose(c.precision, torch.device("cpu")) == "bf16"
         faster = BF16_SPEEDUP if bf16 else 1
         return REPAIR_FACTOR * 4 * load.forward(tokens, head=True) / faster
 
@@ -135,6 +133,8 @@ class Distill(Described):
                 "distill.train_dense: applies to repairing a quantized model (after a pruned "
                 "one every weight trains already); remove it"
             )
+        if c.train_dense and ctx.updated is None:
+            raise LlmpressError("distill.train_dense: this run keeps no dense tensors")
         if ctx.quantized is not None and c.hidden_weight > 0:
             raise LlmpressError(
                 "distill: hidden_weight applies to repairing a pruned model; set it to 0 "
@@ -207,8 +207,6 @@ class Distill(Described):
                 ctx.quantized[name] = module.result(ctx.storage_dtype)
             trained = f"scales and zero points of {len(wrapped)} quantized linears"
             if c.train_dense:
-                if ctx.updated is None:
-                    raise LlmpressError("distill.train_dense: this run keeps no dense tensors")
                 for name, p in dense.items():
                     ctx.updated[name] = p.detach().to("cpu", ctx.storage_dtype).clone()
                 trained += f", and {len(dense)} norm weights and biases"
