@@ -63,15 +63,23 @@ def parse_variant(text: str) -> dict:
 
 
 @torch.no_grad()
-def as_stored(model: torch.nn.Module, dtype: torch.dtype) -> None:
-    """Round what the artifact stores in floating point (scales, dense tensors) to `dtype`."""
+def as_stored(model: torch.nn.Module, dtype: torch.dtype) -> float:
+    """Round what the artifact stores in floating point (scales, dense tensors) to `dtype`
+    and fold trained code offsets into the codes; returns the share of codes they moved."""
+    moved = total = 0
     for module in model.modules():
         if isinstance(module, QuantLinear):
             module.scale0.copy_(module.scale().to(dtype).float())
             module.log_scale.zero_()
+            codes = module.codes().to(torch.int8)
+            moved, total = moved + int((codes != module.q).sum()), total + codes.numel()
+            module.q.copy_(codes)
+            if module.code_offset is not None:
+                module.code_offset.zero_()
     for name, p in model.named_parameters():
         if not name.endswith("log_scale"):
             p.copy_(p.to(dtype).float())
+    return moved / max(total, 1)
 
 
 def sweep(variants: list[str], base, windows, rows: list, work: Path):
@@ -103,7 +111,7 @@ def sweep(variants: list[str], base, windows, rows: list, work: Path):
             config = dataclasses.replace(run.after[0].config, **parse_variant(text))
             record = Distill(config).run(ctx)
             seconds = time.perf_counter() - started
-            as_stored(student, ws.storage_dtype)
+            moved = as_stored(student, ws.storage_dtype)
             drift = measure_drift(base, {text: student}, windows, data="test.txt")[text]
             rows.append({
                 "variant": text,
@@ -112,6 +120,7 @@ def sweep(variants: list[str], base, windows, rows: list, work: Path):
                 "steps": record["steps"],
                 "precision": record["precision"],
                 "train_kl": record["loss_history"][-1][1],
+                "codes_moved": moved,
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
         raise _Swept

@@ -1,6 +1,7 @@
 """The quantized model's repair: bf16 autocast trains the same fp32 values about as well
 as fp32, `auto` picks bf16 only where the hardware multiplies it and `bf16` where it cannot
-is refused in one line; `train_dense` trains the norms and biases the artifact stores."""
+is refused in one line; `train_dense` trains the norms and biases the artifact stores;
+`code_lr` trains the integer codes."""
 
 from __future__ import annotations
 
@@ -113,3 +114,39 @@ def test_train_dense_after_pruning_is_refused(wikitext, tmp_path):
     with pytest.raises(LlmpressError, match="train_dense: applies to repairing a quantized"):
         compress("default", recipe, tmp_path / "out", log=lambda _: None)
     assert not (tmp_path / "out").exists()
+
+
+def test_code_offsets_move_codes_by_at_most_what_the_lr_allows(
+    base_model, tokenizer, wikitext, tmp_path
+):
+    """With `code_lr` the integers train too: over 6 steps at 0.2 a level a step (at most
+    0.66 of a level with warm-up and decay) some codes move by one level, none by two, and
+    what is exported is what the forward used."""
+    valid = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt"))[:2000])
+    train = calibration_samples(valid, 16, 64, 0)
+    student = copy.deepcopy(base_model)
+    scheme = QuantScheme(bits=3, group_size=64, zero_point=True)
+    names = [n for n, m in student.named_modules() if isinstance(m, torch.nn.Linear)]
+    quantized = {n: quantize_weight(student.get_submodule(n).weight.data, scheme)
+                 for n in names if ".layers." in n}  # fmt: skip
+    wrapped = wrap(student, quantized, codes=True)
+    student.requires_grad_(False)
+    groups = param_groups(wrapped, 3e-3, 3e-3, 0.2)
+    record = distill(student, base_model, train, _settings("fp32"), work_dir=tmp_path,
+                     resume=False, run_id="codes", param_groups=groups)  # fmt: skip
+    assert record["steps"] == 6
+    moved = total = 0
+    for name, module in wrapped.items():
+        stored = module.result(torch.float32).q
+        step = (stored.int() - quantized[name].q.int()).abs()
+        assert int(step.max()) <= 1, name
+        assert torch.equal(stored.float(), module.codes().detach())
+        assert scheme.qmin <= int(stored.min()) and int(stored.max()) <= scheme.qmax
+        moved, total = moved + int((step > 0).sum()), total + step.numel()
+    assert 0 < moved < 0.5 * total, (moved, total)
+
+
+def test_code_lr_after_pruning_is_refused(wikitext, tmp_path):
+    recipe = _distill_recipe(wikitext, {"prune": {"mlp": 0.5}}, {"code_lr": 1e-3})
+    with pytest.raises(LlmpressError, match="code_lr: applies to repairing a quantized"):
+        compress("default", recipe, tmp_path / "out", log=lambda _: None)

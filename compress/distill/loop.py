@@ -108,10 +108,18 @@ def hidden_loss(student_out, teacher_out, layer_map, hidden_index) -> torch.Tens
     return total / len(student_out)
 
 
-def fingerprint(settings: DistillSettings, config: dict, data: torch.Tensor, student) -> str:
+def fingerprint(
+    settings: DistillSettings,
+    config: dict,
+    data: torch.Tensor,
+    student,
+    param_groups: list[dict] | None = None,
+) -> str:
     """Names a run by everything that determines its result (settings, model shape, data,
-    the student's starting weights): a checkpoint resumes only the run that wrote it."""
-    h = hashlib.sha256(json.dumps([asdict(settings), config], sort_keys=True).encode())
+    the student's starting weights, each optimizer group's lr): a checkpoint resumes only
+    the run that wrote it."""
+    lrs = [g["lr"] for g in param_groups or []]
+    h = hashlib.sha256(json.dumps([asdict(settings), config, lrs], sort_keys=True).encode())
     h.update(data.numpy().tobytes())
     for t in student.state_dict().values():
         h.update(t.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())

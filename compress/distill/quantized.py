@@ -7,6 +7,13 @@ group (a learned; log-parametrized so one learning rate suits every layer's scal
 z = z₀ + δ per group (learned, rounded straight through, since the artifact stores
 integer zero points). Exported back, the integers are unchanged and the layout is the
 same uniform groups.
+
+With `codes=True` the integers train too, AutoRound's idea carried end to end: each code
+gets a float offset v (starting at 0), the forward uses clamp(⌊q + v⌉), rounded straight
+through. Adam moves v by at most about its lr a step, so a code changes only where the
+gradient keeps one sign for many steps (half a level / lr of them); where it only
+fluctuates, Adam's averaged steps are a fraction of lr and cancel. The integers come out
+of the repair changed and the layout is the same.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ def _round(x: torch.Tensor) -> torch.Tensor:
 
 
 class QuantLinear(torch.nn.Module):
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None):
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, codes: bool = False):
         super().__init__()
         self.scheme, self.group = qw.scheme, qw.group_size
         self.out_features, self.in_features = qw.shape
@@ -34,6 +41,7 @@ class QuantLinear(torch.nn.Module):
             self.zero_offset = torch.nn.Parameter(torch.zeros_like(self.zero0))
         else:
             self.zero0 = self.zero_offset = None
+        self.code_offset = torch.nn.Parameter(torch.zeros(qw.shape)) if codes else None
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach(), False)
 
     def scale(self) -> torch.Tensor:
@@ -45,8 +53,14 @@ class QuantLinear(torch.nn.Module):
         lo, hi = self.scheme.qmin, self.scheme.qmax
         return _round(torch.clamp(self.zero0 + self.zero_offset, lo, hi))
 
+    def codes(self) -> torch.Tensor:
+        if self.code_offset is None:
+            return self.q.float()
+        lo, hi = self.scheme.qmin, self.scheme.qmax
+        return torch.clamp(_round(self.q.float() + self.code_offset), lo, hi)
+
     def weight_value(self) -> torch.Tensor:
-        g = self.q.float().reshape(self.out_features, -1, self.group)
+        g = self.codes().reshape(self.out_features, -1, self.group)
         z = self.zero()
         if z is not None:
             g = g - z[..., None]
@@ -60,7 +74,7 @@ class QuantLinear(torch.nn.Module):
         z = self.zero()
         cpu = torch.device("cpu")  # what the artifact writer reads
         return QuantizedWeight(
-            q=self.q.to(cpu, copy=True),
+            q=self.codes().to(cpu, torch.int8),
             scale=self.scale().to(cpu, storage_dtype),
             zero_point=None if z is None else z.to(cpu, torch.int8),
             scheme=self.scheme,
@@ -68,9 +82,12 @@ class QuantLinear(torch.nn.Module):
         )
 
 
-def wrap(model: torch.nn.Module, quantized: dict[str, QuantizedWeight]) -> dict[str, QuantLinear]:
+def wrap(
+    model: torch.nn.Module, quantized: dict[str, QuantizedWeight], codes: bool = False
+) -> dict[str, QuantLinear]:
     """Replace each named linear of `model` by its QuantLinear (only weight-only ones:
-    16-bit outlier columns and int8 activations are left as they are)."""
+    16-bit outlier columns and int8 activations are left as they are); `codes`: the
+    integers train too."""
     wrapped = {}
     for name, qw in quantized.items():
         if qw.outlier_index is not None or qw.activations:
@@ -80,19 +97,24 @@ def wrap(model: torch.nn.Module, quantized: dict[str, QuantizedWeight]) -> dict[
         linear = getattr(owner, child)
         if not isinstance(linear, torch.nn.Linear):
             continue
-        wrapped[name] = QuantLinear(qw, linear.bias).to(linear.weight.device)
+        wrapped[name] = QuantLinear(qw, linear.bias, codes).to(linear.weight.device)
         setattr(owner, child, wrapped[name])
     return wrapped
 
 
-def param_groups(wrapped: dict[str, QuantLinear], lr: float, zero_lr: float) -> list[dict]:
+def param_groups(
+    wrapped: dict[str, QuantLinear], lr: float, zero_lr: float, code_lr: float = 0.0
+) -> list[dict]:
     """The optimizer's groups: log-scales at `lr`, zero-point offsets (in levels) at
-    `zero_lr`."""
+    `zero_lr`, code offsets (in levels) at `code_lr`."""
     scales = [m.log_scale for m in wrapped.values()]
     zeros = [m.zero_offset for m in wrapped.values() if m.zero_offset is not None]
+    codes = [m.code_offset for m in wrapped.values() if m.code_offset is not None]
     groups = [{"params": scales, "lr": lr}]
     if zeros:
         groups.append({"params": zeros, "lr": zero_lr})
+    if codes:
+        groups.append({"params": codes, "lr": code_lr})
     return groups
 
 

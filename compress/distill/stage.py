@@ -59,6 +59,9 @@ class DistillConfig:
     # after quantization: also train the blocks' and the final norm's weights and the
     # biases, which the artifact stores dense (they cost no bits)
     train_dense: bool = False
+    # after quantization: Adam lr of offsets on the integer codes themselves, in levels
+    # (0: the integers stay as the quantizer left them)
+    code_lr: float = 0.0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -75,6 +78,8 @@ class DistillConfig:
             raise LlmpressError("distill: lr, scale_lr and temperature must be > 0")
         if not 0 <= self.warmup < 1 or not 0 <= self.min_lr_ratio <= 1:
             raise LlmpressError("distill: warmup must be in [0, 1) and min_lr_ratio in [0, 1]")
+        if self.code_lr < 0:
+            raise LlmpressError("distill.code_lr: must be >= 0 (0 keeps the integer codes)")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise LlmpressError("distill.max_minutes: must be > 0")
 
@@ -133,6 +138,11 @@ class Distill(Described):
                 "distill.train_dense: applies to repairing a quantized model (after a pruned "
                 "one every weight trains already); remove it"
             )
+        if ctx.quantized is None and c.code_lr > 0:
+            raise LlmpressError(
+                "distill.code_lr: applies to repairing a quantized model (after a pruned one "
+                "every weight trains already); remove it"
+            )
         if c.train_dense and ctx.updated is None:
             raise LlmpressError("distill.train_dense: this run keeps no dense tensors")
         if ctx.quantized is not None and c.hidden_weight > 0:
@@ -159,8 +169,8 @@ class Distill(Described):
             data = data[:, : c.length]
         groups = wrapped = None
         if ctx.quantized is not None:  # the integers stay: scales and zero points train
-            wrapped = wrap(ctx.model, ctx.quantized)
-            groups = param_groups(wrapped, c.scale_lr, ZERO_LR_FACTOR * c.scale_lr)
+            wrapped = wrap(ctx.model, ctx.quantized, codes=c.code_lr > 0)
+            groups = param_groups(wrapped, c.scale_lr, ZERO_LR_FACTOR * c.scale_lr, c.code_lr)
             if c.train_dense:
                 dense = dense_vectors(ctx.model, ctx.adapter)
                 groups.append({"params": list(dense.values()), "lr": c.scale_lr})
@@ -186,7 +196,7 @@ class Distill(Described):
             f"{data.shape[0]} samples in {settings.precision}, checkpoint every "
             f"{c.checkpoint_every} steps in {ctx.work_dir}"
         )
-        settings_id = fingerprint(settings, ctx.config, data, ctx.model)
+        settings_id = fingerprint(settings, ctx.config, data, ctx.model, groups)
         record = distill(
             ctx.model,
             ctx.teacher,
@@ -206,6 +216,8 @@ class Distill(Described):
             for name, module in wrapped.items():
                 ctx.quantized[name] = module.result(ctx.storage_dtype)
             trained = f"scales and zero points of {len(wrapped)} quantized linears"
+            if c.code_lr > 0:
+                trained = f"codes, {trained}"
             if c.train_dense:
                 for name, p in dense.items():
                     ctx.updated[name] = p.detach().to("cpu", ctx.storage_dtype).clone()
