@@ -1,4 +1,4 @@
-"""A quantized model as a trainable module: integers fixed, scales and zero points learned.
+"""A quantized model as a trainable module: scales and zero points learned, codes optional.
 
 Repairing a quantized model end to end (EfficientQAT's second phase) trains only what
 the artifact stores in floating point beside the integers: each linear becomes a
