@@ -508,9 +508,12 @@ def repair_precision(d: dict, note: str = "") -> list[str]:
     ]
 
 
+QUIET = "nothing ran beside it but a few short commands."
+
+
 def repair_codes(d: dict) -> list[str]:
     """The repair training the integer codes too, beside the scales alone."""
-    lines = repair_precision(d, "nothing ran beside it but a few short commands.")
+    lines = repair_precision(d, QUIET)
     rows = {r["variant"]: r for r in d["rows"]}
     plain = next(r for v, r in rows.items() if "code_lr" not in v)
     coded = [r for v, r in rows.items() if "code_lr" in v]
@@ -523,10 +526,9 @@ def repair_codes(d: dict) -> list[str]:
         "without it only the scales and zero points train. Over "
         f"{plain['steps']} steps the best code_lr reached KL {best['kl']:.4f} against "
         f"{plain['kl']:.4f} for the scales alone ({best['kl'] - plain['kl']:+.4f}), "
-        "its time a step in the last column. At a rate where noise leaves the codes alone, "
-        "training them end to end did not lower the drift by more than 0.001"
+        "its time a step in the last column"
         + (
-            f" (they moved {best['codes_moved']:.2%} of the codes)."
+            f"; it moved {best['codes_moved']:.2%} of the codes."
             if "codes_moved" in best
             else " (how many codes moved this run did not count; repair_sweep.py now records "
             "it as `codes_moved`)."
@@ -537,7 +539,7 @@ def repair_codes(d: dict) -> list[str]:
 
 def repair_w3(d: dict) -> list[str]:
     """The 3-bit preset's state with a longer repair, beside the preset's own figure."""
-    lines = repair_precision(d, "nothing ran beside it but a few short commands.")
+    lines = repair_precision(d, QUIET)
     preset = load("presets.json")["results"]["best:w3g64zp"]
     return [
         *lines,
@@ -549,7 +551,7 @@ def repair_w3(d: dict) -> list[str]:
 
 def repair_data(d: dict) -> list[str]:
     """The 512-step repair on twice the calibration text, beside the run on 256 samples."""
-    lines = repair_precision(d, "nothing ran beside it but a few short commands.")
+    lines = repair_precision(d, QUIET)
     (r,) = d["rows"]
     earlier = load("repair_precision.json")
     (before,) = [x for x in earlier["rows"] if x["steps"] == r["steps"]]

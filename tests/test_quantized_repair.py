@@ -33,15 +33,19 @@ def _settings(prec: str) -> DistillSettings:
     )  # fmt: skip
 
 
-def _quantized_student(base_model):
+SCHEME = QuantScheme(bits=3, group_size=64, zero_point=True)
+
+
+def _quantized_student(base_model, code_lr: float = 0.0):
+    """A 3-bit RTN copy of the blocks' linears, wrapped for the repair: (student, optimizer
+    groups, wrapped linears, their starting QuantizedWeights)."""
     student = copy.deepcopy(base_model)
-    scheme = QuantScheme(bits=3, group_size=64, zero_point=True)
     names = [n for n, m in student.named_modules() if isinstance(m, torch.nn.Linear)]
-    quantized = {n: quantize_weight(student.get_submodule(n).weight.data, scheme)
+    quantized = {n: quantize_weight(student.get_submodule(n).weight.data, SCHEME)
                  for n in names if ".layers." in n}  # fmt: skip
-    wrapped = wrap(student, quantized)
+    wrapped = wrap(student, quantized, codes=code_lr > 0)
     student.requires_grad_(False)
-    return student, param_groups(wrapped, 3e-3, 3e-3)
+    return student, param_groups(wrapped, 3e-3, 3e-3, code_lr), wrapped, quantized
 
 
 def test_bf16_repair_lowers_drift_like_fp32(base_model, tokenizer, wikitext, tmp_path):
@@ -54,7 +58,7 @@ def test_bf16_repair_lowers_drift_like_fp32(base_model, tokenizer, wikitext, tmp
     )
     gains = {}
     for prec in ("fp32", "bf16"):
-        student, groups = _quantized_student(base_model)
+        student, groups, _, _ = _quantized_student(base_model)
         with torch.no_grad():
             before = output_kl(base_model, student, test)
         record = distill(student, base_model, train, _settings(prec), work_dir=tmp_path,
@@ -124,14 +128,7 @@ def test_code_offsets_move_codes_by_at_most_what_the_lr_allows(
     what is exported is what the forward used."""
     valid = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt"))[:2000])
     train = calibration_samples(valid, 16, 64, 0)
-    student = copy.deepcopy(base_model)
-    scheme = QuantScheme(bits=3, group_size=64, zero_point=True)
-    names = [n for n, m in student.named_modules() if isinstance(m, torch.nn.Linear)]
-    quantized = {n: quantize_weight(student.get_submodule(n).weight.data, scheme)
-                 for n in names if ".layers." in n}  # fmt: skip
-    wrapped = wrap(student, quantized, codes=True)
-    student.requires_grad_(False)
-    groups = param_groups(wrapped, 3e-3, 3e-3, 0.2)
+    student, groups, wrapped, quantized = _quantized_student(base_model, code_lr=0.2)
     record = distill(student, base_model, train, _settings("fp32"), work_dir=tmp_path,
                      resume=False, run_id="codes", param_groups=groups)  # fmt: skip
     assert record["steps"] == 6
@@ -141,7 +138,7 @@ def test_code_offsets_move_codes_by_at_most_what_the_lr_allows(
         step = (stored.int() - quantized[name].q.int()).abs()
         assert int(step.max()) <= 1, name
         assert torch.equal(stored.float(), module.codes().detach())
-        assert scheme.qmin <= int(stored.min()) and int(stored.max()) <= scheme.qmax
+        assert SCHEME.qmin <= int(stored.min()) and int(stored.max()) <= SCHEME.qmax
         moved, total = moved + int((step > 0).sum()), total + step.numel()
     assert 0 < moved < 0.5 * total, (moved, total)
 

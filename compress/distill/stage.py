@@ -133,16 +133,12 @@ class Distill(Described):
         c = self.config
         if ctx.model is ctx.teacher:
             raise LlmpressError("distill: the model equals the original; put it after prune")
-        if ctx.quantized is None and c.train_dense:
-            raise LlmpressError(
-                "distill.train_dense: applies to repairing a quantized model (after a pruned "
-                "one every weight trains already); remove it"
-            )
-        if ctx.quantized is None and c.code_lr > 0:
-            raise LlmpressError(
-                "distill.code_lr: applies to repairing a quantized model (after a pruned one "
-                "every weight trains already); remove it"
-            )
+        for option, given in (("train_dense", c.train_dense), ("code_lr", c.code_lr > 0)):
+            if ctx.quantized is None and given:
+                raise LlmpressError(
+                    f"distill.{option}: applies to repairing a quantized model (after a "
+                    "pruned one every weight trains already); remove it"
+                )
         if c.train_dense and ctx.updated is None:
             raise LlmpressError("distill.train_dense: this run keeps no dense tensors")
         if ctx.quantized is not None and c.hidden_weight > 0:
@@ -168,7 +164,7 @@ class Distill(Described):
                 )
             data = data[:, : c.length]
         groups = wrapped = None
-        if ctx.quantized is not None:  # the integers stay: scales and zero points train
+        if ctx.quantized is not None:  # scales and zero points train (codes: if code_lr)
             wrapped = wrap(ctx.model, ctx.quantized, codes=c.code_lr > 0)
             groups = param_groups(wrapped, c.scale_lr, ZERO_LR_FACTOR * c.scale_lr, c.code_lr)
             if c.train_dense:
