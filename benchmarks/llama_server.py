@@ -1,0 +1,49 @@
+"""llama.cpp's own server as a benchmark anchor: started on a free loopback port, waited
+for until healthy, stopped on exit, so that a script runs it on the same workload as
+`llmpress serve` in the same run."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def llama_server(bin_dir: Path, gguf: Path, slots: int, ctx: int, *extra: str) -> Iterator[int]:
+    """Run `llama-server -np slots -c ctx -t 2 -tb 2 [extra]` on `gguf`; yield its port."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1", "--port",
+           str(port), "-np", str(slots), "-c", str(ctx), "-t", "2", "-tb", "2", *extra]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not _healthy(port):
+            if time.time() > deadline or proc.poll() is not None:
+                raise SystemExit(f"llama-server did not come up: {' '.join(cmd)}")
+            time.sleep(0.5)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200
+    except OSError:  # not listening yet, or 503 while the model loads
+        return False
+
+
+def version(bin_dir: Path) -> str:
+    """The build's own version line."""
+    run = subprocess.run([str(bin_dir / "llama-server"), "--version"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    lines = (run.stdout + run.stderr).strip().splitlines()
+    return next((ln for ln in lines if ln.startswith("version")), lines[-1] if lines else "")
