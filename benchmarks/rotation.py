@@ -15,7 +15,10 @@ Each row: `llmpress compress` of one source with one `--quant` (lm_head w8, cali
 on WikiText-2 valid), then `llmpress eval --exact` against the original (the first
 WINDOWS windows of 512 tokens of test.txt): the weights' drift alone.
 
-    python benchmarks/rotation.py [--windows 16]
+    python benchmarks/rotation.py [--windows 16] [--rows SOURCE=QUANT ...] [--name rotation]
+
+`--rows hadamard=best:w4g64zp original=best:w4g64zp` measures other recipes the same way
+(SOURCE: original, fold or hadamard), written to `--name`.json.
 """
 
 from __future__ import annotations
@@ -132,12 +135,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--windows", type=int, default=16)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--rows", nargs="+", help="SOURCE=QUANT pairs (default: the table's)")
+    ap.add_argument("--name", default="rotation", help="results file stem")
     args = ap.parse_args()
     require(DATA)
+    todo = [tuple(r.split("=", 1)) for r in args.rows] if args.rows else ROWS
+    if any(source not in ("original", "fold", "hadamard") for source, _ in todo):
+        raise SystemExit("--rows takes SOURCE=QUANT with SOURCE original, fold or hadamard")
     sources = {"original": "default"}
     sources |= {k: str(rotate(k, WORK / k)) for k in ("fold", "hadamard")}
     rows = []
-    for source, quant in ROWS:
+    for source, quant in todo:
         art = WORK / f"{source}-{quant.replace(':', '-')}"
         t = time.perf_counter()
         llmpress("compress", sources[source], "--quant", quant, "--lm-head", "w8",
@@ -153,12 +161,13 @@ def main() -> None:
         print(rows[-1], flush=True)
     record = {
         "command": "python benchmarks/rotation.py"
-        + (f" --windows {args.windows}" if args.windows != 16 else ""),
+        + (f" --windows {args.windows}" if args.windows != 16 else "")
+        + (f" --rows {' '.join(args.rows)} --name {args.name}" if args.rows else ""),
         "windows": args.windows,
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rotation.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
