@@ -1077,8 +1077,19 @@ def rotation(d: dict) -> list[str]:
         "folded into the weights (a plain llama checkpoint; see the script's docstring), "
         "against the original, with the same `--quant`, `--lm-head w8` and calibration "
         f"text (WikiText-2 valid); drift of the weights alone (`eval --exact`) on the first "
-        f"{d['windows']} windows of 512 tokens of test.txt. `w4g64` and `w3g64` name no "
-        "method: the fast preset (searched-scale GPTQ on 16 samples).",
+        f"{d['windows']} windows of 512 tokens of test.txt."
+        + (
+            " `w4g64` and `w3g64` name no method: the fast preset (searched-scale GPTQ on "
+            "16 samples)."
+            if any(r["quant"] in ("w4g64", "w3g64") for r in d["rows"])
+            else ""
+        )
+        + (
+            " `best:w4g64zp`: the preset (mixed precision to 4.6 bits, searched-scale GPTQ "
+            "and a 32-step repair, 64 calibration samples)."
+            if any(r["quant"] == "best:w4g64zp" for r in d["rows"])
+            else ""
+        ),
         "",
         *table(["--quant", "source", "ppl", "KL", "top-1", "minutes"], rows),
     ]
@@ -1592,6 +1603,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "rotation.json",
         "Rotating the residual stream before rounding",
         "benchmarks/rotation.py",
+        rotation,
+    ),
+    (
+        "rotation_best.json",
+        "The best preset on the rotated model",
+        "benchmarks/rotation.py --rows hadamard=best:w4g64zp original=best:w4g64zp "
+        "--windows 64 --name rotation_best",
         rotation,
     ),
     ("rtn_drift.json", "RTN", "benchmarks/rtn_drift.py", rtn_drift),
