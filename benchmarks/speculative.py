@@ -31,6 +31,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -100,8 +101,6 @@ LLAMA_DRAFT = ("--spec-type", "ngram-simple")
 def llama_replies(bin_dir: Path, gguf: Path, prompts, *extra: str) -> tuple[float, float | None]:
     """llama-server's decode tokens/s over the prompts (one at a time), and the share of
     its drafted tokens kept (None without drafts)."""
-    import urllib.request
-
     ctx = max(map(len, prompts)) + OUTPUT_TOKENS + 8
     n = ms = drafted = kept = 0
     with llama_server(bin_dir, gguf, 1, ctx, "-fa", "off", *extra) as port:

@@ -794,20 +794,13 @@ def serve_load(d: dict) -> list[str]:
     ]
 
 
-# How the llama-server anchor of the runs that record one was built (the runs before them
-# record no version: a native build, `-DGGML_NATIVE=ON`).
+# How the llama-server anchor of the serving sections' runs was built (no run records it).
 LLAMA_SERVER_BUILD = (
     "built by `scripts/build_llama_cpp` (llama-cpp-python 0.3.36's llama.cpp sources, "
     'Release, `-DGGML_NATIVE=ON`) with `LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 '
     '-mno-amx-bf16"`, since its AMX path stopped the server with SIGILL at its first tile '
     "instruction on this VM (AVX-512 and VNNI stay on)"
 )
-
-
-def llama_build(d: dict) -> str:
-    server = d.get("llama_server")
-    text = server if isinstance(server, str) else (server or {}).get("build", "")
-    return LLAMA_SERVER_BUILD if "version" in text else "a native build"
 
 
 def served_vs_bench(d: dict) -> list[str]:
@@ -856,7 +849,8 @@ def served_vs_bench(d: dict) -> list[str]:
             )
     if d.get("llama_server"):
         lines.append(
-            f"llama-server rows: llama.cpp's own server, {llama_build(d)}, on {d['llama_server']}, "
+            f"llama-server rows: llama.cpp's own server, {LLAMA_SERVER_BUILD}, on "
+            f"{d['llama_server']}, "
             "`-np C -c 256·C`, the same C clients right after the llmpress rows of that capacity."
         )
     return ["", " ".join(lines)] if lines else []
@@ -1151,7 +1145,8 @@ def speculative(d: dict) -> list[str]:
             else ""
         )
         + (
-            f" llama-server rows: llama.cpp's own server, {llama_build(d)}, on {llama['build']}, "
+            f" llama-server rows: llama.cpp's own server, {LLAMA_SERVER_BUILD}, on "
+            f"{llama['build']}, "
             "the same prompts as token ids right after llmpress's in each round; its tokens/s "
             "are its replies' decode timings, its speedup against its own plain rows."
             if llama
@@ -1207,7 +1202,7 @@ def prefix_cache(d: dict) -> list[str]:
     if d.get("llama_server"):
         ratio = summary["on"]["requests_per_s"] / summary["llama-server"]["requests_per_s"]
         llama = (
-            f" Row `llama-server`: llama.cpp's own server, {llama_build(d)}, on "
+            f" Row `llama-server`: llama.cpp's own server, {LLAMA_SERVER_BUILD}, on "
             f"{d['llama_server']}, its prompt cache on (its default), the same requests in "
             f"each round right after llmpress's; llmpress (cache on) / llama-server "
             f"requests/s: **{ratio:.2f}x**."
