@@ -8,6 +8,7 @@ count scales and zero points (the manifest's figure), its minutes are the wall t
 the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
+                                 [--runs ROW:SCHEME ...]
                                  [--dtype bfloat16] [--tune-steps 50] [--repair-steps 128]
                                  [--samples 128] [--preset-samples N]
                                  [--windows 64] [--append]
@@ -67,6 +68,7 @@ SCHEMES = {
     # load them (docs/format.md), so they are a comparison, not the default
     "w4g64zp": {"bits": 4, "group_size": 64, "zero_point": True},
     "w3g64zp": {"bits": 3, "group_size": 64, "zero_point": True},
+    "w2g64zp": {"bits": 2, "group_size": 64, "zero_point": True},
     # the same bits spent otherwise: coarser groups leave more of a preset's budget to
     # mixed precision's 8-bit linears (best:w4g128zp: KL 0.0666, best:w4g64zp 0.0664)
     "w4g128zp": {"bits": 4, "group_size": 128, "zero_point": True},
@@ -100,6 +102,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     ap.add_argument("--schemes", nargs="+", default=["w4g64"], choices=list(SCHEMES))
+    ap.add_argument(
+        "--runs",
+        nargs="+",
+        metavar="ROW:SCHEME",
+        help="exactly these rows, each with its scheme (best:w4g64 ...), in place of every "
+        "--rows with every --schemes: the presets' table in one run",
+    )
     ap.add_argument("--bits", type=float, default=4.5, help="mixed precision's budget")
     ap.add_argument(
         "--dtype",
@@ -146,56 +155,67 @@ def main() -> None:
     previous = args.out / f"{args.name}.json"
     if args.append and previous.is_file():  # rows of an earlier run of the same protocol
         results, extra, timing = _read(previous, calib, args.windows)
-    for scheme in args.schemes:
-        for row in args.rows:
-            label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
-            if row in PRESET_ROWS:
-                label = f"{row}:{scheme}"
-            if args.dtype != "auto":
-                label += f" {args.dtype}"
-            if args.calib == "self":
-                label += " (self-generated calibration)"
-            tune = {"steps": args.tune_steps} if args.tune_steps else {}
-            if tune and "tune" in ROWS[row]:
-                label += f" tune{args.tune_steps}"
-            repair = None
-            if args.repair_steps and "distill" in ROWS[row]:
-                repair = REPAIR | {"tokens": args.repair_steps * REPAIR["batch"] * args.length}
-                label += f" repair{args.repair_steps}"
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "artifact"
-                t0 = time.perf_counter()
-                recipe = recipe_for(
-                    row,
-                    SCHEMES[scheme],
-                    calib,
-                    args.bits,
-                    args.dtype,
-                    tune,
-                    repair,
-                    scheme,
-                    preset_n=args.preset_samples,
-                )
-                compress("default", recipe, out, log=print)
-                minutes = (time.perf_counter() - t0) / 60
-                manifest = json.loads((out / "manifest.json").read_text())
-                model = load_model(resolve(str(out)))
-            extra[label] = {
-                "bits/weight": manifest["weights"]["bits_per_quantized_weight"],
-                "minutes": f"{minutes:.1f}",
-            }
-            timing[label] = {
-                "pipeline": manifest["timing_s"],
-                "estimate": manifest.get("estimate_s", {}),  # what compress said before
-                **{r["stage"]: r.get("seconds", {}) for r in manifest["stages"]},
-            }
-            # each row evaluated as soon as it is made: a long run keeps what it measured
-            results.update(measure_drift(base, {label: model}, windows, data="test.txt"))
-            del model
-            _write(args, calib, results, extra, timing)
-            print(label, results[label].to_dict(), extra[label], json.dumps(timing[label]))
+    for row, scheme in _runs(ap, args):
+        label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
+        if row in PRESET_ROWS:
+            label = f"{row}:{scheme}"
+        if args.dtype != "auto":
+            label += f" {args.dtype}"
+        if args.calib == "self":
+            label += " (self-generated calibration)"
+        tune = {"steps": args.tune_steps} if args.tune_steps else {}
+        if tune and "tune" in ROWS[row]:
+            label += f" tune{args.tune_steps}"
+        repair = None
+        if args.repair_steps and "distill" in ROWS[row]:
+            repair = REPAIR | {"tokens": args.repair_steps * REPAIR["batch"] * args.length}
+            label += f" repair{args.repair_steps}"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "artifact"
+            t0 = time.perf_counter()
+            recipe = recipe_for(
+                row,
+                SCHEMES[scheme],
+                calib,
+                args.bits,
+                args.dtype,
+                tune,
+                repair,
+                scheme,
+                preset_n=args.preset_samples,
+            )
+            compress("default", recipe, out, log=print)
+            minutes = (time.perf_counter() - t0) / 60
+            manifest = json.loads((out / "manifest.json").read_text())
+            model = load_model(resolve(str(out)))
+        extra[label] = {
+            "bits/weight": manifest["weights"]["bits_per_quantized_weight"],
+            "minutes": f"{minutes:.1f}",
+        }
+        timing[label] = {
+            "pipeline": manifest["timing_s"],
+            "estimate": manifest.get("estimate_s", {}),  # what compress said before
+            **{r["stage"]: r.get("seconds", {}) for r in manifest["stages"]},
+        }
+        # each row evaluated as soon as it is made: a long run keeps what it measured
+        results.update(measure_drift(base, {label: model}, windows, data="test.txt"))
+        del model
+        _write(args, calib, results, extra, timing)
+        print(label, results[label].to_dict(), extra[label], json.dumps(timing[label]))
     print(f"original: ppl {next(iter(results.values())).base_ppl:.3f}")
     print(format_table(results, extra))
+
+
+def _runs(ap: argparse.ArgumentParser, args) -> list[tuple[str, str]]:
+    """(row, scheme) pairs: --runs as given, or every --rows row for each --schemes."""
+    if not args.runs:
+        return [(row, scheme) for scheme in args.schemes for row in args.rows]
+    pairs = [tuple(run.split(":", 1)) for run in args.runs]
+    for pair in pairs:
+        if len(pair) != 2 or pair[0] not in ROWS or pair[1] not in SCHEMES:
+            ap.error(f"--runs {':'.join(pair)}: want ROW:SCHEME, ROW one of {list(ROWS)}, "
+                     f"SCHEME one of {list(SCHEMES)}")  # fmt: skip
+    return pairs
 
 
 def _read(path: Path, calib: dict, windows: int) -> tuple[dict, dict, dict]:

@@ -150,10 +150,14 @@ def presets(d: dict) -> list[str]:
         "before it started (compress/estimate.py; reading and writing not counted). "
         "`fast:w4g64` is `--quant w4g64`, the default; `best:wBg64` is mixed precision "
         "to B + 0.6 bits per weight, GPTQ with searched scales and a 32-step repair, "
-        "scales in bfloat16. Rows sorted by bits, then KL; the last two rows were "
-        "measured elsewhere under the same protocol. The 3- and 2-bit rows were added right "
-        f"after, on the same machine: `{PY} benchmarks/quality.py --rows best --schemes "
-        "w3g64 w2g64 --name presets --append`.",
+        "scales in bfloat16; `zp`: a zero point per group (what transformers' "
+        "`dequantize=True` path and vLLM load, docs/format.md). Bits per weight count "
+        "every quantized tensor with its scales: in the `rtn`, `gptq` and `fast` rows that "
+        "includes the output projection's int8 copy (`--lm-head auto`: the head is tied to an "
+        "embedding stored in 32 bits), 4.5 bits in the blocks alone; under a preset's bits "
+        "budget the head stays as stored. Every row measured in one "
+        "run, one after another. Rows sorted by bits, then KL; the last two rows were "
+        "measured elsewhere under the same protocol.",
         "",
         *table(["recipe", *DRIFT, "bits/weight", "minutes", "estimated"], body + ELSEWHERE),
     ]
@@ -1507,7 +1511,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "presets.json",
         "Quality per minute: the presets",
-        "benchmarks/quality.py --rows rtn gptq fast best --schemes w4g64 --name presets",
+        "benchmarks/quality.py --runs rtn:w4g64 gptq:w4g64 fast:w4g64 best:w4g64 best:w4g64zp "
+        "best:w3g64 best:w3g64zp best:w2g64 best:w2g64zp --name presets",
         presets,
     ),
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
