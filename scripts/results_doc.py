@@ -180,6 +180,37 @@ def best_variants(d: dict) -> list[str]:
     ]
 
 
+def finer_groups(d: dict) -> list[str]:
+    """The `best` preset on groups of 32, read against its groups of 64 in the presets run."""
+    rows = sorted(d["results"].items(), key=lambda kv: (-kv[1]["bits/weight"], kv[1]["kl"]))
+    body = [[f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]] for k, r in rows]
+    presets = load("presets.json")["results"]
+    against = "; ".join(
+        f"`{k}` KL {f(presets[k]['kl'], 4)} at {presets[k]['bits/weight']} bits"
+        for k in ("best:w3g64zp", "best:w2g64zp")
+    )
+    finer = {k: r["kl"] for k, r in d["results"].items()}
+    pairs = [(k, k.replace("g32", "g64")) for k in finer if k.replace("g32", "g64") in presets]
+    worse = all(finer[k] > presets[g]["kl"] for k, g in pairs)
+    verdict = (
+        "Groups of 32 drift more at both bit widths: the budget does more as "
+        "4-bit linears than as finer groups, so the presets keep groups of 64."
+        if worse
+        else "Groups of 32 drift less in at least one row: see the table."
+    )
+    return [
+        "The `best` preset (mixed precision to B + 0.6 bits per weight, GPTQ with searched "
+        "scales, the 32-step repair, 64 samples of valid.txt, scales in bfloat16) on groups "
+        "of 32 with zero points: w3g32zp is 3.59 bits and w2g32zp 2.56 with 16-bit scales, "
+        "so mixed precision has almost nothing left to spend and the bits that 4-bit "
+        f"linears take at groups of 64 go to finer groups everywhere. The presets run: {against}. "
+        f"Evaluation: {d['windows']} windows; minutes are compress's wall time on 2 cores. "
+        f"{verdict}",
+        "",
+        *table(["recipe", *DRIFT, "bits/weight", "minutes"], body),
+    ]
+
+
 def scale_search(d: dict) -> list[str]:
     body = [[f"`{k}`", *drift_cells(r), r["seconds"]] for k, r in d["results"].items()]
     c = d["calibration"]
@@ -1516,6 +1547,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         presets,
     ),
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
+    (
+        "finer_groups.json",
+        "3 and 2 bits on groups of 32",
+        "benchmarks/quality.py --runs best:w3g32zp best:w2g32zp --name finer_groups",
+        finer_groups,
+    ),
     (
         "best_data.json",
         "best:w4g64zp with more calibration text and a longer repair",
