@@ -73,7 +73,8 @@ SCHEMES = {
     # mixed precision's 8-bit linears (best:w4g128zp: KL 0.0666, best:w4g64zp 0.0664)
     "w4g128zp": {"bits": 4, "group_size": 128, "zero_point": True},
     # and finer: with 16-bit scales w3g32zp is 3.59 bits and w2g32zp 2.56, nearly a
-    # preset's whole budget (B + 0.6) in one scheme
+    # preset's whole budget (B + 0.6) in one scheme (best: KL 0.244 and 0.844, against
+    # 0.208 and 0.786 at groups of 64 with 4-bit linears; finer_groups.json)
     "w3g32zp": {"bits": 3, "group_size": 32, "zero_point": True},
     "w2g32zp": {"bits": 2, "group_size": 32, "zero_point": True},
 }
