@@ -225,13 +225,15 @@ def best_steps(d: dict) -> list[str]:
     return [
         "`best:w4g64` and `best:w4g64zp` written out as quality.py's rows (mixed precision "
         "to 4.6 bits, GPTQ with searched scales, the repair; 64 samples of valid.txt, scales "
-        "in bfloat16), the repair 48 steps of 2 × 512 tokens instead of the preset's 32. The "
+        "in bfloat16), the repair longer than the preset's 32 steps of 2 × 512 tokens "
+        "(`repairN`: N steps; the 64-step row was added right after). The "
         "last two columns are the preset itself in the presets run earlier the same day. "
         f"Evaluation: {d['windows']} windows; minutes are compress's wall time on 2 cores. "
-        "Both fit ten minutes with room; a gain this size is near the spread between runs "
-        "of one recipe here (`best:w4g64zp` measured 0.0652 in the presets run and 0.0662 in "
-        "rotation_best.json), and the presets keep 32 steps until their one-run table is "
-        "measured again with the longer repair.",
+        "The KL falls with each longer repair (32, 48, 64 steps for the zero-point recipe) "
+        "and every row fits ten minutes; one step is near the spread between runs of one "
+        "recipe here (`best:w4g64zp` measured 0.0652 in the presets run and 0.0662 in "
+        "rotation_best.json), the three together are not. The presets keep 32 steps until "
+        "their one-run table is measured again with a longer repair.",
         "",
         *table(["recipe", *DRIFT, "bits/weight", "minutes", "preset KL", "preset minutes"], body),
     ]
@@ -1575,9 +1577,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
     (
         "best_steps.json",
-        "The 4-bit best presets with a 48-step repair",
+        "The 4-bit best presets with a longer repair",
         "benchmarks/quality.py --runs mixed+gptq+distill:w4g64zp mixed+gptq+distill:w4g64 "
-        "--bits 4.6 --dtype bfloat16 --samples 64 --repair-steps 48 --name best_steps",
+        "--bits 4.6 --dtype bfloat16 --samples 64 --repair-steps 48 --name best_steps "
+        "[--runs mixed+gptq+distill:w4g64zp --repair-steps 64 --append]",
         best_steps,
     ),
     (
