@@ -4,6 +4,7 @@ for until healthy, stopped on exit, so that a script runs it on the same workloa
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import socket
 import subprocess
@@ -11,6 +12,17 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """`--llama-server BIN --gguf Q4_0.gguf`: the anchor a serving script runs beside llmpress."""
+    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
+    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    if bool(args.llama_server) != bool(args.gguf):
+        raise SystemExit("--llama-server and --gguf go together")
 
 
 @contextlib.contextmanager

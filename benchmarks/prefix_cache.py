@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from batched_decode import cpu_flags
-from llama_server import llama_server, version
+from llama_server import add_arguments, check_arguments, llama_server, version
 
 from compress.calib_data.sources import read_texts
 from compress.kernels.cpu import set_threads
@@ -144,11 +144,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
-    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
+    add_arguments(ap)
     args = ap.parse_args()
-    if bool(args.llama_server) != bool(args.gguf):
-        raise SystemExit("--llama-server and --gguf go together")
+    check_arguments(args)
     set_threads(torch.get_num_threads())
     runs = []
     with tempfile.TemporaryDirectory() as tmp:

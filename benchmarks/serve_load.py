@@ -65,7 +65,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
-from llama_server import llama_server, version  # noqa: E402
+from llama_server import add_arguments, check_arguments, llama_server, version  # noqa: E402
 
 PROMPT = "The history of the city begins in the early middle ages, when a small settlement"
 
@@ -184,12 +184,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="C-client runs against bench")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run, at most")
-    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
-    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
+    add_arguments(ap)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()
-    if bool(args.llama_server) != bool(args.gguf):
-        raise SystemExit("--llama-server and --gguf go together")
+    check_arguments(args)
     set_threads(torch.get_num_threads())
     bench, bench_runs, rounds, whole = {}, {}, {}, {}
     rows = []

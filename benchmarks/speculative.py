@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 from batched_decode import cpu_flags  # noqa: E402
-from llama_server import llama_server, version  # noqa: E402
+from llama_server import add_arguments, check_arguments, llama_server, version  # noqa: E402
 
 PROMPTS, PROMPT_CHARS, OUTPUT_TOKENS = 6, 1200, 128
 
@@ -150,11 +150,9 @@ def main() -> None:
     ap.add_argument("--draft", help="a draft model artifact to measure beside ngram")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
-    ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
+    add_arguments(ap)
     args = ap.parse_args()
-    if bool(args.llama_server) != bool(args.gguf):
-        raise SystemExit("--llama-server and --gguf go together")
+    check_arguments(args)
 
     from compress.model.loading import load_tokenizer, resolve
     from compress.runtime.kv_cache import KVScheme
