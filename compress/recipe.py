@@ -496,9 +496,10 @@ class Preset:
 # the default model (benchmarks/quality.py): mixed precision within w4g64's class of 4.6
 # bits per weight, with 16-bit scales (32-bit ones take 0.5 of w4g64's 4.5 bits, 16-bit
 # ones 0.25, and every engine computes in 16 bits anyway), GPTQ with searched scales, and
-# a 32-step repair of the scales, on 64 × 512 calibration tokens: KL 0.0778 at 4.60 bits
-# in 6.6 minutes (the repair's matmuls in bf16), where the earlier chain with AWQ and block
-# tuning (min-max GPTQ) took 29 minutes for 0.0792. `fast` (also what `--quant w4g64` with
+# a 64-step repair of the scales, on 64 × 512 calibration tokens: KL 0.0747 at 4.60 bits
+# in 8 to 10 minutes (the repair's matmuls in bf16; 32 steps: 0.0778 in 6.6, and more drift
+# at 3 and 2 bits as well), where the earlier chain with AWQ and block tuning (min-max GPTQ)
+# took 29 minutes for 0.0792. `fast` (also what `--quant w4g64` with
 # no method means) is the lowest KL measured within about two minutes: GPTQ with
 # importance-searched group scales on 16 × 512 calibration tokens, KL 0.145 at w4g64 in
 # 1.1 minutes (32 samples: 0.141, but self-generated text for them takes two minutes,
@@ -506,7 +507,7 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "fast": Preset(stages=(("gptq", {}),), calib=(("samples", 16),)),
     "best": Preset(
-        stages=(("gptq", {}), ("distill", {"tokens": 32768, "batch": 2})),
+        stages=(("gptq", {}), ("distill", {"tokens": 65536, "batch": 2})),
         extra_bits=0.6,
         dtype="auto16",
         calib=(("samples", 64),),

@@ -149,7 +149,7 @@ def presets(d: dict) -> list[str]:
         "(2 cores), loading and writing included; `estimated` is what compress printed "
         "before it started (compress/estimate.py; reading and writing not counted). "
         "`fast:w4g64` is `--quant w4g64`, the default; `best:wBg64` is mixed precision "
-        "to B + 0.6 bits per weight, GPTQ with searched scales and a 32-step repair, "
+        "to B + 0.6 bits per weight, GPTQ with searched scales and a 64-step repair, "
         "scales in bfloat16; `zp`: a zero point per group (what transformers' "
         "`dequantize=True` path and vLLM load, docs/format.md). Bits per weight count "
         "every quantized tensor with its scales: in the `rtn`, `gptq` and `fast` rows that "
@@ -163,6 +163,46 @@ def presets(d: dict) -> list[str]:
     ]
 
 
+# the pipeline's parts a preset's minutes are made of, as the manifest names them
+PRESET_PARTS = [("mixed", "mixed"), ("gptq calibrate", "GPTQ's Hessians"),
+                ("propagate", "passes between blocks"), ("distill", "repair")]  # fmt: skip
+
+
+def presets_repeat(d: dict) -> list[str]:
+    """Preset rows measured again alone, each part's seconds beside the presets run's: a
+    row that ran slow there shows whether every part did (the machine) or one (the code)."""
+    presets = load("presets.json")
+    heads = ["recipe", "KL", "KL there", "minutes", "minutes there"]
+    body, slower = [], []
+    for name, r in d["results"].items():
+        p = presets["results"][name]
+        here = d["timing_s"][name]["pipeline"]
+        there = presets["timing_s"][name]["pipeline"]
+        parts = [f"{here.get(k, 0):.0f} / {there.get(k, 0):.0f}" for k, _ in PRESET_PARTS]
+        slower += [there[k] / here[k] - 1 for k, _ in PRESET_PARTS if here.get(k)]
+        body.append([f"`{name}`", f(r["kl"], 4), f(p["kl"], 4), r["minutes"], p["minutes"],
+                     *parts])  # fmt: skip
+    same = (
+        " The KL is the same: the pipeline is deterministic on one machine."
+        if all(abs(r["kl"] - presets["results"][k]["kl"]) < 1e-6 for k, r in d["results"].items())
+        else ""
+    )
+    verdict = (
+        f" Every part ran {min(slower):.0%} to {max(slower):.0%} longer in the presets run: "
+        "the machine was slower then, not one stage."
+        if slower and min(slower) > 0.1
+        else ""
+    )
+    return [
+        "Preset rows compressed and evaluated again alone, right after the presets run, with "
+        f"the same protocol ({d['windows']} windows). Each part's seconds are `this run / "
+        "the presets run`, as the manifests' `timing_s` records them; minutes are "
+        f"compress's wall time on 2 cores of a shared host.{same}{verdict}",
+        "",
+        *table(heads + [f"{label} s" for _, label in PRESET_PARTS], body),
+    ]
+
+
 def best_variants(d: dict) -> list[str]:
     """`best:w4g64zp`'s recipe written out as quality.py's rows, with one thing changed."""
     rows = sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
@@ -171,8 +211,9 @@ def best_variants(d: dict) -> list[str]:
     return [
         f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`; evaluation: "
         f"{d['windows']} windows. The `best:w4g64zp` preset is `mixed@4.6+gptq+distill "
-        f"w4g64zp bfloat16` on 64 samples with a 32-step repair: KL {f(preset['kl'], 4)} in "
-        f"{preset['minutes']} minutes (the presets section). `repair128`: the repair 128 "
+        f"w4g64zp bfloat16` on 64 samples with a 64-step repair: KL {f(preset['kl'], 4)} in "
+        f"{preset['minutes']} minutes (the presets section); the rows here repair for 32 "
+        "steps unless named otherwise. `repair128`: the repair 128 "
         "steps of 2 × 512 tokens; `tune`: block-wise tuning (200 steps a block) between "
         "GPTQ and the repair. Minutes are compress's wall time on 2 cores.",
         "",
@@ -184,7 +225,7 @@ def finer_groups(d: dict) -> list[str]:
     """The `best` preset on groups of 32, read against its groups of 64 in the presets run."""
     rows = sorted(d["results"].items(), key=lambda kv: (-kv[1]["bits/weight"], kv[1]["kl"]))
     body = [[f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]] for k, r in rows]
-    presets = load("presets.json")["results"]
+    presets, run = _against(d)
     against = "; ".join(
         f"`{k}` KL {f(presets[k]['kl'], 4)} at {presets[k]['bits/weight']} bits"
         for k in ("best:w3g64zp", "best:w2g64zp")
@@ -199,11 +240,12 @@ def finer_groups(d: dict) -> list[str]:
         else "Groups of 32 drift less in at least one row: see the table."
     )
     return [
-        "The `best` preset (mixed precision to B + 0.6 bits per weight, GPTQ with searched "
-        "scales, the 32-step repair, 64 samples of valid.txt, scales in bfloat16) on groups "
+        "The `best` preset with a 32-step repair (mixed precision to B + 0.6 bits per "
+        "weight, GPTQ with searched scales, 64 samples of valid.txt, scales in bfloat16) on groups "
         "of 32 with zero points: w3g32zp is 3.59 bits and w2g32zp 2.56 with 16-bit scales, "
         "so mixed precision has almost nothing left to spend and the bits that 4-bit "
-        f"linears take at groups of 64 go to finer groups everywhere. The presets run: {against}. "
+        "linears take at groups of 64 go to finer groups everywhere. "
+        f"{run[0].upper() + run[1:]}: {against}. "
         f"Evaluation: {d['windows']} windows; minutes are compress's wall time on 2 cores. "
         f"{verdict}",
         "",
@@ -211,9 +253,17 @@ def finer_groups(d: dict) -> list[str]:
     ]
 
 
+def _against(d: dict) -> tuple[dict, str]:
+    """The preset rows a results file was read against, and which run they are from: its
+    own record of them where the presets have changed since, else the presets run."""
+    if "against" in d:
+        return d["against"]["results"], d["against"]["run"]
+    return load("presets.json")["results"], "the presets run"
+
+
 def best_steps(d: dict) -> list[str]:
     """The best presets' recipe with a longer repair, read against the presets run."""
-    presets = load("presets.json")["results"]
+    presets, run = _against(d)
     body = []
     for name, r in sorted(d["results"].items(), key=lambda kv: kv[1]["kl"]):
         scheme = name.split()[1]
@@ -227,13 +277,13 @@ def best_steps(d: dict) -> list[str]:
         "to 4.6 bits, GPTQ with searched scales, the repair; 64 samples of valid.txt, scales "
         "in bfloat16), the repair longer than the preset's 32 steps of 2 × 512 tokens "
         "(`repairN`: N steps; the 64-step row was added right after). The "
-        "last two columns are the preset itself in the presets run earlier the same day. "
+        f"last two columns are the preset itself in {run}. "
         f"Evaluation: {d['windows']} windows; minutes are compress's wall time on 2 cores. "
         "The KL falls with each longer repair (32, 48, 64 steps for the zero-point recipe) "
         "and every row fits ten minutes; one step is near the spread between runs of one "
         "recipe here (`best:w4g64zp` measured 0.0652 in the presets run and 0.0662 in "
-        "rotation_best.json), the three together are not. The presets keep 32 steps until "
-        "their one-run table is measured again with a longer repair.",
+        "rotation_best.json), the three together are not. So the `best` preset's repair is "
+        "now 64 steps, and the presets section is its one-run table.",
         "",
         *table(["recipe", *DRIFT, "bits/weight", "minutes", "preset KL", "preset minutes"], body),
     ]
@@ -612,7 +662,7 @@ def repair_w3(d: dict) -> list[str]:
     return [
         *lines,
         "",
-        f'The preset itself (64 samples, a 32-step repair; "Quality per minute: the '
+        f'The preset itself (64 samples, a 64-step repair; "Quality per minute: the '
         f'presets"): KL {preset["kl"]:.4f}. The target for 3 bits within 3.6 is 0.15.',
     ]
 
@@ -1142,8 +1192,8 @@ def rotation(d: dict) -> list[str]:
             else ""
         )
         + (
-            " `best:w4g64zp`: the preset (mixed precision to 4.6 bits, searched-scale GPTQ "
-            "and a 32-step repair, 64 calibration samples)."
+            " `best:w4g64zp`: the preset as it was when measured (mixed precision to 4.6 "
+            "bits, searched-scale GPTQ and a 32-step repair, 64 calibration samples)."
             if any(r["quant"] == "best:w4g64zp" for r in d["rows"])
             else ""
         ),
@@ -1575,6 +1625,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         presets,
     ),
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
+    (
+        "presets_repeat.json",
+        "The presets measured again",
+        "benchmarks/quality.py --runs best:w4g64 --name presets_repeat",
+        presets_repeat,
+    ),
     (
         "best_steps.json",
         "The 4-bit best presets with a longer repair",

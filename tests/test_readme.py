@@ -195,6 +195,17 @@ def test_recipes_and_gate_files_shown_parse(tmp_path):
             assert load_gate_file(tmp_path / "gates.yaml")
 
 
+def test_the_presets_recipe_shown_is_the_one_run():
+    """docs/recipes.md writes out what `--quant best:w4g64` stands for: the block must be
+    the recipe the code builds, or the page describes a preset nobody runs."""
+    from compress.recipe import quant_recipe
+
+    page = text(ROOT / "docs" / "recipes.md")
+    shown = re.search(r"`--quant best:w4g64` stands for:\n\n```yaml\n(.*?)```", page, re.S)
+    assert shown, "docs/recipes.md no longer writes out the best preset's recipe"
+    assert yaml.safe_load(shown.group(1)) == quant_recipe("best:w4g64")
+
+
 def test_python_blocks_compile():
     for page in PAGES:
         for block in blocks(text(page), "python"):

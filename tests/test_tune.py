@@ -261,7 +261,7 @@ def test_distill_after_quantization_trains_only_scales(tmp_path, wikitext, token
 
 def test_best_preset_is_the_chain_within_its_class():
     """best:wBgG is mixed precision to B + 0.6 bits per weight (w4g64's class of 4.6 in
-    issue 16), GPTQ and a 32-step repair on 64 calibration samples, with 16-bit scales; a
+    issue 16), GPTQ and a 64-step repair on 64 calibration samples, with 16-bit scales; a
     flag given still wins, and a one-scheme export (AutoAWQ's) gets the chain alone."""
     from compress.recipe import quant_recipe, recipe_from_flags
 
@@ -269,7 +269,7 @@ def test_best_preset_is_the_chain_within_its_class():
     recipe = parse_recipe(data)
     assert [n for n, _ in recipe.stages] == ["mixed", "gptq", "distill"]
     assert recipe.stages[0][1].bits_budget == 3.6 and recipe.stages[0][1].base == "w3g32sym"
-    assert recipe.stages[2][1].tokens == 32768 and recipe.dtype == "auto16"
+    assert recipe.stages[2][1].tokens == 65536 and recipe.dtype == "auto16"
     assert recipe.stages[1][1].scheme == QuantScheme(3, 32, False)
     assert recipe.calib.samples == 64
     assert quant_recipe("awq:w4g64") == {"stages": [{"awq": {"bits": 4, "group_size": 64}}]}
