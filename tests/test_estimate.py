@@ -6,6 +6,7 @@ each row's estimate beside its timing: docs/results.md.)"""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from family_models import write_family
@@ -15,7 +16,7 @@ from compress.distill import precision
 from compress.distill.stage import BF16_SPEEDUP
 from compress.estimate import estimate, estimate_line
 from compress.model.loading import resolve
-from compress.model.workload import workload
+from compress.model.workload import median_rate, workload
 from compress.pipeline import compress
 from compress.recipe import parse_recipe, recipe_from_flags
 
@@ -93,3 +94,17 @@ def test_compress_says_the_estimate_first_and_keeps_it(tmp_path):
         estimate_s["calibration passes"] + estimate_s["gptq"], abs=0.11
     )
     assert "gptq transform" in manifest["timing_s"] and manifest["compress_seconds"] > 0
+
+
+def test_the_rate_is_the_median_calls_not_the_mean():
+    """A call the machine was taken away from (here: one in three sleeps ten times as
+    long) does not move the rate; the mean would have fallen by three quarters."""
+    calls = []
+
+    def product():
+        calls.append(1)
+        time.sleep(0.02 if len(calls) % 3 == 0 else 0.002)
+
+    rate = median_rate(product, 1e9, 0.05)
+    assert len(calls) >= 5
+    assert 1e9 / 0.004 < rate <= 1e9 / 0.002

@@ -69,13 +69,21 @@ def matmul_rate(rows: int, width: int, seconds: float = 0.1) -> float:
     """FLOP/s of a float32 [rows, width] × [width, width] product on this machine now."""
     a, b = torch.randn(rows, width), torch.randn(width, width)
     a @ b  # warm-up: threads started, memory touched
-    done, start = 0, time.perf_counter()
-    while True:
-        a @ b
-        done += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return done * 2 * rows * width * width / elapsed
+    return median_rate(lambda: a @ b, 2 * rows * width * width, seconds)
+
+
+def median_rate(product, flops: float, seconds: float) -> float:
+    """FLOP/s of the median call of `product` in about `seconds` (five calls at least).
+    The median, not the mean: on a shared host a moment taken from this process (a
+    neighbour's burst, one of the threads descheduled) once halved the mean rate, and the
+    estimate printed 17 minutes for a 9-minute run."""
+    times, start = [], time.perf_counter()
+    while len(times) < 5 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        product()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return flops / times[len(times) // 2]
 
 
 def duration(seconds: float) -> str:
