@@ -499,11 +499,11 @@ class Preset:
 # a 64-step repair of the scales, on 64 × 512 calibration tokens: KL 0.0747 at 4.60 bits
 # in 8 to 10 minutes (the repair's matmuls in bf16; 32 steps: 0.0778 in 6.6, and more drift
 # at 3 and 2 bits as well), where the earlier chain with AWQ and block tuning (min-max GPTQ)
-# took 29 minutes for 0.0792. `fast` (also what `--quant w4g64` with
-# no method means) is the lowest KL measured within about two minutes: GPTQ with
-# importance-searched group scales on 16 × 512 calibration tokens, KL 0.145 at w4g64 in
-# 1.1 minutes (32 samples: 0.141, but self-generated text for them takes two minutes,
-# not one), where RTN drifts 0.425 and 128-sample min-max GPTQ 0.235 in 5 minutes.
+# took 29 minutes for 0.0792. `fast` (also what `--quant w4g64` with no method means) is
+# the lowest KL measured within about two minutes: GPTQ with importance-searched group
+# scales on 16 × 512 calibration tokens, KL 0.145 at w4g64 in a minute (32 samples: 0.141,
+# but self-generated text for them takes two minutes, not one), where RTN drifts 0.425
+# and 128-sample min-max GPTQ 0.235 in 5 minutes.
 PRESETS: dict[str, Preset] = {
     "fast": Preset(stages=(("gptq", {}),), calib=(("samples", 16),)),
     "best": Preset(

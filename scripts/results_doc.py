@@ -173,20 +173,17 @@ def presets_repeat(d: dict) -> list[str]:
     row that ran slow there shows whether every part did (the machine) or one (the code)."""
     presets = load("presets.json")
     heads = ["recipe", "KL", "KL there", "minutes", "minutes there"]
-    body, slower = [], []
+    body, slower, same_kl = [], [], True
     for name, r in d["results"].items():
         p = presets["results"][name]
         here = d["timing_s"][name]["pipeline"]
         there = presets["timing_s"][name]["pipeline"]
         parts = [f"{here.get(k, 0):.0f} / {there.get(k, 0):.0f}" for k, _ in PRESET_PARTS]
         slower += [there[k] / here[k] - 1 for k, _ in PRESET_PARTS if here.get(k)]
+        same_kl = same_kl and abs(r["kl"] - p["kl"]) < 1e-6
         body.append([f"`{name}`", f(r["kl"], 4), f(p["kl"], 4), r["minutes"], p["minutes"],
                      *parts])  # fmt: skip
-    same = (
-        " The KL is the same: the pipeline is deterministic on one machine."
-        if all(abs(r["kl"] - presets["results"][k]["kl"]) < 1e-6 for k, r in d["results"].items())
-        else ""
-    )
+    same = " The KL is the same: the pipeline is deterministic on one machine." if same_kl else ""
     verdict = (
         f" Every part ran {min(slower):.0%} to {max(slower):.0%} longer in the presets run: "
         "the machine was slower then, not one stage."
@@ -262,7 +259,8 @@ def _against(d: dict) -> tuple[dict, str]:
 
 
 def best_steps(d: dict) -> list[str]:
-    """The best presets' recipe with a longer repair, read against the presets run."""
+    """The best presets' recipe with a longer repair, read against the presets it was
+    measured beside."""
     presets, run = _against(d)
     body = []
     for name, r in sorted(d["results"].items(), key=lambda kv: kv[1]["kl"]):

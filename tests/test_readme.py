@@ -195,7 +195,7 @@ def test_recipes_and_gate_files_shown_parse(tmp_path):
             assert load_gate_file(tmp_path / "gates.yaml")
 
 
-def test_the_presets_recipe_shown_is_the_one_run():
+def test_the_best_recipe_shown_is_the_one_the_code_builds():
     """docs/recipes.md writes out what `--quant best:w4g64` stands for: the block must be
     the recipe the code builds, or the page describes a preset nobody runs."""
     from compress.recipe import quant_recipe
