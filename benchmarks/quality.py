@@ -94,11 +94,13 @@ def recipe_for(
     repair: dict | None = None,
     label: str = "",
     preset_n: int | None = None,
+    options: list[str] | None = None,
 ):
     if row in PRESET_ROWS:  # the preset as the CLI builds it; --dtype still overrides
         flags = {"dtype": None if dtype == "auto" else dtype}
         return recipe_from_flags(None, f"{row}:{label}", calib | {"samples": preset_n}, flags)
-    settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": {"bits_budget": bits}}
+    mixed = {"bits_budget": bits} | ({"options": options} if options else {})
+    settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": mixed}
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
 
@@ -115,6 +117,13 @@ def main() -> None:
         "--rows with every --schemes: the presets' table in one run",
     )
     ap.add_argument("--bits", type=float, default=4.5, help="mixed precision's budget")
+    ap.add_argument(
+        "--mixed-options",
+        nargs="+",
+        metavar="SCHEME",
+        help="the schemes mixed precision may give a linear besides the row's (default: its "
+        "own); the label lists them",
+    )
     ap.add_argument(
         "--dtype",
         default="auto",
@@ -168,6 +177,8 @@ def main() -> None:
             label += f" {args.dtype}"
         if args.calib == "self":
             label += " (self-generated calibration)"
+        if args.mixed_options and "mixed" in ROWS[row]:
+            label += f" options={','.join(args.mixed_options)}"
         tune = {"steps": args.tune_steps} if args.tune_steps else {}
         if tune and "tune" in ROWS[row]:
             label += f" tune{args.tune_steps}"
@@ -188,6 +199,7 @@ def main() -> None:
                 repair,
                 scheme,
                 preset_n=args.preset_samples,
+                options=args.mixed_options,
             )
             compress("default", recipe, out, log=print)
             minutes = (time.perf_counter() - t0) / 60

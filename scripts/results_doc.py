@@ -250,6 +250,42 @@ def finer_groups(d: dict) -> list[str]:
     ]
 
 
+def mixed_options(d: dict) -> list[str]:
+    """Mixed precision's options then against wider sets, each scheme's rows together."""
+
+    def parts(label: str) -> tuple[str, str, str]:
+        own, _, options = label.partition(" options=")
+        return own, own.split()[1], options
+
+    rows = sorted(
+        d["results"].items(),
+        key=lambda kv: (-int(parts(kv[0])[1][1]), bool(parts(kv[0])[2]), kv[1]["kl"]),
+    )
+    body = [[f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]] for k, r in rows]
+    own = {parts(k)[0]: r["kl"] for k, r in rows if not parts(k)[2]}
+    deltas = [
+        f"{parts(k)[1]} with {parts(k)[2]} {r['kl'] - own[parts(k)[0]]:+.4f}"
+        for k, r in rows
+        if parts(k)[2] and parts(k)[0] in own
+    ]
+    c = d["calibration"]
+    return [
+        "Mixed precision to B + 0.6 bits per weight, then GPTQ with searched scales, no "
+        f"repair ({c['samples']} × {c['length']} tokens of valid.txt, scales in bfloat16, "
+        f"{d['windows']} windows). Unlabelled rows: the options mixed precision offered every "
+        "scheme when they were measured (`w4g128`, `w4g32`, `w8` beside the row's own); "
+        "labelled rows: the options listed. Against the unlabelled row of the same scheme: "
+        f"{'; '.join(deltas)}. So below 3 bits the options now include one bit more in the "
+        "row's groups (`default_options` in compress/quantizers/mixed.py: `w3g64` for "
+        "w2g64); at 3 bits `w4g64` drifted more and is not offered. 5- and 6-bit linears "
+        "lowered the 4-bit row's KL most but have no vLLM kernel (Marlin takes 4 and 8 "
+        "bits), so 4-bit recipes keep to 4 and 8 bits unless a recipe names them. Minutes "
+        "are compress's wall time on 2 cores, beside other work.",
+        "",
+        *table(["recipe", *DRIFT, "bits/weight", "minutes"], body),
+    ]
+
+
 def _against(d: dict) -> tuple[dict, str]:
     """The preset rows a results file was read against, and which run they are from: its
     own record of them where the presets have changed since, else the presets run."""
@@ -1642,6 +1678,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Groups of 32 at 3 and 2 bits",
         "benchmarks/quality.py --runs best:w3g32zp best:w2g32zp --name finer_groups",
         finer_groups,
+    ),
+    (
+        "mixed_options.json",
+        "Mixed precision's options",
+        "benchmarks/quality.py --rows mixed+gptq --dtype bfloat16 --samples 64 --name "
+        "mixed_options --schemes wBg64zp --bits B.6 [--mixed-options ...] [--append]",
+        mixed_options,
     ),
     (
         "best_data.json",

@@ -15,7 +15,7 @@ from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.quantizers.mixed import allocate, fisher_diagonal, parse_scheme, stored_bits
 from compress.quantizers.scheme import QuantScheme
-from compress.recipe import parse_recipe, recipe_from_flags
+from compress.recipe import parse_quant, parse_recipe, recipe_from_flags
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights
 from tests.conftest import write_tiny_llama
@@ -148,6 +148,24 @@ def test_mixed_artifact_meets_its_budget(tmp_path, wikitext, tokenizer):
 def test_mixed_recipe_errors(stages, message):
     with pytest.raises(LlmpressError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_recipe({"stages": stages})
+
+
+def test_default_options_follow_the_scheme():
+    """A recipe naming no options gets them from its quantizers' scheme: a 4- or 3-bit one
+    only 4- and 8-bit schemes besides its own (a 4-bit artifact stays in the layouts vLLM
+    runs), a 2-bit one also 3 bits in its groups; options named stay as named, and the
+    best preset gets the same."""
+
+    def options(spec: str, **mixed) -> tuple[str, ...]:
+        stages = [{"mixed": {"bits_budget": 5, **mixed}}, parse_quant(spec)]
+        return parse_recipe({"stages": stages}).stages[0][1].options
+
+    assert options("rtn:w4g64") == options("gptq:w3g64zp") == ("w4g128", "w4g32", "w8")
+    assert options("gptq:w2g64zp") == ("w3g64", "w4g128", "w4g32", "w8")
+    assert options("rtn:w2g128") == ("w3g128", "w4g128", "w4g32", "w8")
+    assert options("rtn:w2g64", options=["w4g64"]) == ("w4g64",)
+    best = recipe_from_flags(None, "best:w2g64zp", {}, {})
+    assert best.stages[0][1].options == ("w3g64", "w4g128", "w4g32", "w8")
 
 
 def test_bits_flag_sets_or_adds_the_budget():

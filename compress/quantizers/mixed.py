@@ -51,8 +51,9 @@ FISHER_FACTOR = 1.33
 class MixedConfig:
     bits_budget: float = 4.5  # average stored bits per quantized weight, scales included
     # schemes a linear may take besides the quantizers' own (zero point as theirs unless
-    # the label says zp/sym; no group means per-channel), where their group divides it
-    options: tuple[str, ...] = ("w4g128", "w4g32", "w8")
+    # the label says zp/sym; no group means per-channel), where their group divides it;
+    # None: default_options of the quantizers' scheme
+    options: tuple[str, ...] | None = None
     samples: int = 16  # calibration sequences the Fisher information is averaged over
     seed: int = 0
     base: str | None = None  # the quantizing stages' scheme; the recipe fills it in
@@ -62,8 +63,13 @@ class MixedConfig:
             raise LlmpressError(f"mixed.bits_budget must be > 0, got {self.bits_budget!r}")
         if self.samples < 1:
             raise LlmpressError("mixed.samples must be >= 1")
-        object.__setattr__(self, "options", tuple(self.options))
-        for label in self.options:
+        if self.options is None and self.base is not None:  # left None until it is known
+            object.__setattr__(
+                self, "options", default_options(parse_scheme(self.base, QuantScheme()))
+            )
+        if self.options is not None:
+            object.__setattr__(self, "options", tuple(self.options))
+        for label in self.options or ():
             parse_scheme(str(label), QuantScheme())  # refuse a bad label as the recipe is read
         if self.base is not None:
             fewest = min(parse_scheme(x, QuantScheme()).bits for x in (self.base, *self.options))
@@ -73,6 +79,19 @@ class MixedConfig:
                     f"option stores at least {fewest} bits per weight plus scales; raise it "
                     f"or add a cheaper option (e.g. w{fewest - 1}g64)"
                 )
+
+
+def default_options(base: QuantScheme) -> tuple[str, ...]:
+    """What a linear may take besides `base`: 4 bits in groups of 128 and 32, 8 bits per
+    channel, and, below 3 bits, one bit more than the base in its groups. A 4-bit
+    artifact keeps to the 4- and 8-bit layers that vLLM has kernels for. Before any repair
+    (benchmarks/quality.py --mixed-options), w2g64zp to 2.6 bits drifted KL 0.967 with
+    w3g64 offered against 1.096 without, while w3g64zp to 3.6 bits drifted 0.2595 with
+    w4g64 offered against 0.2534 without."""
+    options = ["w4g128", "w4g32", "w8"]
+    if base.bits < 3:
+        options.insert(0, f"w{base.bits + 1}" + (f"g{base.group_size}" if base.group_size else ""))
+    return tuple(options)
 
 
 def parse_scheme(label: str, base: QuantScheme) -> QuantScheme:
