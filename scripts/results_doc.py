@@ -201,10 +201,17 @@ def presets_repeat(d: dict) -> list[str]:
     ]
 
 
+def by_kl(d: dict, more: Callable[[str], list] = lambda name: []) -> list[list]:
+    """quality.py's rows by KL: recipe, drift, bits per weight, minutes, then `more`'s."""
+    rows = sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
+    return [
+        [f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"], *more(k)] for k, r in rows
+    ]
+
+
 def best_variants(d: dict) -> list[str]:
     """`best:w4g64zp`'s recipe written out as quality.py's rows, with one thing changed."""
-    rows = sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
-    body = [[f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]] for k, r in rows]
+    body = by_kl(d)
     c, preset = d["calibration"], load("presets.json")["results"]["best:w4g64zp"]
     return [
         f"Calibration: {c['samples']} × {c['length']} tokens of `{c['source']}`; evaluation: "
@@ -290,10 +297,7 @@ def mixed_options(d: dict) -> list[str]:
 def presets_w2(d: dict) -> list[str]:
     """The 2-bit presets measured again once their options included 3 bits."""
     there = load("presets.json")["results"]
-    body = [
-        [f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"], f(there[k]["kl"], 4)]
-        for k, r in sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
-    ]
+    body = by_kl(d, lambda name: [f(there[name]["kl"], 4)])
     return [
         "`best:w2g64` and `best:w2g64zp` as the preset now builds them: mixed precision to "
         '2.6 bits with `w3g64` among its options ("Mixed precision\'s options"), GPTQ '
@@ -308,10 +312,7 @@ def presets_w2(d: dict) -> list[str]:
 def wider_bits(d: dict) -> list[str]:
     """best:w4g64zp's recipe with 5- and 6-bit linears among mixed precision's options."""
     preset = load("presets.json")["results"]["best:w4g64zp"]
-    body = [
-        [f"`{k}`", *drift_cells(r, 4), r["bits/weight"], r["minutes"]]
-        for k, r in sorted(d["results"].items(), key=lambda kv: kv[1]["kl"])
-    ]
+    body = by_kl(d)
     return [
         "`best:w4g64zp` written out (mixed precision to 4.6 bits, GPTQ with searched scales, "
         "the repair for `repairN` steps of 2 × 512 tokens; 64 samples of valid.txt, scales in "
