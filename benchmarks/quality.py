@@ -8,7 +8,7 @@ count scales and zero points (the manifest's figure), its minutes are the wall t
 the compression on this machine (loading and writing included).
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
-                                 [--runs ROW:SCHEME ...]
+                                 [--runs ROW:SCHEME ...] [--mixed-options SCHEME ...]
                                  [--dtype bfloat16] [--tune-steps 50] [--repair-steps 128]
                                  [--samples 128] [--preset-samples N]
                                  [--windows 64] [--append]
