@@ -4,12 +4,12 @@ Where PYTHONDONTWRITEBYTECODE is set (as on these machines) Python never writes 
 itself, and every process compiled torch and transformers again at import: 10 s of an
 `llmpress eval`'s 29. Compiling all of site-packages does it for 15,000 files (33 s of a
 fresh setup on 2 idle cores, 64 s of CPU); a compress and an eval import 2,500 of them.
-So this process
-imports every module of the `compress` package, the transformers model class (and so
-its config's) of every family it supports and the test tools setup installs, with
-bytecode writing on: each module is compiled as it is imported, and its bytecode kept.
-A module some later command imports that this one did not is compiled at that import,
-as it would be without this script. It took 22 s (22 s of CPU) in the same fresh setup.
+So this process imports every module of the `compress` package, the transformers model
+class (and so its config's) of every family it supports and the test tools setup
+installs, with bytecode writing on: each module is compiled as it is imported, and its
+bytecode kept. A module some later command imports that this one did not is compiled at
+that import, as it would be without this script. It took 22 s (22 s of CPU) in the same
+fresh setup.
 """
 
 from __future__ import annotations
