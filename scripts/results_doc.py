@@ -310,26 +310,34 @@ def presets_w2(d: dict) -> list[str]:
 
 
 def wider_bits(d: dict) -> list[str]:
-    """best:w4g64zp's recipe with 5- and 6-bit linears among mixed precision's options."""
-    preset = load("presets.json")["results"]["best:w4g64zp"]
-    body = by_kl(d)
+    """The 4-bit best recipes with 5- and 6-bit linears among mixed precision's options."""
+    presets = load("presets.json")["results"]
+    body = by_kl(d, lambda name: [f(presets[f"best:{name.split()[1]}"]["kl"], 4)])
+    sym = any(name.split()[1] == "w4g64" for name in d["results"])
     return [
-        "`best:w4g64zp` written out (mixed precision to 4.6 bits, GPTQ with searched scales, "
-        "the repair for `repairN` steps of 2 × 512 tokens; 64 samples of valid.txt, scales in "
-        "bfloat16) with `w5g64` and `w6g64` among mixed precision's options beside `w4g128`, "
-        f"`w4g32` and `w8`; {d['windows']} windows. The preset itself (the presets "
-        f"section): KL {f(preset['kl'], 4)} in {preset['minutes']} minutes; the target for "
-        "4 bits within 4.6 is 0.05. Mixed precision's plan (its Fisher pass comes before "
-        "any rounding, so a `mixed` + `rtn` compress of the same options, samples and dtype "
-        "records it): 101 linears w4g64zp, 76 w5g64zp, 22 w6g64zp, 11 w4g128zp, none w8. "
-        "Who opens the artifact: vLLM has no kernel for 5- or 6-bit weights (Marlin takes 4 "
-        "and 8), transformers no loader for zero points in two group sizes (the manifest's "
-        "`engines` says both); llmpress's eval and runtime run it, the runtime with its 5- "
-        "and 6-bit linears dequantized (`bench` names them). So it is a recipe, not the "
-        "preset. Minutes are compress's wall time on 2 cores, each row beside other work "
-        "(short test runs, the plan's compress).",
+        "`best:w4g64zp` (and `best:w4g64`, where a row names w4g64) written out: mixed "
+        "precision to 4.6 bits, GPTQ with searched scales, the repair for `repairN` steps of "
+        "2 × 512 tokens, 64 samples of valid.txt, scales in bfloat16, with `w5g64` and "
+        f"`w6g64` among mixed precision's options beside `w4g128`, `w4g32` and `w8`; "
+        f"{d['windows']} windows. The last column is the preset of that scheme in the presets "
+        "section; the target for 4 bits within 4.6 is 0.05. Mixed precision's plan for the "
+        "zero-point recipe (its Fisher pass comes before any rounding, so a `mixed` + `rtn` "
+        "compress of the same options, samples and dtype records it): 101 linears w4g64zp, "
+        "76 w5g64zp, 22 w6g64zp, 11 w4g128zp, none w8. vLLM has no kernel for 5- or 6-bit "
+        "weights (Marlin takes 4 and 8) and transformers no loader for zero points in two "
+        "group sizes (the manifest's `engines` says both); llmpress's eval and runtime run "
+        "them, the runtime with the 5- and 6-bit linears dequantized (`bench` names them)"
+        + (
+            "; the symmetric recipe's artifact opens with the plain `from_pretrained` "
+            "(tests/test_interop.py opens symmetric 3-, 5- and 6-bit artifacts so)"
+            if sym
+            else ""
+        )
+        + ". So they are recipes, not the presets. Minutes are compress's wall time on 2 "
+        "cores; the zero-point rows ran beside other work (short test runs, the plan's "
+        "compress).",
         "",
-        *table(["recipe", *DRIFT, "bits/weight", "minutes"], body),
+        *table(["recipe", *DRIFT, "bits/weight", "minutes", "preset KL"], body),
     ]
 
 
@@ -1741,10 +1749,10 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ),
     (
         "wider_bits.json",
-        "The 4-bit zero-point recipe with 5- and 6-bit linears",
+        "The 4-bit best recipes with 5- and 6-bit linears",
         "benchmarks/quality.py --runs mixed+gptq+distill:w4g64zp --bits 4.6 --dtype bfloat16 "
         "--samples 64 --repair-steps 64 --mixed-options w4g128 w4g32 w5g64 w6g64 w8 --name "
-        "wider_bits [--repair-steps 128 --append]",
+        "wider_bits [--repair-steps 128 --append] [--runs mixed+gptq+distill:w4g64 --append]",
         wider_bits,
     ),
     (
