@@ -161,11 +161,11 @@ def test_default_options_follow_the_scheme():
         return parse_recipe({"stages": stages}).stages[0][1].options
 
     assert options("rtn:w4g64") == options("gptq:w3g64zp") == ("w4g128", "w4g32", "w8")
-    assert options("gptq:w2g64zp") == ("w3g64", "w4g128", "w4g32", "w8")
-    assert options("rtn:w2g128") == ("w3g128", "w4g128", "w4g32", "w8")
+    assert options("gptq:w2g64zp") == ("w3g64zp", "w4g128", "w4g32", "w8")
+    assert options("rtn:w2g128") == ("w3g128sym", "w4g128", "w4g32", "w8")
     assert options("rtn:w2g64", options=["w4g64"]) == ("w4g64",)
     best = recipe_from_flags(None, "best:w2g64zp", {}, {})
-    assert best.stages[0][1].options == ("w3g64", "w4g128", "w4g32", "w8")
+    assert best.stages[0][1].options == ("w3g64zp", "w4g128", "w4g32", "w8")
 
 
 def test_bits_flag_sets_or_adds_the_budget():

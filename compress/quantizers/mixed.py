@@ -90,7 +90,7 @@ def default_options(base: QuantScheme) -> tuple[str, ...]:
     w4g64 offered against 0.2534 without."""
     options = ["w4g128", "w4g32", "w8"]
     if base.bits < 3:
-        options.insert(0, f"w{base.bits + 1}" + (f"g{base.group_size}" if base.group_size else ""))
+        options.insert(0, dataclasses.replace(base, bits=base.bits + 1).label())
     return tuple(options)
 
 
