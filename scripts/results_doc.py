@@ -172,7 +172,8 @@ PRESET_PARTS = [("mixed", "mixed"), ("gptq calibrate", "GPTQ's Hessians"),
 def presets_repeat(d: dict) -> list[str]:
     """Preset rows measured again alone, each part's seconds beside the presets run's: a
     row that ran slow there shows whether every part did (the machine) or one (the code)."""
-    presets = load("presets.json")
+    presets = d.get("against") or load("presets.json")
+    run = presets.get("run", "the presets run")
     heads = ["recipe", "KL", "KL there", "minutes", "minutes there"]
     body, slower, same_kl = [], [], True
     for name, r in d["results"].items():
@@ -186,15 +187,15 @@ def presets_repeat(d: dict) -> list[str]:
                      *parts])  # fmt: skip
     same = " The KL is the same: the pipeline is deterministic on one machine." if same_kl else ""
     verdict = (
-        f" Every part ran {min(slower):.0%} to {max(slower):.0%} longer in the presets run: "
+        f" Every part ran {min(slower):.0%} to {max(slower):.0%} longer there: "
         "the machine was slower then, not one stage."
         if slower and min(slower) > 0.1
         else ""
     )
     return [
-        "Preset rows compressed and evaluated again alone, right after the presets run, with "
+        f"Preset rows compressed and evaluated again alone, right after {run}, with "
         f"the same protocol ({d['windows']} windows). Each part's seconds are `this run / "
-        "the presets run`, as the manifests' `timing_s` records them; minutes are "
+        "that run`, as the manifests' `timing_s` records them; minutes are "
         f"compress's wall time on 2 cores of a shared host.{same}{verdict}",
         "",
         *table(heads + [f"{label} s" for _, label in PRESET_PARTS], body),
@@ -296,13 +297,13 @@ def mixed_options(d: dict) -> list[str]:
 
 def presets_w2(d: dict) -> list[str]:
     """The 2-bit presets measured again once their options included 3 bits."""
-    there = load("presets.json")["results"]
+    there, run = _against(d)
     body = by_kl(d, lambda name: [f(there[name]["kl"], 4)])
     return [
         "`best:w2g64` and `best:w2g64zp` as the preset now builds them: mixed precision to "
         '2.6 bits with `w3g64` among its options ("Mixed precision\'s options"), GPTQ '
         "with searched scales, a 64-step repair, 64 calibration samples, 16-bit scales; "
-        f"{d['windows']} windows. The last column is the same preset in the presets run, "
+        f"{d['windows']} windows. The last column is the same preset in {run}, "
         "before 3-bit linears were offered. Minutes are compress's wall time on 2 cores.",
         "",
         *table(["recipe", *DRIFT, "bits/weight", "minutes", "KL without 3-bit"], body),
