@@ -5,7 +5,8 @@ Protocol (../shared/guide/MEASURING.md): calibrate on WikiText-2 raw valid.txt
 tokens, against the fp32 original; every row compared with the same original logits.
 Each row is one recipe compressed with `llmpress`'s own pipeline; its bits per weight
 count scales and zero points (the manifest's figure), its minutes are the wall time of
-the compression on this machine (loading and writing included).
+the compression on this machine (loading and writing included). A row with mixed
+precision also records its plan in the JSON: how many linears took each scheme.
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
                                  [--runs ROW:SCHEME ...] [--mixed-options SCHEME ...]
@@ -209,6 +210,10 @@ def main() -> None:
             "bits/weight": manifest["weights"]["bits_per_quantized_weight"],
             "minutes": f"{minutes:.1f}",
         }
+        # mixed precision's plan: how many linears took each scheme
+        for stage in manifest["stages"]:
+            if stage["stage"] == "mixed":
+                extra[label]["plan"] = stage["schemes"]
         timing[label] = {
             "pipeline": manifest["timing_s"],
             "estimate": manifest.get("estimate_s", {}),  # what compress said before
@@ -220,7 +225,7 @@ def main() -> None:
         _write(args, calib, results, extra, timing)
         print(label, results[label].to_dict(), extra[label], json.dumps(timing[label]))
     print(f"original: ppl {next(iter(results.values())).base_ppl:.3f}")
-    print(format_table(results, extra))
+    print(format_table(results, _columns(extra)))
 
 
 def _runs(ap: argparse.ArgumentParser, args) -> list[tuple[str, str]]:
@@ -243,7 +248,7 @@ def _read(path: Path, calib: dict, windows: int) -> tuple[dict, dict, dict]:
     results, extra = {}, {}
     for label, row in record["results"].items():
         results[label] = Drift(**{k: v for k, v in row.items() if k in fields})
-        extra[label] = {k: row[k] for k in ("bits/weight", "minutes")}
+        extra[label] = {k: row[k] for k in ("bits/weight", "minutes", "plan") if k in row}
     return results, extra, record["timing_s"]
 
 
@@ -257,7 +262,12 @@ def _write(args, calib: dict, results: dict, extra: dict, timing: dict) -> None:
         "timing_s": timing,
     }
     (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    (args.out / f"{args.name}.md").write_text(format_table(results, extra) + "\n")
+    (args.out / f"{args.name}.md").write_text(format_table(results, _columns(extra)) + "\n")
+
+
+def _columns(extra: dict) -> dict:
+    """The table's extra columns: the plan stays in the JSON, a count per scheme."""
+    return {k: {c: v for c, v in e.items() if c != "plan"} for k, e in extra.items()}
 
 
 if __name__ == "__main__":
