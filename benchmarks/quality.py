@@ -96,12 +96,14 @@ def recipe_for(
     label: str = "",
     preset_n: int | None = None,
     options: list[str] | None = None,
+    gptq: dict | None = None,
 ):
     if row in PRESET_ROWS:  # the preset as the CLI builds it; --dtype still overrides
         flags = {"dtype": None if dtype == "auto" else dtype}
         return recipe_from_flags(None, f"{row}:{label}", calib | {"samples": preset_n}, flags)
     mixed = {"bits_budget": bits} | ({"options": options} if options else {})
     settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": mixed}
+    settings["gptq"] = scheme | (gptq or {})
     stages = [{name: settings.get(name, scheme)} for name in ROWS[row]]
     return parse_recipe({"stages": stages, "calib": calib, "dtype": dtype})
 
@@ -134,6 +136,12 @@ def main() -> None:
     ap.add_argument("--tune-steps", type=int, help="tune's steps per block (default: its own)")
     ap.add_argument(
         "--repair-steps", type=int, help="the repair's steps of 2 × 512 tokens (default: 32)"
+    )
+    ap.add_argument(
+        "--gptq-target",
+        choices=["reference", "original"],
+        help="what GPTQ's rounding fits (default: its own, reference); a row with "
+        "`original` says so in its label",
     )
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--samples", type=int, default=128)
@@ -180,6 +188,10 @@ def main() -> None:
             label += " (self-generated calibration)"
         if args.mixed_options and "mixed" in ROWS[row]:
             label += f" options={','.join(args.mixed_options)}"
+        gptq = {}
+        if args.gptq_target is not None and "gptq" in ROWS[row]:
+            gptq = {"target": args.gptq_target}
+            label += f" target={args.gptq_target}"
         tune = {"steps": args.tune_steps} if args.tune_steps else {}
         if tune and "tune" in ROWS[row]:
             label += f" tune{args.tune_steps}"
@@ -201,6 +213,7 @@ def main() -> None:
                 scheme,
                 preset_n=args.preset_samples,
                 options=args.mixed_options,
+                gptq=gptq,
             )
             compress("default", recipe, out, log=print)
             minutes = (time.perf_counter() - t0) / 60

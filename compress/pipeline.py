@@ -500,19 +500,22 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
                 ws.experts[i] = route_calibration(block, hidden, rope)
         ctx = BlockContext(ws, i, block, hidden, rope, shard=shard)
         ctx.want_reference = any(stage.needs_reference for stage in stages)
-        if original is not None:  # the block as read, before any stage changes it
-            with clock("original outputs"):
-                original = ctx.original = run_block(block, original, rope)
-        for k, stage in enumerate(stages):
+        ctx.original_inputs = original  # the original's own output here: before any
+        for k, stage in enumerate(stages):  # transform (a calibration pass may keep it)
             ctx.round_later = k < max(rounders, default=-1)
             with clock(f"{stage.name} calibrate"):
                 stage.calibrate(ctx)  # the first calibration pass may keep the reference
             if ctx.want_reference and ctx.reference is None:  # before the block changes
                 with clock("reference outputs"):
                     ctx.reference = run_block(block, hidden, rope)
+            if original is not None and ctx.original is None:
+                with clock("original outputs"):
+                    ctx.original = run_block(block, original, rope)
             ctx.output = None
             with clock(f"{stage.name} transform"):
                 stage.transform(ctx)
+        if original is not None:
+            original = ctx.original
         if hidden is not None:  # the next block calibrates on this one's compressed output
             with clock("propagate"):
                 hidden = ctx.output if ctx.output is not None else run_block(block, hidden, rope)

@@ -14,6 +14,7 @@ method.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import torch
 
 from compress.artifact.writer import ExportState
 from compress.distributed import Shard
-from compress.model.blocks import BlockStore, Positions, observe_inputs
+from compress.model.blocks import BlockStore, Positions, observe_inputs, observe_pairs
 from compress.quantizers.scheme import QuantizedWeight, QuantScheme
 
 
@@ -123,6 +124,8 @@ class BlockContext:
     # the original model's output of this block, fed the original's own hidden states (when
     # a stage needs_original): where the uncompressed model's residual stream is here
     original: torch.Tensor | None = None
+    # ... and the original model's hidden states entering this block (its input there)
+    original_inputs: torch.Tensor | None = None
     # the block's output on `inputs` as the stage that just transformed it left it, when that
     # stage computed it anyway (the pipeline then need not run the block again to propagate)
     output: torch.Tensor | None = None
@@ -163,6 +166,37 @@ class BlockContext:
         observe_inputs(self.module, self.inputs, self.rope, names, observe, outputs)
         if keep:
             self.reference = outputs
+
+    def observe_original(self, names, observe) -> None:
+        """observe_pairs: each named input on `inputs` beside the same input on the original
+        model's hidden states (`original_inputs`, when a stage needs_original), there with
+        the weights as they were before any was rounded (`unrounded`). A pass over the
+        block as read keeps both outputs (`reference` when wanted, `original`)."""
+        keep = self.want_reference and self.reference is None
+        outputs = torch.empty_like(self.inputs) if keep else None
+        others = torch.empty_like(self.original_inputs) if self.original is None else None
+        observe_pairs(
+            self.module, self.inputs, self.original_inputs, self.rope, names, observe,
+            outputs, others, self._unrounded_weights,
+        )  # fmt: skip
+        if keep:
+            self.reference = outputs
+        if others is not None:
+            self.original = others
+
+    @contextlib.contextmanager
+    def _unrounded_weights(self):
+        """The block's rounded linears hold their weights from before rounding meanwhile."""
+        rounded = {}
+        with torch.no_grad():
+            for rel, weight in self.unrounded.items():
+                rounded[rel] = self.sub(rel).weight.detach().clone()
+                self.sub(rel).weight.copy_(weight)
+            try:
+                yield
+            finally:
+                for rel, weight in rounded.items():
+                    self.sub(rel).weight.copy_(weight)
 
     def sub(self, rel: str) -> torch.nn.Module:
         return self.module.get_submodule(rel)

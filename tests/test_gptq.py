@@ -8,15 +8,16 @@ import torch
 from compress.artifact.dense import load_model
 from compress.calib_data import calibration_samples, read_texts, token_stream
 from compress.model.adapters import LLAMA
-from compress.model.blocks import BlockStore, observe_inputs, run_block
+from compress.model.blocks import BlockStore, observe_inputs, observe_pairs, run_block
 from compress.model.loading import resolve
 from compress.pipeline import compress
-from compress.quantizers.gptq import gptq_quantize
+from compress.quantizers.gptq import _toward_original, gptq_quantize
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 from compress.recipe import parse_recipe
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights
 from tests.conftest import write_tiny_llama
+from tests.family_models import write_family
 
 
 def _layer(seed=0, rows=96, cols=256, tokens=2048):
@@ -106,11 +107,91 @@ def test_the_gptq_stage_writes_an_ordinary_artifact(tmp_path, wikitext, tokenize
     torch.testing.assert_close(served, dense, rtol=1e-4, atol=1e-4)
 
 
+def test_the_original_target_is_the_least_squares_fit_to_it():
+    """W + W·C·H⁻¹ is the weight whose outputs on the compressed inputs x come closest to
+    W's on the original ones x_o: as close as lstsq's solution (in the objective: the
+    inputs' covariance is ill-conditioned, so the weights themselves may differ along
+    directions x hardly has)."""
+    w, x, h = _layer(tokens=4096)
+    g = torch.Generator().manual_seed(1)
+    drift = torch.randn(256, 256, generator=g) / 256**0.5  # what x's own values predict
+    x_o = x + 0.3 * x @ drift + 0.05 * torch.randn(x.shape, generator=g) * x.std(0)
+    c = 2 * (x_o - x).T @ x / len(x)
+    fitted = _toward_original(w, h, c, dampening=1e-6)
+    best = torch.linalg.lstsq(x.double(), (x_o @ w.T).double()).solution.T.float()
+
+    def miss(q):
+        return float((x_o @ w.T - x @ q.T).square().mean())
+
+    assert miss(fitted) <= 1.01 * miss(best) and miss(fitted) < 0.5 * miss(w)
+
+
+def test_gptq_toward_the_original_errs_less_against_it_on_a_real_block(
+    default_ckpt, tokenizer, wikitext
+):
+    """The default model's block 3 fed hidden states that blocks 0-2 at RTN w3g64 left:
+    rounding each linear toward the original model's outputs (target original) leaves less error
+    against them than plain GPTQ, which fits the linear's own outputs on those inputs."""
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt")))
+    ids = calibration_samples(stream, 8, 256, seed=0)
+    store = BlockStore(default_ckpt)
+    rope, scheme = store.position_embeddings(ids.shape[1]), QuantScheme(3, 64, True)
+    original = compressed = store.embed(ids)
+    for i in range(3):
+        block = store.block(i)
+        original = run_block(block, original, rope)
+        with torch.no_grad():
+            for name in LLAMA.block_linears:
+                lin = block.get_submodule(name)
+                lin.weight.copy_(quantize_weight(lin.weight, scheme).dequantize())
+        compressed = run_block(block, compressed, rope)
+    block, pairs = store.block(3), {}
+    observe_pairs(
+        block, compressed, original, rope, ["self_attn.o_proj", "mlp.down_proj"],
+        lambda n, x, x_o: pairs.setdefault(n, []).append((x, x_o)),
+    )  # fmt: skip
+    for name, chunks in pairs.items():
+        x = torch.cat([a.reshape(-1, a.shape[-1]) for a, _ in chunks])
+        x_o = torch.cat([b.reshape(-1, b.shape[-1]) for _, b in chunks])
+        w = block.get_submodule(name).weight.detach()
+        h, c = 2 * x.T @ x / len(x), 2 * (x_o - x).T @ x / len(x)
+        plain = gptq_quantize(w, h, scheme, torch.float32, act_order=True).dequantize()
+        target = _toward_original(w, h, c, 0.3)
+        asym = gptq_quantize(target, h, scheme, torch.float32, act_order=True).dequantize()
+        err_plain = (x_o @ w.T - x @ plain.T).square().mean()
+        err_asym = (x_o @ w.T - x @ asym.T).square().mean()
+        assert err_asym < 0.95 * err_plain, (name, float(err_asym), float(err_plain))
+
+
+def test_gptq_toward_the_original_runs_through_the_pipeline(tmp_path, wikitext, tokenizer):
+    """The setting reaches the stage, which then walks the original model beside the
+    compressed one, its calibration pass computing the original's stream (no pass of its
+    own in the manifest's timing), and records it; routed experts are refused before any
+    work."""
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
+    tokenizer.save_pretrained(str(folder))
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 64}
+    stage = {"gptq": {"bits": 3, "group_size": 32, "zero_point": True, "target": "original"}}
+    recipe = parse_recipe({"stages": [stage], "calib": calib})
+    out = compress(str(folder), recipe, tmp_path / "asym", log=lambda _: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["stages"][0]["target"] == "original"
+    assert "original outputs" not in manifest["timing_s"]
+    moe = write_family(tmp_path / "moe", "mixtral", tokenizer_from=folder)
+    from compress.errors import LlmpressError
+
+    with pytest.raises(LlmpressError, match="routed experts"):
+        compress(str(moe), recipe, tmp_path / "moe-out", log=lambda _: None)
+    assert not (tmp_path / "moe-out").exists()
+
+
 def test_bad_gptq_settings_fail_in_one_line():
     from compress.errors import LlmpressError
 
     with pytest.raises(LlmpressError, match=r"gptq: dampening must be in \(0, 1\)"):
         parse_recipe({"stages": [{"gptq": {"dampening": 2}}]})
+    with pytest.raises(LlmpressError, match="gptq: target must be reference or original"):
+        parse_recipe({"stages": [{"gptq": {"target": "orig"}}]})
     with pytest.raises(LlmpressError, match="act_ordr"):
         parse_recipe({"stages": [{"gptq": {"act_ordr": True}}]})
 

@@ -8,6 +8,7 @@ carried from block to block. Peak memory is one block plus the activations.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
@@ -148,6 +149,50 @@ def observe_inputs(
     finally:
         for h in handles:
             h.remove()
+
+
+@torch.no_grad()
+def observe_pairs(
+    block: torch.nn.Module,
+    hidden: torch.Tensor,
+    other: torch.Tensor,
+    rope,
+    names,
+    observe,
+    outputs: torch.Tensor | None = None,
+    others: torch.Tensor | None = None,
+    around_other=contextlib.nullcontext,
+) -> None:
+    """observe_inputs over `hidden`, calling observe(name, x, y) with each named module's
+    input x and its input y when the block is fed `other` (the same samples, e.g. the
+    original model's hidden states there), chunk by chunk: what a stage needs to fit
+    x-side weights to y-side outputs. Only for modules that see every token (no experts).
+    The block's outputs on `hidden` go into `outputs`, on `other` into `others`; the
+    passes over `other` run inside `around_other()` (e.g. with the weights swapped)."""
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        return lambda _module, args: seen.__setitem__(name, args[0])
+
+    def pair(name):
+        return lambda _module, args: observe(name, args[0], seen.pop(name))
+
+    device, kwargs = _device(block), rope.kwargs(block)
+    for lo in range(0, hidden.shape[0], CHUNK):
+        passes = (
+            (other, keep, others, around_other),
+            (hidden, pair, outputs, contextlib.nullcontext),
+        )
+        for source, hook, into, around in passes:
+            handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
+            try:
+                with around():
+                    out = block(source[lo : lo + CHUNK].to(device), **kwargs)
+            finally:
+                for h in handles:
+                    h.remove()
+            if into is not None:
+                into[lo : lo + CHUNK] = out
 
 
 @torch.no_grad()
