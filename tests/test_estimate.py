@@ -97,14 +97,15 @@ def test_compress_says_the_estimate_first_and_keeps_it(tmp_path):
 
 
 def test_the_rate_is_the_median_calls_not_the_mean():
-    """A call the machine was taken away from (here: one in three sleeps ten times as
-    long) does not move the rate; the mean would have fallen by three quarters."""
+    """A call the machine was taken away from (here: one in three sleeps thirty times as
+    long) does not move the rate; the mean would have fallen to a tenth. The bound allows
+    a 2 ms sleep to overrun to 12 ms on a loaded host (seen: 6 ms during the suite)."""
     calls = []
 
     def product():
         calls.append(1)
-        time.sleep(0.02 if len(calls) % 3 == 0 else 0.002)
+        time.sleep(0.06 if len(calls) % 3 == 0 else 0.002)
 
     rate = median_rate(product, 1e9, 0.05)
     assert len(calls) >= 5
-    assert 1e9 / 0.004 < rate <= 1e9 / 0.002
+    assert 1e9 / 0.012 < rate <= 1e9 / 0.002
