@@ -98,9 +98,16 @@ def recipe_for(
     options: list[str] | None = None,
     gptq: dict | None = None,
 ):
-    if row in PRESET_ROWS:  # the preset as the CLI builds it; --dtype still overrides
-        flags = {"dtype": None if dtype == "auto" else dtype}
-        return recipe_from_flags(None, f"{row}:{label}", calib | {"samples": preset_n}, flags)
+    if row in PRESET_ROWS:  # the preset as the CLI builds it; --dtype and gptq settings
+        flags = {"dtype": None if dtype == "auto" else dtype}  # still override
+        recipe = recipe_from_flags(None, f"{row}:{label}", calib | {"samples": preset_n}, flags)
+        if not gptq:
+            return recipe
+        data = recipe.to_dict()
+        data["stages"] = [
+            {n: {**s, **gptq} if n == "gptq" else s for n, s in st.items()} for st in data["stages"]
+        ]
+        return parse_recipe(data)
     mixed = {"bits_budget": bits} | ({"options": options} if options else {})
     settings = {"tune": tune or {}, "distill": repair or REPAIR, "mixed": mixed}
     settings["gptq"] = scheme | (gptq or {})
@@ -189,7 +196,7 @@ def main() -> None:
         if args.mixed_options and "mixed" in ROWS[row]:
             label += f" options={','.join(args.mixed_options)}"
         gptq = {}
-        if args.gptq_target is not None and "gptq" in ROWS[row]:
+        if args.gptq_target is not None and (row in PRESET_ROWS or "gptq" in ROWS[row]):
             gptq = {"target": args.gptq_target}
             label += f" target={args.gptq_target}"
         tune = {"steps": args.tune_steps} if args.tune_steps else {}

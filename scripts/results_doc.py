@@ -476,6 +476,32 @@ def allocator_churn(d: dict) -> list[str]:
     return out
 
 
+def gptq_target(d: dict) -> list[str]:
+    """GPTQ fitting each linear's own outputs (reference) against the original model's."""
+    timing = d["timing_s"]
+
+    def parts(name: str) -> list:
+        t = timing[name]["gptq"]
+        return [t["hessians"], t["rounding"]]
+
+    c = d["calibration"]
+    return [
+        f"GPTQ w4g64 with searched scales on {c['samples']} × {c['length']} tokens of "
+        f"`{c['source']}` (the fast preset's rounding), evaluated on {d['windows']} windows. "
+        "`target=original` fits each linear to the original model's outputs on the original "
+        "model's inputs, then rounds it against the compressed inputs' Hessian, measuring "
+        "the block's inputs in execution order (docs/methods.md). Its extra minutes are the "
+        "measuring: each input on both streams, once the linears before it are rounded "
+        "(the `measuring s` column, the Hessians' too), while the rounding itself costs "
+        "little more. Minutes are compress's wall time on 2 cores.",
+        "",
+        *table(
+            ["recipe", *DRIFT, "bits/weight", "minutes", "measuring s", "rounding s"],
+            by_kl(d, parts),
+        ),
+    ]
+
+
 def gptq_rounding(d: dict) -> list[str]:
     body = [
         [
@@ -1869,6 +1895,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Group scales: min-max or searched",
         "benchmarks/scale_search.py",
         scale_search,
+    ),
+    (
+        "gptq_target.json",
+        "GPTQ fitting the original model's outputs",
+        "benchmarks/quality.py --rows gptq --schemes w4g64 --samples 16 --name gptq_target, "
+        "then the same with --gptq-target original --append",
+        gptq_target,
     ),
     (
         "gptq_rounding.json",

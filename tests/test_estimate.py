@@ -76,6 +76,21 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     }
 
 
+def test_gptq_toward_the_original_counts_its_passes(default_ckpt):
+    """Target original measures each of the block's four inputs on both streams once the
+    linears before it are rounded: five more passes of the calibration tokens, and a
+    full product per input beside H's triangle."""
+    load = workload(default_ckpt, 16, 512)
+    stage = {"bits": 4, "group_size": 64}
+    plain, toward = (
+        parse_recipe({"stages": [{"gptq": {**stage, "target": t}}]}).build()
+        for t in ("reference", "original")
+    )
+    extra = estimate(toward, load, 2, RATE)["gptq"] - estimate(plain, load, 2, RATE)["gptq"]
+    one_pass = estimate([], load, 1, RATE)["calibration passes"]
+    assert 5 * one_pass < extra < 7 * one_pass
+
+
 def test_compress_says_the_estimate_first_and_keeps_it(tmp_path):
     model = tiny_model(tmp_path / "tiny")
     lines: list[str] = []

@@ -163,6 +163,40 @@ def test_gptq_toward_the_original_errs_less_against_it_on_a_real_block(
         assert err_asym < 0.95 * err_plain, (name, float(err_asym), float(err_plain))
 
 
+def test_pairs_stop_once_every_input_is_seen(default_ckpt):
+    """A pass whose output nobody wants stops after the last observed input (the q/k/v
+    input costs the norm, not the block), with the same pairs as a pass run to the end."""
+    store = BlockStore(default_ckpt)
+    block, rope = store.block(2), store.position_embeddings(16)
+    gen = torch.Generator().manual_seed(0)
+    hidden, other = (torch.randn(3, 16, 576, generator=gen) for _ in range(2))
+    down = []
+    block.mlp.down_proj.register_forward_pre_hook(lambda _m, a: down.append(1))
+    for names in (["self_attn.q_proj"], ["self_attn.o_proj", "mlp.gate_proj"]):
+        stopped, whole = {}, {}
+        observe_pairs(
+            block,
+            hidden,
+            other,
+            rope,
+            names,
+            lambda n, x, y, into=stopped: into.setdefault(n, (x, y)),
+        )
+        assert not down  # neither stream reached the MLP's last linear
+        outputs = torch.empty_like(hidden)
+        observe_pairs(
+            block, hidden, other, rope, names,
+            lambda n, x, y, into=whole: into.setdefault(n, (x, y)),
+            outputs, torch.empty_like(other),
+        )  # fmt: skip
+        assert len(down) == 2 and torch.equal(outputs, run_block(block, hidden, rope))
+        down.clear()
+        for n in names:
+            assert torch.equal(stopped[n][0], whole[n][0]) and torch.equal(
+                stopped[n][1], whole[n][1]
+            )
+
+
 def test_gptq_toward_the_original_runs_through_the_pipeline(tmp_path, wikitext, tokenizer):
     """The setting reaches the stage, which then walks the original model beside the
     compressed one, its calibration pass computing the original's stream (no pass of its

@@ -168,14 +168,31 @@ def observe_pairs(
     original model's hidden states there), chunk by chunk: what a stage needs to fit
     x-side weights to y-side outputs. Only for modules that see every token (no experts).
     The block's outputs on `hidden` go into `outputs`, on `other` into `others`; the
-    passes over `other` run inside `around_other()` (e.g. with the weights swapped)."""
+    passes over `other` run inside `around_other()` (e.g. with the weights swapped). A
+    pass whose output is not wanted stops once every named input is seen: measuring q/k/v's
+    input costs the input norm, not the block."""
     seen: dict[str, torch.Tensor] = {}
+    names = list(names)
 
     def keep(name):
         return lambda _module, args: seen.__setitem__(name, args[0])
 
     def pair(name):
         return lambda _module, args: observe(name, args[0], seen.pop(name))
+
+    def last(hook, fired: set, stop: bool):
+        def run(name):
+            inner = hook(name)
+
+            def call(module, args):
+                inner(module, args)
+                fired.add(name)
+                if stop and len(fired) == len(names):
+                    raise _AllSeen
+
+            return call
+
+        return run
 
     device, kwargs = _device(block), rope.kwargs(block)
     for lo in range(0, hidden.shape[0], CHUNK):
@@ -184,15 +201,23 @@ def observe_pairs(
             (hidden, pair, outputs, contextlib.nullcontext),
         )
         for source, hook, into, around in passes:
+            fired: set[str] = set()
+            hook = last(hook, fired, stop=into is None)
             handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
             try:
                 with around():
                     out = block(source[lo : lo + CHUNK].to(device), **kwargs)
+            except _AllSeen:
+                continue
             finally:
                 for h in handles:
                     h.remove()
             if into is not None:
                 into[lo : lo + CHUNK] = out
+
+
+class _AllSeen(Exception):
+    """Raised inside a forward once every observed input is seen: the rest is not needed."""
 
 
 @torch.no_grad()

@@ -350,10 +350,19 @@ class GPTQ(Described):
 
     def work(self, load) -> float:
         """The Hessians (x·xᵀ over every token, per distinct input) and the column solve
-        (out·in² for the lazy-batch updates, plus each column's own steps)."""
+        (out·in² for the lazy-batch updates, plus each column's own steps). Target original
+        adds the full (x_o − x)ᵀx product per input, each linear's fit, and the passes that
+        measure each input once those before it are rounded: both streams per input, each
+        stopping at that input (about half a block on average), plus the original's stream
+        through the whole block, n + 1 passes for n inputs."""
         hessians = sum(_hessian_flops(d, load.tokens) for d in load.inputs)
         solve = sum(solve_flops(o, i) for o, i in load.linears)
-        return load.layers * (hessians + solve)
+        if not self.needs_original:
+            return load.layers * (hessians + solve)
+        cross = sum(2 * load.tokens * d * d for d in load.inputs)
+        fit = sum(4 * o * i * i + i**3 for o, i in load.linears)
+        passes = (len(load.inputs) + 1) * load.forward(load.tokens)
+        return load.layers * (hessians + solve + cross + fit) + passes
 
     def __init__(self, config: GPTQConfig):
         self.config = config
