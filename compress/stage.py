@@ -131,6 +131,8 @@ class BlockContext:
     output: torch.Tensor | None = None
     # each linear's weight as it was just before it was first rounded (what refiners re-round)
     unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the original side's inputs of named linears, chunk by chunk (observe_original's keep)
+    original_kept: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     # set while a stage runs that a later stage will round: it prepares the weights only
     round_later: bool = False
     # which calibration samples `inputs` holds (all of them in one process; a shard of them
@@ -167,19 +169,23 @@ class BlockContext:
         if keep:
             self.reference = outputs
 
-    def observe_original(self, names, observe) -> None:
+    def observe_original(self, names, observe, keep=()) -> None:
         """observe_pairs: each named input on `inputs` beside the same input on the original
         model's hidden states (`original_inputs`, when a stage needs_original), there with
         the weights as they were before any was rounded (`unrounded`). A pass over the
-        block as read keeps both outputs (`reference` when wanted, `original`)."""
-        keep = self.want_reference and self.reference is None
-        outputs = torch.empty_like(self.inputs) if keep else None
+        block as read keeps both outputs (`reference` when wanted, `original`). The
+        original side of the inputs named in `keep` is kept for this block's later calls,
+        which then run no pass over the original's side."""
+        wanted = self.want_reference and self.reference is None
+        outputs = torch.empty_like(self.inputs) if wanted else None
         others = torch.empty_like(self.original_inputs) if self.original is None else None
+        for name in keep:
+            self.original_kept.setdefault(name, [])
         observe_pairs(
             self.module, self.inputs, self.original_inputs, self.rope, names, observe,
-            outputs, others, self._unrounded_weights,
+            outputs, others, self._unrounded_weights, self.original_kept,
         )  # fmt: skip
-        if keep:
+        if wanted:
             self.reference = outputs
         if others is not None:
             self.original = others

@@ -1,9 +1,11 @@
 """GPTQ: error-compensating rounding, on synthetic layers and on the real default model."""
 
+import contextlib
 import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from compress.artifact.dense import load_model
 from compress.calib_data import calibration_samples, read_texts, token_stream
@@ -11,6 +13,7 @@ from compress.model.adapters import LLAMA
 from compress.model.blocks import BlockStore, observe_inputs, observe_pairs, run_block
 from compress.model.loading import resolve
 from compress.pipeline import compress
+from compress.quantizers import gptq
 from compress.quantizers.gptq import _toward_original, gptq_quantize
 from compress.quantizers.scheme import QuantScheme, quantize_weight
 from compress.recipe import parse_recipe
@@ -197,20 +200,60 @@ def test_pairs_stop_once_every_input_is_seen(default_ckpt):
             )
 
 
-def test_gptq_toward_the_original_runs_through_the_pipeline(tmp_path, wikitext, tokenizer):
+def test_the_other_side_kept_is_not_run_again(default_ckpt):
+    """Inputs kept from the other side serve a later call, which then runs no pass over
+    `other`, with the same pairs as computing them again."""
+    store = BlockStore(default_ckpt)
+    block, rope = store.block(2), store.position_embeddings(16)
+    gen = torch.Generator().manual_seed(1)
+    hidden, other = (torch.randn(12, 16, 576, generator=gen) for _ in range(2))  # 2 chunks
+    entered = []
+
+    @contextlib.contextmanager
+    def around():
+        entered.append(1)
+        yield
+
+    def collect(into):
+        return lambda n, x, y: into.setdefault(n, []).append((x, y))
+
+    kept = {"mlp.down_proj": []}
+    observe_pairs(
+        block, hidden, other, rope, ["self_attn.q_proj"], collect({}), None, None, around, kept
+    )
+    assert len(entered) == 2 and len(kept["mlp.down_proj"]) == 2
+    served, again = {}, {}
+    observe_pairs(
+        block, hidden, other, rope, ["mlp.down_proj"], collect(served), None, None, around, kept
+    )
+    assert len(entered) == 2  # no pass over `other` this time
+    observe_pairs(block, hidden, other, rope, ["mlp.down_proj"], collect(again))
+    for (x, y), (x2, y2) in zip(served["mlp.down_proj"], again["mlp.down_proj"], strict=True):
+        assert torch.equal(x, x2) and torch.equal(y, y2)
+
+
+def test_gptq_toward_the_original_runs_through_the_pipeline(
+    tmp_path, wikitext, tokenizer, monkeypatch
+):
     """The setting reaches the stage, which then walks the original model beside the
     compressed one, its calibration pass computing the original's stream (no pass of its
     own in the manifest's timing), and records it; routed experts are refused before any
     work."""
     folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
     tokenizer.save_pretrained(str(folder))
-    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 64}
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 12, "length": 64}  # 2 chunks
     stage = {"gptq": {"bits": 3, "group_size": 32, "zero_point": True, "target": "original"}}
     recipe = parse_recipe({"stages": [stage], "calib": calib})
     out = compress(str(folder), recipe, tmp_path / "asym", log=lambda _: None)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stages"][0]["target"] == "original"
     assert "original outputs" not in manifest["timing_s"]
+    # the original side kept from the first pass or measured again: the same artifact
+    monkeypatch.setattr(gptq, "KEEP_BYTES", 0)
+    again = compress(str(folder), recipe, tmp_path / "again", log=lambda _: None)
+    kept, measured = (load_file(str(o / "model.safetensors")) for o in (out, again))
+    assert kept.keys() == measured.keys()
+    assert all(torch.equal(kept[k], measured[k]) for k in kept)
     moe = write_family(tmp_path / "moe", "mixtral", tokenizer_from=folder)
     from compress.errors import LlmpressError
 

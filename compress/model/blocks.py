@@ -162,48 +162,53 @@ def observe_pairs(
     outputs: torch.Tensor | None = None,
     others: torch.Tensor | None = None,
     around_other=contextlib.nullcontext,
+    kept: dict[str, list[torch.Tensor]] | None = None,
 ) -> None:
     """observe_inputs over `hidden`, calling observe(name, x, y) with each named module's
     input x and its input y when the block is fed `other` (the same samples, e.g. the
     original model's hidden states there), chunk by chunk: what a stage needs to fit
     x-side weights to y-side outputs. Only for modules that see every token (no experts).
     The block's outputs on `hidden` go into `outputs`, on `other` into `others`; the
-    passes over `other` run inside `around_other()` (e.g. with the weights swapped). A
-    pass whose output is not wanted stops once every named input is seen: measuring q/k/v's
-    input costs the input norm, not the block."""
+    passes over `other` run inside `around_other()` (e.g. with the weights swapped).
+
+    A pass whose output is not wanted stops once every named input is seen: measuring
+    q/k/v's input costs the input norm, not the block. `kept` ({name: []}) keeps the other
+    side's inputs of its names, chunk by chunk, where `other`'s samples live: a later call
+    whose names are all kept runs no pass over `other` (its side does not change)."""
+    names, kept = list(names), {} if kept is None else kept
+    starts = range(0, hidden.shape[0], CHUNK)
+    storing = [n for n in kept if len(kept[n]) < len(starts)]
+    served = others is None and all(len(kept.get(n, ())) == len(starts) for n in names)
     seen: dict[str, torch.Tensor] = {}
-    names = list(names)
 
-    def keep(name):
-        return lambda _module, args: seen.__setitem__(name, args[0])
+    def keep(name, _chunk):
+        def hook(_module, args):
+            seen[name] = args[0]
+            if name in storing:
+                kept[name].append(args[0].to(other.device))
 
-    def pair(name):
-        return lambda _module, args: observe(name, args[0], seen.pop(name))
+        return hook
 
-    def last(hook, fired: set, stop: bool):
-        def run(name):
-            inner = hook(name)
+    def pair(name, chunk):
+        def hook(_module, args):
+            observe(name, args[0], seen.pop(name) if name in seen else kept[name][chunk])
 
-            def call(module, args):
-                inner(module, args)
-                fired.add(name)
-                if stop and len(fired) == len(names):
-                    raise _AllSeen
-
-            return call
-
-        return run
+        return hook
 
     device, kwargs = _device(block), rope.kwargs(block)
-    for lo in range(0, hidden.shape[0], CHUNK):
-        passes = (
-            (other, keep, others, around_other),
-            (hidden, pair, outputs, contextlib.nullcontext),
-        )
-        for source, hook, into, around in passes:
+    for chunk, lo in enumerate(starts):
+        passes = [
+            (other, keep, others, around_other, [*names, *(n for n in storing if n not in names)]),
+            (hidden, pair, outputs, contextlib.nullcontext, names),
+        ]
+        for source, hook, into, around, hooked in passes[served:]:
             fired: set[str] = set()
-            hook = last(hook, fired, stop=into is None)
-            handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
+            handles = [
+                block.get_submodule(n).register_forward_pre_hook(
+                    _last(hook(n, chunk), n, fired, len(hooked) if into is None else None)
+                )
+                for n in hooked
+            ]
             try:
                 with around():
                     out = block(source[lo : lo + CHUNK].to(device), **kwargs)
@@ -214,6 +219,18 @@ def observe_pairs(
                     h.remove()
             if into is not None:
                 into[lo : lo + CHUNK] = out
+
+
+def _last(hook, name: str, fired: set, stop_at: int | None):
+    """`hook`, then stop the forward once `stop_at` distinct hooked inputs are seen."""
+
+    def call(module, args):
+        hook(module, args)
+        fired.add(name)
+        if stop_at is not None and len(fired) == stop_at:
+            raise _AllSeen
+
+    return call
 
 
 class _AllSeen(Exception):
