@@ -502,6 +502,30 @@ def gptq_target(d: dict) -> list[str]:
     ]
 
 
+def presets_target(d: dict) -> list[str]:
+    """The best preset with GPTQ fitting the original model's outputs, against itself."""
+    presets, run = _against(d)
+
+    def before(name: str) -> list:
+        p = presets[name.split()[0]]
+        return [f(p["kl"], 4), p["minutes"]]
+
+    return [
+        "The `best` presets exactly as `--quant best:<scheme>` runs them (mixed precision "
+        "to the scheme's bits + 0.6, GPTQ, the 64-step repair, 64 samples, 16-bit scales), "
+        "with GPTQ's `target: original` (the section above). The last two columns are the "
+        f"preset as it is, in {run}. This run shared the 2 cores with another for most of "
+        "its blocks, so its minutes say nothing of its time alone (the fast row above "
+        "measures the setting's cost); the KL does not depend on the load, but the same "
+        "recipe's KL has differed by about 1% between this project's AMD and Intel hosts.",
+        "",
+        *table(
+            ["recipe", *DRIFT, "bits/weight", "minutes", "preset KL", "preset minutes"],
+            by_kl(d, before),
+        ),
+    ]
+
+
 def gptq_rounding(d: dict) -> list[str]:
     body = [
         [
@@ -1902,6 +1926,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/quality.py --rows gptq --schemes w4g64 --samples 16 --name gptq_target, "
         "then the same with --gptq-target original --append",
         gptq_target,
+    ),
+    (
+        "presets_target.json",
+        "The best preset with GPTQ fitting the original",
+        "benchmarks/quality.py --runs best:w3g64zp --gptq-target original --name presets_target",
+        presets_target,
     ),
     (
         "gptq_rounding.json",
