@@ -238,7 +238,7 @@ def test_gptq_toward_the_original_runs_through_the_pipeline(
     """The setting reaches the stage, which then walks the original model beside the
     compressed one, its calibration pass computing the original's stream (no pass of its
     own in the manifest's timing), and records it; routed experts are refused before any
-    work."""
+    work, and `auto` picks the one that runs."""
     folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
     tokenizer.save_pretrained(str(folder))
     calib = {"source": str(wikitext / "valid.txt"), "samples": 12, "length": 64}  # 2 chunks
@@ -260,6 +260,16 @@ def test_gptq_toward_the_original_runs_through_the_pipeline(
     with pytest.raises(LlmpressError, match="routed experts"):
         compress(str(moe), recipe, tmp_path / "moe-out", log=lambda _: None)
     assert not (tmp_path / "moe-out").exists()
+    # auto: original where every linear sees every token, reference for routed experts
+    stage["gptq"]["target"] = "auto"
+    auto = parse_recipe({"stages": [stage], "calib": calib})
+    dense = compress(str(folder), auto, tmp_path / "auto", log=lambda _: None)
+    assert json.loads((dense / "manifest.json").read_text())["stages"][0]["target"] == "original"
+    tensors = load_file(str(dense / "model.safetensors"))
+    assert all(torch.equal(tensors[k], kept[k]) for k in kept)
+    routed = compress(str(moe), auto, tmp_path / "auto-moe", log=lambda _: None)
+    manifest = json.loads((routed / "manifest.json").read_text())
+    assert manifest["stages"][0]["target"] == "reference"
 
 
 def test_bad_gptq_settings_fail_in_one_line():
@@ -267,7 +277,7 @@ def test_bad_gptq_settings_fail_in_one_line():
 
     with pytest.raises(LlmpressError, match=r"gptq: dampening must be in \(0, 1\)"):
         parse_recipe({"stages": [{"gptq": {"dampening": 2}}]})
-    with pytest.raises(LlmpressError, match="gptq: target must be reference or original"):
+    with pytest.raises(LlmpressError, match="gptq: target must be reference, original or auto"):
         parse_recipe({"stages": [{"gptq": {"target": "orig"}}]})
     with pytest.raises(LlmpressError, match="act_ordr"):
         parse_recipe({"stages": [{"gptq": {"act_ordr": True}}]})

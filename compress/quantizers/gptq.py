@@ -73,7 +73,9 @@ class GPTQConfig(RTNConfig):
     # inputs (GPTQ as published), or "original", the original model's outputs on its own
     # inputs (asymmetric calibration, as GPTAQ), each linear then measured once the ones
     # before it in the block are rounded; on the default model at w4g64 with 16 samples
-    # KL 0.146 → 0.112 (benchmarks/quality.py --gptq-target original)
+    # KL 0.146 → 0.112 (benchmarks/quality.py --gptq-target original); "auto": original
+    # where every linear sees every token, reference for routed experts (the manifest says
+    # which ran)
     target: str = "reference"
     # the ridge on that least-squares fit, as a fraction of H's mean diagonal: fitted on
     # its own calibration tokens it overfits, and at GPTQ's own 0.01 the down_proj errs
@@ -84,8 +86,10 @@ class GPTQConfig(RTNConfig):
         super().__post_init__()
         if not 0 < self.dampening < 1:
             raise LlmpressError(f"gptq: dampening must be in (0, 1), got {self.dampening}")
-        if self.target not in ("reference", "original"):
-            raise LlmpressError(f"gptq: target must be reference or original, got {self.target!r}")
+        if self.target not in ("reference", "original", "auto"):
+            raise LlmpressError(
+                f"gptq: target must be reference, original or auto, got {self.target!r}"
+            )
         if not self.original_dampening > 0:
             raise LlmpressError(
                 f"gptq: original_dampening must be > 0, got {self.original_dampening}"
@@ -387,7 +391,8 @@ class GPTQ(Described):
         self._n: dict[str, int] = {}
         self._key: dict[str, str] = {}
         self._c: dict[str, torch.Tensor] = {}  # target original: 2·(x_orig − x)ᵀx, float64
-        self.needs_original = config.target == "original"
+        self.target = config.target  # auto: resolved by preflight, which reads the model
+        self.needs_original = config.target != "reference"
 
     @property
     def scheme(self) -> QuantScheme:
@@ -399,6 +404,9 @@ class GPTQ(Described):
 
     def preflight(self, ws: Workspace) -> None:
         check_layers(ws, self.config.scheme)
+        if self.config.target == "auto":
+            self.target = "original" if ws.store.spec.mlp is None else "reference"
+            self.needs_original = self.target == "original"
         if self.needs_original and ws.store.spec.mlp is not None:
             raise LlmpressError(
                 "gptq: target original pairs every token's inputs on the two models, which "
@@ -501,7 +509,7 @@ class GPTQ(Described):
             "act_order": self.config.act_order,
             "dampening": self.config.dampening,
             "scale_search": self.config.scale_search,
-            "target": self.config.target,
+            "target": self.target,
             "original_dampening": self.config.original_dampening,
             "layers": len(self.groups),
             "group_size_adjusted": adjusted_groups(self.groups, self.config.scheme, ws.schemes),
