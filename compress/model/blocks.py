@@ -185,13 +185,14 @@ def observe_pairs(
         def hook(_module, args):
             seen[name] = args[0]
             if name in storing:
-                kept[name].append(args[0].to(other.device))
+                kept[name].append(args[0].to(other.device, copy=True))  # the forward may reuse it
 
         return hook
 
     def pair(name, chunk):
         def hook(_module, args):
-            observe(name, args[0], seen.pop(name) if name in seen else kept[name][chunk])
+            y = seen.pop(name) if name in seen else kept[name][chunk].to(args[0].device)
+            observe(name, args[0], y)
 
         return hook
 

@@ -417,9 +417,10 @@ class GPTQ(Described):
         self._key = _shared_inputs(ctx)
         observed = sorted(set(self._key.values()))
         keep = ()
-        if self.needs_original:  # the first input only: the others change as the
-            keep = _keepable(ctx, observed)  # linears before them are rounded (the
-            observed = [self._key[ctx.targets()[0]]]  # original's side does not)
+        if self.needs_original:  # the first input only: the others change as the linears
+            first = self._key[ctx.targets()[0]]  # before them are rounded (the original's
+            keep = [k for k in _keepable(ctx, observed) if k != first]  # side does not)
+            observed = [first]
         self._measure(ctx, observed, keep)
 
     def _measure(self, ctx: BlockContext, observed: list[str], keep=()) -> None:
