@@ -546,10 +546,12 @@ def presets_target(d: dict) -> list[str]:
         "The `best` presets exactly as `--quant best:<scheme>` runs them (mixed precision "
         "to the scheme's bits + 0.6, GPTQ, the 64-step repair, 64 samples, 16-bit scales), "
         "with GPTQ's `target: original` (the section above). The last two columns are the "
-        f"preset as it is, in {run}. This run shared the 2 cores with another for most of "
-        "its blocks, so its minutes say nothing of its time alone (the fast row above "
-        "measures the setting's cost); the KL does not depend on the load, but the same "
-        "recipe's KL has differed by about 1% between this project's AMD and Intel hosts.",
+        f"preset as it is, in {run}. The w3 row shared the 2 cores with another run for "
+        "most of its blocks, so its minutes say nothing of its time alone (the rows above "
+        "measure the setting's cost); the KL does not depend on the load, but the same "
+        "recipe's KL has differed by about 1% between this project's AMD and Intel hosts. "
+        "On this AVX2 host (no bf16 matrix multiplies) the 64-step repair alone took about "
+        "17 minutes.",
         "",
         *table(
             ["recipe", *DRIFT, "bits/weight", "minutes", "preset KL", "preset minutes"],
@@ -1977,7 +1979,8 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "presets_target.json",
         "The best preset with GPTQ fitting the original",
-        "benchmarks/quality.py --runs best:w3g64zp --gptq-target original --name presets_target",
+        "benchmarks/quality.py --runs best:w3g64zp --gptq-target original --name "
+        "presets_target, then best:w4g64zp the same with --append",
         presets_target,
     ),
     (
