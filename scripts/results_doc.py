@@ -476,62 +476,48 @@ def allocator_churn(d: dict) -> list[str]:
     return out
 
 
-def _gptq_parts(d: dict) -> Callable[[str], list]:
-    """A quality.py row's GPTQ seconds: measuring (the Hessians, with their passes) and
-    rounding."""
-
-    def parts(name: str) -> list:
-        t = d["timing_s"][name]["gptq"]
-        return [t["hessians"], t["rounding"]]
-
-    return parts
-
-
-GPTQ_PARTS = ["bits/weight", "minutes", "measuring s", "rounding s"]
-
-
-def gptq_target(d: dict) -> list[str]:
-    """GPTQ fitting each linear's own outputs (reference) against the original model's."""
-    c = d["calibration"]
-    return [
-        f"GPTQ w4g64 with searched scales on {c['samples']} × {c['length']} tokens of "
-        f"`{c['source']}` (the fast preset's rounding), evaluated on {d['windows']} windows. "
-        "`target=original` fits each linear to the original model's outputs on the original "
-        "model's inputs, then rounds it against the compressed inputs' Hessian, measuring "
-        "the block's inputs in execution order (docs/methods.md). Its extra minutes are the "
-        "measuring: each input on both streams, once the linears before it are rounded "
-        "(the `measuring s` column, the Hessians' too), while the rounding itself costs "
-        "little more. This run measured both sides of every input again; the original's "
-        "side is now kept from the first pass, which the 8-sample rows below have. "
-        "Minutes are compress's wall time on 2 cores.",
-        "",
-        *table(["recipe", *DRIFT, *GPTQ_PARTS], by_kl(d, _gptq_parts(d))),
-    ]
+GPTQ_TARGET = (
+    "GPTQ w4g64 with searched scales on {samples} × {length} tokens of `{source}` (the "
+    "fast preset's rounding), evaluated on {windows} windows. `target=original` fits each "
+    "linear to the original model's outputs on the original model's inputs, then rounds it "
+    "against the compressed inputs' Hessian, measuring the block's inputs in execution "
+    "order (docs/methods.md). Its extra minutes are the measuring: each input on both "
+    "streams, once the linears before it are rounded (the `measuring s` column, the "
+    "Hessians' too), while the rounding itself costs little more. This run measured both "
+    "sides of every input again; the original's side is now kept from the first pass, "
+    "which the 8-sample rows below have. Minutes are compress's wall time on 2 cores."
+)
+GPTQ_TARGET_SAMPLES = (
+    "The same on {samples} samples of `{source}`: fitting the original on 8 samples takes "
+    "about the fast preset's time on 16 (1.4 minutes, KL 0.146, above) and drifts less. "
+    "Minutes are compress's wall time on 2 cores."
+)
+GPTQ_TARGET_SELF = (
+    "With the calibration text the model writes itself (no `--calib`: the README's first "
+    "command), evaluated on WikiText-2 test.txt: GPTQ fitting the original on 8 samples "
+    "against the fast preset as it is (16 samples, target reference). The 8-sample row's "
+    "minutes include writing its text (49 s), the preset's text was cached; a test run "
+    "shared the CPU for part of the 8-sample row's rounding."
+)
 
 
-def gptq_target_samples(d: dict) -> list[str]:
-    """The same on half the samples: the setting's cost at the fast preset's time."""
-    c = d["calibration"]
-    return [
-        f"The same on {c['samples']} samples of `{c['source']}`: fitting the original on 8 "
-        "samples takes about the fast preset's time on 16 (1.4 minutes, KL 0.146, above) "
-        "and drifts less. Minutes are compress's wall time on 2 cores.",
-        "",
-        *table(["recipe", *DRIFT, *GPTQ_PARTS], by_kl(d, _gptq_parts(d))),
-    ]
+def gptq_rows(intro: str) -> Callable[[dict], list[str]]:
+    """quality.py's GPTQ rows by KL with their measuring and rounding seconds, after
+    `intro` (filled from the run's calibration and windows)."""
 
+    def render(d: dict) -> list[str]:
+        def parts(name: str) -> list:
+            t = d["timing_s"][name]["gptq"]
+            return [t["hessians"], t["rounding"]]
 
-def gptq_target_self(d: dict) -> list[str]:
-    """With the text the model writes itself: what a user without calibration data gets."""
-    return [
-        "With the calibration text the model writes itself (no `--calib`: the README's "
-        "first command), evaluated on WikiText-2 test.txt: GPTQ fitting the original on 8 "
-        "samples against the fast preset as it is (16 samples, target reference). The 8-"
-        "sample row's minutes include writing its text (49 s), the preset's text was cached; "
-        "a test run shared the CPU for part of the 8-sample row's rounding.",
-        "",
-        *table(["recipe", *DRIFT, *GPTQ_PARTS], by_kl(d, _gptq_parts(d))),
-    ]
+        heads = ["recipe", *DRIFT, "bits/weight", "minutes", "measuring s", "rounding s"]
+        return [
+            intro.format(**d["calibration"], windows=d["windows"]),
+            "",
+            *table(heads, by_kl(d, parts)),
+        ]
+
+    return render
 
 
 def presets_target(d: dict) -> list[str]:
@@ -1959,14 +1945,14 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "GPTQ fitting the original model's outputs",
         "benchmarks/quality.py --rows gptq --schemes w4g64 --samples 16 --name gptq_target, "
         "then the same with --gptq-target original --append",
-        gptq_target,
+        gptq_rows(GPTQ_TARGET),
     ),
     (
         "gptq_target_8.json",
         "GPTQ fitting the original on 8 samples",
         "benchmarks/quality.py --rows gptq --schemes w4g64 --samples 8 --gptq-target original "
         "--name gptq_target_8, then without --gptq-target, --append",
-        gptq_target_samples,
+        gptq_rows(GPTQ_TARGET_SAMPLES),
     ),
     (
         "gptq_target_self.json",
@@ -1974,7 +1960,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/quality.py --rows gptq --schemes w4g64 --samples 8 --gptq-target original "
         "--calib self --name gptq_target_self, then --runs fast:w4g64 --samples 8 --calib "
         "self --append",
-        gptq_target_self,
+        gptq_rows(GPTQ_TARGET_SELF),
     ),
     (
         "presets_target.json",
