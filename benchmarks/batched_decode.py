@@ -30,7 +30,17 @@ from compress.runtime.kv_cache import parse_kv
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+FLAGS = (
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_int8",
+)
 
 
 def cpu_flags() -> str:

@@ -9,7 +9,7 @@ protocol of ../shared/guide/MEASURING.md. No artifact is written. With the defau
 settings the first variant equals quality.py's chain row exactly.
 
     python benchmarks/repair_sweep.py [--bits 4.6] [--dtype bfloat16] [--scheme w4g64]
-        [--rows mixed+gptq+distill] [--samples 128]
+        [--rows mixed+gptq+distill] [--samples 128] [--gptq-target original]
         [--variants scale_lr=0.001 scale_lr=0.003 tokens=65536 precision=bf16 ...]
 """
 
@@ -144,6 +144,11 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--name", default="repair_sweep", help="results file stem")
+    ap.add_argument(
+        "--gptq-target",
+        choices=["reference", "original"],
+        help="what GPTQ's rounding fits (default: its own); the label names a setting given",
+    )
     args = ap.parse_args()
     require(args.data)
     ckpt = resolve("default")
@@ -152,7 +157,8 @@ def main() -> None:
     windows = eval_windows(stream, 512, args.windows)
     calib = {"source": str(args.data / "valid.txt"), "samples": args.samples, "length": 512}
     row = args.rows or ("mixed+awq+gptq+tune+distill" if args.bits else "awq+gptq+tune+distill")
-    recipe = recipe_for(row, SCHEMES[args.scheme], calib, args.bits, args.dtype)
+    gptq = {"target": args.gptq_target} if args.gptq_target else None
+    recipe = recipe_for(row, SCHEMES[args.scheme], calib, args.bits, args.dtype, gptq=gptq)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         pipeline.repair_quantized = sweep(args.variants, base, windows, rows, Path(tmp))
@@ -161,7 +167,7 @@ def main() -> None:
     chain = row.removesuffix("+distill")
     if args.bits and chain.startswith("mixed"):
         chain = chain.replace("mixed", f"mixed@{args.bits}", 1)
-    label = f"{chain} {args.scheme}"
+    label = f"{chain} {args.scheme}" + (f" target={args.gptq_target}" if gptq else "")
     lines = [
         f"{label} {args.dtype}, then the repair (defaults: {REPAIR}, scale_lr 1e-3):",
         "",

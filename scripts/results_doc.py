@@ -786,14 +786,19 @@ def repair_precision(d: dict, note: str = "") -> list[str]:
          round(r["repair_s"] / r["steps"], 1)]
         for r in d["rows"]
     ]  # fmt: skip
-    preset = "best:" + d["chain"].split()[-1]
+    chain, scheme, *target = d["chain"].split()
+    preset = f"best:{scheme}"
+    recipe = f"`{preset}`'s recipe" + (f" with GPTQ's `{target[0]}`" if target else "")
+    amx = "amx_int8" in d["cpu"] and "no amx_int8" not in d["cpu"]
+    # a bf16 row without AMX ran on AVX512-BF16: the repair refuses bf16 on a CPU with neither
+    multiplies = "AMX-BF16 multiplies it" if amx else "AVX512-BF16 multiplies it here, no AMX"
     return [
-        f"One pre-repair state, `{d['chain']} {d['dtype']}` (`{preset}`'s recipe on "
+        f"One pre-repair state, `{chain} {scheme} {d['dtype']}` ({recipe} on "
         f"{d['samples']} calibration samples), then each repair trained on its own copy of "
         f"it (batch {d['repair']['batch']} × 512 tokens, scale_lr 1e-3 unless the setting names "
         f"another) and evaluated as the "
         f"artifact stores it, {d['windows']} windows. `bf16`: the matmuls under autocast, "
-        "what is trained and Adam's state fp32 (AMX-BF16 multiplies it). Repair seconds "
+        f"what is trained and Adam's state fp32 ({multiplies}). Repair seconds "
         f"include loading both models{'; ' + note if note else '.'} CPU: {d['cpu']}, 2 cores.",
         "",
         *table(
@@ -841,6 +846,29 @@ def repair_w3(d: dict) -> list[str]:
         "",
         f'The preset itself (64 samples, a 64-step repair; "Quality per minute: the '
         f'presets"): KL {preset["kl"]:.4f}. The target for 3 bits within 3.6 is 0.15.',
+    ]
+
+
+def repair_w3_target(d: dict) -> list[str]:
+    """The 3-bit state with GPTQ fitting the original, a long repair, and the repair's
+    precision on a CPU with AVX512-BF16 and no AMX."""
+    lines = repair_precision(d, QUIET)
+    long = max(d["rows"], key=lambda r: r["steps"])
+    (before,) = load("repair_w3.json")["rows"]
+    fp32, bf16 = (next(r for r in d["rows"] if r["steps"] < long["steps"] and r["precision"] == p)
+                  for p in ("fp32", "bf16"))  # fmt: skip
+    per_step = {r["precision"]: r["repair_s"] / r["steps"] for r in (fp32, bf16)}
+    return [
+        *lines,
+        "",
+        f"The same {before['steps']}-step repair on the state whose GPTQ fitted the "
+        f'reference ("best:w3g64zp\'s state with a longer repair"): KL {before["kl"]:.4f}; '
+        f"fitting the original, {long['kl']:.4f} ({long['kl'] - before['kl']:+.4f}). The "
+        f"target for 3 bits within 3.6 is 0.15. The two {fp32['steps']}-step rows time the "
+        f"repair's precision on this CPU: fp32 {per_step['fp32']:.1f} s a step, bf16 "
+        f"{per_step['bf16']:.1f} s (both including loading the models), KL "
+        f"{fp32['kl']:.4f} against {bf16['kl']:.4f}; so `distill.precision: auto` takes bf16 "
+        "on AVX512-BF16 as on AMX.",
     ]
 
 
@@ -1918,6 +1946,15 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/repair_sweep.py --rows mixed+gptq+distill --scheme w3g64zp --bits 3.6 "
         "--dtype bfloat16 --samples 256 --name repair_w3 --variants tokens=262144,precision=bf16",
         repair_w3,
+    ),
+    (
+        "repair_w3_target.json",
+        "best:w3g64zp's state with GPTQ fitting the original and a longer repair",
+        "benchmarks/repair_sweep.py --rows mixed+gptq+distill --scheme w3g64zp --bits 3.6 "
+        "--dtype bfloat16 --samples 256 --gptq-target original --name repair_w3_target "
+        "--variants tokens=262144,precision=bf16 tokens=8192,precision=fp32 "
+        "tokens=8192,precision=bf16",
+        repair_w3_target,
     ),
     (
         "repair_lr_w3.json",

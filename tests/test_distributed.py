@@ -99,9 +99,9 @@ def _torchrun(model: Path, out: Path, recipe: Path, ranks: int = 2):
 
 # the repair of a pruned model (every weight trains) and of a quantized one (its scales
 # and zero points train, the integers fixed). In fp32: in bf16 (`auto` on a CPU with
-# AMX-BF16) each rank rounds its own half batch's products, and the ranks agree with one
-# process to bf16's precision only (seen 3e-4 relative in the losses), not the order of
-# the sums this compares
+# AMX-BF16 or AVX512-BF16) each rank rounds its own half batch's products, and the ranks
+# agree with one process to bf16's precision only (seen 3e-4 relative in the losses), not
+# the order of the sums this compares
 REPAIR = {"tokens": 6 * 4 * 48, "batch": 4, "precision": "fp32"}
 REPAIRS = {
     "pruned": [{"prune": {"mlp": 0.5}}, {"distill": REPAIR}],

@@ -31,8 +31,9 @@ from compress.stage import Described, ModelContext, register_stage
 
 # the repair ran at 1/1.1 of a pass's rate on the default model (compress/estimate.py)
 REPAIR_FACTOR = 1.1
-# a repair step of the default model, fp32 over bf16 on AMX-BF16: 9.5 s over 5.5 s
-# (docs/results.md, "best:w4g64zp's repair: bf16 and longer")
+# a repair step of the default model, fp32 over bf16: 9.5 s over 5.5 s on AMX-BF16
+# (docs/results.md, "best:w4g64zp's repair: bf16 and longer"), 11.9 s over 6.1 s on
+# AVX512-BF16 without AMX ("best:w3g64zp's state with GPTQ fitting the original ...")
 BF16_SPEEDUP = 1.7
 
 
