@@ -9,7 +9,8 @@ the compression on this machine (loading and writing included). A row with mixed
 precision also records its plan in the JSON: how many linears took each scheme.
 
     python benchmarks/quality.py [--rows awq gptq ...] [--schemes w4g64 w3g64] [--bits 4.5]
-                                 [--runs ROW:SCHEME ...] [--mixed-options SCHEME ...]
+                                 [--runs ROW:SCHEME[@KEY=VALUE,...] ...]
+                                 [--mixed-options SCHEME ...]
                                  [--dtype bfloat16] [--tune-steps 50] [--repair-steps 128]
                                  [--samples 128] [--preset-samples N]
                                  [--windows 64] [--append]
@@ -122,9 +123,11 @@ def main() -> None:
     ap.add_argument(
         "--runs",
         nargs="+",
-        metavar="ROW:SCHEME",
+        metavar="ROW:SCHEME[@KEY=VALUE,...]",
         help="exactly these rows, each with its scheme (best:w4g64 ...), in place of every "
-        "--rows with every --schemes: the presets' table in one run",
+        "--rows with every --schemes: the presets' table in one run. After `@`, the run's "
+        f"own settings, overriding the flags: {', '.join(RUN_SETTINGS)} "
+        "(mixed_options joined by /), e.g. mixed+gptq+distill:w3g64zp@bits=3.6,samples=256",
     )
     ap.add_argument("--bits", type=float, default=4.5, help="mixed precision's budget")
     ap.add_argument(
@@ -185,10 +188,13 @@ def main() -> None:
     previous = args.out / f"{args.name}.json"
     if args.append and previous.is_file():  # rows of an earlier run of the same protocol
         results, extra, timing = _read(previous, calib, args.windows)
-    for row, scheme in _runs(ap, args):
+    for row, scheme, run in _runs(ap, args):
+        args = run  # the run's own settings: the command line's with its overrides
         label = f"{row.replace('mixed', f'mixed@{args.bits}')} {scheme}"
         if row in PRESET_ROWS:
             label = f"{row}:{scheme}"
+        if args.samples != calib["samples"]:  # a run's own calibration, not the protocol's
+            label += f" samples={args.samples}"
         if args.dtype != "auto":
             label += f" {args.dtype}"
         if args.calib == "self":
@@ -212,13 +218,14 @@ def main() -> None:
             recipe = recipe_for(
                 row,
                 SCHEMES[scheme],
-                calib,
+                calib | {"samples": args.samples},
                 args.bits,
                 args.dtype,
                 tune,
                 repair,
                 scheme,
-                preset_n=args.preset_samples,
+                preset_n=args.preset_samples
+                or (args.samples if args.samples != calib["samples"] else None),
                 options=args.mixed_options,
                 gptq=gptq,
             )
@@ -248,16 +255,41 @@ def main() -> None:
     print(format_table(results, _columns(extra)))
 
 
-def _runs(ap: argparse.ArgumentParser, args) -> list[tuple[str, str]]:
-    """(row, scheme) pairs: --runs as given, or every --rows row for each --schemes."""
+# a run's own settings after `@` (`best:w3g64zp@samples=256,repair=512`): the command
+# line's flag each stands for, and how its value reads (mixed options joined by `/`)
+RUN_SETTINGS = {
+    "bits": ("bits", float),
+    "samples": ("samples", int),
+    "dtype": ("dtype", str),
+    "repair": ("repair_steps", int),
+    "tune": ("tune_steps", int),
+    "target": ("gptq_target", str),
+    "options": ("mixed_options", lambda v: v.split("/")),
+}
+
+
+def _runs(ap: argparse.ArgumentParser, args) -> list[tuple[str, str, argparse.Namespace]]:
+    """(row, scheme, settings): --runs as given, each with the command line's settings and
+    its own after `@`; or every --rows row for each --schemes."""
     if not args.runs:
-        return [(row, scheme) for scheme in args.schemes for row in args.rows]
-    pairs = [tuple(run.split(":", 1)) for run in args.runs]
-    for pair in pairs:
-        if len(pair) != 2 or pair[0] not in ROWS or pair[1] not in SCHEMES:
-            ap.error(f"--runs {':'.join(pair)}: want ROW:SCHEME, ROW one of {list(ROWS)}, "
+        return [(row, scheme, args) for scheme in args.schemes for row in args.rows]
+    runs = []
+    for text in args.runs:
+        pair, _, settings = text.partition("@")
+        row, _, scheme = pair.partition(":")
+        if row not in ROWS or scheme not in SCHEMES:
+            ap.error(f"--runs {text}: want ROW:SCHEME[@KEY=VALUE,...], ROW one of {list(ROWS)}, "
                      f"SCHEME one of {list(SCHEMES)}")  # fmt: skip
-    return pairs
+        run = argparse.Namespace(**vars(args))
+        for item in filter(None, settings.split(",")):
+            key, _, value = item.partition("=")
+            if key not in RUN_SETTINGS or not value:
+                ap.error(f"--runs {text}: {item!r} is not KEY=VALUE with KEY one of "
+                         f"{list(RUN_SETTINGS)}")  # fmt: skip
+            name, read = RUN_SETTINGS[key]
+            setattr(run, name, read(value))
+        runs.append((row, scheme, run))
+    return runs
 
 
 def _read(path: Path, calib: dict, windows: int) -> tuple[dict, dict, dict]:

@@ -6,8 +6,8 @@ products are rounded. It pays where the hardware multiplies bf16 natively, and `
 takes it there: a CPU with AMX-BF16 or AVX512-BF16 and a CUDA device with bf16. Measured
 with benchmarks/repair_sweep.py on the default model's quantized repair, a step took
 5.5 s in bf16 against 9.5 s in fp32 on AMX (Intel Xeon), and 6.1 s against 11.9 s on an
-AMD EPYC with AVX512-BF16 and no AMX, at the same KL. A CPU with neither would emulate bf16, slower
-than fp32, so `bf16` is refused there rather than run slowly.
+AMD EPYC with AVX512-BF16 and no AMX, at the same KL. A CPU with neither would emulate
+bf16, slower than fp32, so `bf16` is refused there rather than run slowly.
 """
 
 from __future__ import annotations
