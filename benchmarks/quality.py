@@ -148,6 +148,12 @@ def main() -> None:
         "--repair-steps", type=int, help="the repair's steps of 2 × 512 tokens (default: 32)"
     )
     ap.add_argument(
+        "--repair-samples",
+        type=int,
+        help="samples the repair cuts from the calibration text (default: the calibration "
+        "samples): more distinct text per step than GPTQ needs; the label names it",
+    )
+    ap.add_argument(
         "--gptq-target",
         choices=["reference", "original"],
         help="what GPTQ's rounding fits (default: its own, reference); a row with "
@@ -212,6 +218,9 @@ def main() -> None:
         if args.repair_steps and "distill" in ROWS[row]:
             repair = REPAIR | {"tokens": args.repair_steps * REPAIR["batch"] * args.length}
             label += f" repair{args.repair_steps}"
+        if args.repair_samples and "distill" in ROWS[row]:
+            repair = (repair or REPAIR) | {"data": source, "samples": args.repair_samples}
+            label += f" repair_samples={args.repair_samples}"
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "artifact"
             t0 = time.perf_counter()
@@ -262,6 +271,7 @@ RUN_SETTINGS = {
     "samples": ("samples", int),
     "dtype": ("dtype", str),
     "repair": ("repair_steps", int),
+    "repair_samples": ("repair_samples", int),
     "tune": ("tune_steps", int),
     "target": ("gptq_target", str),
     "options": ("mixed_options", lambda v: v.split("/")),

@@ -11,6 +11,9 @@ settings the first variant equals quality.py's chain row exactly.
     python benchmarks/repair_sweep.py [--bits 4.6] [--dtype bfloat16] [--scheme w4g64]
         [--rows mixed+gptq+distill] [--samples 128] [--gptq-target original]
         [--variants scale_lr=0.001 scale_lr=0.003 tokens=65536 precision=bf16 ...]
+
+A variant's `samples=N` has the repair cut N samples of its own from the calibration
+text (`data=` another source). Each variant's row is written as soon as it is measured.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from wikitext import DATA, require
 import compress.pipeline as pipeline
 from compress.artifact.dense import load_model
 from compress.calib_data import eval_windows, read_texts, token_stream
+from compress.calib_data.prepare import load_calibration
 from compress.distill.quantized import QuantLinear
 from compress.distill.stage import Distill
 from compress.eval.drift import measure_drift
@@ -51,9 +55,9 @@ def parse_variant(text: str) -> dict:
     out = {}
     for part in filter(None, text.split(",")):
         key, value = part.split("=", 1)
-        if key in ("tokens", "batch"):
+        if key in ("tokens", "batch", "samples"):
             out[key] = int(value)
-        elif key in ("precision", "parallel"):
+        elif key in ("precision", "parallel", "data"):
             out[key] = value
         elif key == "train_dense":
             out[key] = value.lower() in ("1", "true", "yes")
@@ -82,19 +86,25 @@ def as_stored(model: torch.nn.Module, dtype: torch.dtype) -> float:
     return moved / max(total, 1)
 
 
-def sweep(variants: list[str], base, windows, rows: list, work: Path):
-    """A stand-in for pipeline.repair_quantized: every variant on a copy of the state."""
+def sweep(variants: list[str], base, windows, rows: list, work: Path, source: str, save):
+    """A stand-in for pipeline.repair_quantized: every variant on a copy of the state;
+    `source` is the calibration text a variant's own `samples` are cut from, and `save`
+    writes the rows measured so far."""
 
     def run(run, samples):
         ws = run.ws
         for text in variants:
             started = time.perf_counter()
+            overrides = parse_variant(text)
+            if "samples" in overrides:
+                overrides.setdefault("data", source)
+            teacher = load_model(run.source)
             student = load_model(ws.store.ckpt)
             with torch.no_grad():
                 for name, tensor in ws.updated.items():
                     student.get_parameter(name).copy_(tensor.float())
             ctx = ModelContext(
-                teacher=load_model(run.source),
+                teacher=teacher,
                 model=student,
                 config=dict(ws.config),
                 adapter=ws.adapter,
@@ -102,13 +112,15 @@ def sweep(variants: list[str], base, windows, rows: list, work: Path):
                 samples=samples,
                 work_dir=work,
                 resume=False,
-                load_text=None,
+                load_text=lambda cfg, teacher=teacher: load_calibration(
+                    cfg, ws.tokenizer, lambda: teacher
+                ),
                 log=run.log,
                 quantized=copy.deepcopy(ws.quantized),
                 updated={},  # what a train_dense repair would store: the student holds it
                 storage_dtype=ws.storage_dtype,
             )
-            config = dataclasses.replace(run.after[0].config, **parse_variant(text))
+            config = dataclasses.replace(run.after[0].config, **overrides)
             record = Distill(config).run(ctx)
             seconds = time.perf_counter() - started
             moved = as_stored(student, ws.storage_dtype)
@@ -123,6 +135,7 @@ def sweep(variants: list[str], base, windows, rows: list, work: Path):
                 "codes_moved": moved,
             })  # fmt: skip
             print(json.dumps(rows[-1]), flush=True)
+            save()
         raise _Swept
 
     return run
@@ -160,25 +173,10 @@ def main() -> None:
     gptq = {"target": args.gptq_target} if args.gptq_target else None
     recipe = recipe_for(row, SCHEMES[args.scheme], calib, args.bits, args.dtype, gptq=gptq)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        pipeline.repair_quantized = sweep(args.variants, base, windows, rows, Path(tmp))
-        with contextlib.suppress(_Swept):  # raised once the sweep is done
-            pipeline.compress("default", recipe, Path(tmp) / "artifact", log=print)
     chain = row.removesuffix("+distill")
     if args.bits and chain.startswith("mixed"):
         chain = chain.replace("mixed", f"mixed@{args.bits}", 1)
     label = f"{chain} {args.scheme}" + (f" target={args.gptq_target}" if gptq else "")
-    lines = [
-        f"{label} {args.dtype}, then the repair (defaults: {REPAIR}, scale_lr 1e-3):",
-        "",
-        "| repair setting | steps | precision | ppl | KL | top-1 | last step's KL | repair s |",
-        "|---|---|---|---|---|---|---|---|",
-        *(
-            f"| {r['variant']} | {r['steps']} | {r['precision']} | {r['ppl']:.3f} | "
-            f"{r['kl']:.5f} | {r['top1']:.4f} | {r['train_kl']} | {r['repair_s']} |"
-            for r in rows
-        ),
-    ]
     meta = {
         "chain": label,
         "dtype": args.dtype,
@@ -188,9 +186,29 @@ def main() -> None:
         "cpu": cpu_flags(),
     }
     out = HERE / "results" / args.name
-    out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+
+    def save() -> str:
+        lines = [
+            f"{label} {args.dtype}, then the repair (defaults: {REPAIR}, scale_lr 1e-3):",
+            "",
+            "| repair setting | steps | precision | ppl | KL | top-1 | last step's KL | repair s |",
+            "|---|---|---|---|---|---|---|---|",
+            *(
+                f"| {r['variant']} | {r['steps']} | {r['precision']} | {r['ppl']:.3f} | "
+                f"{r['kl']:.5f} | {r['top1']:.4f} | {r['train_kl']} | {r['repair_s']} |"
+                for r in rows
+            ),
+        ]
+        out.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+        out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        return "\n".join(lines)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        swept = sweep(args.variants, base, windows, rows, Path(tmp), calib["source"], save)
+        pipeline.repair_quantized = swept
+        with contextlib.suppress(_Swept):  # raised once the sweep is done
+            pipeline.compress("default", recipe, Path(tmp) / "artifact", log=print)
+    print(save())
 
 
 if __name__ == "__main__":
