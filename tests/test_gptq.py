@@ -248,12 +248,23 @@ def test_gptq_toward_the_original_runs_through_the_pipeline(
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stages"][0]["target"] == "original"
     assert "original outputs" not in manifest["timing_s"]
-    # the original side kept from the first pass or measured again: the same artifact
-    monkeypatch.setattr(gptq, "KEEP_BYTES", 0)
-    again = compress(str(folder), recipe, tmp_path / "again", log=lambda _: None)
-    kept, measured = (load_file(str(o / "model.safetensors")) for o in (out, again))
-    assert kept.keys() == measured.keys()
-    assert all(torch.equal(kept[k], measured[k]) for k in kept)
+    # the original side kept from the first pass, measured again, or kept for the deepest
+    # input alone (down_proj's: 12 × 64 tokens × 4 bytes × its width): the same artifact
+    kept = load_file(str(out / "model.safetensors"))
+    width = json.loads((folder / "config.json").read_text())["intermediate_size"]
+    keepable, chosen = gptq._keepable, set()
+    monkeypatch.setattr(gptq, "_keepable", lambda *a: chosen.update(keepable(*a)) or keepable(*a))
+    for name, limit in (("again", 0), ("deepest", 12 * 64 * 4 * width)):
+        monkeypatch.setattr(gptq, "KEEP_BYTES", limit)
+        chosen.clear()
+        again = compress(str(folder), recipe, tmp_path / name, log=lambda _: None)
+        assert chosen == ({"mlp.down_proj"} if limit else set())
+        measured = load_file(str(again / "model.safetensors"))
+        assert kept.keys() == measured.keys()
+        assert all(torch.equal(kept[k], measured[k]) for k in kept)
+    monkeypatch.setattr(gptq, "KEEP_BYTES", 12 * 64 * 4 * width)
+    assert gptq._keep_deepest([1, 1, width * 12 * 64 * 4]) == [False, False, True]
+    assert gptq._keep_deepest([1, 1, width * 12 * 64 * 4 + 1]) == [True, True, False]
     moe = write_family(tmp_path / "moe", "mixtral", tokenizer_from=folder)
     from compress.errors import LlmpressError
 
