@@ -154,6 +154,12 @@ def main() -> None:
         "samples): more distinct text per step than GPTQ needs; the label names it",
     )
     ap.add_argument(
+        "--repair-scale-lr",
+        type=float,
+        help="the repair's Adam lr of the log-scales and zero points (default: its own, "
+        "1e-3); the label names it",
+    )
+    ap.add_argument(
         "--gptq-target",
         choices=["reference", "original"],
         help="what GPTQ's rounding fits (default: its own, reference); a row with "
@@ -221,6 +227,9 @@ def main() -> None:
         if args.repair_samples and "distill" in ROWS[row]:
             repair = (repair or REPAIR) | {"data": source, "samples": args.repair_samples}
             label += f" repair_samples={args.repair_samples}"
+        if args.repair_scale_lr and "distill" in ROWS[row]:
+            repair = (repair or REPAIR) | {"scale_lr": args.repair_scale_lr}
+            label += f" scale_lr={args.repair_scale_lr:g}"
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "artifact"
             t0 = time.perf_counter()
@@ -272,6 +281,7 @@ RUN_SETTINGS = {
     "dtype": ("dtype", str),
     "repair": ("repair_steps", int),
     "repair_samples": ("repair_samples", int),
+    "scale_lr": ("repair_scale_lr", float),
     "tune": ("tune_steps", int),
     "target": ("gptq_target", str),
     "options": ("mixed_options", lambda v: v.split("/")),
