@@ -180,7 +180,8 @@ CHAIN_LABELS = (
     "in the label: mixed precision to B bits per weight, `samples=N` calibration samples, "
     "`options=` the schemes mixed precision may give a linear besides the row's, "
     "`target=original` GPTQ fitting the original model's outputs, `repairN` the repair's "
-    "steps of 2 × 512 tokens, `repair_samples=N` the repair's own samples of valid.txt; "
+    "steps of 2 × 512 tokens, `repair_samples=N` the repair's own samples of valid.txt, "
+    "`scale_lr=` the repair's learning rate of the scales and zero points (else 1e-3); "
     'what they are and which tools open them: "The 4-bit best recipes with 5- and 6-bit '
     'linears".'
 )

@@ -253,7 +253,13 @@ def test_gptq_toward_the_original_runs_through_the_pipeline(
     kept = load_file(str(out / "model.safetensors"))
     width = json.loads((folder / "config.json").read_text())["intermediate_size"]
     keepable, chosen = gptq._keepable, set()
-    monkeypatch.setattr(gptq, "_keepable", lambda *a: chosen.update(keepable(*a)) or keepable(*a))
+
+    def spy(*args):
+        keys = keepable(*args)
+        chosen.update(keys)
+        return keys
+
+    monkeypatch.setattr(gptq, "_keepable", spy)
     for name, limit in (("again", 0), ("deepest", 12 * 64 * 4 * width)):
         monkeypatch.setattr(gptq, "KEEP_BYTES", limit)
         chosen.clear()
