@@ -1923,8 +1923,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "presets.json",
         "Quality per minute: the presets",
-        "benchmarks/quality.py --runs rtn:w4g64 gptq:w4g64 fast:w4g64 best:w4g64 best:w4g64zp "
-        "best:w3g64 best:w3g64zp best:w2g64 best:w2g64zp --name presets",
+        "benchmarks/quality.py --name presets --runs rtn:w4g64 gptq:w4g64 fast:w4g64 best:w4g64 "
+        "best:w4g64zp best:w3g64 best:w3g64zp best:w2g64 best:w2g64zp "
+        '"mixed+gptq+distill:w4g64zp@bits=4.6,dtype=bfloat16,samples=64,repair=256,'
+        'options=w4g128/w4g32/w5g64/w6g64/w8" "mixed+gptq+distill:w3g64zp@bits=3.6,'
+        "dtype=bfloat16,samples=256,repair=512,target=original,repair_samples=1024,"
+        'scale_lr=0.002"',
         presets,
     ),
     ("quality.json", "Quality of every method and their chain", "benchmarks/quality.py", quality),
