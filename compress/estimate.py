@@ -5,7 +5,7 @@ Each stage states its work in FLOPs (`Described.work`): GPTQ's Hessians and colu
 AWQ's grid of scaled forwards, tune's forward and backward steps, the Fisher pass, the
 repair's teacher and student. The pipeline adds one pass of the calibration tokens
 through the blocks for each stage that calibrates, and one for the walk. The sum over
-this machine's matrix-multiply rate, measured now in a tenth of a second, is the
+this machine's matrix-multiply rate, its fastest call in a fifth of a second now, is the
 estimate. Each kind of work carries a factor for how far it runs from the probe's rate,
 fitted on the default model and the Llama-3.2-1B and Qwen2.5-7B shapes on a 2-core AMD
 EPYC (docs/results.md, "Quality per minute: the presets"); reading the checkpoint
