@@ -75,9 +75,9 @@ def matmul_rate(rows: int, width: int, seconds: float = 0.2) -> float:
 def peak_rate(product, flops: float, seconds: float) -> float:
     """FLOP/s of the fastest call of `product` in about `seconds` (five calls at least).
     A shared host only ever slows a call (a neighbour's burst, a thread descheduled), so
-    the fastest one is the machine's rate. The median was not enough: in one run, three
-    presets of the same work probed before each other printed 9, 16 and 11 minutes for
-    runs of 7.2, 7.5 and 8.0; the efficiency factors stand for the rest of the gap."""
+    the fastest one is the machine's rate. The median was not enough: in one run, presets
+    doing the same work printed 9.4, 16.4 and 10.6 minutes for runs of 7.2, 7.5 and 8.0.
+    On a quiet host the peak is 1-2% above the median, so the factors fitted on it stand."""
     best, calls, start = float("inf"), 0, time.perf_counter()
     while calls < 5 or time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
