@@ -4,8 +4,8 @@ Handlers `submit` (refused with QueueFull beyond the bound) and read tokens from
 Stream; the loop admits new requests at the next step (continuous batching), pushes each
 new token to its stream, and applies cancellations (a client gone) before stepping, so a
 slot is free again within one step. A response may be `attach`ed as a Pump: the loop then
-runs it itself after each step, writing a stream's events or gathering a whole
-completion's text (compress/serve/pump.py).
+runs it after each step (on a Writer's thread while the next step runs), writing a
+stream's events or gathering a whole completion's text (compress/serve/pump.py).
 
 A failure is confined to the requests it touches: a request whose token choice raises
 fails alone (ServingEngine), a step that raises fails the requests of that step; the
@@ -24,7 +24,7 @@ from collections import deque
 from compress.kernels.cpu import hand_over
 from compress.runtime.engine import Engine, Request
 from compress.serve.metrics import Metrics
-from compress.serve.pump import Pump
+from compress.serve.pump import Pump, Writer
 
 DONE = object()
 _NOTHING = object()
@@ -111,12 +111,14 @@ class Scheduler:
         self.error: BaseException | None = None
         self.pumps: set[Pump] = set()  # attached and not finished
         self._due: set[Pump] = set()  # pumps whose streams got tokens (or ended) since run
+        self.writer = Writer(self.pumps)
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="llmpress-engine", daemon=True)
 
     def start(self) -> Scheduler:
         self._gauges()  # every gauge and counter in /metrics from the start, zeros included
         self._adopt = hand_over()  # the CPU kernels' threads go with the engine
+        self.writer.start()
         self.thread.start()
         return self
 
@@ -189,13 +191,9 @@ class Scheduler:
             self._due.add(stream.pump)
 
     def _run_pumps(self) -> None:
-        """Write the attached responses' new events (this thread; never blocks)."""
+        """Write the attached responses' new events (never blocks this thread)."""
         due, self._due = self._due, set()
-        for pump in due:
-            if pump in self.pumps and not pump.run():
-                self.pumps.discard(pump)
-                for s in pump.streams:
-                    s.pump = None
+        self.writer.run(due)
 
     def _step(self) -> None:
         """One engine step, its prefill's first tokens sent before its decode half runs;
@@ -231,7 +229,8 @@ class Scheduler:
                 stream.tokens.put(DONE)
             raise
         finally:  # the handlers write what is left of their responses
-            for pump in self.pumps:
+            self.writer.stop()
+            for pump in list(self.pumps):
                 pump.release()
 
     def _publish(self, touched: list[Request]) -> None:
