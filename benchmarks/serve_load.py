@@ -30,7 +30,7 @@ threads inside llmpress's server process they took its interpreter lock and a co
 the engine's decode steps (one run, capacity 32: 0.70 of `bench` with the clients inside,
 0.91 with them outside).
 
-    python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64] \
+    python benchmarks/serve_load.py [--capacities 1,8,32] [--tokens 64] [--name serve_load] \
         [--llama-server PATH/TO/llama.cpp/build/bin --gguf model-q4_0.gguf]
 """
 
@@ -186,6 +186,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run, at most")
     add_arguments(ap)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="serve_load", help="the results' file name")
     args = ap.parse_args()
     check_arguments(args)
     set_threads(torch.get_num_threads())
@@ -293,10 +294,11 @@ def main() -> None:
         "llama_server": None
         if not args.llama_server
         else f"{args.gguf.name} ({version(args.llama_server)}), -t 2 -tb 2",
+        "llama_cflags": args.llama_cflags if args.llama_server else None,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "serve_load.json").write_text(json.dumps(record, indent=2) + "\n")
-    (args.out / "serve_load.md").write_text(table(record) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(table(record) + "\n")
     print(table(record))
 
 

@@ -10,7 +10,7 @@ ways taking turns, ABBA, for `--rounds` pairs. Reported: each way's median outpu
 tokens/s and p50 TTFT, and the median of the pairs' ratios (threaded over inline) with
 how many pairs the threaded way won.
 
-    python benchmarks/serve_writer.py [--capacities 1,8,32] [--rounds 12]
+    python benchmarks/serve_writer.py [--capacities 1,8,32] [--rounds 16]
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from serve_load import load_row, run_clients  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--capacities", default="1,8,32")
-    ap.add_argument("--rounds", type=int, default=12, help="pairs of runs per capacity")
+    ap.add_argument("--rounds", type=int, default=16, help="pairs of runs per capacity")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     args = ap.parse_args()

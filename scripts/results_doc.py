@@ -1204,8 +1204,13 @@ def serve_load(d: dict) -> list[str]:
         f"{x['disconnected']} closing the connection mid-stream; afterwards "
         f"{x['running_after']:g} requests running and {x['slots_in_use_after']:g} KV slots"
         + (f" and {x['blocks_in_use_after']:g} KV blocks" if "blocks_in_use_after" in x else "")
-        + f" in use. {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
-        "tokens/s of one stream in the same run.",
+        + " in use."
+        + (
+            f" {g['streams']} concurrent streams gave {g['vs_single']:.1f}× the output "
+            "tokens/s of one stream in the same run."
+            if g["vs_single"]
+            else ""
+        ),
         *served_vs_bench(d),
     ]
 
@@ -1217,6 +1222,19 @@ LLAMA_SERVER_BUILD = (
     '-mno-amx-bf16"`, since its AMX path stopped the server with SIGILL at its first tile '
     "instruction on this VM (AVX-512 and VNNI stay on)"
 )
+
+
+def llama_build(d: dict) -> str:
+    """How a run's llama-server was built: what the run records, else LLAMA_SERVER_BUILD."""
+    if "llama_cflags" not in d:
+        return LLAMA_SERVER_BUILD
+    flags = d["llama_cflags"]
+    return (
+        "built by `scripts/build_llama_cpp` (llama-cpp-python 0.3.36's llama.cpp sources, "
+        "Release, `-DGGML_NATIVE=ON`, "
+        + (f'`LLAMA_CFLAGS="{flags}"`)' if flags else "no other flags: every extension this "
+           "CPU has)")
+    )  # fmt: skip
 
 
 def served_vs_bench(d: dict) -> list[str]:
@@ -1260,16 +1278,41 @@ def served_vs_bench(d: dict) -> list[str]:
                 f"({r['wall_s']:.2f} s from the first request to the last token): prefilling "
                 f"{e['prefill']:.2f} s, "
                 f"decoding {e['decode']:.2f} s in {e['steps']} steps "
-                f"({1e3 * e['decode'] / e['steps']:.1f} ms each), publishing tokens and "
-                f"writing the streams' events {e['publish']:.2f} s."
+                f"({1e3 * e['decode'] / e['steps']:.1f} ms each), publishing tokens "
+                f"{e['publish']:.2f} s (the streams' events are written there when one has "
+                "them, else on a writer thread beside the next step)."
             )
     if d.get("llama_server"):
         lines.append(
-            f"llama-server rows: llama.cpp's own server, {LLAMA_SERVER_BUILD}, on "
+            f"llama-server rows: llama.cpp's own server, {llama_build(d)}, on "
             f"{d['llama_server']}, "
             "`-np C -c 256·C`, the same C clients right after the llmpress rows of that capacity."
         )
     return ["", " ".join(lines)] if lines else []
+
+
+def serve_writer(d: dict) -> list[str]:
+    body = [
+        [cap, f(r["threaded"]["tok_s"], 1), f(r["inline"]["tok_s"], 1),
+         f"{r['threaded']['ttft_p50'] * 1e3:.0f}/{r['inline']['ttft_p50'] * 1e3:.0f}",
+         f"{r['ratio']:.3f}", f"{r['wins']}/{len(r['ratios'])}",
+         f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"]
+        for cap, r in d["rows"].items()
+    ]  # fmt: skip
+    return [
+        "One `llmpress serve` per capacity C, C streaming clients (serve_load's prompts, "
+        f"{d['tokens']} tokens out, greedy), the streams' events written on a writer thread "
+        "beside the next decode step (`threaded`, the default) or on the engine's thread "
+        f"between steps (`inline`), taking turns ABBA for {d['rounds']} pairs; medians. "
+        f"CPU: {d['machine']['cpu']}, {d['machine']['threads']} threads.",
+        "",
+        *table(["capacity", "threaded out tok/s", "inline out tok/s",
+                "TTFT p50 ms threaded/inline", "pair ratio (median)", "threaded won",
+                "pair ratios"], body),
+        "",
+        "One stream always writes inline (a single due response), so its row measures the "
+        "noise of this comparison.",
+    ]  # fmt: skip
 
 
 def vllm_check(d: dict) -> list[str]:
@@ -2230,6 +2273,19 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Serving under load",
         "benchmarks/serve_load.py --llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
         serve_load,
+    ),
+    (
+        "serve_load_128.json",
+        "Serving under load: replies of 128 tokens",
+        "benchmarks/serve_load.py --capacities 32 --tokens 128 --name serve_load_128 "
+        "--llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
+        serve_load,
+    ),
+    (
+        "serve_writer.json",
+        "Serving: where the streams' events are written",
+        "benchmarks/serve_writer.py",
+        serve_writer,
     ),
     (
         "speculative.json",
