@@ -23,7 +23,7 @@ import torch
 
 from compress.calib_data.config import CalibConfig
 from compress.distill.loop import DistillSettings, distill, fingerprint
-from compress.distill.precision import PRECISIONS, choose, resolve
+from compress.distill.precision import PRECISIONS, bf16_speedup, choose, resolve
 from compress.distill.quantized import dense_vectors, param_groups, wrap
 from compress.distill.sharding import MODES
 from compress.errors import LlmpressError
@@ -31,10 +31,6 @@ from compress.stage import Described, ModelContext, register_stage
 
 # the repair ran at 1/1.1 of a pass's rate on the default model (compress/estimate.py)
 REPAIR_FACTOR = 1.1
-# a repair step of the default model, fp32 over bf16: 9.5 s over 5.5 s on AMX-BF16
-# (docs/results.md, "best:w4g64zp's repair: bf16 and longer"), 11.9 s over 6.1 s on
-# AVX512-BF16 without AMX ("best:w3g64zp's state with GPTQ fitting the original ...")
-BF16_SPEEDUP = 1.7
 
 
 @dataclass(frozen=True)
@@ -118,7 +114,7 @@ class Distill(Described):
         tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
         # choose, not resolve: a bf16 the CPU lacks may run on a GPU, and run() checks that
         bf16 = choose(c.precision, torch.device("cpu")) == "bf16"
-        faster = BF16_SPEEDUP if bf16 else 1
+        faster = bf16_speedup(torch.device("cpu")) if bf16 else 1
         return REPAIR_FACTOR * 4 * load.forward(tokens, head=True) / faster
 
     def __init__(self, config: DistillConfig):
