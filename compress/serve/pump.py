@@ -1,10 +1,10 @@
-"""A response run by the engine's own thread while its client keeps up.
+"""A response run by the engine's side (its thread, or its Writer's) while its client keeps up.
 
 A handler thread per stream woke once per token, took the interpreter lock in turn with
 every other one and ran on the cores the decode step's threads were using: at 32 streams
 the steps ran 10-20% slower than in `bench` with the same batch. The body is a generator
 (of chunk bytes, or the Stream whose next token it needs), so the thread that runs it can
-change: the engine's thread runs it right after each step's tokens are published and
+change: the engine's side runs it right after each step's tokens are published and
 writes without blocking; the first write the socket does not take whole, a failed write,
 or an error hands the rest back to the handler thread, which goes on with blocking writes
 as before. A slow client never holds up the engine. A whole (non-streamed) completion's
