@@ -1215,12 +1215,16 @@ def serve_load(d: dict) -> list[str]:
     ]
 
 
-# How the llama-server anchor of the serving sections' runs was built (no run records it).
-LLAMA_SERVER_BUILD = (
+# How scripts/build_llama_cpp builds the llama-server anchor of the serving sections.
+LLAMA_BUILT = (
     "built by `scripts/build_llama_cpp` (llama-cpp-python 0.3.36's llama.cpp sources, "
-    'Release, `-DGGML_NATIVE=ON`) with `LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 '
-    '-mno-amx-bf16"`, since its AMX path stopped the server with SIGILL at its first tile '
-    "instruction on this VM (AVX-512 and VNNI stay on)"
+    "Release, `-DGGML_NATIVE=ON`)"
+)
+# The build of the runs that do not record theirs (on an AMX Xeon VM).
+LLAMA_SERVER_BUILD = (
+    f'{LLAMA_BUILT} with `LLAMA_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"`, since '
+    "its AMX path stopped the server with SIGILL at its first tile instruction on this VM "
+    "(AVX-512 and VNNI stay on)"
 )
 
 
@@ -1229,12 +1233,9 @@ def llama_build(d: dict) -> str:
     if "llama_cflags" not in d:
         return LLAMA_SERVER_BUILD
     flags = d["llama_cflags"]
-    return (
-        "built by `scripts/build_llama_cpp` (llama-cpp-python 0.3.36's llama.cpp sources, "
-        "Release, `-DGGML_NATIVE=ON`, "
-        + (f'`LLAMA_CFLAGS="{flags}"`)' if flags else "no other flags: every extension this "
-           "CPU has)")
-    )  # fmt: skip
+    if flags:
+        return f'{LLAMA_BUILT} with `LLAMA_CFLAGS="{flags}"`'
+    return f"{LLAMA_BUILT} with no other flags: every extension this CPU has"
 
 
 def served_vs_bench(d: dict) -> list[str]:
@@ -1279,9 +1280,13 @@ def served_vs_bench(d: dict) -> list[str]:
                 f"{e['prefill']:.2f} s, "
                 f"decoding {e['decode']:.2f} s in {e['steps']} steps "
                 f"({1e3 * e['decode'] / e['steps']:.1f} ms each), publishing tokens "
-                f"{e['publish']:.2f} s (the streams' events are written there when one has "
-                "them, else on a writer thread beside the next step)."
+                f"{e['publish']:.2f} s."
             )
+    if any(r.get("engine_s") for r in d["rows"]):
+        lines.append(
+            "Publishing includes writing the streams' events when one stream has them; "
+            "several are written on a writer thread beside the next step."
+        )
     if d.get("llama_server"):
         lines.append(
             f"llama-server rows: llama.cpp's own server, {llama_build(d)}, on "

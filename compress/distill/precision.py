@@ -21,33 +21,33 @@ from compress.errors import LlmpressError
 PRECISIONS = ("auto", "fp32", "bf16")
 
 
+def cpu_bf16() -> str | None:
+    """How this CPU multiplies bf16 in hardware: "amx" (AMX tiles), "avx512" (AVX512-BF16
+    alone), or None."""
+    if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        return "amx"
+    if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
+        return "avx512"
+    return None
+
+
 def bf16_support(device: torch.device) -> bool:
     """Whether `device` multiplies bf16 in hardware (and so `auto` uses it)."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported()
-    if device.type != "cpu":
-        return False
-    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    avx512 = bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
-    return amx or avx512
+    return device.type == "cpu" and cpu_bf16() is not None
 
 
 # A repair step of the default model, fp32 time over bf16 time, by how the CPU multiplies
 # bf16 (benchmarks/repair_sweep.py; see the module docstring): the time estimate's factor.
-BF16_SPEEDUP_AMX = 9.5 / 5.5
-BF16_SPEEDUP_AVX512 = 11.9 / 6.1
+BF16_SPEEDUP = {"amx": 9.5 / 5.5, "avx512": 11.9 / 6.1}
 
 
-def bf16_speedup(device: torch.device) -> float:
-    """How much faster a repair step runs in bf16 than in fp32 on `device`, as measured:
+def bf16_speedup() -> float:
+    """How much faster a repair step runs in bf16 than in fp32 on this CPU, as measured:
     AMX tiles 1.73x, AVX512-BF16 without them 1.95x (its fp32 is the slower of the two).
-    The AMX figure stands for a CUDA device too, and for a CPU that has neither (an
-    explicit bf16 estimated for a run elsewhere)."""
-    if device.type != "cpu" or getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
-        return BF16_SPEEDUP_AMX
-    if getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)():
-        return BF16_SPEEDUP_AVX512
-    return BF16_SPEEDUP_AMX
+    A CPU with neither (an explicit bf16 estimated for a run elsewhere) takes AMX's."""
+    return BF16_SPEEDUP.get(cpu_bf16(), BF16_SPEEDUP["amx"])
 
 
 def choose(precision: str, device: torch.device) -> str:

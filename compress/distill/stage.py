@@ -114,7 +114,7 @@ class Distill(Described):
         tokens = max(1, c.tokens // (c.batch * length)) * c.batch * length
         # choose, not resolve: a bf16 the CPU lacks may run on a GPU, and run() checks that
         bf16 = choose(c.precision, torch.device("cpu")) == "bf16"
-        faster = bf16_speedup(torch.device("cpu")) if bf16 else 1
+        faster = bf16_speedup() if bf16 else 1
         return REPAIR_FACTOR * 4 * load.forward(tokens, head=True) / faster
 
     def __init__(self, config: DistillConfig):
