@@ -1320,6 +1320,38 @@ def serve_writer(d: dict) -> list[str]:
     ]  # fmt: skip
 
 
+def gemm_schedule(d: dict) -> list[str]:
+    def ms(row, arm):
+        a = row["arms"].get(arm)
+        return f(a["median_s"] * 1e3, 1) if a else ""
+
+    def ratio(row, arm):
+        return f(row["never_over"].get(arm), 3)
+
+    body = [
+        [r["condition"], f"{r['work']}, {r['rows']} rows", ms(r, "never"), ms(r, "64"),
+         ratio(r, "64"), ms(r, "1"), ratio(r, "1")]
+        for r in d["rows"]
+    ]  # fmt: skip
+    c = d["competitor"]
+    return [
+        "The packed GEMMs split a step's columns between threads in fixed halves or hand "
+        "out chunks as threads come for them, from M rows up (`gemm_dynamic_rows`). One "
+        f"engine, serve_load's artifact: one prefill step of {d['prefill_prompts']} prompts "
+        "of about 20 tokens (as 32 arriving clients are prefilled), and decode steps at "
+        f"batch 8 and 32; quiet, then beside a process busy {c['busy_ms']} ms and asleep "
+        f"{c['idle_ms']} ms in turn (about a fifth of a core, standing in for a server's "
+        f"handlers and clients). Arms ABBA for {d['rounds']} rounds; medians. "
+        f"CPU: {d['machine']['cpu']}, {d['machine']['threads']} threads.",
+        "",
+        *table(["condition", "work", "halves ms", "from 64 rows (default) ms",
+                "halves / default", "chunks always ms", "halves / always"], body),
+        "",
+        "Below 64 rows both first arms run the same code (fixed halves), so their decode "
+        "ratios show this comparison's noise.",
+    ]  # fmt: skip
+
+
 def vllm_check(d: dict) -> list[str]:
     """vLLM's CPU build on each artifact kind: loads or not, and greedy tokens against
     transformers in the same dtype (scripts/vllm_check.py writes the file)."""
@@ -2291,6 +2323,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Serving: where the streams' events are written",
         "benchmarks/serve_writer.py",
         serve_writer,
+    ),
+    (
+        "gemm_schedule.json",
+        "Serving: how the GEMMs share a step between threads",
+        "benchmarks/gemm_schedule.py",
+        gemm_schedule,
     ),
     (
         "speculative.json",

@@ -10,6 +10,7 @@ from compress.kernels.cpu import (
     GEMV_ROWS,
     PackedLinear,
     QuantizedInput,
+    gemm_dynamic_rows,
     panels_of,
     quantize_input,
     to_panels,
@@ -89,6 +90,29 @@ def test_a_single_row_computes_exactly_what_it_does_in_a_batch(n, bits, zp):
         assert torch.equal(lin(x[i : i + 1]), together[i : i + 1])
     for a, b in [(0, 2), (3, 6), (5, 12)]:
         assert torch.equal(lin(x[a:b]), together[a:b])
+
+
+@pytest.mark.parametrize(("bits", "zp"), [(4, True), (4, False), (8, False)])
+def test_chunks_handed_out_as_threads_come_compute_what_fixed_halves_do(bits, zp):
+    """Prefill-sized products hand their column chunks to threads as they come; each chunk
+    computes the same columns either way, so the outputs are the same bits as with fixed
+    halves, and as each row computes alone."""
+    torch.manual_seed(bits)
+    qw = quantize_weight(
+        torch.randn(200, 576), QuantScheme(bits=bits, group_size=64, zero_point=zp)
+    )
+    lin = PackedLinear(qw.q, qw.scale, qw.zero_point, qw.group_size, bits)
+    x = quantize_input(torch.randn(70, 576))
+    assert gemm_dynamic_rows() <= 70  # the default hands out chunks at 70 rows
+    handed = lin(x)
+    old = gemm_dynamic_rows(1 << 30)
+    try:
+        halves = lin(x)
+    finally:
+        gemm_dynamic_rows(old)
+    assert torch.equal(handed, halves)
+    alone = lin(QuantizedInput(x.x[5:6], x.x8[5:6], x.dx[5:6], x.bsum[5:6]))
+    assert torch.equal(alone, handed[5:6])
 
 
 @pytest.mark.parametrize(("bits", "group", "zp"), CASES)

@@ -145,6 +145,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_get_threads.restype = i
     lib.llmp_amx_enable.argtypes = [i]
     lib.llmp_amx_enable.restype = i
+    lib.llmp_gemm_dynamic_rows.argtypes = [i]
+    lib.llmp_gemm_dynamic_rows.restype = i
     lib.llmp_amx_state.argtypes = []
     lib.llmp_amx_state.restype = i
     lib.llmp_argmax.argtypes = [p, ctypes.c_int64]

@@ -65,6 +65,13 @@ def use_amx(on: bool = True) -> bool:
     return bool(library().llmp_amx_enable(int(on)))
 
 
+def gemm_dynamic_rows(rows: int = 0) -> int:
+    """The packed GEMMs of at least `rows` rows hand their column chunks to threads as
+    they come (prefill); smaller ones split them in fixed halves (decode). Returns the
+    threshold before; 0 leaves it. For measuring (benchmarks/gemm_schedule.py)."""
+    return library().llmp_gemm_dynamic_rows(rows)
+
+
 def amx_active() -> bool:
     """Whether the packed GEMMs of 16 rows or more run on AMX tiles now."""
     return bool(library().llmp_amx_state())

@@ -805,6 +805,41 @@ static int32_t *block_sums(const int8_t *x8, int M, int K) {
 #define AMX_ROWS(M) 0
 #define amx_gemm(...) -1
 #endif
+/* One chunk of llmp_gemm_q*: CHUNK_TILES tiles of columns for every row. */
+#define GEMM_CHUNK(BITS, c)                                                                   \
+    for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {                                               \
+        int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;                                   \
+        if (paired && (c) * CHUNK_TILES + 1 < tiles) {                                        \
+            int t = (c) * CHUNK_TILES, cols = N - t * TW < 2 * TW ? N - t * TW : 2 * TW;      \
+            const float *s0 = scale + (int64_t)t * ng * TW;                                   \
+            const float *z0 = zs ? zs + (int64_t)t * ng * TW : NULL;                          \
+            (void)s0, (void)z0, (void)cols;                                                   \
+            PAIR_ROWS(BITS, w + t * tb, w + (t + 1) * tb, s0, s0 + ng * TW, z0,               \
+                      z0 ? z0 + ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K,                \
+                      dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb,                         \
+                      xs ? xs + (int64_t)m0 * nb : NULL, rows, K, nb,                         \
+                      y + (int64_t)m0 * N + t * TW, N, cols);                                 \
+            continue;                                                                         \
+        }                                                                                     \
+        for (int t = (c) * CHUNK_TILES; t < tiles && t < ((c) + 1) * CHUNK_TILES; t++) {      \
+            int cols = N - t * TW < TW ? N - t * TW : TW;                                     \
+            tile_rows(BITS, w + t * tb, scale + (int64_t)t * ng * TW,                         \
+                      zs ? zs + (int64_t)t * ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K,   \
+                      dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,            \
+                      y + (int64_t)m0 * N + t * TW, N, cols);                                 \
+        }                                                                                     \
+    }
+/* Prefill-sized GEMMs (M >= dynamic_rows) hand out their chunks as threads come for them:
+ * a thread the OS takes off its core (a server's request handlers, its clients, another
+ * process) no longer holds back a fixed half of the columns while the other waits at the
+ * barrier. Decode batches keep fixed halves: chunks handed out at 8 and 32 rows cost them
+ * 5-25% (benchmarks/gemm_schedule.py measures both). */
+static int dynamic_rows = 64;
+int llmp_gemm_dynamic_rows(int rows) {
+    int old = dynamic_rows;
+    if (rows > 0) dynamic_rows = rows;
+    return old;
+}
 #define DEFINE_GEMM(BITS)                                                                     \
 void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int M, int K,   \
                        int G, const uint8_t *w, const float *scale, const float *zs, int N,  \
@@ -815,30 +850,13 @@ void llmp_gemm_q##BITS(const int8_t *x8, const float *dx, const float *bsum, int
     if (AMX_ROWS(M) && amx_gemm(BITS, x8, dx, bsum, M, K, G, w, scale, zs, N, y) == 0) return; \
     int32_t *xs = PAIRED(BITS, M) && (BITS) == 8 ? block_sums(x8, M, K) : NULL;               \
     int paired = PAIRED(BITS, M) && ((BITS) == 4 || xs != NULL);                              \
-    _Pragma("omp parallel for schedule(static)")                                              \
-    for (int c = 0; c < chunks; c++)                                                          \
-        for (int m0 = 0; m0 < M; m0 += ROW_BLOCK) {                                           \
-            int rows = M - m0 < ROW_BLOCK ? M - m0 : ROW_BLOCK;                               \
-            if (paired && c * CHUNK_TILES + 1 < tiles) {                                      \
-                int t = c * CHUNK_TILES, cols = N - t * TW < 2 * TW ? N - t * TW : 2 * TW;    \
-                const float *s0 = scale + (int64_t)t * ng * TW;                               \
-                const float *z0 = zs ? zs + (int64_t)t * ng * TW : NULL;                      \
-                (void)s0, (void)z0, (void)cols;                                               \
-                PAIR_ROWS(BITS, w + t * tb, w + (t + 1) * tb, s0, s0 + ng * TW, z0,           \
-                          z0 ? z0 + ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K,            \
-                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb,                     \
-                          xs ? xs + (int64_t)m0 * nb : NULL, rows, K, nb,                     \
-                          y + (int64_t)m0 * N + t * TW, N, cols);                             \
-                continue;                                                                     \
-            }                                                                                 \
-            for (int t = c * CHUNK_TILES; t < tiles && t < (c + 1) * CHUNK_TILES; t++) {      \
-                int cols = N - t * TW < TW ? N - t * TW : TW;                                 \
-                tile_rows(BITS, w + t * tb, scale + (int64_t)t * ng * TW,                     \
-                          zs ? zs + (int64_t)t * ng * TW : NULL, ng, bpg, x8 + (int64_t)m0 * K, \
-                          dx + (int64_t)m0 * nb, bsum + (int64_t)m0 * nb, rows, K, nb,         \
-                          y + (int64_t)m0 * N + t * TW, N, cols);                             \
-            }                                                                                 \
-        }                                                                                     \
+    if (M >= dynamic_rows) {                                                                  \
+        _Pragma("omp parallel for schedule(dynamic)")                                         \
+        for (int c = 0; c < chunks; c++) GEMM_CHUNK(BITS, c)                                  \
+    } else {                                                                                  \
+        _Pragma("omp parallel for schedule(static)")                                          \
+        for (int c = 0; c < chunks; c++) GEMM_CHUNK(BITS, c)                                  \
+    }                                                                                         \
     free(xs);                                                                                 \
 }
 
