@@ -14,7 +14,10 @@ One engine, serve_load's artifact (the default model, rtn:w4g64zp, lm_head w8):
 - decode: one step at batch 8 and at batch 32, averaged over 24 steps.
 Each is timed with the GEMMs handing out chunks from M rows up (`gemm_dynamic_rows`):
 64 (the default: prefill dynamic, decode static), never (all static) and, for decode, 1
-(all dynamic). The arms take turns ABBA for `--rounds` pairs; medians.
+(all dynamic). The arms take turns ABBA for `--rounds` pairs; medians. Then a server of the
+same artifact, 32 streaming clients in a process of their own (serve_load's), the first
+two settings taking turns ABBA for `--rounds` pairs: what the prefill steps' gain is
+worth to a served round.
 
     python benchmarks/gemm_schedule.py [--rounds 12]
 """
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -38,6 +43,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
+from serve_load import load_row, run_clients  # noqa: E402
 
 from compress.kernels.cpu import gemm_dynamic_rows, set_threads  # noqa: E402
 from compress.model.loading import load_tokenizer, resolve  # noqa: E402
@@ -46,6 +52,8 @@ from compress.recipe import parse_quant, parse_recipe  # noqa: E402
 from compress.runtime.engine import Engine, Request  # noqa: E402
 from compress.runtime.sampling import SamplingParams  # noqa: E402
 from compress.runtime.weights import load_weights  # noqa: E402
+from compress.serve.app import build_app  # noqa: E402
+from compress.serve.server import make_server  # noqa: E402
 
 PROMPT = "The history of the city begins in the early middle ages, when a small settlement"
 BUSY_MS, IDLE_MS = 0.3, 1.0
@@ -98,18 +106,48 @@ def abba(arms: dict[str, int], run, rounds: int) -> dict:
     return {a: {"median_s": statistics.median(v), "runs_s": v} for a, v in seconds.items()}
 
 
+def served_rounds(art: Path, rounds: int) -> dict:
+    """32 streaming clients (serve_load's, in a process of their own) against one server,
+    the two settings taking turns ABBA: each one's median output tokens/s, the median of
+    the pairs' ratios (fixed halves over the default) and how many pairs the default won."""
+    app = build_app(str(art), max_batch=32, max_len=256, max_queue=32)
+    httpd = make_server(app, "127.0.0.1", 0)
+    port = httpd.server_address[1]
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    tok_s = {"64": [], "never": []}
+    with multiprocessing.get_context("spawn").Pool(1) as clients:
+        clients.apply(run_clients, (port, 1, 8, 60))  # warm-up
+        for r in range(rounds):
+            for name in ("64", "never") if r % 2 == 0 else ("never", "64"):
+                gemm_dynamic_rows(ARMS["prefill"][name])
+                out, wall, hung = clients.apply(run_clients, (port, 32, 64, 120))
+                tok_s[name].append(load_row(32, 32, out, wall, hung)["output_tokens_per_s"])
+    gemm_dynamic_rows(64)
+    httpd.shutdown()
+    httpd.server_close()
+    app.scheduler.stop()
+    ratios = [b / a for a, b in zip(tok_s["64"], tok_s["never"], strict=True)]
+    return {
+        "streams": 32,
+        "tok_s": {k: statistics.median(v) for k, v in tok_s.items()},
+        "runs_tok_s": tok_s,
+        "never_over_default": statistics.median(ratios),
+        "default_won": sum(x < 1 for x in ratios),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "gemm_schedule.json")
     args = ap.parse_args()
     set_threads(torch.get_num_threads())
-    with tempfile.TemporaryDirectory() as tmp:
-        art = Path(tmp) / "w4"
-        recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
-        compress("default", recipe, art, log=lambda _: None)
-        ckpt = resolve(str(art))
-        weights, tok = load_weights(ckpt), load_tokenizer(ckpt)
+    tmp = tempfile.TemporaryDirectory()
+    art = Path(tmp.name) / "w4"
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
+    compress("default", recipe, art, log=lambda _: None)
+    ckpt = resolve(str(art))
+    weights, tok = load_weights(ckpt), load_tokenizer(ckpt)
     prompts = [tok.encode(f"Note {i}: {PROMPT}") for i in range(32)]
     prefill_engine = Engine(weights, max_batch=32, max_len=256)
     decode = {b: Engine(weights, max_batch=b, max_len=256) for b in (8, 32)}
@@ -135,6 +173,9 @@ def main() -> None:
             if other is not None:
                 other.kill()
                 other.wait()
+    served = served_rounds(art, args.rounds)
+    print(json.dumps(served), flush=True)
+    tmp.cleanup()
     record = {
         "benchmark": "gemm_schedule",
         "machine": {
@@ -146,6 +187,7 @@ def main() -> None:
         "competitor": {"busy_ms": BUSY_MS, "idle_ms": IDLE_MS},
         "prefill_prompts": 13,
         "rows": rows,
+        "served": served,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

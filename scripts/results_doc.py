@@ -1349,7 +1349,22 @@ def gemm_schedule(d: dict) -> list[str]:
         "",
         "Below 64 rows both first arms run the same code (fixed halves), so their decode "
         "ratios show this comparison's noise.",
+        *served_line(d.get("served")),
     ]  # fmt: skip
+
+
+def served_line(v: dict | None) -> list[str]:
+    if not v:
+        return []
+    n = len(v["runs_tok_s"]["64"])
+    return [
+        "",
+        f"Served: {v['streams']} streaming clients against one server, the two settings "
+        f"ABBA for {n} pairs: {f(v['tok_s']['64'], 0)} output tok/s with the default, "
+        f"{f(v['tok_s']['never'], 0)} with fixed halves; the pairs' median ratio (halves "
+        f"over default) {v['never_over_default']:.2f}, the default won {v['default_won']} "
+        f"of {n}.",
+    ]
 
 
 def vllm_check(d: dict) -> list[str]:

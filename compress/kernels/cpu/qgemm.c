@@ -832,8 +832,8 @@ static int32_t *block_sums(const int8_t *x8, int M, int K) {
 /* Prefill-sized GEMMs (M >= dynamic_rows) hand out their chunks as threads come for them:
  * a thread the OS takes off its core (a server's request handlers, its clients, another
  * process) no longer holds back a fixed half of the columns while the other waits at the
- * barrier. Decode batches keep fixed halves: chunks handed out at 8 and 32 rows cost them
- * 5-25% (benchmarks/gemm_schedule.py measures both). */
+ * barrier. Decode batches keep fixed halves: chunks handed out cost batch-8 steps 14-23%
+ * (batch 32: 0-5%; benchmarks/gemm_schedule.py measures both). */
 static int dynamic_rows = 64;
 int llmp_gemm_dynamic_rows(int rows) {
     int old = dynamic_rows;
