@@ -2327,6 +2327,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         serve_load,
     ),
     (
+        "serve_load_avx2.json",
+        "Serving under load: an AVX2 host",
+        "benchmarks/serve_load.py --name serve_load_avx2 "
+        "--llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
+        serve_load,
+    ),
+    (
         "serve_load_128.json",
         "Serving under load: replies of 128 tokens",
         "benchmarks/serve_load.py --capacities 32 --tokens 128 --name serve_load_128 "
