@@ -1977,6 +1977,25 @@ def distributed(d: dict) -> list[str]:
     ]
 
 
+HEADER_EVAL_CACHE = ["eval", "passes over the artifact", "first s", "cached s", "first / cached",
+                     "KL first / cached"]  # fmt: skip
+
+
+def eval_cache(d: dict) -> list[str]:
+    rows = [[r["mode"], r["kernels"], r["first_s"], r["cached_s"], r["first / cached"],
+             f"{r['kl'][0]:.5f} / {r['kl'][1]:.5f}"] for r in d["rows"]]  # fmt: skip
+    return [
+        f"`llmpress eval` of an artifact ({d['artifact']}) on WikiText-2 test ({d['windows']} "
+        f"windows of {d['ctx']} tokens), twice in a row in fresh processes with a cache folder "
+        "of their own: first the original is computed block by block (and cached), then "
+        "its final hidden states are read from the cache. Wall seconds of each process, "
+        "start to exit. CPU: "
+        f"{d['cpu']}, {d['threads']} cores; the machine was shared, so times are upper bounds.",
+        "",
+        *table(HEADER_EVAL_CACHE, rows),
+    ]
+
+
 def load_time(d: dict) -> list[str]:
     rows = [[r["artifact"], r["artifact_gb"], r["seconds"]["earlier"], r["seconds"]["now"],
              r["earlier / now"]] for r in d["rows"]]  # fmt: skip
@@ -2420,6 +2439,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
+    (
+        "eval_cache.json",
+        "A second eval: the original from the cache",
+        "benchmarks/eval_cache.py",
+        eval_cache,
+    ),
     (
         "load_time.json",
         "Loading an artifact into the runtime",
