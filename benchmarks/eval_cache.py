@@ -50,7 +50,7 @@ def shared_cache(into: Path) -> None:
     from compress.model.default import cache_dir
 
     into.mkdir(parents=True)
-    for entry in cache_dir().iterdir():
+    for entry in cache_dir().iterdir() if cache_dir().is_dir() else ():
         if entry.name != "eval":
             (into / entry.name).symlink_to(entry)
 
