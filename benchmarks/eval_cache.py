@@ -78,7 +78,8 @@ def main() -> None:
             first = run_eval(artifact, cache, args.windows, exact)
             second = run_eval(artifact, cache, args.windows, exact)
             a, b = first["result"], second["result"]
-            assert (a["reference"], b["reference"]) == ("computed", "cached"), (a, b)
+            if (a["reference"], b["reference"]) != ("computed", "cached") or a["kl"] != b["kl"]:
+                raise SystemExit(f"the cached eval differs from the first: {a} / {b}")
             rows.append({
                 "mode": "--exact" if exact else "default",
                 "kernels": a["kernels"] + (" + exact" if a.get("weights_only") else ""),

@@ -1977,11 +1977,9 @@ def distributed(d: dict) -> list[str]:
     ]
 
 
-HEADER_EVAL_CACHE = ["eval", "passes over the artifact", "first s", "cached s", "first / cached",
-                     "KL first / cached"]  # fmt: skip
-
-
 def eval_cache(d: dict) -> list[str]:
+    header = ["eval", "passes over the artifact", "first s", "cached s", "first / cached",
+              "KL first / cached"]  # fmt: skip
     rows = [[r["mode"], r["kernels"], r["first_s"], r["cached_s"], r["first / cached"],
              f"{r['kl'][0]:.5f} / {r['kl'][1]:.5f}"] for r in d["rows"]]  # fmt: skip
     return [
@@ -1992,7 +1990,7 @@ def eval_cache(d: dict) -> list[str]:
         "start to exit. CPU: "
         f"{d['cpu']}, {d['threads']} cores; the machine was shared, so times are upper bounds.",
         "",
-        *table(HEADER_EVAL_CACHE, rows),
+        *table(header, rows),
     ]
 
 
