@@ -7,18 +7,25 @@ Head layout of the default model (9 query heads over 3 KV heads, head dim 64). S
 a step prefilling 28 prompts of 18 tokens (32 requests arriving together), one 256-token
 chunk, a 1,024-token prompt in one chunk, and 256-token chunks over 768- and 1,792-token
 prefixes (a long prompt's later chunks). Reported: the median milliseconds of one layer's
-attention for each, and torch's time over C's.
+attention for each, and torch's time over C's. With `--rev REV` the C call as it was at
+that git revision runs as a third arm in the same rounds (built as kernel_ab.py builds it),
+and the table gains its time over today's and whether both give the same bits.
 
-    python benchmarks/prefill_attention.py [--rounds 30] [--threads 2]
+    python benchmarks/prefill_attention.py [--rounds 30] [--threads 2] [--rev REV]
+        [--name prefill_attention]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,7 +36,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
+from kernel_ab import build  # noqa: E402
 
+from compress.kernels import cpu  # noqa: E402
+from compress.kernels.build import SOURCE  # noqa: E402
 from compress.kernels.cpu import prefill_attention, set_threads  # noqa: E402
 from compress.runtime.model import _prefill_attention  # noqa: E402
 
@@ -62,27 +72,58 @@ def with_torch(q, out, parts):
         out[a:b] = o.transpose(0, 1).reshape(b - a, HEADS * D)
 
 
+def earlier_kernel(rev: str, tmp: Path):
+    """`llmp_prefill_attention` as it was at `rev`, as a function of (q, out, parts)."""
+    src = tmp / "earlier.c"
+    src.write_bytes(
+        subprocess.check_output(["git", "show", f"{rev}:{SOURCE.relative_to(ROOT)}"], cwd=ROOT)
+    )
+    lib = build(src, tmp / "earlier.so")
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, ctypes.c_float, i]
+    lib.llmp_prefill_attention.restype = ctypes.c_int
+    lib.llmp_set_threads(cpu.library().llmp_get_threads())
+
+    def run(q, out, parts):
+        now = cpu.library
+        cpu.library = lambda: lib  # the wrapper's checks and layout, the earlier kernel
+        try:
+            prefill_attention(q, out, parts, SCALE)
+        finally:
+            cpu.library = now
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rev", help="also time the C call at this git revision")
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="prefill_attention", help="the results' file name")
     args = ap.parse_args()
     set_threads(args.threads)
+    tmp = tempfile.TemporaryDirectory()
+    earlier = earlier_kernel(args.rev, Path(tmp.name)) if args.rev else None
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, chunks in CASES.items():
         q, parts = step(chunks, gen)
         ref, got = torch.empty(q.shape[0], HEADS * D), torch.empty(q.shape[0], HEADS * D)
-        times = {"torch": [], "c": []}
-        for _ in range(args.rounds + 2):  # the first two warm up
-            t0 = time.perf_counter()
-            with_torch(q, ref, parts)
-            t1 = time.perf_counter()
-            prefill_attention(q, got, parts, SCALE)
-            t2 = time.perf_counter()
-            times["torch"].append(t1 - t0)
-            times["c"].append(t2 - t1)
+        old = torch.empty_like(got)
+        arms = {
+            "torch": partial(with_torch, q, ref, parts),
+            "c": partial(prefill_attention, q, got, parts, SCALE),
+        }
+        if earlier is not None:
+            arms["c_earlier"] = partial(earlier, q, old, parts)
+        times = {name: [] for name in arms}
+        for r in range(args.rounds + 2):  # the first two warm up
+            for arm in list(arms) if r % 2 == 0 else list(arms)[::-1]:
+                t0 = time.perf_counter()
+                arms[arm]()
+                times[arm].append(time.perf_counter() - t0)
         med = {k: statistics.median(v[2:]) * 1e3 for k, v in times.items()}
         row = {
             "case": name,
@@ -93,11 +134,18 @@ def main() -> None:
             "speedup": med["torch"] / med["c"],
             "max_abs_diff": (ref - got).abs().max().item(),
         }
+        if earlier is not None:
+            row["c_earlier_ms"] = med["c_earlier"]
+            row["earlier_over_now"] = med["c_earlier"] / med["c"]
+            row["same_bits_as_earlier"] = bool(torch.equal(old, got))
         rows.append(row)
         print(json.dumps(row), flush=True)
     record = {
         "benchmark": "prefill_attention",
-        "command": "python benchmarks/prefill_attention.py",
+        "command": "python benchmarks/prefill_attention.py"
+        + (f" --rev {args.rev}" if args.rev else "")
+        + (f" --name {args.name}" if args.name != "prefill_attention" else ""),
+        "rev": args.rev,
         "cpu": cpu_flags(),
         "threads": args.threads,
         "rounds": args.rounds,
@@ -105,7 +153,8 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "prefill_attention.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

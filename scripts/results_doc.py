@@ -1087,18 +1087,25 @@ DENSE_COLUMNS = (("torch_ms", 2), ("llmpress_ms", 2), ("GB_s", 1), ("speedup", 2
 
 def prefill_attention(d: dict) -> list[str]:
     h, kvh, hd = d["heads"]
+    rev = d.get("rev")
+    head = ["step", "chunks", "rows", "torch ms", "C ms", "speedup", "max abs diff"]
+    if rev:
+        head += [f"C at {rev} ms", f"{rev} / now", "same bits"]
     body = [
         [r["case"], r["chunks"], r["rows"], f(r["torch_ms"], 2), f(r["c_ms"], 2),
          f(r["speedup"], 2), f"{r['max_abs_diff']:.1e}"]
+        + ([f(r["c_earlier_ms"], 2), f(r["earlier_over_now"], 2),
+            "yes" if r["same_bits_as_earlier"] else "no"] if rev else [])
         for r in d["rows"]
     ]  # fmt: skip
+    earlier = f", and the C call as it was at `{rev}` (same rounds)" if rev else ""
     return [
         f"One layer's causal attention of a prefill step ({h} query heads over {kvh} KV heads, "
         f"head dim {hd}; {d['threads']} threads, medians of {d['rounds']} interleaved rounds; "
         f"CPU: {d['cpu']}): the C call for every chunk of the step against torch's blocks "
-        "per chunk.",
+        f"per chunk{earlier}.",
         "",
-        *table(["step", "chunks", "rows", "torch ms", "C ms", "speedup", "max |diff|"], body),
+        *table(head, body),
     ]
 
 
@@ -2311,6 +2318,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "prefill_attention.json",
         "A prefill step's attention in one C call",
         "benchmarks/prefill_attention.py",
+        prefill_attention,
+    ),
+    (
+        "prefill_attention_avx2.json",
+        "A prefill step's attention: an AVX2 host, against the earlier C call",
+        "benchmarks/prefill_attention.py --rev 063ee76 --name prefill_attention_avx2",
         prefill_attention,
     ),
     (
