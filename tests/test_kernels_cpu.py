@@ -428,8 +428,9 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
     [(9, 3, 64), (18, 1, 40), (4, 4, 36)],  # GQA; a group wider than 8 with 40 dims; MHA, 36
 )
 @pytest.mark.parametrize("window", [0, 16])
+@pytest.mark.parametrize("n", [45, 150])  # 150: the weighted values in more than one pass
 def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
-    heads, kv_heads, d, window
+    heads, kv_heads, d, window, n
 ):
     """Every chunk of a step in one C call: the same output as the torch reference, and a
     prompt's rows the same bits whether it was attended whole, in chunks (the later ones
@@ -437,8 +438,7 @@ def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
     from compress.kernels.cpu import prefill_attention
     from compress.runtime.model import _prefill_attention
 
-    torch.manual_seed(heads + d + window)
-    n = 45
+    torch.manual_seed(heads + d + window + n)
     q, k, v = torch.randn(n, heads, d), torch.randn(kv_heads, n, d), torch.randn(kv_heads, n, d)
     whole = torch.empty(n, heads * d)
     prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window)
@@ -450,7 +450,7 @@ def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
     both_q = torch.cat([other_q, q])
     split = torch.empty(7 + n, heads * d)
     chunks = [(0, 7, other_k, other_v, 0)]
-    for a, b in [(0, 1), (1, 17), (17, 18), (18, 45)]:  # one row, a span, one row, the rest
+    for a, b in [(0, 1), (1, 17), (17, 18), (18, n)]:  # one row, a span, one row, the rest
         chunks.append((7 + a, 7 + b, k[:, :b].contiguous(), v[:, :b].contiguous(), a))
     prefill_attention(both_q, split, chunks[::-1], 0.2, window)
     assert torch.equal(split[7:], whole)

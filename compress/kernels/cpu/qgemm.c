@@ -2083,7 +2083,21 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
  * sums), for up to QG query vectors of one KV head at once (consecutive rows' heads that
  * share it), so each key is loaded once per group. */
 #define QG 8
-#define KT_PAD 16 /* zero keys past L in each transposed row: whole vectors of keys */
+#if defined(__AVX512F__)
+#define KB 16 /* keys per block of the transposed keys: one vector */
+#else
+#define KB 8
+#endif
+/* Keys transposed in blocks of KB: block b holds keys b*KB.. as [D][KB], so a block's
+ * scores read 4*KB*D contiguous bytes (transposed whole, [D][L], each of a block's D
+ * loads was a line of its own, 4 KB apart at L = 1024). Whole blocks plus one of zero
+ * keys past L: every vector of keys is whole. */
+#define KT_LEN(L) ((((L) + KB - 1) / KB + 1) * KB)
+#define KT_AT(kt, D, j, d) ((kt)[((int64_t)(j) / KB) * (D) * KB + (int64_t)(d) * KB + (j) % KB])
+#define KT_PAD (2 * KB) /* scores' scratch past L */
+/* Keys a pass of the weighted values covers before the next dimensions: their rows stay in
+ * L1 for every dimension block (the accumulators wait in `out`, the same sums in order). */
+#define PV_KEYS 64
 
 /* Compiled as written (no reassociation, no auto-vectorization): which loop computes a
  * key's term must not depend on where the group starts or how its buffers are aligned.
@@ -2092,32 +2106,33 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
  * fmaxf from libm per score, they took 30% of a 512-token layer's attention. */
 __attribute__((optimize("no-associative-math", "no-tree-vectorize")))
 static void attend_group(const float *const *qv, const int *lo, const int *hi,
-                         const float *kt, int ldk, const float *v, int64_t ldv, int D,
+                         const float *kt, const float *v, int64_t ldv, int D,
                          float scale, float *s, int lds, float *const *out) {
     int j0 = lo[0], j1 = hi[QG - 1]; /* keys any query of the group sees: j0..j1 */
     for (int q = 1; q < QG; q++) j0 = lo[q] < j0 ? lo[q] : j0;
+    j0 -= j0 % KB; /* from a whole block: the keys before lo weigh exactly 0, as past hi */
     int n = j1 - j0 + 1;
     int j = 0;
-#if defined(__AVX512F__) /* whole groups of 16 keys: kt rows hold KT_PAD zero keys past L */
+#if defined(__AVX512F__) /* whole blocks of 16 keys */
     for (; j < n; j += 16) {
         __m512 acc[QG];
         for (int q = 0; q < QG; q++) acc[q] = _mm512_setzero_ps();
-        const float *kc = kt + j0 + j;
+        const float *kc = &KT_AT(kt, D, j0 + j, 0);
         for (int d = 0; d < D; d++) {
-            __m512 k16 = _mm512_loadu_ps(kc + (int64_t)d * ldk);
+            __m512 k16 = _mm512_loadu_ps(kc + (int64_t)d * KB);
             for (int q = 0; q < QG; q++)
                 acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(qv[q][d]), k16, acc[q]);
         }
         for (int q = 0; q < QG; q++)
             _mm512_storeu_ps(s + (int64_t)q * lds + j, _mm512_mul_ps(acc[q], _mm512_set1_ps(scale)));
     }
-#elif defined(__AVX2__) /* whole groups of 8 keys */
+#elif defined(__AVX2__) /* whole blocks of 8 keys */
     for (; j < n; j += 8) {
         __m256 acc[QG];
         for (int q = 0; q < QG; q++) acc[q] = _mm256_setzero_ps();
-        const float *kc = kt + j0 + j;
+        const float *kc = &KT_AT(kt, D, j0 + j, 0);
         for (int d = 0; d < D; d++) {
-            __m256 k8 = _mm256_loadu_ps(kc + (int64_t)d * ldk);
+            __m256 k8 = _mm256_loadu_ps(kc + (int64_t)d * KB);
             for (int q = 0; q < QG; q++)
                 acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(qv[q][d]), k8, acc[q]);
         }
@@ -2128,7 +2143,7 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
     for (; j < n; j++)
         for (int q = 0; q < QG; q++) {
             float a = 0.f;
-            for (int d = 0; d < D; d++) a = fmaf(qv[q][d], kt[(int64_t)d * ldk + j0 + j], a);
+            for (int d = 0; d < D; d++) a = fmaf(qv[q][d], KT_AT(kt, D, j0 + j, d), a);
             s[(int64_t)q * lds + j] = a * scale;
         }
     /* softmax over each query's own keys; the others weigh exactly 0 */
@@ -2160,12 +2175,14 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
         for (i = b; i < n; i++) sq[i] = 0.f;
     }
     /* out = sum over keys in position order of weight * value, 8 dimensions at a time */
+    for (int ib = 0; ib < n; ib += PV_KEYS) {
+    int ie = n - ib < PV_KEYS ? n : ib + PV_KEYS;
     int d = 0;
 #if defined(__AVX512F__)
     for (; d + 16 <= D; d += 16) {
         __m512 acc[QG];
-        for (int q = 0; q < QG; q++) acc[q] = _mm512_setzero_ps();
-        for (int i = 0; i < n; i++) {
+        for (int q = 0; q < QG; q++) acc[q] = ib ? _mm512_loadu_ps(out[q] + d) : _mm512_setzero_ps();
+        for (int i = ib; i < ie; i++) {
             __m512 v16 = _mm512_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
             for (int q = 0; q < QG; q++)
                 acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(s[(int64_t)q * lds + i]), v16, acc[q]);
@@ -2176,8 +2193,8 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
 #if defined(__AVX2__)
     for (; d + 8 <= D; d += 8) {
         __m256 acc[QG];
-        for (int q = 0; q < QG; q++) acc[q] = _mm256_setzero_ps();
-        for (int i = 0; i < n; i++) {
+        for (int q = 0; q < QG; q++) acc[q] = ib ? _mm256_loadu_ps(out[q] + d) : _mm256_setzero_ps();
+        for (int i = ib; i < ie; i++) {
             __m256 v8 = _mm256_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
             for (int q = 0; q < QG; q++)
                 acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(s[(int64_t)q * lds + i]), v8, acc[q]);
@@ -2187,10 +2204,11 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
 #endif
     for (; d < D; d++)
         for (int q = 0; q < QG; q++) {
-            float a = 0.f;
-            for (int i = 0; i < n; i++) a = fmaf(s[(int64_t)q * lds + i], v[(int64_t)(j0 + i) * ldv + d], a);
+            float a = ib ? out[q][d] : 0.f;
+            for (int i = ib; i < ie; i++) a = fmaf(s[(int64_t)q * lds + i], v[(int64_t)(j0 + i) * ldv + d], a);
             out[q][d] = a;
         }
+    }
 }
 
 /* One chunk: q rows (stride qs), its keys/values (element (g, j, d) at g * kg + j * kj +
@@ -2217,7 +2235,7 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
     int64_t work = 0;
     for (int i = 0; i < nc; i++) {
         int L = c[i].start + c[i].T;
-        kto[i + 1] = kto[i] + (int64_t)kv_heads * D * (L + KT_PAD);
+        kto[i + 1] = kto[i] + (int64_t)kv_heads * D * KT_LEN(L);
         first[i + 1] = first[i] + kv_heads * ((rep * c[i].T + QG - 1) / QG);
         work += (int64_t)rep * c[i].T * kv_heads * L * D;
     }
@@ -2233,13 +2251,13 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
         for (int t = 0; t < nc * kv_heads; t++) {
             const PChunk *ch = c + t / kv_heads;
             int g = t % kv_heads, L = ch->start + ch->T;
-            float *dst = kt + kto[t / kv_heads] + (int64_t)g * D * (L + KT_PAD);
+            float *dst = kt + kto[t / kv_heads] + (int64_t)g * D * KT_LEN(L);
             for (int j = 0; j < L; j++) {
                 const float *kr = ch->k + g * ch->kg + j * ch->kj;
-                for (int d = 0; d < D; d++) dst[(int64_t)d * (L + KT_PAD) + j] = kr[d];
+                for (int d = 0; d < D; d++) KT_AT(dst, D, j, d) = kr[d];
             }
-            for (int d = 0; d < D; d++)
-                memset(dst + (int64_t)d * (L + KT_PAD) + L, 0, KT_PAD * sizeof(float));
+            for (int j = L; j < KT_LEN(L); j++)
+                for (int d = 0; d < D; d++) KT_AT(dst, D, j, d) = 0.f;
         }
         int Lmax = 0;
         for (int i = 0; i < nc; i++) Lmax = c[i].start + c[i].T > Lmax ? c[i].start + c[i].T : Lmax;
@@ -2271,7 +2289,7 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
                 qv[nq] = qv[nq - 1], lo[nq] = lo[nq - 1], hi[nq] = hi[nq - 1];
                 ov[nq] = s + (int64_t)QG * (Lmax + 2 * KT_PAD);
             }
-            attend_group(qv, lo, hi, kt + kto[i] + (int64_t)g * D * (L + KT_PAD), L + KT_PAD,
+            attend_group(qv, lo, hi, kt + kto[i] + (int64_t)g * D * KT_LEN(L),
                          ch->v + g * ch->vg, ch->vj, D, scale, s, Lmax + 2 * KT_PAD, ov);
         }
         free(s);
