@@ -1,7 +1,7 @@
 """The served prefill's causal attention: one C call a layer for every chunk of a step
 (`llmp_prefill_attention`) against torch's per-chunk blocks (`_prefill_attention`, what
-the served path ran before and the evaluation's exact path still runs), interleaved in
-one process over the same queries, keys and values.
+CPU prefills ran before, and the tests' reference), interleaved in one process over the
+same queries, keys and values.
 
 Head layout of the default model (9 query heads over 3 KV heads, head dim 64). Shapes:
 a step prefilling 28 prompts of 18 tokens (32 requests arriving together), one 256-token

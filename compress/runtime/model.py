@@ -165,7 +165,8 @@ def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
     """Causal attention of q [heads, T, hd] at positions start.. over keys/values
     [kv_heads, start + T, hd]: blocks of query rows, each against only the keys it may
     see (the last `window` positions, when a sliding window is given), query heads grouped
-    by KV head (the masked fused SDPA kernel took 1.8× as long)."""
+    by KV head (the masked fused SDPA kernel took 1.8× as long). Off the CPU, and the
+    tests' reference for the C call every CPU prefill makes."""
     heads, t, hd = q.shape
     kv_heads = keys.shape[0]
     qg = q.view(kv_heads, heads // kv_heads, t, hd)
@@ -247,7 +248,7 @@ class Model:
         positions = torch.cat([torch.arange(c.start, c.start + c.tokens.shape[0]) for c in chunks])
         positions = positions.to(dev)
         h = self._embed(tokens)
-        in_c = packed and dev.type == "cpu"  # the served path: attention in one C call
+        in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             att = torch.empty(ends[-1], s.heads * s.head_dim, device=dev)
