@@ -2079,9 +2079,9 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
  * weighing exactly 0. So a prompt's rows come out the same bits whether it was prefilled
  * whole, in chunks, beside other prompts, or after a cached prefix.
  *
- * Scores vectorize over 8 keys at a time from the keys transposed [D, L] (no horizontal
- * sums), for up to QG query vectors of one KV head at once (consecutive rows' heads that
- * share it), so each key is loaded once per group. */
+ * Scores vectorize over a vector of keys at a time from the keys transposed in blocks (no
+ * horizontal sums), for up to QG query vectors of one KV head at once (consecutive rows'
+ * heads that share it), so each key is loaded once per group. */
 #define QG 8
 #if defined(__AVX512F__)
 #define KB 16 /* keys per block of the transposed keys: one vector */
@@ -2176,38 +2176,41 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
     }
     /* out = sum over keys in position order of weight * value, 8 dimensions at a time */
     for (int ib = 0; ib < n; ib += PV_KEYS) {
-    int ie = n - ib < PV_KEYS ? n : ib + PV_KEYS;
-    int d = 0;
+        int ie = n - ib < PV_KEYS ? n : ib + PV_KEYS;
+        int d = 0;
 #if defined(__AVX512F__)
-    for (; d + 16 <= D; d += 16) {
-        __m512 acc[QG];
-        for (int q = 0; q < QG; q++) acc[q] = ib ? _mm512_loadu_ps(out[q] + d) : _mm512_setzero_ps();
-        for (int i = ib; i < ie; i++) {
-            __m512 v16 = _mm512_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+        for (; d + 16 <= D; d += 16) {
+            __m512 acc[QG];
             for (int q = 0; q < QG; q++)
-                acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(s[(int64_t)q * lds + i]), v16, acc[q]);
+                acc[q] = ib ? _mm512_loadu_ps(out[q] + d) : _mm512_setzero_ps();
+            for (int i = ib; i < ie; i++) {
+                __m512 v16 = _mm512_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+                for (int q = 0; q < QG; q++)
+                    acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(s[(int64_t)q * lds + i]), v16, acc[q]);
+            }
+            for (int q = 0; q < QG; q++) _mm512_storeu_ps(out[q] + d, acc[q]);
         }
-        for (int q = 0; q < QG; q++) _mm512_storeu_ps(out[q] + d, acc[q]);
-    }
 #endif
 #if defined(__AVX2__)
-    for (; d + 8 <= D; d += 8) {
-        __m256 acc[QG];
-        for (int q = 0; q < QG; q++) acc[q] = ib ? _mm256_loadu_ps(out[q] + d) : _mm256_setzero_ps();
-        for (int i = ib; i < ie; i++) {
-            __m256 v8 = _mm256_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+        for (; d + 8 <= D; d += 8) {
+            __m256 acc[QG];
             for (int q = 0; q < QG; q++)
-                acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(s[(int64_t)q * lds + i]), v8, acc[q]);
+                acc[q] = ib ? _mm256_loadu_ps(out[q] + d) : _mm256_setzero_ps();
+            for (int i = ib; i < ie; i++) {
+                __m256 v8 = _mm256_loadu_ps(v + (int64_t)(j0 + i) * ldv + d);
+                for (int q = 0; q < QG; q++)
+                    acc[q] = _mm256_fmadd_ps(_mm256_set1_ps(s[(int64_t)q * lds + i]), v8, acc[q]);
+            }
+            for (int q = 0; q < QG; q++) _mm256_storeu_ps(out[q] + d, acc[q]);
         }
-        for (int q = 0; q < QG; q++) _mm256_storeu_ps(out[q] + d, acc[q]);
-    }
 #endif
-    for (; d < D; d++)
-        for (int q = 0; q < QG; q++) {
-            float a = ib ? out[q][d] : 0.f;
-            for (int i = ib; i < ie; i++) a = fmaf(s[(int64_t)q * lds + i], v[(int64_t)(j0 + i) * ldv + d], a);
-            out[q][d] = a;
-        }
+        for (; d < D; d++)
+            for (int q = 0; q < QG; q++) {
+                float a = ib ? out[q][d] : 0.f;
+                for (int i = ib; i < ie; i++)
+                    a = fmaf(s[(int64_t)q * lds + i], v[(int64_t)(j0 + i) * ldv + d], a);
+                out[q][d] = a;
+            }
     }
 }
 
