@@ -21,9 +21,7 @@ import argparse
 import ctypes
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -36,10 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
-from kernel_ab import build  # noqa: E402
+from kernel_ab import builds  # noqa: E402
 
 from compress.kernels import cpu  # noqa: E402
-from compress.kernels.build import SOURCE  # noqa: E402
 from compress.kernels.cpu import prefill_attention, set_threads  # noqa: E402
 from compress.runtime.model import _prefill_attention  # noqa: E402
 
@@ -72,13 +69,9 @@ def with_torch(q, out, parts):
         out[a:b] = o.transpose(0, 1).reshape(b - a, HEADS * D)
 
 
-def earlier_kernel(rev: str, tmp: Path):
+def earlier_kernel(rev: str):
     """`llmp_prefill_attention` as it was at `rev`, as a function of (q, out, parts)."""
-    src = tmp / "earlier.c"
-    src.write_bytes(
-        subprocess.check_output(["git", "show", f"{rev}:{SOURCE.relative_to(ROOT)}"], cwd=ROOT)
-    )
-    lib = build(src, tmp / "earlier.so")
+    lib = builds(rev)["earlier"]
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, ctypes.c_float, i]
     lib.llmp_prefill_attention.restype = ctypes.c_int
@@ -104,8 +97,7 @@ def main() -> None:
     ap.add_argument("--name", default="prefill_attention", help="the results' file name")
     args = ap.parse_args()
     set_threads(args.threads)
-    tmp = tempfile.TemporaryDirectory()
-    earlier = earlier_kernel(args.rev, Path(tmp.name)) if args.rev else None
+    earlier = earlier_kernel(args.rev) if args.rev else None
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, chunks in CASES.items():
@@ -154,7 +146,6 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    tmp.cleanup()
 
 
 if __name__ == "__main__":
