@@ -13,6 +13,7 @@ Second table: a dense fp32 weight at decode batches (a tied embedding read as th
 head kept as stored), torch's `linear` against the runtime's `gemv_f32`, interleaved.
 
     python benchmarks/kernel_ab.py [--rev cbb33c2] [--rows 1,8,32,512] [--rounds 5]
+        [--name kernel_ab]
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="kernel_ab", help="results file stem (one per machine)")
     args = ap.parse_args()
     libs = builds(args.rev)
     reads_offsets = (
@@ -166,12 +168,17 @@ def main() -> None:
                 name: (lambda lib=lib, e=name == "earlier": run(lib, e))
                 for name, lib in libs.items()
             }
+            outputs = []
+            for fn in fns.values():  # the last weight copy's product from each build
+                fn()
+                outputs.append(y.clone())
             med = {k: v / len(mats) for k, v in interleaved(fns, args.rounds, 1).items()}
             results.append(
                 report(model, n, k, m_rows, bits=bits,
                        earlier_us=round(med["earlier"] * 1e6, 1),
                        now_us=round(med["now"] * 1e6, 1),
-                       speedup=round(med["earlier"] / med["now"], 3))
+                       speedup=round(med["earlier"] / med["now"], 3),
+                       same_bits=torch.equal(*outputs))
             )  # fmt: skip
     dense = []
     for model, (n, k) in HEADS.items():
@@ -190,7 +197,8 @@ def main() -> None:
                        speedup=round(med["torch"] / med["llmpress"], 3))
             )  # fmt: skip
     record = {
-        "command": f"python benchmarks/kernel_ab.py --rev {args.rev} --rows {args.rows}",
+        "command": f"python benchmarks/kernel_ab.py --rev {args.rev} --rows {args.rows}"
+        + ("" if args.name == "kernel_ab" else f" --name {args.name}"),
         "cpu": cpu_flags(),
         "change": args.change,
         "rev": args.rev,
@@ -201,7 +209,7 @@ def main() -> None:
         "dense": dense,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "kernel_ab.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

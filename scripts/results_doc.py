@@ -1110,9 +1110,11 @@ def prefill_attention(d: dict) -> list[str]:
 
 
 def kernel_ab(d: dict) -> list[str]:
+    bits = "same_bits" in d["results"][0]
     body = [
         [r["model"], r.get("bits", 4), r["shape"], r["rows"], f(r["earlier_us"], 1),
          f(r["now_us"], 1), f(r["speedup"], 2)]
+        + (["yes" if r["same_bits"] else "no"] if bits else [])
         for r in d["results"]
     ]  # fmt: skip
     return [
@@ -1129,7 +1131,8 @@ def kernel_ab(d: dict) -> list[str]:
         + ".",
         "",
         *table(
-            ["widths of", "bits", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"],
+            ["widths of", "bits", "shape (out x in)", "rows", "earlier µs", "now µs", "speedup"]
+            + (["same bits"] if bits else []),
             body,
         ),
         "",
@@ -2330,6 +2333,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "kernel_ab.json",
         "The int4 kernel against its previous version",
         "benchmarks/kernel_ab.py",
+        kernel_ab,
+    ),
+    (
+        "kernel_ab_avx2.json",
+        "The int4 kernel on AVX2 without VNNI: four rows by two tiles",
+        "benchmarks/kernel_ab.py --rev 4026a45 --rows 1,4,8,32,256 --name kernel_ab_avx2",
         kernel_ab,
     ),
     (

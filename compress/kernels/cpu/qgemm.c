@@ -534,6 +534,102 @@ INLINE void pair_rows(int bits, const uint8_t *w0, const uint8_t *w1, const floa
 }
 #endif
 
+#if defined(__AVX2__) && !defined(PAIR_ZMM) && !defined(__AVXVNNI__)
+#define QUAD_PAIR 1
+#define Q4_DOT(S, W, X, FIRST)                                                                \
+    S = FIRST ? _mm256_maddubs_epi16(W, X) : _mm256_add_epi16(S, _mm256_maddubs_epi16(W, X))
+/* Four activation rows against two adjacent int4 tiles (16 columns) on AVX2 without VNNI:
+ * panel_tile's arithmetic in its order (the same bits), each broadcast quad of
+ * activations serving both tiles. Per 32 products a block costs a multiply, an add, half
+ * a broadcast and a share of the nibble masks, and the broadcasts and masks take vector
+ * pipes the multiplies need: 4 x 16 reads each broadcast twice where panel_tile's 4 x 8
+ * reads it once. Its eight integer sums fill the registers with the two weight vectors
+ * of one half-step, so a group's float sums and the row's wait in L1, read once a block
+ * and once a group. Interleaved on a Zen 3 EPYC (2 threads, benchmarks/kernel_ab.py):
+ * 1.06-1.13x at 16 to 256 rows. */
+INLINE void quad_pair_q4(const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                         const float *sc1, const float *zs0, const float *zs1, int ng, int bpg,
+                         const int8_t *x8, const float *dx, const float *bs, int K, int nb,
+                         float *y, int64_t ys, int cols) {
+    __m256 gacc[4][2], acc[4][2];
+    for (int m = 0; m < 4; m++) acc[m][0] = acc[m][1] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const int8_t *x0 = x8, *x1 = x8 + K, *x2 = x8 + 2 * (int64_t)K, *x3 = x8 + 3 * (int64_t)K;
+    for (int g = 0, b = 0; g < ng; g++) {
+        for (int m = 0; m < 4; m++) gacc[m][0] = gacc[m][1] = _mm256_setzero_ps();
+        for (int j = 0; j < bpg; j++, b++) {
+            const uint8_t *a = w0 + (int64_t)b * 128, *c = w1 + (int64_t)b * 128;
+            const int o = b * 32;
+            __m256i s00, s01, s10, s11, s20, s21, s30, s31;
+            PREFETCH2(a + PF_DIST);
+            PREFETCH2(c + PF_DIST);
+#define Q4_ROW(S0, S1, W0, W1, X, FIRST)                                                     \
+    {                                                                                         \
+        __m256i xq = bcast4(X);                                                               \
+        Q4_DOT(S0, W0, xq, FIRST);                                                            \
+        Q4_DOT(S1, W1, xq, FIRST);                                                            \
+        __asm__("" : "+x"(S0), "+x"(S1));                                                     \
+    }
+/* the low nibbles of both tiles, then the high ones (reloaded): two weight vectors live */
+#define Q4_STEP(v, FIRST)                                                                     \
+    {                                                                                         \
+        __m256i l0 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(a + 32 * (v))), low); \
+        __m256i l1 = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(c + 32 * (v))), low); \
+        Q4_ROW(s00, s01, l0, l1, x0 + o + 4 * (v), FIRST)                                     \
+        Q4_ROW(s10, s11, l0, l1, x1 + o + 4 * (v), FIRST)                                     \
+        Q4_ROW(s20, s21, l0, l1, x2 + o + 4 * (v), FIRST)                                     \
+        Q4_ROW(s30, s31, l0, l1, x3 + o + 4 * (v), FIRST)                                     \
+        __m256i h0 = _mm256_and_si256(                                                        \
+            _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(a + 32 * (v))), 4), low);  \
+        __m256i h1 = _mm256_and_si256(                                                        \
+            _mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(c + 32 * (v))), 4), low);  \
+        Q4_ROW(s00, s01, h0, h1, x0 + o + 16 + 4 * (v), 0)                                    \
+        Q4_ROW(s10, s11, h0, h1, x1 + o + 16 + 4 * (v), 0)                                    \
+        Q4_ROW(s20, s21, h0, h1, x2 + o + 16 + 4 * (v), 0)                                    \
+        Q4_ROW(s30, s31, h0, h1, x3 + o + 16 + 4 * (v), 0)                                    \
+    }
+            Q4_STEP(0, 1) Q4_STEP(1, 0) Q4_STEP(2, 0) Q4_STEP(3, 0)
+#undef Q4_STEP
+#undef Q4_ROW
+#define Q4_SUM(S) _mm256_cvtepi32_ps(_mm256_madd_epi16(S, ones))
+#define Q4_BLOCK(m, S0, S1)                                                                   \
+    {                                                                                         \
+        __m256 d = _mm256_set1_ps(dx[(int64_t)(m) * nb + b]);                                 \
+        gacc[m][0] = _mm256_fmadd_ps(Q4_SUM(S0), d, gacc[m][0]);                              \
+        gacc[m][1] = _mm256_fmadd_ps(Q4_SUM(S1), d, gacc[m][1]);                              \
+    }
+            Q4_BLOCK(0, s00, s01) Q4_BLOCK(1, s10, s11) Q4_BLOCK(2, s20, s21) Q4_BLOCK(3, s30, s31)
+#undef Q4_BLOCK
+#undef Q4_SUM
+        }
+        __m256 s0 = _mm256_loadu_ps(sc0 + g * TW), s1 = _mm256_loadu_ps(sc1 + g * TW);
+        for (int m = 0; m < 4; m++) {
+            const float *br = bs + (int64_t)m * nb + g * bpg;
+            float bz = 0.f;
+            for (int j = 0; j < bpg; j++) bz += br[j];
+            __m256 z = _mm256_set1_ps(bz);
+            if (zs0) {
+                acc[m][0] = _mm256_fnmadd_ps(_mm256_loadu_ps(zs0 + g * TW), z,
+                                             _mm256_fmadd_ps(gacc[m][0], s0, acc[m][0]));
+                acc[m][1] = _mm256_fnmadd_ps(_mm256_loadu_ps(zs1 + g * TW), z,
+                                             _mm256_fmadd_ps(gacc[m][1], s1, acc[m][1]));
+            } else {
+                const __m256 eight = _mm256_set1_ps(8.f);
+                acc[m][0] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z, eight, gacc[m][0]), s0, acc[m][0]);
+                acc[m][1] = _mm256_fmadd_ps(_mm256_fnmadd_ps(z, eight, gacc[m][1]), s1, acc[m][1]);
+            }
+        }
+    }
+    for (int m = 0; m < 4; m++) {
+        float t[2 * TW];
+        _mm256_storeu_ps(t, acc[m][0]);
+        _mm256_storeu_ps(t + TW, acc[m][1]);
+        memcpy(y + m * ys, t, (size_t)cols * sizeof(float));
+    }
+}
+#undef Q4_DOT
+#endif
+
 /* One tile against every activation row, MT_MAX rows at a time. */
 INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float *zs, int ng,
                       int bpg, const int8_t *x8, const float *dx, const float *bs, int M,
@@ -555,13 +651,42 @@ INLINE void tile_rows(int bits, const uint8_t *wt, const float *sc, const float 
 #undef TILE
 }
 
+#if defined(QUAD_PAIR)
+/* int4 rows against two adjacent tiles: four rows at a time through quad_pair_q4, the
+ * rest tile by tile. */
+INLINE void quad_pair_rows(int bits, const uint8_t *w0, const uint8_t *w1, const float *sc0,
+                           const float *sc1, const float *zs0, const float *zs1, int ng,
+                           int bpg, const int8_t *x8, const float *dx, const float *bs,
+                           const int32_t *xs, int M, int K, int nb, float *y, int64_t ys,
+                           int cols) {
+    (void)xs;
+    int m = 0;
+    for (; m + 4 <= M; m += 4)
+        quad_pair_q4(w0, w1, sc0, sc1, zs0, zs1, ng, bpg, x8 + (int64_t)m * K,
+                     dx + (int64_t)m * nb, bs + (int64_t)m * nb, K, nb, y + (int64_t)m * ys, ys,
+                     cols);
+    if (m < M) {
+        const int8_t *xr = x8 + (int64_t)m * K;
+        const float *dr = dx + (int64_t)m * nb, *br = bs + (int64_t)m * nb;
+        float *yr = y + (int64_t)m * ys;
+        tile_rows(bits, w0, sc0, zs0, ng, bpg, xr, dr, br, M - m, K, nb, yr, ys, TW);
+        tile_rows(bits, w1, sc1, zs1, ng, bpg, xr, dr, br, M - m, K, nb, yr + TW, ys, cols - TW);
+    }
+}
+#endif
+
 /* Threads take chunks of CHUNK_TILES tiles (16 columns); each chunk runs its rows in
  * blocks of ROW_BLOCK, so that the block's activations and the chunk's weights both stay
  * in L1 (8 rows x 1536 inputs + 16 columns x 1536 int4 weights: 24 KB). */
-#define CHUNK_TILES 2 /* the 16 columns of one 512-bit pair */
+#define CHUNK_TILES 2 /* the 16 columns of one pair (512-bit, or AVX2's quad_pair_q4) */
 #if defined(PAIR_ZMM)
 #define PAIRED(BITS, M) ((M) > 1 || (BITS) == 8) /* one int4 row (decode): row_tile_q4 */
 #define PAIR_ROWS pair_rows
+#elif defined(QUAD_PAIR)
+/* From 8 rows: at 4, a wide weight streamed from memory read 0.85-0.95x as fast as two
+ * streams (benchmarks/kernel_ab.py, 9728 x 896 and 2048 x 1024) */
+#define PAIRED(BITS, M) ((BITS) == 4 && (M) >= 8)
+#define PAIR_ROWS quad_pair_rows
 #else
 #define PAIRED(BITS, M) 0
 #define PAIR_ROWS(...) (void)0
