@@ -9,7 +9,7 @@ runs a second process busy BUSY_MS then asleep IDLE_MS (about a fifth of one cor
 bursts), standing in for a server's handlers and clients while 32 requests arrive.
 
 One engine, serve_load's artifact (the default model, rtn:w4g64zp, lm_head w8):
-- prefill: one step of 13 prompts of about 20 tokens (serve_load's prompts, cut at the default
+- prefill: one step of 13 prompts of about 20 tokens (serve_load's prompts, cut at a
   budget of 256 tokens), as 32 clients' arrivals are prefilled;
 - decode: one step at batch 8 and at batch 32, averaged over 24 steps.
 Each is timed with the GEMMs handing out chunks from M rows up (`gemm_dynamic_rows`):
@@ -149,7 +149,7 @@ def main() -> None:
     ckpt = resolve(str(art))
     weights, tok = load_weights(ckpt), load_tokenizer(ckpt)
     prompts = [tok.encode(f"Note {i}: {PROMPT}") for i in range(32)]
-    prefill_engine = Engine(weights, max_batch=32, max_len=256)
+    prefill_engine = Engine(weights, max_batch=32, max_len=256, prefill_tokens=256)
     decode = {b: Engine(weights, max_batch=b, max_len=256) for b in (8, 32)}
     rows = []
     for condition in ("quiet", "competitor"):

