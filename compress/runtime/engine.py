@@ -38,9 +38,9 @@ _ids = itertools.count()
 # whose long prompt's TTFT stays within 20% of a whole prefill's on every host measured
 # (benchmarks/prefill_budget.py: default model w4, 8 streams, a 1,500-token prompt): 192
 # (AVX-512 Xeon: 128 1.28x, 192 1.19x; AVX2 EPYC: 128 1.12x). Against 256 it cut the
-# streams' worst gap by a fifth (AVX2: 0.34 s against 0.43; Xeon: 0.73 against 0.82) and
-# the median first token of 32 short prompts arriving together (0.36 s against 0.47; 0.53
-# against 0.58), for a long prompt's first token 2-5% later.
+# streams' worst gap by 21% and 11% (AVX2: 0.34 s against 0.43; Xeon: 0.73 against 0.82)
+# and the median first token of 32 short prompts arriving together (0.36 s against 0.47;
+# 0.53 against 0.58), for a long prompt's first token 2-5% later.
 PREFILL_TOKENS = 192
 
 # Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
