@@ -25,7 +25,7 @@ from compress.recipe import parse_quant, parse_recipe
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import QuantLinear
 from compress.runtime.lm import RuntimeLM
-from compress.runtime.model import Model
+from compress.runtime.model import Chunk, Model
 from compress.runtime.weights import RUNS, load_weights
 
 NAMES = list(FAMILIES)
@@ -162,6 +162,37 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     agree = (fused.argmax(-1) == reference.argmax(-1)).float().mean()
     assert agree > 0.8  # measured 0.85-1.0
     assert (fused - reference).abs().mean() < 0.1 * reference.std()  # measured 0.011-0.07
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_prefill_step_in_one_call_equals_the_per_op_path(w4, ids, name):
+    """Every block of a prefill step in one C call (fp32 cache): two prompts batched, then
+    one continued over its cached prefix (past a sliding window) beside a prompt long
+    enough for the threaded row loops: the per-op path's bits, logits and cache alike."""
+    weights = load_weights(resolve(str(w4[name])), device="cpu")
+    s, tokens = weights.shape, ids[0]
+    model = Model(weights, LENGTH + 1)
+    fused = model.backend.fused
+    calls = []
+    one_call = fused.prefill
+    fused.prefill = lambda *a: (calls.append(a[2]), one_call(*a))[1]
+
+    def run():
+        cache = KVCache(s.layers, 3, s.kv_heads, LENGTH, s.head_dim)
+        steps = [
+            [Chunk(tokens[:9], 0, 0, True), Chunk(tokens[9:14], 1, 0)],
+            [Chunk(tokens[9:20], 0, 9, True), Chunk(tokens[:66], 2, 0, True)],
+        ]
+        out = [x for chunks in steps for x in model.prefill_batch(chunks, cache)]
+        return out + [
+            t for slot in range(3) for t in cache.read(s.layers - 1, torch.tensor([slot]), 14)
+        ]
+
+    got = run()
+    assert calls == [[(0, 0, 9), (1, 0, 5)], [(0, 9, 11), (2, 0, 66)]]
+    model.backend.fused = None
+    want = run()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
 @pytest.mark.parametrize("quant", ["rtn:w4g32", "int8"])

@@ -728,6 +728,7 @@ class FusedDecoder:
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
+        self.prefill_work: torch.Tensor | None = None  # the largest prefill step's scratch
         self.ctx = None
         if self.head is not None and embed is not None:
             table, embed_scale = embed
@@ -777,6 +778,44 @@ class FusedDecoder:
         _check_status(status)
         return h if logits is None else logits
 
+    def prefill(self, h, cache, spans: list[tuple[int, int, int]], positions) -> None:
+        """Every block of a prefill step in one C call (llmp_prefill_layers): h [N, hidden]
+        holds the step's rows, chunk after chunk, each chunk (slot, start, T) the next T
+        rows of the sequence in `slot` at positions start.. (their blocks prepared), and
+        receives the last block's output in place; positions [N] (int64) are the rows'.
+        The cache must be fp32: a quantized cache's chunks attend to their prompt's k/v in
+        full precision, which only the per-op path keeps."""
+        _check_f32(h, "hidden state")
+        if cache.scheme.bits is not None:
+            raise TypeError("the one-call prefill takes an fp32 KV cache")
+        positions = positions.contiguous()
+        n, rows = h.shape[0], [0]
+        for _, _, t in spans[:-1]:
+            rows.append(rows[-1] + t)
+        if positions.dtype != torch.int64 or positions.numel() != n or rows[-1] + spans[-1][2] != n:
+            raise ValueError("prefill: positions must be int64, one per row of the chunks")
+        plan = torch.tensor([[s[0] for s in spans], [s[1] for s in spans],
+                             [s[2] for s in spans], rows], dtype=torch.int64)  # fmt: skip
+        work, moe_work = self._prefill_workspace(n)
+        hidden, heads, kv_heads, d, inter = self.dims
+        status = library().llmp_prefill_layers(
+            self.table, self.n, _ptr(h), n, hidden, heads, kv_heads, d, inter, self.eps,
+            self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), len(spans),
+            *(_ptr(plan[i]) for i in range(4)), _ptr(positions), work, moe_work,
+        )  # fmt: skip
+        _check_status(status)
+
+    def _prefill_workspace(self, n: int) -> tuple[int, int]:
+        """The scratch of an n-row prefill step: one buffer, grown to the largest step yet
+        (prefill steps come in every size; a buffer per size would pile up)."""
+        lib, dims = library(), (n, *self.dims)
+        dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
+        floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
+        if self.prefill_work is None or self.prefill_work.numel() < floats:
+            self.prefill_work = torch.empty(floats, dtype=torch.float32)
+        work = _ptr(self.prefill_work)
+        return work, work + 4 * dense
+
     def from_ids(self, tokens: list[int], slots: list[int], cache) -> torch.Tensor:
         """Logits [B, vocab] for the next token of the sequences in `slots`, whose last
         tokens are `tokens`, each at position cache.lengths[slot], which then grows by one:
@@ -803,6 +842,6 @@ class FusedDecoder:
 def _check_status(status: int) -> None:
     if status != 0:
         raise MemoryError(
-            "the CPU decoder could not allocate a linear's scratch (outlier columns or "
-            "two-term activations)"
+            "the CPU decoder could not allocate its scratch (a linear's outlier columns or "
+            "two-term activations, or a prefill step's keys and values)"
         )

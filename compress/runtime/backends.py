@@ -2,8 +2,9 @@
 
 - CPU ("c"): the C kernels. Layer inputs are quantized to int8 once and shared by the
   packed linears; when every block linear is packed, a whole decode step is one C call
-  (attention included, for every KV-cache class; a packed head too), otherwise each op
-  runs on its own with the C attention.
+  (attention included, for every KV-cache class; a packed head too), and so are a prefill
+  step's blocks over an fp32 cache; otherwise each op runs on its own with the C
+  attention.
 - CUDA ("triton"): the stored weights dequantized inside Triton matmuls, and a Triton
   attention that reads the fp32 or KIVI cache as stored. Under TRITON_INTERPRET=1 the same
   kernels run on CPU tensors, which is how the tests run this backend without a GPU.
@@ -29,6 +30,21 @@ class CpuBackend:
         call ran the packed head too, else h (changed in place); None when it cannot."""
         return None if self.fused is None else self.fused(h, cache, slots, positions)
 
+    def prefill(self, h, cache: KVCache, chunks, positions) -> bool:
+        """Every block of a prefill step on h [N, hidden] in one C call, in place, when it
+        can: the one-call decoder's code with the causal prefill attention, over an fp32
+        cache whose chunks read their prefix from it (a quantized cache's chunks attend to
+        their prompt's own k/v, which the per-op path keeps). False: it cannot."""
+        if self.fused is None or cache.scheme.bits is not None:
+            return False
+        if any(c.prefix is not None for c in chunks):
+            return False
+        spans = [(c.slot, c.start, c.tokens.shape[0]) for c in chunks]
+        for slot, start, t in spans:
+            cache.prepare(slot, start, start + t)
+        self.fused.prefill(h, cache, spans, positions)
+        return True
+
     def decode_ids(self, tokens: list[int], slots: list[int], cache: KVCache):
         """A whole decode step from token ids in one C call (embedding to logits), when
         the one-call decoder holds the embedding and a packed head; else None."""
@@ -50,6 +66,9 @@ class TritonBackend:
 
     def decode(self, h, cache, slots, positions):
         return None
+
+    def prefill(self, h, cache, chunks, positions) -> bool:
+        return False
 
     def decode_ids(self, tokens, slots, cache):
         return None

@@ -239,7 +239,7 @@ class Model:
         chunk's rows together, so the weights are read once for all of them (prompts that
         arrive together), while each chunk writes and attends over its own slot. Returns
         each chunk's logits: all its rows where `all_logits`, else its last."""
-        s, dev, spec = self.w.shape, self.device, self.w.spec
+        dev = self.device
         sizes = [c.tokens.shape[0] for c in chunks]
         ends = torch.tensor(sizes).cumsum(0).tolist()
         bounds = list(zip([0, *ends[:-1]], ends, strict=True))
@@ -248,10 +248,24 @@ class Model:
         positions = torch.cat([torch.arange(c.start, c.start + c.tokens.shape[0]) for c in chunks])
         positions = positions.to(dev)
         h = self._embed(tokens)
+        if not (packed and self.backend.prefill(h, cache, chunks, positions)):  # one C call
+            h = self._prefill_per_op(h, chunks, bounds, cache, positions, packed)
+        rows = []
+        for c, (a, b) in zip(chunks, bounds, strict=True):
+            cache.lengths[c.slot] = c.start + b - a
+            rows.append(range(a, b) if c.all_logits else range(b - 1, b))
+        logits = self._logits(h[[r for span in rows for r in span]])
+        return list(logits.split([len(span) for span in rows]))
+
+    def _prefill_per_op(self, h, chunks, bounds, cache: KVCache, positions, packed: bool):
+        """prefill_batch's blocks op by op: off the CPU, with dense or partly packed
+        weights, or a quantized cache (whose chunks attend to their prompt's own k/v in
+        full precision, from Chunk.prefix)."""
+        s, dev, spec = self.w.shape, self.device, self.w.spec
         in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):
             q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
-            att = torch.empty(ends[-1], s.heads * s.head_dim, device=dev)
+            att = torch.empty(h.shape[0], s.heads * s.head_dim, device=dev)
             parts = []
             for c, (a, b) in zip(chunks, bounds, strict=True):
                 kc, vc = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)  # [kv_heads, T, hd]
@@ -278,12 +292,7 @@ class Model:
                 prefill_attention(q, att, parts, spec.attn_scale, spec.windows[i] or 0)
             h = h + _attn_out(layer, att, spec.eps, packed)
             h = h + _mlp(layer, h, self.w, packed)
-        rows = []
-        for c, (a, b) in zip(chunks, bounds, strict=True):
-            cache.lengths[c.slot] = c.start + b - a
-            rows.append(range(a, b) if c.all_logits else range(b - 1, b))
-        logits = self._logits(h[[r for span in rows for r in span]])
-        return list(logits.split([len(span) for span in rows]))
+        return h
 
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:

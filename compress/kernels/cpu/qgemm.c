@@ -1279,12 +1279,18 @@ void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *o
     }
 }
 
+/* Rows of a step's elementwise work from which it is spread over the threads: a prefill
+ * step's hundreds of rows, not a decode step's few (a fork costs more than they do). Each
+ * row is computed the same either way. */
+#define PAR_ROWS 64
+
 /* Rotary embedding in place, rotate-half convention over the first R of each head's D
  * values (partial rotary when R < D): x [T, heads, D] at positions [T]; cos/sin tables
  * [max_len, R/2]. */
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t,
                int T, int heads, int D, int R) {
     int half = R / 2;
+    #pragma omp parallel for schedule(static) if (T >= PAR_ROWS)
     for (int t = 0; t < T; t++) {
         const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
         for (int h = 0; h < heads; h++) {
@@ -1812,6 +1818,7 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
 
 /* x [rows, D] <- rmsnorm(x) * w, row by row, in place. */
 static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
+    #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
     for (int64_t r = 0; r < rows; r++) {
         float *v = x + r * D;
         double ss = 0.0;
@@ -1908,6 +1915,7 @@ static int qlin(const QLin *l, int8_t *x8, float *dx, float *bs, int M, float *y
 
 static void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
                                  int8_t *x8, float *dx, float *bs) {
+    #pragma omp parallel for schedule(static) if (M >= PAR_ROWS)
     for (int m = 0; m < M; m++) {
         float *o = pad + (int64_t)m * Kp;
         memcpy(o, x + (int64_t)m * ld, K * sizeof(float));
@@ -2090,11 +2098,33 @@ static int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     return 0;
 }
 
-int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
-                        int heads, int kv_heads, int D, int inter, float eps, int R,
-                        float scale, int act, const KVC *cache, const int64_t *slots,
-                        const int64_t *positions, float *work, float *moe_work,
-                        const float *final_norm, const QLin *head, float *logits) {
+/* h += x over n floats (the residual), over the threads when `par`. */
+static void add_rows(float *h, const float *x, int64_t n, int par) {
+    #pragma omp parallel for schedule(static) if (par)
+    for (int64_t i = 0; i < n; i++) h[i] += x[i];
+}
+
+/* A prefill step's chunks for run_layers: chunk i is rows row0[i].. of the step, T[i] of
+ * them, of the sequence in slot[i] at positions start[i]..; NULL for a decode step. */
+typedef struct {
+    int nc;
+    const int64_t *slot, *start, *T, *row0;
+} Spans;
+
+static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
+                          const float *vn, const Spans *sp, int heads, int D, float scale,
+                          int window, float *att);
+
+/* Every block over h [B, hidden] (then, with `head`, the final norm and logits): B decode
+ * rows (sp NULL: each at its own slot and position, attending through the cache), or a
+ * prefill step's chunks (sp: each causal within itself, over its cached prefix).
+ * Everything but attention is the same code, so prefill and decode rows round alike. */
+static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                      int heads, int kv_heads, int D, int inter, float eps, int R, float scale,
+                      int act, const KVC *cache, const int64_t *slots,
+                      const int64_t *positions, float *work, float *moe_work,
+                      const float *final_norm, const QLin *head, float *logits,
+                      const Spans *sp) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = widest_row(hidden, heads, D, inter);
     int nqkv = (heads + 2 * kv_heads) * D;
@@ -2114,6 +2144,7 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
         const QLayer *L = layers + l;
         llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
+        #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
         for (int b = 0; b < B; b++) {
             const float *row = qkv + (int64_t)b * nqkv;
             memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
@@ -2124,11 +2155,14 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
         if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps);
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
-        llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att);
+        if (sp == NULL)
+            llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att);
+        else if (prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
+            break;
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps);
-        for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
+        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (L->moe) {
             if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
@@ -2138,13 +2172,23 @@ int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int 
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         }
         if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps);
-        for (int64_t i = 0; i < (int64_t)B * hidden; i++) h[i] += tmp[i];
+        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
     }
     if (l < n_layers) return -1;
     if (head == NULL) return 0;
     /* the final norm and a packed head: h stays the last block's output */
     llmp_rmsnorm_quant(h, final_norm, eps, B, hidden, hp, pad, x8, dx, bs);
     return qlin(head, x8, dx, bs, B, logits, pad, hp);
+}
+
+int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                        int heads, int kv_heads, int D, int inter, float eps, int R,
+                        float scale, int act, const KVC *cache, const int64_t *slots,
+                        const int64_t *positions, float *work, float *moe_work,
+                        const float *final_norm, const QLin *head, float *logits) {
+    return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
+                      act, cache, slots, positions, work, moe_work, final_norm, head, logits,
+                      NULL);
 }
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -2424,4 +2468,69 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
     }
     free(kt), free(kto), free(first);
     return failed ? -1 : 0;
+}
+
+/* A prefill step's attention over an fp32 cache: every chunk's new k/v rows (kn/vn
+ * [rows, kv_heads, D]) are stored at their positions first, then each chunk's keys and
+ * values 0..start + T - 1 are gathered from the cache's blocks ([kv_heads, L, D] each)
+ * and every chunk attends in one llmp_prefill_attention call: the values the per-op path
+ * attends to (its cached prefix read back, then its own rows), the same bits. -1: out of
+ * memory; -2: a quantized cache (its prefill reads the prompt's own k/v in full
+ * precision, which the per-op path keeps). */
+static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
+                          const float *vn, const Spans *sp, int heads, int D, float scale,
+                          int window, float *att) {
+    if (c->bits) return -2;
+    int kvh = c->kv_heads, bsz = c->block;
+    int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
+    float *k0 = c->k + (int64_t)layer * kvh * head, *v0 = c->v + (int64_t)layer * kvh * head;
+    int64_t total = 0;
+    for (int i = 0; i < sp->nc; i++) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
+    float *buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
+    PChunk *pc = malloc(sizeof(PChunk) * (size_t)(sp->nc > 0 ? sp->nc : 1));
+    if (buf == NULL || pc == NULL) {
+        free(buf), free(pc);
+        return -1;
+    }
+    float *at = buf;
+    for (int i = 0; i < sp->nc; i++) {
+        const int32_t *table = c->table + sp->slot[i] * c->max_blocks;
+        int64_t start = sp->start[i], T = sp->T[i], L = start + T, r0 = sp->row0[i];
+        for (int64_t r = 0; r < T; r++) { /* this chunk's rows into their blocks */
+            int64_t p = start + r, at_p = table[p / bsz] * row + (p % bsz) * D;
+            for (int g = 0; g < kvh; g++) {
+                memcpy(k0 + g * head + at_p, kn + ((r0 + r) * kvh + g) * D, D * sizeof(float));
+                memcpy(v0 + g * head + at_p, vn + ((r0 + r) * kvh + g) * D, D * sizeof(float));
+            }
+        }
+        float *ks = at, *vs = at + (int64_t)kvh * L * D;
+        for (int g = 0; g < kvh; g++) /* 0..L-1 in position order, a block's run at a time */
+            for (int64_t p = 0; p < L; p += bsz) {
+                int64_t n = L - p < bsz ? L - p : bsz, from = g * head + table[p / bsz] * row;
+                memcpy(ks + (g * L + p) * D, k0 + from, n * D * sizeof(float));
+                memcpy(vs + (g * L + p) * D, v0 + from, n * D * sizeof(float));
+            }
+        pc[i] = (PChunk){q + r0 * heads * D, ks, vs, att + r0 * heads * D, (int64_t)heads * D,
+                         (int64_t)heads * D, L * D, D, L * D, D, (int)T, (int)start};
+        at = vs + (int64_t)kvh * L * D;
+    }
+    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window);
+    free(buf), free(pc);
+    return rc;
+}
+
+/* Every block of a prefill step in one C call (llmp_decode_layers' code, with the causal
+ * prefill attention): h [B, hidden] holds the step's rows, chunk by chunk (chunk i: T[i]
+ * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared), and
+ * is left holding the last block's output; positions [B] are the rows' own. The cache
+ * must be fp32 (-2 otherwise); -1: out of memory. */
+int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                        int heads, int kv_heads, int D, int inter, float eps, int R,
+                        float scale, int act, const KVC *cache, int nc, const int64_t *slot,
+                        const int64_t *start, const int64_t *T, const int64_t *row0,
+                        const int64_t *positions, float *work, float *moe_work) {
+    if (cache->bits) return -2;
+    Spans sp = {nc, slot, start, T, row0};
+    return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
+                      act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);
 }
