@@ -1109,6 +1109,28 @@ def prefill_attention(d: dict) -> list[str]:
     ]
 
 
+def prefill_step(d: dict) -> list[str]:
+    body = [
+        [r["artifact"], r["shape"], r["tokens"], f(r["ms"]["per op"], 1), f(r["ms"]["one call"], 1),
+         f(r["tok_s"]["per op"], 0), f(r["tok_s"]["one call"], 0), f(r["speedup"], 2),
+         "yes" if r["same_bits"] else "no"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["artifact", "step", "tokens", "per op ms", "one call ms", "per op tok/s",
+            "one call tok/s", "speedup", "same bits"]  # fmt: skip
+    return [
+        "A prefill step of the engine (`Model.prefill_batch`, fp32 KV cache) with every block "
+        "in one C call against the same step op by op from Python, steps alternating in one "
+        f"process over the same weights ({d['threads']} threads, medians of {d['rounds']} "
+        f"rounds each way; CPU: {d['cpu']}). `default-w4`: the default model at rtn:w4g64zp "
+        "with an int8 lm_head (the load test's artifact); the others: "
+        "benchmarks/families.py's realistic-width random models at rtn:w4g64. Same bits: "
+        "the two paths' logits and cached keys and values compared.",
+        "",
+        *table(head, body),
+    ]
+
+
 def kernel_ab(d: dict) -> list[str]:
     bits = "same_bits" in d["results"][0]
     body = [
@@ -2328,6 +2350,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "A prefill step's attention: an AVX2 host, against the earlier C call",
         "benchmarks/prefill_attention.py --rev 063ee76 --name prefill_attention_avx2",
         prefill_attention,
+    ),
+    (
+        "prefill_step.json",
+        "A prefill step's blocks in one C call",
+        "benchmarks/prefill_step.py --families qwen2_moe,gemma3_text",
+        prefill_step,
     ),
     (
         "kernel_ab.json",
