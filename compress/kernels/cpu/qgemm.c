@@ -2475,10 +2475,11 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 }
 
 /* A prefill step's attention over an fp32 cache: every chunk's new k/v rows (kn/vn
- * [rows, kv_heads, D]) are stored at their positions first, then each chunk's keys and
- * values 0..start + T - 1 are gathered from the cache's blocks ([kv_heads, L, D] each)
- * and every chunk attends in one llmp_prefill_attention call: the values the per-op path
- * attends to (its cached prefix read back, then its own rows), the same bits. -1: out of
+ * [rows, kv_heads, D]) are stored at their positions first; a chunk with a cached prefix
+ * then has its keys and values 0..start + T - 1 gathered from the cache's blocks
+ * ([kv_heads, L, D] each), a chunk without one attends to its rows in place, and every
+ * chunk attends in one llmp_prefill_attention call: the values the per-op path attends
+ * to (its cached prefix read back, then its own rows), the same bits. -1: out of
  * memory; -2: a quantized cache (its prefill reads the prompt's own k/v in full
  * precision, which the per-op path keeps). */
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
@@ -2488,8 +2489,9 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
     int kvh = c->kv_heads, bsz = c->block;
     int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
     float *k0 = c->k + (int64_t)layer * kvh * head, *v0 = c->v + (int64_t)layer * kvh * head;
-    int64_t total = 0;
-    for (int i = 0; i < sp->nc; i++) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
+    int64_t total = 0; /* a chunk with a cached prefix reads it back with its own rows */
+    for (int i = 0; i < sp->nc; i++)
+        if (sp->start[i]) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
     float *buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
     PChunk *pc = malloc(sizeof(PChunk) * (size_t)(sp->nc > 0 ? sp->nc : 1));
     if (buf == NULL || pc == NULL) {
@@ -2507,6 +2509,12 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
                 memcpy(v0 + g * head + at_p, vn + ((r0 + r) * kvh + g) * D, D * sizeof(float));
             }
         }
+        int64_t qs = (int64_t)heads * D;
+        if (start == 0) { /* no prefix: its own rows as they are, [T, kv_heads, D] */
+            pc[i] = (PChunk){q + r0 * qs, kn + r0 * kvh * D, vn + r0 * kvh * D, att + r0 * qs,
+                             qs, qs, D, (int64_t)kvh * D, D, (int64_t)kvh * D, (int)T, 0};
+            continue;
+        }
         float *ks = at, *vs = at + (int64_t)kvh * L * D;
         for (int g = 0; g < kvh; g++) /* 0..L-1 in position order, a block's run at a time */
             for (int64_t p = 0; p < L; p += bsz) {
@@ -2514,8 +2522,8 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
                 memcpy(ks + (g * L + p) * D, k0 + from, n * D * sizeof(float));
                 memcpy(vs + (g * L + p) * D, v0 + from, n * D * sizeof(float));
             }
-        pc[i] = (PChunk){q + r0 * heads * D, ks, vs, att + r0 * heads * D, (int64_t)heads * D,
-                         (int64_t)heads * D, L * D, D, L * D, D, (int)T, (int)start};
+        pc[i] = (PChunk){q + r0 * qs, ks, vs, att + r0 * qs, qs, qs, L * D, D, L * D, D, (int)T,
+                         (int)start};
         at = vs + (int64_t)kvh * L * D;
     }
     int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window);
