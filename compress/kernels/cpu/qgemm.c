@@ -1816,9 +1816,10 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
         gate[b] = 1.f / (1.f + expf(-dot_f32(xf + (int64_t)b * ld, w, hidden)));
 }
 
-/* x [rows, D] <- rmsnorm(x) * w, row by row, in place. */
-static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
-    #pragma omp parallel for schedule(static) if (rows >= PAR_ROWS)
+/* x [rows, D] <- rmsnorm(x) * w, row by row, in place; over the threads when `par` (a
+ * prefill step's: q/k norms have a row per head, so a decode step's count is no guide). */
+static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par) {
+    #pragma omp parallel for schedule(static) if (par)
     for (int64_t r = 0; r < rows; r++) {
         float *v = x + r * D;
         double ss = 0.0;
@@ -1829,7 +1830,7 @@ static void rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
 }
 
 void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
-    rms_rows(x, rows, D, w, eps);
+    rms_rows(x, rows, D, w, eps, 0);
 }
 
 /* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: softmax over the logits,
@@ -2155,8 +2156,8 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
             memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
         }
-        if (L->q_norm) rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps);
-        if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps);
+        if (L->q_norm) rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps, B >= PAR_ROWS);
+        if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL)
@@ -2165,7 +2166,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             break;
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
-        if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps);
+        if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (L->moe) {
@@ -2175,7 +2176,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         }
-        if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps);
+        if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
     }
     if (l < n_layers) return -1;
@@ -2480,12 +2481,10 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
  * ([kv_heads, L, D] each), a chunk without one attends to its rows in place, and every
  * chunk attends in one llmp_prefill_attention call: the values the per-op path attends
  * to (its cached prefix read back, then its own rows), the same bits. -1: out of
- * memory; -2: a quantized cache (its prefill reads the prompt's own k/v in full
- * precision, which the per-op path keeps). */
+ * memory. */
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
                           int window, float *att) {
-    if (c->bits) return -2;
     int kvh = c->kv_heads, bsz = c->block;
     int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
     float *k0 = c->k + (int64_t)layer * kvh * head, *v0 = c->v + (int64_t)layer * kvh * head;
@@ -2535,7 +2534,8 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
  * prefill attention): h [B, hidden] holds the step's rows, chunk by chunk (chunk i: T[i]
  * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared), and
  * is left holding the last block's output; positions [B] are the rows' own. The cache
- * must be fp32 (-2 otherwise); -1: out of memory. */
+ * must be fp32 (-2 otherwise: a quantized cache's prefill reads the prompt's own k/v in
+ * full precision, which the per-op path keeps); -1: out of memory. */
 int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps, int R,
                         float scale, int act, const KVC *cache, int nc, const int64_t *slot,
