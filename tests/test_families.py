@@ -22,7 +22,7 @@ from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
-from compress.runtime.kv_cache import KVCache
+from compress.runtime.kv_cache import KVCache, parse_kv
 from compress.runtime.linears import QuantLinear
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Chunk, Model
@@ -164,18 +164,22 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     assert (fused - reference).abs().mean() < 0.1 * reference.std()  # measured 0.011-0.07
 
 
+def _counting_prefill(artifact) -> tuple[Model, list]:
+    """A model over `artifact` whose one-call prefill records each call's chunks."""
+    model = Model(load_weights(resolve(str(artifact)), device="cpu"), LENGTH + 1)
+    fused, calls = model.backend.fused, []
+    one_call = fused.prefill
+    fused.prefill = lambda *a: (calls.append(a[2]), one_call(*a))[1]
+    return model, calls
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_a_prefill_step_in_one_call_equals_the_per_op_path(w4, ids, name):
     """Every block of a prefill step in one C call (fp32 cache): two prompts batched, then
     one continued over its cached prefix (past a sliding window) beside a prompt long
     enough for the threaded row loops: the per-op path's bits, logits and cache alike."""
-    weights = load_weights(resolve(str(w4[name])), device="cpu")
-    s, tokens = weights.shape, ids[0]
-    model = Model(weights, LENGTH + 1)
-    fused = model.backend.fused
-    calls = []
-    one_call = fused.prefill
-    fused.prefill = lambda *a: (calls.append(a[2]), one_call(*a))[1]
+    model, calls = _counting_prefill(w4[name])
+    s, tokens = model.w.shape, ids[0]
 
     def run():
         cache = KVCache(s.layers, 3, s.kv_heads, LENGTH, s.head_dim)
@@ -192,6 +196,47 @@ def test_a_prefill_step_in_one_call_equals_the_per_op_path(w4, ids, name):
     assert calls == [[(0, 0, 9), (1, 0, 5)], [(0, 9, 11), (2, 0, 66)]]
     model.backend.fused = None
     want = run()
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("kv", ["int8", "int4"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_prefill_step_over_a_quantized_cache_in_one_call_equals_the_per_op_path(
+    w4, ids, name, kv
+):
+    """The one-call prefill over an int8/int4 (KIVI) cache: a chunked prompt attends to its
+    earlier chunks in full precision (Chunk.prefix, extended by each chunk), a continued
+    one to its prefix read back from the cache (quantized groups, then the fp32 residual),
+    and token groups are quantized as they complete, mid-chunk too: the per-op path's bits
+    in the logits, the full-precision prefix and every array of the cache."""
+    model, calls = _counting_prefill(w4[name])
+    s, tokens = model.w.shape, ids[0]
+
+    def run():
+        cache = KVCache(s.layers, 3, s.kv_heads, LENGTH, s.head_dim, parse_kv(kv))
+        prompt = []  # slot 0's prompt k/v in full precision, as serve keeps a chunked one's
+        steps = [
+            [Chunk(tokens[:40], 0, 0, True, prompt), Chunk(tokens[9:14], 1, 0)],
+            [
+                Chunk(tokens[40:70], 0, 40, True, prompt),
+                Chunk(tokens[14:50], 1, 5, True),
+                Chunk(tokens[:66], 2, 0, True),
+            ],
+            [Chunk(tokens[50:60], 1, 41, True)],
+        ]
+        out = [x for chunks in steps for x in model.prefill_batch(chunks, cache)]
+        return (
+            out
+            + [t for kv_pair in prompt for t in kv_pair]
+            + list(cache._arrays())
+            + [cache.k_res, cache.v_res]
+        )
+
+    got = run()
+    assert calls == [[(0, 0, 40), (1, 0, 5)], [(0, 40, 30), (1, 5, 36), (2, 0, 66)], [(1, 41, 10)]]
+    model.backend.fused = None
+    want = run()
+    assert len(got) == len(want) == 6 + 2 * s.layers + 8
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 

@@ -778,30 +778,36 @@ class FusedDecoder:
         _check_status(status)
         return h if logits is None else logits
 
-    def prefill(self, h, cache, spans: list[tuple[int, int, int]], positions) -> None:
+    def prefill(self, h, cache, spans: list[tuple[int, int, int]], positions, full=None) -> None:
         """Every block of a prefill step in one C call (llmp_prefill_layers): h [N, hidden]
         holds the step's rows, chunk after chunk, each chunk (slot, start, T) the next T
         rows of the sequence in `slot` at positions start.. (their blocks prepared), and
         receives the last block's output in place; positions [N] (int64) are the rows'.
-        The cache must be fp32: a quantized cache's chunks attend to their prompt's k/v in
-        full precision, which only the per-op path keeps."""
+        full[i], when not None: chunk i's prompt k/v in full precision, [2, layers,
+        kv_heads, start + T, D] with 0..start - 1 filled; the chunk's rows join them and it
+        attends to them (a chunked prompt over a quantized cache)."""
         _check_f32(h, "hidden state")
-        if cache.scheme.bits is not None:
-            raise TypeError("the one-call prefill takes an fp32 KV cache")
         positions = positions.contiguous()
         n, rows = h.shape[0], [0]
         for _, _, t in spans[:-1]:
             rows.append(rows[-1] + t)
         if positions.dtype != torch.int64 or positions.numel() != n or rows[-1] + spans[-1][2] != n:
             raise ValueError("prefill: positions must be int64, one per row of the chunks")
-        plan = torch.tensor([[s[0] for s in spans], [s[1] for s in spans],
-                             [s[2] for s in spans], rows], dtype=torch.int64)  # fmt: skip
-        work, moe_work = self._prefill_workspace(n)
+        full = full or [None] * len(spans)
         hidden, heads, kv_heads, d, inter = self.dims
+        for (_, start, t), f in zip(spans, full, strict=True):
+            if f is not None:
+                _check_f32(f, "full-precision prompt k/v")
+                if f.shape != (2, self.n, kv_heads, start + t, d):
+                    raise ValueError(f"prefill: prompt k/v [2, layers, kv_heads, {start + t}, D]")
+        addresses = [0 if f is None else f.data_ptr() for f in full]
+        columns = [list(c) for c in zip(*spans, strict=True)]  # slots, starts, sizes
+        plan = torch.tensor([*columns, rows, addresses], dtype=torch.int64)
+        work, moe_work = self._prefill_workspace(n)
         status = library().llmp_prefill_layers(
             self.table, self.n, _ptr(h), n, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), len(spans),
-            *(_ptr(plan[i]) for i in range(4)), _ptr(positions), work, moe_work,
+            *(_ptr(plan[i]) for i in range(5)), _ptr(positions), work, moe_work,
         )  # fmt: skip
         _check_status(status)
 

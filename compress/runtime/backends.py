@@ -3,7 +3,7 @@
 - CPU ("c"): the C kernels. Layer inputs are quantized to int8 once and shared by the
   packed linears; when every block linear is packed, a whole decode step is one C call
   (attention included, for every KV-cache class; a packed head too), and so are a prefill
-  step's blocks over an fp32 cache; otherwise each op runs on its own with the C
+  step's blocks; otherwise each op runs on its own with the C
   attention.
 - CUDA ("triton"): the stored weights dequantized inside Triton matmuls, and a Triton
   attention that reads the fp32 or KIVI cache as stored. Under TRITON_INTERPRET=1 the same
@@ -11,6 +11,8 @@
 """
 
 from __future__ import annotations
+
+import torch
 
 from compress.kernels.cpu import FusedDecoder, FusedExperts, FusedLayer, decode_attention
 from compress.runtime.kv_cache import KVCache
@@ -32,17 +34,33 @@ class CpuBackend:
 
     def prefill(self, h, cache: KVCache, chunks, positions) -> bool:
         """Every block of a prefill step on h [N, hidden] in one C call, in place, when it
-        can: the one-call decoder's code with the causal prefill attention, over an fp32
-        cache whose chunks read their prefix from it (a quantized cache's chunks attend to
-        their prompt's own k/v, which the per-op path keeps). False: it cannot."""
-        if self.fused is None or cache.scheme.bits is not None:
-            return False
-        if any(c.prefix is not None for c in chunks):
+        can: the one-call decoder's code with the causal prefill attention, over any cache.
+        A chunk with its prompt's k/v in full precision (Chunk.prefix) attends to them and
+        leaves them extended by its rows; other chunks read their prefix from the cache.
+        False: it cannot."""
+        if self.fused is None:
             return False
         spans = [(c.slot, c.start, c.tokens.shape[0]) for c in chunks]
+        s = self.fused.dims
+        full = []
+        for c, (slot, start, t) in zip(chunks, spans, strict=True):
+            if c.prefix is None:
+                if start and cache.scheme.bits and int(cache.lengths[slot]) < start:
+                    return False  # (the per-op path reads zeros past what was written)
+                full.append(None)
+                continue
+            if start and len(c.prefix) != self.fused.n:
+                return False
+            f = torch.empty(2, self.fused.n, s[2], start + t, s[3])
+            for i, (k, v) in enumerate(c.prefix):
+                f[0, i, :, :start], f[1, i, :, :start] = k, v
+            full.append(f)
         for slot, start, t in spans:
             cache.prepare(slot, start, start + t)
-        self.fused.prefill(h, cache, spans, positions)
+        self.fused.prefill(h, cache, spans, positions, full)
+        for c, f in zip(chunks, full, strict=True):
+            if f is not None:  # what its next chunk attends to
+                c.prefix[:] = list(zip(f[0], f[1], strict=True))
         return True
 
     def decode_ids(self, tokens: list[int], slots: list[int], cache: KVCache):

@@ -258,9 +258,9 @@ class Model:
         return list(logits.split([len(span) for span in rows]))
 
     def _prefill_per_op(self, h, chunks, bounds, cache: KVCache, positions, packed: bool):
-        """prefill_batch's blocks op by op: off the CPU, with dense or partly packed
-        weights, or a quantized cache (whose chunks attend to their prompt's own k/v in
-        full precision, from Chunk.prefix)."""
+        """prefill_batch's blocks op by op: off the CPU, or with dense or partly packed
+        weights. A chunk with Chunk.prefix attends to its prompt's k/v in full precision
+        (a chunked prompt over a quantized cache) and extends it."""
         s, dev, spec = self.w.shape, self.device, self.w.spec
         in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):

@@ -2109,11 +2109,13 @@ static void add_rows(float *h, const float *x, int64_t n, int par) {
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }
 
-/* A prefill step's chunks for run_layers: chunk i is rows row0[i].. of the step, T[i] of
- * them, of the sequence in slot[i] at positions start[i]..; NULL for a decode step. */
+/* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows of the sequence in slot[i] at positions
+ * start[i].., rows row0[i].. of the step; full[i], when not 0, the address of its prompt's
+ * k/v in full precision, [2, layers, kv_heads, start + T, D] fp32, positions 0..start - 1
+ * filled (a quantized cache's chunked prompt attends as one prefilled whole would). */
 typedef struct {
-    int nc;
-    const int64_t *slot, *start, *T, *row0;
+    int nc, layers;
+    const int64_t *slot, *start, *T, *row0, *full;
 } Spans;
 
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
@@ -2475,74 +2477,131 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
     return failed ? -1 : 0;
 }
 
-/* A prefill step's attention over an fp32 cache: every chunk's new k/v rows (kn/vn
- * [rows, kv_heads, D]) are stored at their positions first; a chunk with a cached prefix
- * then has its keys and values 0..start + T - 1 gathered from the cache's blocks
- * ([kv_heads, L, D] each), a chunk without one attends to its rows in place, and every
- * chunk attends in one llmp_prefill_attention call: the values the per-op path attends
- * to (its cached prefix read back, then its own rows), the same bits. -1: out of
- * memory. */
+/* Positions 0..n-1 of (layer, slot, head) of a quantized cache as kv_cache.py reads them:
+ * whole groups dequantized (code * scale, then + minimum: two roundings, as torch computes
+ * them, never one fused multiply-add), the rest from the fp32 residual; k/v [n, D]. */
+__attribute__((optimize("fp-contract=off")))
+static void kv_dequant(const KVC *c, int layer, int64_t slot, int head, int64_t n, float *k,
+                       float *v) {
+    int D = c->d, G = c->group, BS = c->block, bytes = D * c->bits / 8;
+    int64_t done = n / G * G;
+    float codes[1024];
+    for (int64_t p = 0; p < done; p++) {
+        int64_t blk = kv_block(c, slot, p), off = p % BS;
+        const float *ks = c->ks + kv_blk(c, layer, blk, head, (int64_t)(BS / G) * D) + off / G * D;
+        const float *km = c->km + kv_blk(c, layer, blk, head, (int64_t)(BS / G) * D) + off / G * D;
+        float vs = c->vs[kv_blk(c, layer, blk, head, BS) + off];
+        float vm = c->vm[kv_blk(c, layer, blk, head, BS) + off];
+        codes_f32(c->kq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes, c->bits, D, codes);
+        float *kr = k + p * D, *vr = v + p * D;
+        for (int d = 0; d < D; d++) {
+            float t = codes[d] * ks[d];
+            kr[d] = t + km[d];
+        }
+        codes_f32(c->vq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes, c->bits, D, codes);
+        for (int d = 0; d < D; d++) {
+            float t = codes[d] * vs;
+            vr[d] = t + vm;
+        }
+    }
+    int64_t at = kv_at(c, layer, slot, head, (int64_t)G * D);
+    memcpy(k + done * D, c->kr + at, (n - done) * D * sizeof(float));
+    memcpy(v + done * D, c->vr + at, (n - done) * D * sizeof(float));
+}
+
+/* A prefill step's attention: each chunk attends to positions 0..start + T - 1 of its
+ * sequence as the per-op path (runtime/model.py) does, and its rows are then stored in the
+ * cache (a quantized cache quantizes each token group as it completes):
+ * - with its prompt's k/v in full precision (Spans.full): its rows join them there, and it
+ *   attends to them in place;
+ * - else without a cached prefix: to its own rows in place;
+ * - else to its prefix read back from the cache (an fp32 cache's blocks copied, a quantized
+ *   one's dequantized) followed by its own rows, gathered into one buffer.
+ * All chunks attend in one llmp_prefill_attention call: the same bits. -1: out of memory. */
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
                           int window, float *att) {
-    int kvh = c->kv_heads, bsz = c->block;
+    int kvh = c->kv_heads, bsz = c->block, L_all = sp->layers;
     int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
-    float *k0 = c->k + (int64_t)layer * kvh * head, *v0 = c->v + (int64_t)layer * kvh * head;
-    int64_t total = 0; /* a chunk with a cached prefix reads it back with its own rows */
+    float *k0 = c->bits ? NULL : c->k + (int64_t)layer * kvh * head;
+    float *v0 = c->bits ? NULL : c->v + (int64_t)layer * kvh * head;
+    int64_t total = 0, qs = (int64_t)heads * D, rows = 0;
+    for (int i = 0; i < sp->nc; i++) rows += sp->T[i];
     for (int i = 0; i < sp->nc; i++)
-        if (sp->start[i]) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
+        if (sp->start[i] && !sp->full[i]) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
     float *buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
     PChunk *pc = malloc(sizeof(PChunk) * (size_t)(sp->nc > 0 ? sp->nc : 1));
-    if (buf == NULL || pc == NULL) {
-        free(buf), free(pc);
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(sp->nc + 1));
+    if (buf == NULL || pc == NULL || off == NULL) {
+        free(buf), free(pc), free(off);
         return -1;
     }
-    float *at = buf;
+    off[0] = 0;
     for (int i = 0; i < sp->nc; i++) {
-        const int32_t *table = c->table + sp->slot[i] * c->max_blocks;
         int64_t start = sp->start[i], T = sp->T[i], L = start + T, r0 = sp->row0[i];
-        for (int64_t r = 0; r < T; r++) { /* this chunk's rows into their blocks */
-            int64_t p = start + r, at_p = table[p / bsz] * row + (p % bsz) * D;
-            for (int g = 0; g < kvh; g++) {
-                memcpy(k0 + g * head + at_p, kn + ((r0 + r) * kvh + g) * D, D * sizeof(float));
-                memcpy(v0 + g * head + at_p, vn + ((r0 + r) * kvh + g) * D, D * sizeof(float));
-            }
+        const float *qi = q + r0 * qs;
+        float *ai = att + r0 * qs;
+        off[i + 1] = off[i] + (start && !sp->full[i] ? 2 * (int64_t)kvh * L * D : 0);
+        if (sp->full[i]) {
+            float *fk = (float *)(intptr_t)sp->full[i] + (int64_t)layer * kvh * L * D;
+            float *fv = fk + (int64_t)L_all * kvh * L * D;
+            pc[i] = (PChunk){qi, fk, fv, ai, qs, qs, L * D, D, L * D, D, (int)T, (int)start};
+        } else if (start == 0) { /* its own rows as they are, [T, kv_heads, D] */
+            pc[i] = (PChunk){qi, kn + r0 * kvh * D, vn + r0 * kvh * D, ai, qs, qs, D,
+                             (int64_t)kvh * D, D, (int64_t)kvh * D, (int)T, 0};
+        } else {
+            float *ks = buf + off[i], *vs = ks + (int64_t)kvh * L * D;
+            pc[i] = (PChunk){qi, ks, vs, ai, qs, qs, L * D, D, L * D, D, (int)T, (int)start};
         }
-        int64_t qs = (int64_t)heads * D;
-        if (start == 0) { /* no prefix: its own rows as they are, [T, kv_heads, D] */
-            pc[i] = (PChunk){q + r0 * qs, kn + r0 * kvh * D, vn + r0 * kvh * D, att + r0 * qs,
-                             qs, qs, D, (int64_t)kvh * D, D, (int64_t)kvh * D, (int)T, 0};
-            continue;
+    }
+    /* per (chunk, KV head): read its prefix back, place its rows, store them in the cache,
+     * in that order (storing may quantize a group the prefix read from the residual) */
+    int tasks = sp->nc * kvh;
+    #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1 && total + 2 * rows * kvh * D > 65536)
+    for (int t = 0; t < tasks; t++) {
+        int i = t / kvh, g = t % kvh;
+        int64_t start = sp->start[i], T = sp->T[i], L = start + T, r0 = sp->row0[i];
+        const int32_t *table = c->table + sp->slot[i] * c->max_blocks;
+        float *dk = NULL, *dv = NULL; /* where this chunk attends to its rows, if a copy */
+        if (sp->full[i]) {
+            dk = (float *)pc[i].k + g * L * D, dv = (float *)pc[i].v + g * L * D;
+        } else if (start) {
+            dk = buf + off[i] + g * L * D, dv = dk + (int64_t)kvh * L * D;
+            if (c->bits)
+                kv_dequant(c, layer, sp->slot[i], g, start, dk, dv);
+            else
+                for (int64_t p = 0; p < start; p += bsz) { /* a block's run at a time */
+                    int64_t n = start - p < bsz ? start - p : bsz, from = g * head + table[p / bsz] * row;
+                    memcpy(dk + p * D, k0 + from, n * D * sizeof(float));
+                    memcpy(dv + p * D, v0 + from, n * D * sizeof(float));
+                }
         }
-        float *ks = at, *vs = at + (int64_t)kvh * L * D;
-        for (int g = 0; g < kvh; g++) /* 0..L-1 in position order, a block's run at a time */
-            for (int64_t p = 0; p < L; p += bsz) {
-                int64_t n = L - p < bsz ? L - p : bsz, from = g * head + table[p / bsz] * row;
-                memcpy(ks + (g * L + p) * D, k0 + from, n * D * sizeof(float));
-                memcpy(vs + (g * L + p) * D, v0 + from, n * D * sizeof(float));
+        for (int64_t r = 0; r < T; r++) {
+            const float *kr = kn + ((r0 + r) * kvh + g) * D, *vr = vn + ((r0 + r) * kvh + g) * D;
+            if (dk) {
+                memcpy(dk + (start + r) * D, kr, D * sizeof(float));
+                memcpy(dv + (start + r) * D, vr, D * sizeof(float));
             }
-        pc[i] = (PChunk){q + r0 * qs, ks, vs, att + r0 * qs, qs, qs, L * D, D, L * D, D, (int)T,
-                         (int)start};
-        at = vs + (int64_t)kvh * L * D;
+            kv_write(c, layer, sp->slot[i], start + r, g, kr, vr);
+        }
     }
     int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window);
-    free(buf), free(pc);
+    free(buf), free(pc), free(off);
     return rc;
 }
 
 /* Every block of a prefill step in one C call (llmp_decode_layers' code, with the causal
  * prefill attention): h [B, hidden] holds the step's rows, chunk by chunk (chunk i: T[i]
- * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared), and
- * is left holding the last block's output; positions [B] are the rows' own. The cache
- * must be fp32 (-2 otherwise: a quantized cache's prefill reads the prompt's own k/v in
- * full precision, which the per-op path keeps); -1: out of memory. */
+ * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared; full[i]:
+ * see Spans), and is left holding the last block's output; positions [B] are the rows'
+ * own. Any cache kind; -1: out of memory. */
 int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps, int R,
                         float scale, int act, const KVC *cache, int nc, const int64_t *slot,
                         const int64_t *start, const int64_t *T, const int64_t *row0,
-                        const int64_t *positions, float *work, float *moe_work) {
-    if (cache->bits) return -2;
-    Spans sp = {nc, slot, start, T, row0};
+                        const int64_t *full, const int64_t *positions, float *work,
+                        float *moe_work) {
+    Spans sp = {nc, n_layers, slot, start, T, row0, full};
     return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
                       act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);
 }
