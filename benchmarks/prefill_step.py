@@ -3,8 +3,8 @@ process over the same weights.
 
 `Model.prefill_batch` runs every block of a step in one C call (llmp_prefill_layers: the
 one-call decoder's layer loop with the causal prefill attention) when every block linear
-is packed and the KV cache is fp32; otherwise op by op from Python (`per op`: what every
-prefill step ran before the one-call path, and what a quantized cache still runs). Steps
+is packed; otherwise op by op from Python (`per op`: what every prefill step ran before
+the one-call path). Steps
 of each shape alternate between the two, the order reversed every other round, so a noisy
 neighbour slows both alike; medians of each, and whether their logits and cached k/v are
 the same bits.
@@ -14,9 +14,11 @@ under the default 192-token budget (9 prompts of 21 tokens and the start of a 10
 two such prompts, one 192-token chunk, and a 192-token chunk after 1,344 cached tokens
 (the tail of a long prompt). Artifacts: the default model at `rtn:w4g64zp` with an int8
 lm_head (serve_load's), and with `--families` benchmarks/families.py's realistic-width
-random models at its recipe.
+random models at its recipe. `--kv int8,int4`: over those KV caches instead of fp32;
+there the tail of a long prompt attends to its earlier chunks in full precision
+(Chunk.prefix, as serve keeps a chunked prompt's over a quantized cache).
 
-    python benchmarks/prefill_step.py [--families qwen2_moe] [--rounds 30]
+    python benchmarks/prefill_step.py [--families qwen2_moe] [--kv none] [--rounds 30]
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from compress.kernels.cpu import set_threads  # noqa: E402
 from compress.model.loading import resolve  # noqa: E402
 from compress.pipeline import compress  # noqa: E402
 from compress.recipe import parse_quant, parse_recipe  # noqa: E402
-from compress.runtime.kv_cache import KVCache, kv_scheme  # noqa: E402
+from compress.runtime.kv_cache import KVCache, parse_kv  # noqa: E402
 from compress.runtime.model import Chunk, Model  # noqa: E402
 from compress.runtime.weights import load_weights  # noqa: E402
 
@@ -53,16 +55,24 @@ SHAPES = {  # name: (prefix cached before the step, chunk sizes)
 }
 
 
-def timed_step(model: Model, cache: KVCache, prefix: int, sizes: list[int], one_call: bool):
-    """Seconds of one step (its chunks at slots 0.., each after `prefix` cached tokens),
-    and its logits and the last layer's cached k/v."""
+def timed_step(
+    model: Model, cache: KVCache, prefix: int, sizes: list[int], one_call: bool, kept=None
+):
+    """Seconds of one step (its chunks at slots 0.., each after `prefix` cached tokens,
+    read from `kept` where given: the prompt's k/v in full precision, per layer), and its
+    logits and the last layer's cached k/v."""
     backend = model.backend
     saved = backend.prefill
     if not one_call:
         backend.prefill = lambda *a: False
     gen = torch.Generator().manual_seed(len(sizes))
     chunks = [
-        Chunk(torch.randint(model.w.shape.vocab, (n,), generator=gen), slot, prefix)
+        Chunk(
+            torch.randint(model.w.shape.vocab, (n,), generator=gen),
+            slot,
+            prefix,
+            prefix=None if kept is None else list(kept),
+        )
         for slot, n in enumerate(sizes)
     ]
     for slot in range(len(sizes)):
@@ -78,11 +88,8 @@ def timed_step(model: Model, cache: KVCache, prefix: int, sizes: list[int], one_
     return seconds, [*logits, *kv]
 
 
-def compare(artifact: Path, rounds: int) -> list[dict]:
-    ckpt = resolve(str(artifact))
-    weights, scheme = load_weights(ckpt), kv_scheme(None, ckpt.config)
-    if scheme.bits is not None:
-        raise SystemExit(f"{artifact}: a quantized KV cache has no one-call prefill")
+def compare(artifact: Path, rounds: int, kv: str = "none") -> list[dict]:
+    weights, scheme = load_weights(resolve(str(artifact))), parse_kv(kv)
     s = weights.shape
     model = Model(weights, 2048)
     rows = []
@@ -90,18 +97,25 @@ def compare(artifact: Path, rounds: int) -> list[dict]:
         cache = KVCache(s.layers, len(sizes), s.kv_heads, 2048, s.head_dim, scheme)
         if prefix:  # the cached part, written once (random k/v: a step's cost is the same)
             cache.fill_random(len(sizes), prefix, torch.Generator().manual_seed(0))
-        _, a = timed_step(model, cache, prefix, sizes, True)
-        _, b = timed_step(model, cache, prefix, sizes, False)
+        kept = None
+        if prefix and scheme.bits is not None:
+            gen = torch.Generator().manual_seed(1)
+            shape = (s.kv_heads, prefix, s.head_dim)
+            kept = [(torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+                    for _ in range(s.layers)]  # fmt: skip
+        _, a = timed_step(model, cache, prefix, sizes, True, kept)
+        _, b = timed_step(model, cache, prefix, sizes, False, kept)
         same = all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
         times = {"one call": [], "per op": []}
         for r in range(rounds):
             for one_call in (True, False) if r % 2 else (False, True):
-                seconds, _ = timed_step(model, cache, prefix, sizes, one_call)
+                seconds, _ = timed_step(model, cache, prefix, sizes, one_call, kept)
                 times["one call" if one_call else "per op"].append(seconds)
         med = {k: statistics.median(v) for k, v in times.items()}
         tokens = sum(sizes)
         row = {
             "artifact": artifact.name,
+            "kv": kv,
             "shape": name,
             "tokens": tokens,
             "ms": {k: 1e3 * v for k, v in med.items()},
@@ -117,6 +131,7 @@ def compare(artifact: Path, rounds: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default="", help="benchmarks/families.py rows, too")
+    ap.add_argument("--kv", default="none", help="KV caches, comma-separated: none,int8,int4")
     ap.add_argument("--rounds", type=int, default=30, help="steps of each shape, each way")
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="prefill_step", help="the results' file name")
@@ -127,9 +142,10 @@ def main() -> None:
         art = Path(tmp) / "default-w4"
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
         compress("default", recipe, art, log=lambda _: None)
-        rows += compare(art, args.rounds)
-        for family in filter(None, args.families.split(",")):
-            rows += compare(family_artifact(Path(tmp), family), args.rounds)
+        for kv in args.kv.split(","):
+            rows += compare(art, args.rounds, kv)
+            for family in filter(None, args.families.split(",")):
+                rows += compare(family_artifact(Path(tmp), family), args.rounds, kv)
     record = {
         "benchmark": "prefill_step",
         "command": "python benchmarks/prefill_step.py " + " ".join(sys.argv[1:]),

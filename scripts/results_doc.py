@@ -1110,16 +1110,24 @@ def prefill_attention(d: dict) -> list[str]:
 
 
 def prefill_step(d: dict) -> list[str]:
+    kvs = sorted({r.get("kv", "none") for r in d["rows"]})
+    by_kv = kvs != ["none"]
     body = [
-        [r["artifact"], r["shape"], r["tokens"], f(r["ms"]["per op"], 1), f(r["ms"]["one call"], 1),
-         f(r["tok_s"]["per op"], 0), f(r["tok_s"]["one call"], 0), f(r["speedup"], 2),
-         "yes" if r["same_bits"] else "no"]
+        [r["artifact"], *([r.get("kv", "none")] if by_kv else []), r["shape"], r["tokens"],
+         f(r["ms"]["per op"], 1), f(r["ms"]["one call"], 1), f(r["tok_s"]["per op"], 0),
+         f(r["tok_s"]["one call"], 0), f(r["speedup"], 2), "yes" if r["same_bits"] else "no"]
         for r in d["rows"]
     ]  # fmt: skip
-    head = ["artifact", "step", "tokens", "per op ms", "one call ms", "per op tok/s",
-            "one call tok/s", "speedup", "same bits"]  # fmt: skip
+    head = ["artifact", *(["KV cache"] if by_kv else []), "step", "tokens", "per op ms",
+            "one call ms", "per op tok/s", "one call tok/s", "speedup", "same bits"]  # fmt: skip
+    cache = (
+        "int8/int4 (KIVI) KV caches; a long prompt's tail attends to its earlier chunks in "
+        "full precision, as serve keeps them"
+        if by_kv
+        else "fp32 KV cache"
+    )
     return [
-        "A prefill step of the engine (`Model.prefill_batch`, fp32 KV cache) with every block "
+        f"A prefill step of the engine (`Model.prefill_batch`, {cache}) with every block "
         "in one C call against the same step op by op from Python, steps alternating in one "
         f"process over the same weights ({d['threads']} threads, medians of {d['rounds']} "
         f"rounds each way; CPU: {d['cpu']}). `default-w4`: the default model at rtn:w4g64zp "
@@ -2355,6 +2363,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "prefill_step.json",
         "A prefill step's blocks in one C call",
         "benchmarks/prefill_step.py --families qwen2_moe,gemma3_text",
+        prefill_step,
+    ),
+    (
+        "prefill_step_kv.json",
+        "A prefill step's blocks in one C call over int8 and int4 KV caches",
+        "benchmarks/prefill_step.py --kv int8,int4 --rounds 20 --name prefill_step_kv",
         prefill_step,
     ),
     (
