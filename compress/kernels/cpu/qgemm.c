@@ -2347,7 +2347,12 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
         for (; i < b; i++) sq[i] = expf(sq[i] - m), l += sq[i];
         float r = 1.f / l;
         for (i = 0; i < a; i++) sq[i] = 0.f;
-        for (i = a; i < b; i++) sq[i] *= r;
+        i = a;
+#if defined(__AVX2__) /* a product is the same in any lane (this loop was 10% scalar) */
+        __m256 rv = _mm256_set1_ps(r);
+        for (; i + 8 <= b; i += 8) _mm256_storeu_ps(sq + i, _mm256_mul_ps(_mm256_loadu_ps(sq + i), rv));
+#endif
+        for (; i < b; i++) sq[i] *= r;
         for (i = b; i < n; i++) sq[i] = 0.f;
     }
     /* out = sum over keys in position order of weight * value, 8 dimensions at a time */
