@@ -2360,6 +2360,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         prefill_attention,
     ),
     (
+        "prefill_attention_avx2_normalize.json",
+        "A prefill step's attention: the softmax's normalisation in vectors, AVX2 host",
+        "benchmarks/prefill_attention.py --rev 082d65e --rounds 30 "
+        "--name prefill_attention_avx2_normalize",
+        prefill_attention,
+    ),
+    (
         "prefill_step.json",
         "A prefill step's blocks in one C call",
         "benchmarks/prefill_step.py --families qwen2_moe,gemma3_text",
