@@ -2109,10 +2109,11 @@ static void add_rows(float *h, const float *x, int64_t n, int par) {
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }
 
-/* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows of the sequence in slot[i] at positions
- * start[i].., rows row0[i].. of the step; full[i], when not 0, the address of its prompt's
- * k/v in full precision, [2, layers, kv_heads, start + T, D] fp32, positions 0..start - 1
- * filled (a quantized cache's chunked prompt attends as one prefilled whole would). */
+/* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows
+ * of the sequence in slot[i] at positions start[i].., rows row0[i].. of the step; full[i],
+ * when not 0, the address of its prompt's k/v in full precision, [2, layers, kv_heads,
+ * start + T, D] fp32, positions 0..start - 1 filled (a quantized cache's chunked prompt
+ * attends as one prefilled whole would). */
 typedef struct {
     int nc, layers;
     const int64_t *slot, *start, *T, *row0, *full;
