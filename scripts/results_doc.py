@@ -2379,6 +2379,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         prefill_step,
     ),
     (
+        "prefill_step_xeon.json",
+        "A prefill step's blocks in one C call: an AVX-512 Xeon with AMX",
+        "benchmarks/prefill_step.py --kv none,int8,int4 --rounds 20 --name prefill_step_xeon",
+        prefill_step,
+    ),
+    (
         "kernel_ab.json",
         "The int4 kernel against its previous version",
         "benchmarks/kernel_ab.py",
@@ -2419,6 +2425,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Serving under load: an AVX2 host",
         "benchmarks/serve_load.py --name serve_load_avx2 "
         "--llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
+        serve_load,
+    ),
+    (
+        "serve_load_xeon.json",
+        "Serving under load: an AVX-512 Xeon with AMX",
+        "benchmarks/serve_load.py --name serve_load_xeon --llama-server LLAMA_BIN "
+        "--gguf smol-q4_0.gguf --llama-cflags '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'",
         serve_load,
     ),
     (
