@@ -16,7 +16,8 @@ Figures are medians over rounds; ratios are of medians from this run. The memory
 and fp32 matmul rate are medians of repeats measured before and after.
 
     python benchmarks/runtime_speed.py --llama-cpp PATH/TO/llama.cpp/build/bin \
-        --gguf model-q4_0.gguf [--rounds 5] [--long-rounds 3] [--out benchmarks/results]
+        --gguf model-q4_0.gguf [--rounds 5] [--long-rounds 3] [--out benchmarks/results] \
+        [--name runtime_speed]
 """
 
 from __future__ import annotations
@@ -97,7 +98,11 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench, llama-batched-bench")
     ap.add_argument("--gguf", type=Path, help="the GGUF llama.cpp runs (e.g. Q4_0)")
+    ap.add_argument(
+        "--llama-cflags", default="", help="the LLAMA_CFLAGS scripts/build_llama_cpp was given"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="runtime_speed", help="the results' file name")
     args = ap.parse_args()
     threads = torch.get_num_threads()
     set_threads(threads)
@@ -142,8 +147,8 @@ def main() -> None:
     after = measure_ceilings()
     record = summarize(args, runs, before, after, params, threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "runtime_speed.json").write_text(json.dumps(record, indent=2) + "\n")
-    (args.out / "runtime_speed.md").write_text(table(record) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(table(record) + "\n")
     print(table(record))
 
 
@@ -176,7 +181,11 @@ def summarize(args, runs, before, after, params, threads) -> dict:
         "output_len": args.output_len,
         "rounds": args.rounds,
         "long_rounds": args.long_rounds,
-        "llama_cpp": {"gguf": args.gguf.name, "version": llama_version(args.llama_cpp)}
+        "llama_cpp": {
+            "gguf": args.gguf.name,
+            "version": llama_version(args.llama_cpp),
+            "cflags": args.llama_cflags,
+        }
         if args.llama_cpp
         else None,
         "ceilings": {

@@ -1071,7 +1071,9 @@ def runtime_speed(d: dict) -> list[str]:
         f"original, dense (`fp32`); ceilings measured in the same run: memory read "
         f"{c['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 matmul "
         f"{c['matmul_flops'] / 1e9:.0f} GFLOP/s. llama.cpp: {d['llama_cpp']['version']}, "
-        "built with `-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON`, run as `llama-bench -t 2 "
+        "built with `-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON`"
+        + (f' and `LLAMA_CFLAGS="{cf}"`' if (cf := d["llama_cpp"].get("cflags")) else "")
+        + ", run as `llama-bench -t 2 "
         "-p 512 -n 64 -r 1` and `llama-batched-bench -t 2 -npp 32 -ntg 64 -npl 1,8,32` on "
         f"the default model's GGUF requantized to Q4_0 (`{d['llama_cpp']['gguf']}`): a speed "
         "anchor, not a quality one. Decode figures are tokens/s of all sequences together.",
@@ -2377,6 +2379,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "A prefill step's blocks in one C call over int8 and int4 KV caches",
         "benchmarks/prefill_step.py --kv int8,int4 --rounds 20 --name prefill_step_kv",
         prefill_step,
+    ),
+    (
+        "runtime_speed_xeon.json",
+        "Decode and prompt speed against llama.cpp: an AVX-512 Xeon with AMX",
+        "benchmarks/runtime_speed.py --name runtime_speed_xeon --llama-cpp LLAMA_BIN "
+        "--gguf smol-q4_0.gguf --llama-cflags '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'",
+        runtime_speed,
     ),
     (
         "prefill_step_xeon.json",
