@@ -28,7 +28,8 @@ llama.cpp (`--llama-cpp BIN`: its own convert_hf_to_gguf.py next to BIN/../../sr
 (whose `--lm-head auto` stores this untied head in int8) and with `--lm-head none`.
 
     scripts/build_llama_cpp            # prints BIN
-    python benchmarks/families.py --llama-cpp BIN [--rounds 3] [--out benchmarks/results]
+    python benchmarks/families.py --llama-cpp BIN [--rounds 3] [--out benchmarks/results] \
+        [--name families] [--llama-cflags FLAGS]
 """
 
 from __future__ import annotations
@@ -340,18 +341,24 @@ def main() -> None:
     ap.add_argument(
         "--resume", action="store_true", help="keep the rows already in the results file"
     )
+    ap.add_argument(
+        "--llama-cflags", default="", help="the LLAMA_CFLAGS scripts/build_llama_cpp was given"
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="families", help="the results' file name")
     args = ap.parse_args()
     started = time.time()
+    command = "python benchmarks/families.py" + (" --llama-cpp BIN" if args.llama_cpp else "")
     record = {
-        "command": "python benchmarks/families.py" + (" --llama-cpp BIN" if args.llama_cpp else ""),
+        "command": command + (f" --name {args.name}" if args.name != "families" else ""),
         "cpu": cpu_flags(),
+        "llama_cflags": args.llama_cflags if args.llama_cpp else None,
         "rows": [],
         "tiny_kl": {},
         "anchors": None,
     }
 
-    previous = args.out / "families.json"
+    previous = args.out / f"{args.name}.json"
     if args.resume and previous.is_file():
         kept = json.loads(previous.read_text())
         record["rows"], record["tiny_kl"] = kept["rows"], kept.get("tiny_kl") or {}
@@ -360,8 +367,8 @@ def main() -> None:
         record["minutes"] = round((time.time() - started) / 60, 1)
         record["table"] = markdown(record)
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "families.json").write_text(json.dumps(record, indent=2) + "\n")
-        (args.out / "families.md").write_text(markdown(record))
+        (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=2) + "\n")
+        (args.out / f"{args.name}.md").write_text(markdown(record))
 
     (HERE / "work").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=HERE / "work") as tmp:

@@ -1602,7 +1602,9 @@ def families(d: dict) -> list[str]:
         "of three `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
         "experts routing chose, with qwen2_moe's shared expert every step). The anchors ran "
         f"interleaved over rounds; {d['minutes']} minutes in all"
-        + (f"; CPU: {d['cpu']}, 2 threads." if d.get("cpu") else "."),
+        + (f"; CPU: {d['cpu']}, 2 threads" if d.get("cpu") else "")
+        + (f'; llama.cpp built with `LLAMA_CFLAGS="{cf}"`' if (cf := d.get("llama_cflags")) else "")
+        + ".",
         "",
         *d["table"].rstrip().splitlines(),
     ]
@@ -2533,6 +2535,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "families.json",
         "Every family: compression, transformers, vLLM rules, decode speed",
         "benchmarks/families.py --llama-cpp LLAMA_BIN",
+        families,
+    ),
+    (
+        "families_xeon.json",
+        "Every family on an AVX-512 Xeon with AMX",
+        "benchmarks/families.py --llama-cpp LLAMA_BIN --name families_xeon "
+        "--llama-cflags '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'",
         families,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
