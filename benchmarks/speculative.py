@@ -215,6 +215,7 @@ def main() -> None:
     }
     if args.llama_server:
         record["command"] += f" --llama-server LLAMA_BIN --gguf {args.gguf.name}"
+        record["llama_cflags"] = args.llama_cflags
         record["llama_server"] = {
             "build": f"{args.gguf.name} ({version(args.llama_server)}), -np 1 -t 2 -tb 2 -fa off",
             "draft": " ".join(LLAMA_DRAFT),

@@ -1700,7 +1700,7 @@ def speculative(d: dict) -> list[str]:
             else ""
         )
         + (
-            f" llama-server rows: llama.cpp's own server, {LLAMA_SERVER_BUILD}, on "
+            f" llama-server rows: llama.cpp's own server, {llama_build(d)}, on "
             f"{llama['build']}, "
             "the same prompts as token ids right after llmpress's in each round; its tokens/s "
             "are its replies' decode timings, its speedup against its own plain rows."
