@@ -4,7 +4,7 @@ hidden states read from the cache), both as `eval` runs by default (the artifact
 served and its weights alone, two passes) and with `--exact` (one pass), each in a fresh
 process with an empty cache folder of its own. The figures must agree to the bit.
 
-    python benchmarks/eval_cache.py [--artifact DIR] [--windows 64]
+    python benchmarks/eval_cache.py [--artifact DIR] [--windows 64] [--name eval_cache]
 
 Without --artifact: the default model at the README's `--quant w4g64`, written first.
 Reads WikiText-2 test from ../shared/data (fails when it is missing).
@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--artifact", type=Path)
     ap.add_argument("--windows", type=int, default=64)
     ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--name", default="eval_cache", help="the results' file name")
     args = ap.parse_args()
     if not DATA.is_file():
         raise SystemExit(f"{DATA} is missing: the benchmark evaluates on WikiText-2's test split")
@@ -94,7 +95,8 @@ def main() -> None:
     record = {
         "command": "python benchmarks/eval_cache.py"
         + ("" if args.artifact is None else " --artifact DIR")
-        + ("" if args.windows == 64 else f" --windows {args.windows}"),
+        + ("" if args.windows == 64 else f" --windows {args.windows}")
+        + ("" if args.name == "eval_cache" else f" --name {args.name}"),
         "artifact": "default model, --quant w4g64" if args.artifact is None else str(artifact),
         "windows": args.windows,
         "ctx": 512,
@@ -103,7 +105,7 @@ def main() -> None:
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "eval_cache.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

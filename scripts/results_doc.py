@@ -2552,6 +2552,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         eval_cache,
     ),
     (
+        "eval_cache_xeon.json",
+        "A second eval: the original from the cache, on an AVX-512 Xeon with AMX",
+        "benchmarks/eval_cache.py --name eval_cache_xeon",
+        eval_cache,
+    ),
+    (
         "load_time.json",
         "Loading an artifact into the runtime",
         "benchmarks/load_time.py --artifacts LABEL=DIR,...",
