@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from batched_decode import cpu_flags  # noqa: E402
 from family_models import COMMON, FAMILIES, MOE_FAMILIES  # noqa: E402
+from llama_server import add_cflags_argument  # noqa: E402
 
 from compress.model.default import convert_gguf, default_gguf  # noqa: E402
 
@@ -341,9 +342,7 @@ def main() -> None:
     ap.add_argument(
         "--resume", action="store_true", help="keep the rows already in the results file"
     )
-    ap.add_argument(
-        "--llama-cflags", default="", help="the LLAMA_CFLAGS scripts/build_llama_cpp was given"
-    )
+    add_cflags_argument(ap)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="families", help="the results' file name")
     args = ap.parse_args()

@@ -18,6 +18,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     """`--llama-server BIN --gguf Q4_0.gguf`: the anchor a serving script runs beside llmpress."""
     ap.add_argument("--llama-server", type=Path, help="folder with llama.cpp's llama-server")
     ap.add_argument("--gguf", type=Path, help="the GGUF llama-server runs (e.g. Q4_0)")
+    add_cflags_argument(ap)
+
+
+def add_cflags_argument(ap: argparse.ArgumentParser) -> None:
+    """`--llama-cflags`: how the anchor was built, for the record (scripts/build_llama_cpp
+    takes extra compiler flags where llama.cpp's native build does not run)."""
     ap.add_argument(
         "--llama-cflags", default="", help="the LLAMA_CFLAGS scripts/build_llama_cpp was given"
     )

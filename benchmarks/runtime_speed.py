@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from batched_decode import cpu_flags
+from llama_server import add_cflags_argument
 
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
@@ -98,9 +99,7 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench, llama-batched-bench")
     ap.add_argument("--gguf", type=Path, help="the GGUF llama.cpp runs (e.g. Q4_0)")
-    ap.add_argument(
-        "--llama-cflags", default="", help="the LLAMA_CFLAGS scripts/build_llama_cpp was given"
-    )
+    add_cflags_argument(ap)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="runtime_speed", help="the results' file name")
     args = ap.parse_args()
@@ -184,10 +183,10 @@ def summarize(args, runs, before, after, params, threads) -> dict:
         "llama_cpp": {
             "gguf": args.gguf.name,
             "version": llama_version(args.llama_cpp),
-            "cflags": args.llama_cflags,
         }
         if args.llama_cpp
         else None,
+        "llama_cflags": args.llama_cflags if args.llama_cpp else None,
         "ceilings": {
             "bandwidth_bytes_per_s": statistics.median(before["bandwidth"] + after["bandwidth"]),
             "matmul_flops": matmul,

@@ -1072,7 +1072,7 @@ def runtime_speed(d: dict) -> list[str]:
         f"{c['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, fp32 matmul "
         f"{c['matmul_flops'] / 1e9:.0f} GFLOP/s. llama.cpp: {d['llama_cpp']['version']}, "
         "built with `-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON`"
-        + (f' and `LLAMA_CFLAGS="{cf}"`' if (cf := d["llama_cpp"].get("cflags")) else "")
+        + cflags_note(d, " and")
         + ", run as `llama-bench -t 2 "
         "-p 512 -n 64 -r 1` and `llama-batched-bench -t 2 -npp 32 -ntg 64 -npl 1,8,32` on "
         f"the default model's GGUF requantized to Q4_0 (`{d['llama_cpp']['gguf']}`): a speed "
@@ -1268,6 +1268,12 @@ LLAMA_SERVER_BUILD = (
     "its AMX path stopped the server with SIGILL at its first tile instruction on this VM "
     "(AVX-512 and VNNI stay on)"
 )
+
+
+def cflags_note(d: dict, lead: str) -> str:
+    """`LEAD `LLAMA_CFLAGS="..."`` where a run records extra flags for llama.cpp, else ""."""
+    flags = d.get("llama_cflags")
+    return f'{lead} `LLAMA_CFLAGS="{flags}"`' if flags else ""
 
 
 def llama_build(d: dict) -> str:
@@ -1603,7 +1609,7 @@ def families(d: dict) -> list[str]:
         "experts routing chose, with qwen2_moe's shared expert every step). The anchors ran "
         f"interleaved over rounds; {d['minutes']} minutes in all"
         + (f"; CPU: {d['cpu']}, 2 threads" if d.get("cpu") else "")
-        + (f'; llama.cpp built with `LLAMA_CFLAGS="{cf}"`' if (cf := d.get("llama_cflags")) else "")
+        + cflags_note(d, "; llama.cpp built with")
         + ".",
         "",
         *d["table"].rstrip().splitlines(),
