@@ -128,6 +128,15 @@ def compare(artifact: Path, rounds: int, kv: str = "none") -> list[dict]:
     return rows
 
 
+def serve_artifact(folder: Path) -> Path:
+    """The load test's artifact (benchmarks/serve_load.py): the default model at
+    rtn:w4g64zp with an int8 lm_head, written to folder/default-w4."""
+    art = folder / "default-w4"
+    recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
+    compress("default", recipe, art, log=lambda _: None)
+    return art
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", default="", help="benchmarks/families.py rows, too")
@@ -139,9 +148,7 @@ def main() -> None:
     set_threads(2)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        art = Path(tmp) / "default-w4"
-        recipe = parse_recipe({"stages": [parse_quant("rtn:w4g64zp")], "lm_head": "w8"})
-        compress("default", recipe, art, log=lambda _: None)
+        art = serve_artifact(Path(tmp))
         for kv in args.kv.split(","):
             rows += compare(art, args.rounds, kv)
             for family in filter(None, args.families.split(",")):

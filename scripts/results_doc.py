@@ -1141,6 +1141,27 @@ def prefill_step(d: dict) -> list[str]:
     ]
 
 
+def mixed_step(d: dict) -> list[str]:
+    body = [
+        [r["kv"], r["shape"], r["streams"], r["prompt_tokens"], f(r["ms"]["two passes"], 1),
+         f(r["ms"]["one call"], 1), f(r["speedup"], 2), "yes" if r["same_bits"] else "no"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["KV cache", "step", "decode rows", "prompt tokens", "two passes ms",
+            "one call ms", "speedup", "same bits"]  # fmt: skip
+    return [
+        "A serving step with both prompt rows and the running streams' decode rows "
+        "(`Model.step`, the default model at rtn:w4g64zp with an int8 lm_head): one C call "
+        "for all rows against a prefill pass followed by a decode step, steps alternating "
+        f"in one process over the same weights ({d['threads']} threads, medians of "
+        f"{d['rounds']} rounds each way; streams with {d['stream_context']} tokens cached; "
+        f"CPU: {d['cpu']}). Same bits: every row's logits and the cached keys and values "
+        "compared.",
+        "",
+        *table(head, body),
+    ]
+
+
 def kernel_ab(d: dict) -> list[str]:
     bits = "same_bits" in d["results"][0]
     body = [
@@ -2400,6 +2421,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "A prefill step's blocks in one C call: an AVX-512 Xeon with AMX",
         "benchmarks/prefill_step.py --kv none,int8,int4 --rounds 20 --name prefill_step_xeon",
         prefill_step,
+    ),
+    (
+        "mixed_step.json",
+        "Prompt rows and decode rows of a serving step in one C call",
+        "benchmarks/mixed_step.py",
+        mixed_step,
     ),
     (
         "kernel_ab.json",

@@ -1,6 +1,7 @@
-"""Prompts that arrive together are prefilled in one pass (Model.prefill_batch): each
-gets what its own prefill gives, and the engine's replies do not depend on how prompts
-were grouped or how many prompt tokens a step admits."""
+"""Prompts that arrive together are prefilled in one pass (Model.prefill_batch), with the
+running sequences' decode rows (Model.step): each gets what its own pass gives, and the
+engine's replies do not depend on how prompts were grouped or how many prompt tokens a
+step admits."""
 
 import pytest
 import torch
@@ -97,19 +98,77 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(weights, pro
     assert late.output == whole
 
 
-def test_a_steps_prefill_half_gives_first_tokens_before_its_decode_half(weights, prompts):
-    """A server sends a new request's first token after the step's prefill, not after the
-    running sequences' next tokens: the prefill half returns only the prompts it
-    finished, each with one token, and the decode half then gives the others theirs."""
+def test_a_steps_prefill_half_gives_first_tokens_with_the_running_ones_next(weights, prompts):
+    """A server sends a new request's first token after the step's one pass, in which the
+    running sequences' decode rows joined the prompt's rows: the prefill half returns the
+    prompt it finished, with one token, and the running one with its next; the decode half
+    has nothing left to do."""
     engine = Engine(weights, max_batch=2, max_len=512)
     old = engine.submit(Request(list(prompts[0]), SamplingParams(max_tokens=8)))
     engine.step()
     new = engine.submit(Request(list(prompts[1]), SamplingParams(max_tokens=8)))
-    assert engine.prefill_step() == [new]
-    assert (len(new.output), len(old.output)) == (1, 1)
-    assert engine.decode_step() == [old]  # the new one waits for the next step
+    assert engine.prefill_step() == [new, old]
     assert (len(new.output), len(old.output)) == (1, 2)
+    assert engine.decode_step() == []
     assert engine.step() == [old, new]
+
+
+def _same_sequences(a: KVCache, b: KVCache, slots, layers) -> bool:
+    """Whether two caches hold the same k/v for `slots` (their blocks may lie elsewhere)."""
+    for layer in layers:
+        for slot in slots:
+            n = int(a.lengths[slot])
+            got = a.read(layer, torch.tensor([slot]), n)
+            want = b.read(layer, torch.tensor([slot]), n)
+            if not all(torch.equal(x, y) for x, y in zip(got, want, strict=True)):
+                return False
+    return torch.equal(a.lengths, b.lengths)
+
+
+@pytest.mark.parametrize("kv", ["none", "int8", "int4"])
+def test_a_step_prefills_and_decodes_in_one_call_with_the_same_bits(weights, prompts, kv):
+    """Model.step: three running sequences' decode rows join a pass with a new prompt and
+    a chunked prompt's second chunk (over a quantized cache, attending to its first in full
+    precision) in one C call; every row's logits, and the cache, are the bits of a prefill
+    pass followed by a decode step."""
+    s, scheme = weights.shape, parse_kv(kv)
+    model = Model(weights, 512)
+    fused, calls = model.backend.fused, []
+    one_call = fused.prefill
+    fused.prefill = lambda *a: (calls.append((a[2], list(a[5]))), one_call(*a))[1]
+    caches = [KVCache(s.layers, 5, s.kv_heads, 511, s.head_dim, scheme) for _ in range(2)]
+    long = torch.tensor([t for p in prompts for t in p][:140])
+    running = [torch.tensor(p) for p in prompts[:3]]
+    prefixes = [[], []]  # the chunked prompt's k/v in full precision, per cache
+    for cache, prefix in zip(caches, prefixes, strict=True):
+        for slot, p in enumerate(running):
+            model.prefill(p, cache, slot)
+        model.prefill_batch([Chunk(long[:70], 4, 0, False, prefix)], cache)
+    tokens, slots = [int(p[-1]) for p in running], [0, 1, 2]
+
+    def chunks(prefix):
+        return [Chunk(torch.tensor(prompts[3]), 3), Chunk(long[70:], 4, 70, True, prefix)]
+
+    calls.clear()
+    mixed, rows = model.step(chunks(prefixes[0]), caches[0], tokens, slots)
+    assert calls == [([(3, 0, len(prompts[3])), (4, 70, 70)], slots)]  # one pass
+    alone = model.prefill_batch(chunks(prefixes[1]), caches[1])
+    want = model.decode_ids(tokens, caches[1], slots)
+    assert torch.equal(rows, want)
+    assert all(torch.equal(a, b) for a, b in zip(mixed, alone, strict=True))
+    assert _same_sequences(caches[0], caches[1], range(5), range(s.layers))
+    if kv != "none":
+        assert all(
+            torch.equal(x, y)
+            for a, b in zip(*prefixes, strict=True)
+            for x, y in zip(a, b, strict=True)
+        )
+    # the next step decodes every sequence the same from either cache
+    last = [int(r.argmax()) for r in rows] + [int(mixed[0].argmax()), int(mixed[1][-1].argmax())]
+    every = [0, 1, 2, 3, 4]
+    assert torch.equal(
+        model.decode_ids(last, caches[0], every), model.decode_ids(last, caches[1], every)
+    )
 
 
 @pytest.mark.parametrize("kv", ["none", "int8", "int4"])

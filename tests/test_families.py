@@ -240,6 +240,35 @@ def test_a_prefill_step_over_a_quantized_cache_in_one_call_equals_the_per_op_pat
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
+@pytest.mark.parametrize("kv", ["none", "int4"])
+@pytest.mark.parametrize("name", NAMES)
+def test_a_step_of_prefill_and_decode_rows_in_one_call_equals_two_passes(w4, ids, name, kv):
+    """Model.step: three sequences' decode rows (two past a sliding window) beside a new
+    prompt's rows in one C call give the logits, and leave the cache, of a prefill pass
+    then a decode step: routing, sliding windows and norms alike."""
+    model, calls = _counting_prefill(w4[name])
+    s, tokens = model.w.shape, ids[0]
+    caches = [KVCache(s.layers, 4, s.kv_heads, LENGTH, s.head_dim, parse_kv(kv)) for _ in (0, 1)]
+    for cache in caches:
+        for slot, (a, b) in enumerate([(0, 20), (20, 31), (31, 36)]):
+            model.prefill(tokens[a:b], cache, slot)
+    last, slots = [int(t) for t in tokens[40:43]], [0, 1, 2]
+    calls.clear()
+    (mixed,), rows = model.step([Chunk(tokens[43:60], 3)], caches[0], last, slots)
+    assert calls == [[(3, 0, 17)]]  # one pass
+    (alone,) = model.prefill_batch([Chunk(tokens[43:60], 3)], caches[1])
+    want = model.decode_ids(last, caches[1], slots)
+    assert torch.equal(rows, want) and torch.equal(mixed, alone)
+    assert torch.equal(caches[0].lengths, caches[1].lengths)
+    for slot in range(4):
+        n = int(caches[0].lengths[slot])
+        got = caches[0].read(s.layers - 1, torch.tensor([slot]), n)
+        assert all(
+            torch.equal(x, y)
+            for x, y in zip(got, caches[1].read(s.layers - 1, torch.tensor([slot]), n), strict=True)
+        )
+
+
 @pytest.mark.parametrize("quant", ["rtn:w4g32", "int8"])
 @pytest.mark.parametrize("name", MOE_FAMILIES)
 def test_batched_expert_steps_in_one_call_equal_the_per_op_path(

@@ -134,9 +134,9 @@ def test_later_choices_fork_the_first_ones_prompt_and_sample_as_if_alone(w4_runt
     def run(params, fork):
         engine = Engine(w4_runtime, 3, 512, parse_kv(kv))
         computed = []
-        real = engine.model.prefill_batch
-        engine.model.prefill_batch = lambda chunks, cache: (
-            computed.extend(c.tokens.shape[0] for c in chunks) or real(chunks, cache)
+        real = engine.model.step
+        engine.model.step = lambda chunks, cache, *rows: (
+            computed.extend(c.tokens.shape[0] for c in chunks) or real(chunks, cache, *rows)
         )
         reqs = [Request(list(prompt), p) for p in params]
         if fork:

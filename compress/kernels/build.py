@@ -122,7 +122,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_prefill_attention.restype = ctypes.c_int
     lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p, p, p, p]
     lib.llmp_decode_layers.restype = ctypes.c_int
-    lib.llmp_prefill_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, i, *[p] * 8]
+    lib.llmp_prefill_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, i, *[p] * 5, i, *[p] * 4]
     lib.llmp_prefill_layers.restype = ctypes.c_int
     lib.llmp_decode_tokens.argtypes = [p, p, p, p, i, p, p, p, p, p, p]
     lib.llmp_decode_tokens.restype = ctypes.c_int

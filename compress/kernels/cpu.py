@@ -778,20 +778,29 @@ class FusedDecoder:
         _check_status(status)
         return h if logits is None else logits
 
-    def prefill(self, h, cache, spans: list[tuple[int, int, int]], positions, full=None) -> None:
+    def prefill(
+        self, h, cache, spans: list[tuple[int, int, int]], positions, full=None, decode=()
+    ) -> None:
         """Every block of a prefill step in one C call (llmp_prefill_layers): h [N, hidden]
         holds the step's rows, chunk after chunk, each chunk (slot, start, T) the next T
         rows of the sequence in `slot` at positions start.. (their blocks prepared), and
         receives the last block's output in place; positions [N] (int64) are the rows'.
         full[i], when not None: chunk i's prompt k/v in full precision, [2, layers,
         kv_heads, start + T, D] with 0..start - 1 filled; the chunk's rows join them and it
-        attends to them (a chunked prompt over a quantized cache)."""
+        attends to them (a chunked prompt over a quantized cache). `decode`: the slots of
+        decode rows that follow the chunks' rows, each at its sequence's position (its
+        block prepared), computed as a decode step computes them."""
         _check_f32(h, "hidden state")
         positions = positions.contiguous()
-        n, rows = h.shape[0], [0]
+        n, rows, nd = h.shape[0], [0], len(decode)
         for _, _, t in spans[:-1]:
             rows.append(rows[-1] + t)
-        if positions.dtype != torch.int64 or positions.numel() != n or rows[-1] + spans[-1][2] != n:
+        if (
+            not spans
+            or positions.dtype != torch.int64
+            or positions.numel() != n
+            or rows[-1] + spans[-1][2] + nd != n
+        ):
             raise ValueError("prefill: positions must be int64, one per row of the chunks")
         full = full or [None] * len(spans)
         hidden, heads, kv_heads, d, inter = self.dims
@@ -803,11 +812,13 @@ class FusedDecoder:
         addresses = [0 if f is None else f.data_ptr() for f in full]
         columns = [list(c) for c in zip(*spans, strict=True)]  # slots, starts, sizes
         plan = torch.tensor([*columns, rows, addresses], dtype=torch.int64)
+        slots = torch.tensor([*decode, 0], dtype=torch.int64)  # never empty
         work, moe_work = self._prefill_workspace(n)
         status = library().llmp_prefill_layers(
             self.table, self.n, _ptr(h), n, hidden, heads, kv_heads, d, inter, self.eps,
             self.rotary, self.scale, self.act, ctypes.byref(kv_struct(cache)), len(spans),
-            *(_ptr(plan[i]) for i in range(5)), _ptr(positions), work, moe_work,
+            *(_ptr(plan[i]) for i in range(5)), nd, _ptr(slots), _ptr(positions), work,
+            moe_work,
         )  # fmt: skip
         _check_status(status)
 

@@ -32,12 +32,13 @@ class CpuBackend:
         call ran the packed head too, else h (changed in place); None when it cannot."""
         return None if self.fused is None else self.fused(h, cache, slots, positions)
 
-    def prefill(self, h, cache: KVCache, chunks, positions) -> bool:
+    def prefill(self, h, cache: KVCache, chunks, positions, decode=()) -> bool:
         """Every block of a prefill step on h [N, hidden] in one C call, in place, when it
         can: the one-call decoder's code with the causal prefill attention, over any cache.
         A chunk with its prompt's k/v in full precision (Chunk.prefix) attends to them and
         leaves them extended by its rows; other chunks read their prefix from the cache.
-        False: it cannot."""
+        `decode`: the slots of the decode rows after the chunks' rows (prepared). False: it
+        cannot."""
         if self.fused is None:
             return False
         spans = [(c.slot, c.start, c.tokens.shape[0]) for c in chunks]
@@ -57,7 +58,7 @@ class CpuBackend:
             full.append(f)
         for slot, start, t in spans:
             cache.prepare(slot, start, start + t)
-        self.fused.prefill(h, cache, spans, positions, full)
+        self.fused.prefill(h, cache, spans, positions, full, decode)
         for c, f in zip(chunks, full, strict=True):
             if f is not None:  # what its next chunk attends to
                 c.prefix[:] = list(zip(f[0], f[1], strict=True))
@@ -85,7 +86,7 @@ class TritonBackend:
     def decode(self, h, cache, slots, positions):
         return None
 
-    def prefill(self, h, cache, chunks, positions) -> bool:
+    def prefill(self, h, cache, chunks, positions, decode=()) -> bool:
         return False
 
     def decode_ids(self, tokens, slots, cache):

@@ -2,11 +2,12 @@
 
 Requests wait in a queue; every `step()` first admits waiting requests and prefills their
 prompts (long ones in chunks, over steps, under a token budget), then decodes one token for
-every running request whose prompt is cached. A request is admitted when a batch slot is
-free and the KV-cache pool has the blocks it may come to need (its prompt and max_tokens,
-less the blocks of a cached prefix it shares); it takes them only as it grows. A request
-that finishes gives its slot and blocks back at once, and the next step reuses them: short
-requests never wait for the longest one in their batch.
+every running request whose prompt is cached (on the CPU in the prefill's own pass). A
+request is admitted when a batch slot is free and the KV-cache pool has the blocks it may
+come to need (its prompt and max_tokens, less the blocks of a cached prefix it shares); it
+takes them only as it grows. A request that finishes gives its slot and blocks back at
+once, and the next step reuses them: short requests never wait for the longest one in
+their batch.
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ class Engine:
     def prefill_step(self) -> list[Request]:
         """A step's first half: prefill. Returns the requests whose prompts it finished,
         each with its first token (a server sends those before the decode half runs, so
-        a new request's first token does not wait for everyone else's next one).
+        a new request's first token does not wait for everyone else's next one). Where the
+        one-call CPU prefill runs, the running sequences' decode rows join its pass (the
+        weights read once a step, not twice) and receive their tokens here too, leaving
+        the decode half nothing to do; speculation's single sequence still takes the
+        decode half.
 
         Prefill takes at most `prefill_tokens` prompt tokens a step, in one pass (the
         weights read once for every chunk): first the prompts already being prefilled, then
@@ -169,12 +174,15 @@ class Engine:
                 break
             self.waiting.remove(req)
             budget -= self._chunk(req, budget, work)
-        touched = []
+        touched, decoding = [], []
         if work:
+            decoding = self._decoding({id(r) for r, _ in work})
+            if len(decoding) == 1 and self.speculator is not None:
+                decoding = []  # the decode half speculates for it
             chunks = [c for _, c in work]
-            for (req, chunk), logits in zip(
-                work, self.model.prefill_batch(chunks, self.cache), strict=True
-            ):
+            last, slots = [r.output[-1] for r in decoding], [r.slot for r in decoding]
+            prefilled, decoded = self.model.step(chunks, self.cache, last, slots)
+            for (req, chunk), logits in zip(work, prefilled, strict=True):
                 req.prefilled += chunk.tokens.shape[0]
                 if self.prefix is not None:
                     self._remember(req)
@@ -185,15 +193,22 @@ class Engine:
                     for r in (req, *forks):
                         self._prefilled(r, logits[-1])
                     touched += [req, *forks]
-        self._prefilling = {id(r) for r, _ in work}
-        return touched
+            for req, row in zip(decoding, [] if decoded is None else decoded, strict=True):
+                self._emit(req, row)
+        self._prefilling = {id(r) for r, _ in work} | {id(r) for r in decoding}
+        return touched + decoding
+
+    def _decoding(self, busy: set[int]) -> list[Request]:
+        """The running sequences that take a decode row this step: those whose prompt is
+        cached, less the ones in this step's prefill (`busy`: their ids)."""
+        return [r for r in self.running.values() if id(r) not in busy and r.output]
 
     def decode_step(self) -> list[Request]:
         """A step's second half: the next token of every running sequence that did not
         take part in this step's prefill (or one verified speculative step when only one
         runs). Returns the requests that received tokens."""
         busy, self._prefilling = self._prefilling, set()
-        decoding = [r for r in self.running.values() if id(r) not in busy and r.output]
+        decoding = self._decoding(busy)
         if len(decoding) == 1 and self.speculator is not None and self._speculate(decoding[0]):
             return [decoding[0]]
         if decoding:

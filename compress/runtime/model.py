@@ -239,23 +239,55 @@ class Model:
         chunk's rows together, so the weights are read once for all of them (prompts that
         arrive together), while each chunk writes and attends over its own slot. Returns
         each chunk's logits: all its rows where `all_logits`, else its last."""
-        dev = self.device
+        return self._prefill(chunks, cache)[0]
+
+    @torch.inference_mode()
+    def step(self, chunks: list[Chunk], cache: KVCache, tokens: list[int], slots: list[int]):
+        """A serving step: `prefill_batch` of the chunks, and `decode_ids` of the sequences
+        in `slots` (their last tokens `tokens`): the chunks' logits and the decode rows'
+        [B, vocab] (None without rows). Where the one-call CPU prefill runs, both in that
+        one pass, so the step reads the weights once, not once for its prefill and again
+        for its decoding; each row comes out the same bits as in a pass of its own."""
+        if chunks and tokens:
+            both = self._prefill(chunks, cache, tokens, slots)
+            if both is not None:
+                return both
+        logits = self._prefill(chunks, cache)[0] if chunks else []
+        return logits, self.decode_ids(tokens, cache, slots) if tokens else None
+
+    def _prefill(self, chunks: list[Chunk], cache: KVCache, tokens=(), slots=()):
+        """prefill_batch, with decode rows after the chunks' rows when given (then None
+        where the one-call CPU prefill cannot run, nothing done)."""
+        dev, nd = self.device, len(tokens)
         sizes = [c.tokens.shape[0] for c in chunks]
         ends = torch.tensor(sizes).cumsum(0).tolist()
         bounds = list(zip([0, *ends[:-1]], ends, strict=True))
-        packed = self._packed(ends[-1])
-        tokens = torch.cat([c.tokens for c in chunks]).to(dev)
-        positions = torch.cat([torch.arange(c.start, c.start + c.tokens.shape[0]) for c in chunks])
-        positions = positions.to(dev)
-        h = self._embed(tokens)
-        if not (packed and self.backend.prefill(h, cache, chunks, positions)):  # one C call
+        packed = self._packed(ends[-1] + nd)
+        if nd and not packed:
+            return None
+        ids = torch.cat([*(c.tokens for c in chunks), torch.tensor(tokens, dtype=torch.int64)])
+        positions = [torch.arange(c.start, c.start + t) for c, t in zip(chunks, sizes, strict=True)]
+        if nd:  # each decode row at its sequence's length
+            lengths = cache.lengths.tolist()
+            at = [lengths[s] for s in slots]
+            positions.append(torch.tensor(at, dtype=torch.int64))
+        positions = torch.cat(positions).to(dev)
+        h = self._embed(ids.to(dev))
+        if nd:
+            cache.prepare_rows(list(slots), at)
+            if not self.backend.prefill(h, cache, chunks, positions, slots):
+                return None
+        elif not (packed and self.backend.prefill(h, cache, chunks, positions)):  # one C call
             h = self._prefill_per_op(h, chunks, bounds, cache, positions, packed)
         rows = []
         for c, (a, b) in zip(chunks, bounds, strict=True):
             cache.lengths[c.slot] = c.start + b - a
             rows.append(range(a, b) if c.all_logits else range(b - 1, b))
-        logits = self._logits(h[[r for span in rows for r in span]])
-        return list(logits.split([len(span) for span in rows]))
+        if nd:
+            cache.lengths[torch.tensor(slots)] += 1
+        picked = [r for span in rows for r in span] + list(range(ends[-1], ends[-1] + nd))
+        logits = self._logits(h[picked]).split([len(span) for span in rows] + [nd])
+        return list(logits[: len(chunks)]), logits[-1] if nd else None
 
     def _prefill_per_op(self, h, chunks, bounds, cache: KVCache, positions, packed: bool):
         """prefill_batch's blocks op by op: off the CPU, or with dense or partly packed

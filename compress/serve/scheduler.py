@@ -196,8 +196,9 @@ class Scheduler:
         self.writer.run(due)
 
     def _step(self) -> None:
-        """One engine step, its prefill's first tokens sent before its decode half runs;
-        if a half raises, its requests fail and the loop lives on."""
+        """One engine step, its prefill's first tokens (and the tokens of the decode rows
+        that shared its pass) sent before its decode half runs; if a half raises, its
+        requests fail and the loop lives on."""
         for half in (self.engine.prefill_step, self.engine.decode_step):
             try:
                 touched = half()

@@ -2113,10 +2113,14 @@ static void add_rows(float *h, const float *x, int64_t n, int par) {
  * of the sequence in slot[i] at positions start[i].., rows row0[i].. of the step; full[i],
  * when not 0, the address of its prompt's k/v in full precision, [2, layers, kv_heads,
  * start + T, D] fp32, positions 0..start - 1 filled (a quantized cache's chunked prompt
- * attends as one prefilled whole would). */
+ * attends as one prefilled whole would). The step's last nd rows, after every chunk's, are
+ * decode rows of the sequences in dslot: each attends through the cache as a decode step's
+ * row does, so the weights are read once for a step's prefill and decoding alike. */
 typedef struct {
     int nc, layers;
     const int64_t *slot, *start, *T, *row0, *full;
+    int nd;
+    const int64_t *dslot;
 } Spans;
 
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
@@ -2163,10 +2167,17 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
-        if (sp == NULL)
+        if (sp == NULL) {
             llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att);
-        else if (prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
-            break;
+        } else {
+            int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
+            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
+                break;
+            if (sp->nd)
+                llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
+                                      vn + P * kv_heads * D, sp->dslot, positions + P, sp->nd,
+                                      heads, scale, L->window, att + P * heads * D);
+        }
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
@@ -2599,15 +2610,16 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
 /* Every block of a prefill step in one C call (llmp_decode_layers' code, with the causal
  * prefill attention): h [B, hidden] holds the step's rows, chunk by chunk (chunk i: T[i]
  * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared; full[i]:
- * see Spans), and is left holding the last block's output; positions [B] are the rows'
- * own. Any cache kind; -1: out of memory. */
+ * see Spans), then nd decode rows of the sequences in dslot (each at its position, its
+ * block prepared), and is left holding the last block's output; positions [B] are the
+ * rows' own. Any cache kind; -1: out of memory. */
 int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                         int heads, int kv_heads, int D, int inter, float eps, int R,
                         float scale, int act, const KVC *cache, int nc, const int64_t *slot,
                         const int64_t *start, const int64_t *T, const int64_t *row0,
-                        const int64_t *full, const int64_t *positions, float *work,
-                        float *moe_work) {
-    Spans sp = {nc, n_layers, slot, start, T, row0, full};
+                        const int64_t *full, int nd, const int64_t *dslot,
+                        const int64_t *positions, float *work, float *moe_work) {
+    Spans sp = {nc, n_layers, slot, start, T, row0, full, nd, dslot};
     return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
                       act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);
 }
