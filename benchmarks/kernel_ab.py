@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,9 @@ HEAD_COPIES = 6  # 28 MB each
 
 
 def build(source: Path, out: Path) -> ctypes.CDLL:
-    flags = FLAG_SETS[0]
+    """Built with the package's flags: LLMPRESS_KERNEL_FLAGS where set (another instruction
+    set's paths on this host, as the package then builds them), else its native set."""
+    flags = os.environ.get("LLMPRESS_KERNEL_FLAGS", "").split() or FLAG_SETS[0]
     cmd = ["cc", *flags, "-shared", "-fPIC", str(source), "-o", str(out), "-lm"]
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(out))

@@ -13,6 +13,10 @@ and the table gains its time over today's and whether both give the same bits.
 
     python benchmarks/prefill_attention.py [--rounds 30] [--threads 2] [--rev REV]
         [--name prefill_attention]
+
+With LLMPRESS_KERNEL_FLAGS set (e.g. "-O3 -mavx2 -mfma -mf16c -fopenmp") both C arms are
+built with those flags instead of -march=native: another instruction set's paths, timed on
+this host; the record names the flags.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from functools import partial
@@ -96,6 +102,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="prefill_attention", help="the results' file name")
     args = ap.parse_args()
+    if args.rev:  # named by its commit: HEAD or a branch moves on
+        args.rev = subprocess.check_output(
+            ["git", "rev-parse", "--short", args.rev], cwd=ROOT, text=True
+        ).strip()
     set_threads(args.threads)
     earlier = earlier_kernel(args.rev) if args.rev else None
     gen = torch.Generator().manual_seed(0)
@@ -132,13 +142,16 @@ def main() -> None:
             row["same_bits_as_earlier"] = bool(torch.equal(old, got))
         rows.append(row)
         print(json.dumps(row), flush=True)
+    flags = os.environ.get("LLMPRESS_KERNEL_FLAGS")
     record = {
         "benchmark": "prefill_attention",
-        "command": "python benchmarks/prefill_attention.py"
+        "command": (f'LLMPRESS_KERNEL_FLAGS="{flags}" ' if flags else "")
+        + "python benchmarks/prefill_attention.py"
         + (f" --rev {args.rev}" if args.rev else "")
         + (f" --name {args.name}" if args.name != "prefill_attention" else ""),
         "rev": args.rev,
         "cpu": cpu_flags(),
+        "kernel_flags": flags,  # None: -march=native
         "threads": args.threads,
         "rounds": args.rounds,
         "heads": [HEADS, KV_HEADS, D],

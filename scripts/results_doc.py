@@ -1101,11 +1101,13 @@ def prefill_attention(d: dict) -> list[str]:
         for r in d["rows"]
     ]  # fmt: skip
     earlier = f", and the C call as it was at `{rev}` (same rounds)" if rev else ""
+    flags = d.get("kernel_flags")
+    built = f"; C built with `{flags}` (LLMPRESS_KERNEL_FLAGS)" if flags else ""
     return [
         f"One layer's causal attention of a prefill step ({h} query heads over {kvh} KV heads, "
         f"head dim {hd}; {d['threads']} threads, medians of {d['rounds']} interleaved rounds; "
-        f"CPU: {d['cpu']}): the C call for every chunk of the step against torch's blocks "
-        f"per chunk{earlier}.",
+        f"CPU: {d['cpu']}{built}): the C call for every chunk of the step against torch's "
+        f"blocks per chunk{earlier}.",
         "",
         *table(head, body),
     ]
@@ -2398,6 +2400,19 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         prefill_attention,
     ),
     (
+        "prefill_attention_xeon.json",
+        "A prefill step's attention: two key blocks or 32 dimensions a pass, AVX-512 Xeon",
+        "benchmarks/prefill_attention.py --rev 54c274e --name prefill_attention_xeon",
+        prefill_attention,
+    ),
+    (
+        "prefill_attention_xeon_avx2.json",
+        "A prefill step's attention: the AVX2 paths, built so on the AVX-512 Xeon",
+        'LLMPRESS_KERNEL_FLAGS="-O3 -mavx2 -mfma -mf16c -fopenmp" '
+        "benchmarks/prefill_attention.py --rev 54c274e --name prefill_attention_xeon_avx2",
+        prefill_attention,
+    ),
+    (
         "prefill_step.json",
         "A prefill step's blocks in one C call",
         "benchmarks/prefill_step.py --families qwen2_moe,gemma3_text",
@@ -2689,7 +2704,14 @@ def render() -> str:
         stem = name.removesuffix(".json")
         lines = [f"## {title}", ""]
         if command:
+            env, _, rest = (
+                command.rpartition(" benchmarks/")
+                if "=" in command.split()[0]
+                else ("", "", command)
+            )
             run = command if command.startswith("scripts/") else f"{PY} {command}"
+            if env:  # an environment setting first, then the interpreter
+                run = f"{env} {PY} benchmarks/{rest}"
             lines += [f"`{run}`", ""]
         lines += renderer(load(name))
         lines += [
