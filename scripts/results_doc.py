@@ -2522,7 +2522,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     (
         "prefill_budget.json",
         "A long prompt among running streams: the prefill budget",
-        "benchmarks/prefill_budget.py",
+        "benchmarks/prefill_budget.py --rounds 5",
         prefill_budget,
     ),
     (

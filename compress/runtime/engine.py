@@ -35,13 +35,14 @@ from compress.runtime.weights import ModelWeights
 _ids = itertools.count()
 
 # Prompt tokens one step prefills at most; a longer prompt is prefilled in chunks over
-# several steps, between which the running sequences keep decoding. The smallest budget
-# whose long prompt's TTFT stays within 20% of a whole prefill's on every host measured
-# (benchmarks/prefill_budget.py: default model w4, 8 streams, a 1,500-token prompt): 192
-# (AVX-512 Xeon: 128 1.28x, 192 1.19x; AVX2 EPYC: 128 1.12x). Against 256 it cut the
-# streams' worst gap by 21% and 11% (AVX2: 0.34 s against 0.43; Xeon: 0.73 against 0.82)
-# and the median first token of 32 short prompts arriving together (0.36 s against 0.47;
-# 0.53 against 0.58), for a long prompt's first token 2-5% later.
+# several steps, between which the running sequences keep decoding. Measured with
+# benchmarks/prefill_budget.py (default model w4, 8 streams, a 1,500-token prompt; 32 short
+# prompts arriving together): 192 keeps the long prompt's first token within 10% of a whole
+# prefill's on both hosts measured (AVX-512 Xeon 7%, AVX2 EPYC 4%). 128 cuts the streams'
+# worst gap by a quarter (Xeon 0.13 s against 0.17; EPYC 0.25 against 0.34) but delays the
+# long prompt (10% and 8% later), the median first token of 32 arrivals (10% and 6%) and
+# a burst's admission (one step more); 256 gives the streams 22% longer gaps for a long
+# prompt 6% sooner, and a later median for the arrivals.
 PREFILL_TOKENS = 192
 
 # Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
