@@ -1164,6 +1164,23 @@ def mixed_step(d: dict) -> list[str]:
     ]
 
 
+def kv_hugepages(d: dict) -> list[str]:
+    body = [
+        [r["kv"], r["batch"], r["context"], f(r["ms"]["4 KB"], 1), f(r["ms"]["2 MB"], 1),
+         f(r["speedup"], 2), "yes" if r["same_logits"] else "no"]
+        for r in d["rows"]
+    ]  # fmt: skip
+    head = ["KV cache", "batch", "context", "4 KB pages ms", "2 MB pages ms", "speedup",
+            "same logits"]  # fmt: skip
+    return [
+        "A decode step of the default model (rtn:w4g64, int8 lm_head) over a long context, "
+        "the KV cache in 4 KB pages against the same cache in 2 MB pages, steps "
+        f"alternating in one process ({d['threads']} threads; CPU: {d['cpu']}).",
+        "",
+        *table(head, body),
+    ]
+
+
 def kernel_ab(d: dict) -> list[str]:
     bits = "same_bits" in d["results"][0]
     body = [
@@ -2436,6 +2453,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "A prefill step's blocks in one C call: an AVX-512 Xeon with AMX",
         "benchmarks/prefill_step.py --kv none,int8,int4 --rounds 20 --name prefill_step_xeon",
         prefill_step,
+    ),
+    (
+        "kv_hugepages.json",
+        "The KV cache in huge pages",
+        "benchmarks/kv_hugepages.py",
+        kv_hugepages,
     ),
     (
         "mixed_step.json",

@@ -1,7 +1,8 @@
-"""The runtime keeps streamed weights in huge pages: same values, madvised memory, and
-nothing silently kept alive."""
+"""The runtime keeps streamed weights and its KV cache in huge pages: same values, madvised
+memory, and nothing silently kept alive."""
 
 import gc
+import os
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,33 @@ def test_a_large_tensor_frees_its_mapping():
     del t
     gc.collect()
     assert "hg" not in _vma_flags(ptr).get("VmFlags", "").split()  # unmapped, or not ours
+
+
+@pytest.mark.skipif(not hugepages.available(), reason="needs transparent huge pages")
+@pytest.mark.parametrize("kv", ["none", "int4"])
+def test_a_cpu_kv_cache_is_zeroed_in_huge_pages(kv):
+    """Decode's attention reads every cached block each step: the pool's arrays sit in
+    madvised memory, zeroed, and read back what a cache made with LLMPRESS_HUGEPAGES=0
+    does."""
+    from compress.runtime.kv_cache import KVCache, parse_kv
+
+    cache = KVCache(2, 3, 2, 100, 16, parse_kv(kv))
+    for t in cache._arrays():
+        assert not t.any()
+        assert "hg" in _vma_flags(t.data_ptr())["VmFlags"].split()
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 70, 16), torch.randn(2, 70, 16)
+    cache.write(1, 2, 0, k, v)
+    cache.lengths[2] = 70
+    os.environ["LLMPRESS_HUGEPAGES"] = "0"
+    hugepages.available.cache_clear()
+    try:
+        plain = KVCache(2, 3, 2, 100, 16, parse_kv(kv))
+    finally:
+        os.environ.pop("LLMPRESS_HUGEPAGES")
+        hugepages.available.cache_clear()
+    plain.write(1, 2, 0, k, v)
+    plain.lengths[2] = 70
+    got, want = cache.read(1, torch.tensor([2]), 70), plain.read(1, torch.tensor([2]), 70)
+    assert got[0].abs().sum() > 0
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from compress.errors import LlmpressError
+from compress.kernels import hugepages
 from compress.runtime.kv_blocks import BlockPool, block_size
 
 
@@ -117,6 +118,7 @@ class KVCache:
         self.shape = (layers, slots, kv_heads, head_dim)
         self.native = None  # the C kernels' view of these arrays (compress/kernels/cpu.py)
         self.held: list[list[int]] = [[] for _ in range(slots)]  # the table, as lists
+        self.on_cpu = torch.device(device).type == "cpu"
         with torch.device(device):  # every buffer on `device`
             self.lengths = torch.zeros(slots, dtype=torch.long)
             self.table = torch.zeros(slots, self.max_blocks, dtype=torch.int32)
@@ -124,6 +126,14 @@ class KVCache:
 
     def _allocate(self, layers, dims, head_dim) -> None:
         raise NotImplementedError
+
+    def _zeros(self, *shape, dtype=torch.float32) -> torch.Tensor:
+        """A zeroed array of the cache; on the CPU in 2 MB pages (kernels/hugepages.py):
+        decode's attention reads every block of every sequence each step, and in 4 KB
+        pages each block began with a TLB miss and a stop for the hardware prefetchers."""
+        if self.on_cpu:
+            return hugepages.empty(shape, dtype).zero_()
+        return torch.zeros(*shape, dtype=dtype)
 
     def _arrays(self) -> tuple[torch.Tensor, ...]:
         """The pool's arrays, each [layers, kv_heads, blocks, ...]: a head's blocks side by
@@ -251,8 +261,8 @@ class FP32Cache(KVCache):
     exact = True  # reads give back what was written
 
     def _allocate(self, layers, dims, head_dim):
-        self.k = torch.zeros(*dims, self.block, head_dim)
-        self.v = torch.zeros(*dims, self.block, head_dim)
+        self.k = self._zeros(*dims, self.block, head_dim)
+        self.v = self._zeros(*dims, self.block, head_dim)
 
     def _arrays(self):
         return self.k, self.v
@@ -288,14 +298,14 @@ class KiviCache(KVCache):
     def _allocate(self, layers, dims, head_dim):
         g, per_byte, bs = self.scheme.group, 8 // self.scheme.bits, self.block
         slots = self.shape[1]
-        self.kq = torch.zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
-        self.vq = torch.zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
-        self.k_scale = torch.zeros(*dims, bs // g, 1, head_dim)  # per channel, per token group
-        self.k_min = torch.zeros(*dims, bs // g, 1, head_dim)
-        self.v_scale = torch.zeros(*dims, bs, 1)  # per token
-        self.v_min = torch.zeros(*dims, bs, 1)
-        self.k_res = torch.zeros(layers, slots, dims[1], g, head_dim)  # per slot, not pooled
-        self.v_res = torch.zeros(layers, slots, dims[1], g, head_dim)
+        self.kq = self._zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
+        self.vq = self._zeros(*dims, bs, head_dim // per_byte, dtype=torch.uint8)
+        self.k_scale = self._zeros(*dims, bs // g, 1, head_dim)  # per channel, per token group
+        self.k_min = self._zeros(*dims, bs // g, 1, head_dim)
+        self.v_scale = self._zeros(*dims, bs, 1)  # per token
+        self.v_min = self._zeros(*dims, bs, 1)
+        self.k_res = self._zeros(layers, slots, dims[1], g, head_dim)  # per slot, not pooled
+        self.v_res = self._zeros(layers, slots, dims[1], g, head_dim)
 
     def _arrays(self):
         return self.kq, self.vq, self.k_scale, self.k_min, self.v_scale, self.v_min
