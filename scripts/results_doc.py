@@ -2727,14 +2727,8 @@ def render() -> str:
         stem = name.removesuffix(".json")
         lines = [f"## {title}", ""]
         if command:
-            env, _, rest = (
-                command.rpartition(" benchmarks/")
-                if "=" in command.split()[0]
-                else ("", "", command)
-            )
-            run = command if command.startswith("scripts/") else f"{PY} {command}"
-            if env:  # an environment setting first, then the interpreter
-                run = f"{env} {PY} benchmarks/{rest}"
+            env, _, script = command.partition("benchmarks/")  # a setting may come first
+            run = command if command.startswith("scripts/") else f"{env}{PY} benchmarks/{script}"
             lines += [f"`{run}`", ""]
         lines += renderer(load(name))
         lines += [

@@ -118,7 +118,6 @@ class KVCache:
         self.shape = (layers, slots, kv_heads, head_dim)
         self.native = None  # the C kernels' view of these arrays (compress/kernels/cpu.py)
         self.held: list[list[int]] = [[] for _ in range(slots)]  # the table, as lists
-        self.on_cpu = torch.device(device).type == "cpu"
         with torch.device(device):  # every buffer on `device`
             self.lengths = torch.zeros(slots, dtype=torch.long)
             self.table = torch.zeros(slots, self.max_blocks, dtype=torch.int32)
@@ -131,7 +130,7 @@ class KVCache:
         """A zeroed array of the cache; on the CPU in 2 MB pages (kernels/hugepages.py):
         decode's attention reads every block of every sequence each step, and in 4 KB
         pages each block began with a TLB miss and a stop for the hardware prefetchers."""
-        if self.on_cpu:
+        if self.lengths.is_cpu:  # (made first, on the cache's device)
             return hugepages.empty(shape, dtype).zero_()
         return torch.zeros(*shape, dtype=dtype)
 
