@@ -721,8 +721,14 @@ static int omp_thread(void) { return 0; }
  * AMX_PAIRS pairs of tiles are unpacked once per call into the tile operand layout, 8
  * quads x 64 bytes a block, and serve every 16 rows. Tiles: 0-3 = sums (16 x 16 int32, one
  * per pair), 4 = activations (16 rows x 32 codes), 5-7 = weights. The per-block scaling of
- * the sums in vector registers is most of the time left (without it: 1.4-2.5x faster);
- * storing a block's sums two blocks before reading them did not help. The OS grants the
+ * the sums in vector registers is most of the time left (without it: 1.4-2.5x faster;
+ * 1.7-2.0x at 192 rows). Tried on a 2-core AMX Xeon VM, same bits, and all slower
+ * (benchmarks/kernel_ab.py, 192 rows, the default model's widths): storing a block's sums
+ * two blocks before reading them; scaling two blocks a pass with the group sums in
+ * registers (accumulator loads and stores halved: 0.95x with four pairs, 0.65-0.70x with
+ * three); each 16 rows' block of activations packed as one contiguous 512-byte operand
+ * (0.87-0.96x). Without the scaling a block still takes about 95 ns where the same tile
+ * loads, products and stores from L1 take 41 ns, half of it the stores. The OS grants the
  * tile state per process (llmp_amx_enable); every call configures its threads' tiles,
  * since other libraries in the process may use AMX with their own configuration, and
  * releases them after. */
