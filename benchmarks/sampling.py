@@ -1,12 +1,13 @@
-"""What sampling costs a decode step: greedy, temperature-1 sampling by the runtime's
-inverse-cumulative draw (sampling.draw), and the same sampling with torch.multinomial as
-the draw (what the runtime drew with before; the distribution it draws from prepared as
-the runtime now does), steps alternating in one process so that a noisy neighbour slows
-all alike. Each engine decodes `batch` sequences (32-token prompts, up to 300 out,
-restarted when done), every sequence with its own seeded generator as `serve` gives a
-request with a seed. The artifact: the default model as runtime_speed.py makes it
-(rtn:w4g64, int8 lm_head). A request that names no temperature is sampled at 1.0 by
-`serve`, as OpenAI's API does, so this is what a default request costs.
+"""What choosing tokens costs a decode step: greedy and temperature-1 sampling, the step's
+rows chosen in one C call (sampling.sample_rows, what the engine runs) and row by row (what
+it ran before: per-row argmax, and for sampling the float64 tempered exponentials drawn
+by their inverse cumulative, sampling.draw, or by torch.multinomial, the draw before that),
+steps alternating in one process so that a noisy neighbour slows all alike. Each engine
+decodes `batch` sequences (32-token prompts, up to 300 out, restarted when done), every
+sampled sequence with its own seeded generator as `serve` gives a request with a seed.
+The artifact: the default model as runtime_speed.py makes it (rtn:w4g64, int8 lm_head). A
+request that names no temperature is sampled at 1.0 by `serve`, as OpenAI's API does, so
+this is what a default request costs.
 
     python benchmarks/sampling.py [--batches 1,8,32] [--steps 300]
 """
@@ -27,12 +28,17 @@ from interleave import running_engine, save, step_medians
 
 from compress.kernels.cpu import set_threads
 from compress.model.loading import resolve
-from compress.runtime import sampling
+from compress.runtime import engine, sampling
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.weights import load_weights
 
 HERE = Path(__file__).resolve().parent
-DRAW = sampling.draw
+DRAW, ONE_CALL, IN_C = sampling.draw, engine.sample_rows, sampling._in_c
+
+
+def row_by_row(logits, params, generators) -> list:
+    """No row in one call: each through the engine's _emit alone, as before."""
+    return [None] * len(params)
 
 
 def multinomial(probs: torch.Tensor, generator) -> int:
@@ -54,25 +60,31 @@ def main() -> None:
         scheme, weights = kv_scheme(None, ckpt.config), load_weights(ckpt)
         for batch in (int(b) for b in args.batches.split(",")):
             fresh = {
-                "greedy": lambda b=batch: running_engine(weights, scheme, b),
-                "sampled, inverse cumulative": lambda b=batch: running_engine(
+                "greedy, one call": lambda b=batch: running_engine(weights, scheme, b),
+                "greedy, row by row": lambda b=batch: running_engine(weights, scheme, b),
+                "sampled, one call": lambda b=batch: running_engine(weights, scheme, b, 1),
+                "sampled, row by row": lambda b=batch: running_engine(weights, scheme, b, 1),
+                "sampled, row by row, torch.multinomial": lambda b=batch: running_engine(
                     weights, scheme, b, 1
                 ),
-                "sampled, torch.multinomial": lambda b=batch: running_engine(weights, scheme, b, 1),
             }
 
             def before(name: str) -> None:
+                rows = "row by row" in name
+                engine.sample_rows = row_by_row if rows else ONE_CALL
+                sampling._in_c = (lambda *_: False) if rows else IN_C
                 sampling.draw = multinomial if name.endswith("multinomial") else DRAW
 
             med = step_medians(fresh, args.steps, before)
-            sampling.draw = DRAW
+            before("")
             row = {
                 "batch": batch,
                 "steps": args.steps,
                 "ms_per_step": med,
-                "speedup": med["sampled, torch.multinomial"] / med["sampled, inverse cumulative"],
-                "over_greedy": med["sampled, inverse cumulative"] / med["greedy"],
-                "multinomial_over_greedy": med["sampled, torch.multinomial"] / med["greedy"],
+                "greedy_speedup": med["greedy, row by row"] / med["greedy, one call"],
+                "sampled_speedup": med["sampled, row by row"] / med["sampled, one call"],
+                "sampled_over_greedy": med["sampled, one call"] / med["greedy, one call"],
+                "before_over_greedy": med["sampled, row by row"] / med["greedy, row by row"],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -267,3 +267,75 @@ def test_sampled_tokens_follow_the_tempered_distribution(params):
     drawn = [sample(logits, SamplingParams(**params), gen) for _ in range(trials)]
     freq = torch.bincount(torch.tensor(drawn), minlength=6).double() / trials
     assert ((freq - p).abs() <= 4 * (p * (1 - p) / trials).sqrt() + 1e-12).all(), (freq, p)
+
+
+def test_a_steps_rows_are_chosen_in_one_call_as_each_row_alone():
+    """sample_rows: greedy and temperature-only rows in one C call, each the token `sample`
+    gives that row alone from the same seed; top-k rows and a temperature too tiny for
+    float32 are left to `sample` (None)."""
+    from compress.runtime.sampling import SamplingParams, sample, sample_rows
+
+    logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(5)) * 4
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=0.7),
+        SamplingParams(temperature=1.3),
+        SamplingParams(temperature=1.0, top_k=5),
+        SamplingParams(temperature=1e-300),
+        SamplingParams(temperature=1.0),
+    ]
+
+    def gens():
+        return [torch.Generator().manual_seed(10 + i) for i in range(6)]
+
+    batched = sample_rows(logits, params, gens())
+    assert [t is None for t in batched] == [False, False, False, True, True, False]
+    alone = [sample(row, p, g) for row, p, g in zip(logits, params, gens(), strict=True)]
+    assert all(b == a for b, a in zip(batched, alone, strict=True) if b is not None)
+    assert alone[0] == int(logits[0].argmax()) and alone[4] == int(logits[4].argmax())
+    assert len(set(sample_rows(logits[1:2].expand(40, -1), params[1:2] * 40, [None] * 40))) > 1
+
+
+def test_one_call_draws_the_float64_draws_tokens_and_never_a_zero():
+    """llmp_choose_tokens against the float64 inverse cumulative (compress/draw.py) at the
+    same uniform numbers over a 49k vocabulary: the same token in all but a rounding's
+    share of rows; a weight under e^-87 (-inf included) is never drawn, a uniform number
+    just under 1 takes the last drawable token, and a row with NaN, +inf or nothing
+    drawable gives -1 (`sample` then refuses it)."""
+    from compress.draw import _search
+    from compress.kernels.cpu import choose_tokens
+    from compress.runtime.sampling import SamplingParams, _tempered, sample
+
+    gen = torch.Generator().manual_seed(6)
+    logits = torch.randn(200, 49152, generator=gen) * 3
+    u = torch.rand(200, dtype=torch.float64, generator=gen)
+    ours = choose_tokens(logits, [1 / 0.8] * 200, u.tolist())
+    theirs = [
+        int(_search(_tempered(row, 0.8).exp_(), u[i : i + 1])[0]) for i, row in enumerate(logits)
+    ]
+    assert sum(a == b for a, b in zip(ours, theirs, strict=True)) >= 199
+    x = torch.tensor([[-200.0, 1.0, float("-inf"), 0.5, -300.0] * 20])
+    drawn = choose_tokens(x.expand(2000, -1).contiguous(), [1.0] * 2000, torch.rand(2000).tolist())
+    assert {t % 5 for t in drawn} == {1, 3}
+    assert choose_tokens(x, [1.0], [1 - 2**-53]) == [98]
+    bad = torch.tensor([[1.0, float("nan")], [float("-inf")] * 2, [1.0, float("inf")]])
+    assert choose_tokens(bad, [1.0] * 3, [0.5] * 3) == [-1, -1, -1]
+    with pytest.raises(ValueError, match="all zeros or not finite"):
+        sample(bad[1], SamplingParams(temperature=1.0), None)
+
+
+def test_seeded_sampled_requests_decode_in_a_batch_as_alone(fp32_weights, text_ids):
+    """Sampled requests with seeds: batched, their tokens come from one call per step (the
+    same tokens each request draws alone)."""
+    prompts = [text_ids[:12].tolist(), text_ids[20:30].tolist(), text_ids[40:47].tolist()]
+    params = [SamplingParams(max_tokens=6, temperature=t, seed=s, ignore_eos=True)
+              for t, s in ((1.0, 1), (0.7, 2), (0.0, None))]  # fmt: skip
+    alone = [
+        Engine(fp32_weights, max_batch=1, max_len=64).generate([p], q)[0].output
+        for p, q in zip(prompts, params, strict=True)
+    ]
+    engine = Engine(fp32_weights, max_batch=3, max_len=64)
+    reqs = [engine.submit(Request(p, q)) for p, q in zip(prompts, params, strict=True)]
+    while not engine.idle:
+        engine.step()
+    assert [r.output for r in reqs] == alone

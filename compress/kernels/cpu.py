@@ -159,6 +159,23 @@ def argmax(x: torch.Tensor) -> int:
     return library().llmp_argmax(x.data_ptr(), x.numel())
 
 
+def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms) -> list[int]:
+    """A token for each row of logits [B, vocab] (contiguous fp32 on the CPU), in one call
+    (llmp_choose_tokens): greedy where the inverse temperature is 0 (argmax's ties and NaN
+    rule), else drawn from exp(logits / temperature) at that row's uniform number in
+    [0, 1); -1 where nothing can be drawn (NaN, +inf or every logit -inf)."""
+    b, vocab = logits.shape
+    _check_f32(logits, "logits")
+    it = torch.tensor(inverse_temperatures, dtype=torch.float32)
+    u = torch.tensor(uniforms, dtype=torch.float64)
+    out = torch.empty(b, dtype=torch.int64)
+    library().llmp_choose_tokens(_ptr(logits), b, vocab, _ptr(it), _ptr(u), _ptr(out))
+    tokens = out.tolist()
+    if -2 in tokens:
+        raise MemoryError("llmp_choose_tokens: out of memory")
+    return tokens
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dimension (fp32), the one-call decoder's own arithmetic, so
     the per-op path and the one-call path round alike."""

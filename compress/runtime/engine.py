@@ -27,6 +27,7 @@ from compress.runtime.sampling import (
     TokenLogprob,
     accept_drafts,
     sample,
+    sample_rows,
     token_logprobs,
 )
 from compress.runtime.speculative import Speculator, measure_row_cost
@@ -194,8 +195,8 @@ class Engine:
                     for r in (req, *forks):
                         self._prefilled(r, logits[-1])
                     touched += [req, *forks]
-            for req, row in zip(decoding, [] if decoded is None else decoded, strict=True):
-                self._emit(req, row)
+            if decoded is not None:
+                self._emit_rows(decoding, decoded)
         self._prefilling = {id(r) for r, _ in work} | {id(r) for r in decoding}
         return touched + decoding
 
@@ -214,9 +215,7 @@ class Engine:
             return [decoding[0]]
         if decoding:
             last, slots = [r.output[-1] for r in decoding], [r.slot for r in decoding]
-            logits = self.model.decode_ids(last, self.cache, slots)
-            for req, row in zip(decoding, logits, strict=True):
-                self._emit(req, row)
+            self._emit_rows(decoding, self.model.decode_ids(last, self.cache, slots))
         return decoding
 
     def _blocks_needed(self, req: Request) -> int:
@@ -358,6 +357,17 @@ class Engine:
 
     def _emit(self, req: Request, logits: torch.Tensor) -> None:
         self._append(req, sample(logits, req.params, req.generator), logits)
+
+    def _emit_rows(self, reqs: list[Request], logits: torch.Tensor) -> None:
+        """_emit of each request's row of logits [B, vocab], the tokens chosen in one call
+        where sample_rows can (greedy and temperature-only rows on the CPU); any other row
+        through _emit alone (where a failure is its own: ServingEngine)."""
+        tokens = sample_rows(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        for req, row, token in zip(reqs, logits, tokens, strict=True):
+            if token is None:
+                self._emit(req, row)
+            else:
+                self._append(req, token, row)
 
     def _append(self, req: Request, token: int, logits: torch.Tensor) -> None:
         """`token` joins the output (`logits`: the row it was chosen from)."""
