@@ -15,15 +15,19 @@ from compress.runtime.engine import Engine, Request
 from compress.runtime.sampling import SamplingParams
 
 
-def running_engine(weights, scheme, batch: int = 1, temperature: float = 0.0) -> Engine:
+def running_engine(
+    weights, scheme, batch: int = 1, temperature: float = 0.0, top_p: float = 1.0
+) -> Engine:
     """An engine decoding `batch` sequences (32-token prompts, up to 300 tokens out),
-    past its prefill and first step; greedy, or sampled with sequence b seeded b."""
+    past its prefill and first step; greedy, or sampled (at `top_p`) with sequence b
+    seeded b."""
     e = Engine(weights, batch, 400, scheme, prefill_tokens=32 * batch)
     for b in range(batch):
         params = SamplingParams(
             max_tokens=300,
             ignore_eos=True,
             temperature=temperature,
+            top_p=top_p,
             seed=b if temperature else None,
         )
         e.submit(Request(list(range(100 + b, 132 + b)), params))

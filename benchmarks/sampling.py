@@ -1,7 +1,8 @@
 """What choosing tokens costs a decode step: greedy and temperature-1 sampling, the step's
 rows chosen in one C call (sampling.sample_rows, what the engine runs) and row by row (what
 it ran before: per-row argmax, and for sampling the float64 tempered exponentials drawn
-by their inverse cumulative, sampling.draw, or by torch.multinomial, the draw before that),
+by their inverse cumulative, sampling.draw, or by torch.multinomial, the draw before that;
+with top-p 0.9, torch's sort of the vocabulary),
 steps alternating in one process so that a noisy neighbour slows all alike. Each engine
 decodes `batch` sequences (32-token prompts, up to 300 out, restarted when done), every
 sampled sequence with its own seeded generator as `serve` gives a request with a seed.
@@ -67,6 +68,8 @@ def main() -> None:
                 "sampled, row by row, torch.multinomial": lambda b=batch: running_engine(
                     weights, scheme, b, 1
                 ),
+                "top-p 0.9, one call": lambda b=batch: running_engine(weights, scheme, b, 1, 0.9),
+                "top-p 0.9, row by row": lambda b=batch: running_engine(weights, scheme, b, 1, 0.9),
             }
 
             def before(name: str) -> None:
@@ -85,6 +88,8 @@ def main() -> None:
                 "sampled_speedup": med["sampled, row by row"] / med["sampled, one call"],
                 "sampled_over_greedy": med["sampled, one call"] / med["greedy, one call"],
                 "before_over_greedy": med["sampled, row by row"] / med["greedy, row by row"],
+                "top_p_speedup": med["top-p 0.9, row by row"] / med["top-p 0.9, one call"],
+                "top_p_over_greedy": med["top-p 0.9, one call"] / med["greedy, one call"],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -1869,7 +1869,8 @@ def sampling(d: dict) -> list[str]:
     body = [
         [r["batch"], *(f(r["ms_per_step"][n], 2) for n in names),
          f"{r['greedy_speedup']:.2f}x", f"{r['sampled_speedup']:.2f}x",
-         f"{r['sampled_over_greedy']:.2f}x", f"{r['before_over_greedy']:.2f}x"]
+         f"{r['sampled_over_greedy']:.2f}x", f"{r['before_over_greedy']:.2f}x",
+         f"{r['top_p_speedup']:.2f}x", f"{r['top_p_over_greedy']:.2f}x"]
         for r in d["rows"]
     ]  # fmt: skip
     return [
@@ -1878,13 +1879,15 @@ def sampling(d: dict) -> list[str]:
         "sampled sequence with its own seeded generator: the step's tokens chosen in one C "
         "call (sampling.sample_rows, what the engine runs), or row by row as before (argmax "
         "per row; for sampling the float64 tempered exponentials drawn by their inverse "
-        "cumulative, or by torch.multinomial, the draw before that); the engines' steps "
+        "cumulative, or by torch.multinomial, the draw before that; with top-p 0.9, torch's "
+        "sort of the vocabulary); the engines' steps "
         "alternate in one process; medians per step. CPU: "
         + d["cpu"] + f", {d['threads']} threads.",
         "",
         *table(["batch", *(f"{n} ms/step" for n in names), "greedy: row by row / one call",
                 "sampled: row by row / one call", "sampled / greedy (one call)",
-                "sampled / greedy (row by row)"], body),
+                "sampled / greedy (row by row)", "top-p: row by row / one call",
+                "top-p / greedy (one call)"], body),
     ]  # fmt: skip
 
 

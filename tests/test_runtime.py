@@ -270,9 +270,9 @@ def test_sampled_tokens_follow_the_tempered_distribution(params):
 
 
 def test_a_steps_rows_are_chosen_in_one_call_as_each_row_alone():
-    """sample_rows: greedy and temperature-only rows in one C call, each the token `sample`
-    gives that row alone from the same seed; top-k rows and a temperature too tiny for
-    float32 are left to `sample` (None)."""
+    """sample_rows: greedy and sampled rows (top-k and top-p too) in one C call, each the
+    token `sample` gives that row alone from the same seed; a temperature too tiny for
+    float32 is left to `sample` (None)."""
     from compress.runtime.sampling import SamplingParams, sample, sample_rows
 
     logits = torch.randn(6, 3000, generator=torch.Generator().manual_seed(5)) * 4
@@ -282,14 +282,14 @@ def test_a_steps_rows_are_chosen_in_one_call_as_each_row_alone():
         SamplingParams(temperature=1.3),
         SamplingParams(temperature=1.0, top_k=5),
         SamplingParams(temperature=1e-300),
-        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.0, top_p=0.9),
     ]
 
     def gens():
         return [torch.Generator().manual_seed(10 + i) for i in range(6)]
 
     batched = sample_rows(logits, params, gens())
-    assert [t is None for t in batched] == [False, False, False, True, True, False]
+    assert [t is None for t in batched] == [False, False, False, False, True, False]
     alone = [sample(row, p, g) for row, p, g in zip(logits, params, gens(), strict=True)]
     assert all(b == a for b, a in zip(batched, alone, strict=True) if b is not None)
     assert alone[0] == int(logits[0].argmax()) and alone[4] == int(logits[4].argmax())
@@ -304,7 +304,7 @@ def test_one_call_draws_the_float64_draws_tokens_and_never_a_zero():
     drawable gives -1 (`sample` then refuses it)."""
     from compress.draw import _search
     from compress.kernels.cpu import choose_tokens
-    from compress.runtime.sampling import SamplingParams, _tempered, sample
+    from compress.runtime.sampling import SamplingParams, _tempered, probabilities, sample
 
     gen = torch.Generator().manual_seed(6)
     logits = torch.randn(200, 49152, generator=gen) * 3
@@ -314,6 +314,12 @@ def test_one_call_draws_the_float64_draws_tokens_and_never_a_zero():
         int(_search(_tempered(row, 0.8).exp_(), u[i : i + 1])[0]) for i, row in enumerate(logits)
     ]
     assert sum(a == b for a, b in zip(ours, theirs, strict=True)) >= 199
+    for k, top_p in ((40, 1.0), (0, 0.9), (50, 0.95), (1, 1.0)):  # probabilities' cuts
+        params = SamplingParams(temperature=0.8, top_k=k, top_p=top_p)
+        ours = choose_tokens(logits[:60], [1 / 0.8] * 60, u[:60].tolist(), [k] * 60, [top_p] * 60)
+        theirs = [int(_search(probabilities(row, params), u[i : i + 1])[0])
+                  for i, row in enumerate(logits[:60])]  # fmt: skip
+        assert sum(a == b for a, b in zip(ours, theirs, strict=True)) >= 59, (k, top_p)
     x = torch.tensor([[-200.0, 1.0, float("-inf"), 0.5, -300.0] * 20])
     drawn = choose_tokens(x.expand(2000, -1).contiguous(), [1.0] * 2000, torch.rand(2000).tolist())
     assert {t % 5 for t in drawn} == {1, 3}
@@ -322,6 +328,13 @@ def test_one_call_draws_the_float64_draws_tokens_and_never_a_zero():
     assert choose_tokens(bad, [1.0] * 3, [0.5] * 3) == [-1, -1, -1]
     with pytest.raises(ValueError, match="all zeros or not finite"):
         sample(bad[1], SamplingParams(temperature=1.0), None)
+    # ties at a cut: top-k keeps every token tied at the k-th; top-p the fewest (by index)
+    tied = torch.tensor([[1.0, 2.0, 1.0, 2.0, 1.0, 0.0]])
+    many = tied.expand(3000, -1).contiguous()
+    uniforms = torch.rand(3000).tolist()
+    assert set(choose_tokens(many, [1.0] * 3000, uniforms, [3] * 3000)) == {0, 1, 2, 3, 4}
+    assert set(choose_tokens(many, [1.0] * 3000, uniforms, None, [0.5] * 3000)) == {1, 3}
+    assert set(choose_tokens(many, [1.0] * 3000, uniforms, None, [0.7] * 3000)) == {0, 1, 3}
 
 
 def test_seeded_sampled_requests_decode_in_a_batch_as_alone(fp32_weights, text_ids):

@@ -153,7 +153,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_amx_state.restype = i
     lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
     lib.llmp_argmax.restype = ctypes.c_int64
-    lib.llmp_choose_tokens.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p, p, p]
+    lib.llmp_choose_tokens.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p, p, p, p, p]
     lib.llmp_choose_tokens.restype = None
     for name in (
         "llmp_quantize_rows",

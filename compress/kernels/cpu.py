@@ -159,17 +159,22 @@ def argmax(x: torch.Tensor) -> int:
     return library().llmp_argmax(x.data_ptr(), x.numel())
 
 
-def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms) -> list[int]:
+def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms, top_k=None, top_p=None):
     """A token for each row of logits [B, vocab] (contiguous fp32 on the CPU), in one call
     (llmp_choose_tokens): greedy where the inverse temperature is 0 (argmax's ties and NaN
-    rule), else drawn from exp(logits / temperature) at that row's uniform number in
+    rule), else drawn from exp(logits / temperature), cut to each row's top-k (0: none)
+    and top-p (1: none) as sampling.probabilities cuts it, at that row's uniform number in
     [0, 1); -1 where nothing can be drawn (NaN, +inf or every logit -inf)."""
     b, vocab = logits.shape
     _check_f32(logits, "logits")
     it = torch.tensor(inverse_temperatures, dtype=torch.float32)
     u = torch.tensor(uniforms, dtype=torch.float64)
+    k = torch.tensor(top_k or [0] * b, dtype=torch.int64)
+    p = torch.tensor(top_p or [1.0] * b, dtype=torch.float64)
     out = torch.empty(b, dtype=torch.int64)
-    library().llmp_choose_tokens(_ptr(logits), b, vocab, _ptr(it), _ptr(u), _ptr(out))
+    library().llmp_choose_tokens(
+        _ptr(logits), b, vocab, _ptr(it), _ptr(k), _ptr(p), _ptr(u), _ptr(out)
+    )
     tokens = out.tolist()
     if -2 in tokens:
         raise MemoryError("llmp_choose_tokens: out of memory")

@@ -100,22 +100,20 @@ MAX_INVERSE_TEMPERATURE = 1e30
 
 
 def _in_c(logits: torch.Tensor, params: SamplingParams) -> bool:
-    """Whether llmp_choose_tokens takes rows of `logits` with these parameters: greedy, or
-    temperature alone, on the CPU."""
+    """Whether llmp_choose_tokens takes rows of `logits` with these parameters: float32 on
+    the CPU, greedy or at a temperature float32 can invert."""
     return (
         logits.device.type == "cpu"
         and logits.dtype == torch.float32
-        and params.top_k == 0
-        and params.top_p == 1
         and (params.temperature == 0 or 1 / params.temperature <= MAX_INVERSE_TEMPERATURE)
     )
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from logits [vocab]. Temperature alone on the CPU: the row as sample_rows
-    draws it in a batch (the same token for the same generator). Otherwise the tempered
-    distribution in float64, drawn from unnormalized where there is neither top-k nor
-    top-p (the draw divides by its total itself)."""
+    """One token from logits [vocab]. On the CPU: the row as sample_rows draws it in a
+    batch (the same token for the same generator). Otherwise (and for a temperature too
+    tiny for float32) the tempered distribution in float64, drawn from unnormalized where
+    there is neither top-k nor top-p (the draw divides by its total itself)."""
     if params.temperature == 0:
         return argmax(logits)
     if _in_c(logits, params):
@@ -129,11 +127,12 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 
 
 def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> list:
-    """The tokens of a step's rows, logits [B, vocab]: greedy and temperature-only rows on
-    the CPU in one C call (llmp_choose_tokens; a sampled row takes one float64 uniform
-    from its generator, in row order, as the draw does), the others None: for `sample`,
-    row by row, as are rows with nothing to draw (its error is theirs alone). Row by row,
-    the tensor operations of 32 sampled rows took a fifth of a batch-32 decode step."""
+    """The tokens of a step's rows, logits [B, vocab]: rows on the CPU in one C call
+    (llmp_choose_tokens: temperature, top-k and top-p as `probabilities` applies them; a
+    sampled row takes one float64 uniform from its generator, in row order, as the draw
+    does), the others None: for `sample`, row by row, as are rows with nothing to draw
+    (their error is theirs alone). Row by row in torch, 32 sampled rows took a tenth of a
+    batch-32 decode step, and with top-p (a sort of the vocabulary) three times one."""
     if len(params) == 1 and params[0].temperature == 0:  # one greedy row: no call to gather
         return [argmax(logits[0])]
     taken, inverse, uniforms = [], [], []
@@ -152,7 +151,8 @@ def sample_rows(logits: torch.Tensor, params: list[SamplingParams], generators: 
     if not taken:
         return [None] * len(params)
     rows = logits if len(taken) == len(params) else logits[taken]
-    chosen = choose_tokens(rows.contiguous(), inverse, uniforms)
+    top_k, top_p = [params[i].top_k for i in taken], [params[i].top_p for i in taken]
+    chosen = choose_tokens(rows.contiguous(), inverse, uniforms, top_k, top_p)
     out: list = [None] * len(params)
     for i, token in zip(taken, chosen, strict=True):
         out[i] = token if token >= 0 else None

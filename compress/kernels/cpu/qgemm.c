@@ -251,21 +251,158 @@ static int64_t draw_row(const float *x, int64_t vocab, float it, double u, doubl
     return pick;
 }
 
-void llmp_choose_tokens(const float *logits, int64_t rows, int64_t vocab, const float *it,
-                        const double *u, int64_t *out) {
+/* The k-th largest of x[0..n) (k <= n, no NaN): a min-heap of the k largest so far, most
+ * values turned away by one comparison with its top. */
+static float kth_largest(const float *x, int64_t n, int64_t k, float *heap) {
+    int64_t size = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (size == k) {
+            if (v <= heap[0]) continue;
+            int64_t j = 0; /* replace the top, sift down */
+            for (;;) {
+                int64_t c = 2 * j + 1;
+                if (c >= k) break;
+                if (c + 1 < k && heap[c + 1] < heap[c]) c++;
+                if (heap[c] >= v) break;
+                heap[j] = heap[c], j = c;
+            }
+            heap[j] = v;
+        } else {
+            int64_t j = size++; /* append, sift up */
+            while (j > 0 && heap[(j - 1) / 2] > v) heap[j] = heap[(j - 1) / 2], j = (j - 1) / 2;
+            heap[j] = v;
+        }
+    }
+    return heap[0];
+}
+
+static int desc_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+#define NUCLEUS_BUCKETS 4096 /* by a positive float's top 12 bits: 1/16 of an octave each */
+
+/* top-p's cut: the weights w[0..n) (>= 0) sorted from the largest, the fewest whose sum
+ * reaches p * total are kept (sampling.probabilities: a token is kept while the mass
+ * before it is under p). Returns the smallest kept weight; *ties: how many tokens of
+ * exactly that weight are kept (the first by index); *kept: the kept weights' sum. Found
+ * from a histogram of the weights' mass and a sort of the one bucket the cut falls in,
+ * not a sort of the vocabulary (torch's sort was 4 ms a 49k row). */
+static float nucleus(const float *w, int64_t n, double p, double total, int64_t *ties,
+                     double *kept, double *mass, int64_t *count, float *pool) {
+    memset(mass, 0, sizeof(double) * NUCLEUS_BUCKETS);
+    memset(count, 0, sizeof(int64_t) * NUCLEUS_BUCKETS);
+    for (int64_t i = 0; i < n; i++) {
+        if (w[i] <= 0.f) continue;
+        uint32_t bits;
+        memcpy(&bits, w + i, 4);
+        mass[bits >> 20] += w[i], count[bits >> 20]++;
+    }
+    double goal = p * total, before = 0.0;
+    int b = -1, last = -1;
+    for (int c = NUCLEUS_BUCKETS - 1; c >= 0; c--) {
+        if (!count[c]) continue;
+        last = c;
+        if (before + mass[c] >= goal) {
+            b = c;
+            break;
+        }
+        before += mass[c];
+    }
+    if (b < 0) b = last, before -= mass[last]; /* rounding kept the goal out of reach */
+    int64_t m = 0; /* the bucket's weights, from the largest */
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits;
+        memcpy(&bits, w + i, 4);
+        if (w[i] > 0.f && (int)(bits >> 20) == b) pool[m++] = w[i];
+    }
+    qsort(pool, (size_t)m, sizeof(float), desc_float);
+    int64_t j = 0;
+    double run = before;
+    for (; j < m; j++) { /* kept while the mass before it is under the goal */
+        if (run >= goal && j > 0) break;
+        run += pool[j];
+    }
+    float cut = pool[j - 1];
+    int64_t t = 0;
+    for (int64_t i = 0; i < j; i++) t += pool[i] == cut;
+    *ties = t, *kept = run;
+    return cut;
+}
+
+/* A row with top-k (k > 0) and/or top-p (p < 1): sampling.probabilities' distribution,
+ * drawn by the inverse cumulative in index order. scratch: room for the weights (whole
+ * blocks of 64), k or a bucket's weights (vocab) and the histogram. */
+static int64_t draw_filtered(const float *x, int64_t vocab, float it, int64_t k, double p,
+                             double u, float *scratch) {
+    int bad;
+    float m = row_max(x, vocab, &bad);
+    if (bad || m == INFINITY || m == -INFINITY) return -1;
     int64_t nb = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    float *w = scratch, *pool = scratch + nb * DRAW_BLOCK;
+    float floor = k > 0 && k < vocab ? kth_largest(x, vocab, k, pool) : -INFINITY;
+    double total = 0.0;
+    for (int64_t b = 0; b < nb; b++) { /* draw_row's weights, less those under the k-th */
+        int n = vocab - b * DRAW_BLOCK < DRAW_BLOCK ? (int)(vocab - b * DRAW_BLOCK) : DRAW_BLOCK;
+        float *wb = w + b * DRAW_BLOCK;
+        double sum = draw_block(x + b * DRAW_BLOCK, n, m, it, wb);
+        if (floor > -INFINITY) {
+            sum = 0.0;
+            for (int i = 0; i < n; i++) sum += wb[i] = x[b * DRAW_BLOCK + i] >= floor ? wb[i] : 0.f;
+        }
+        total += sum;
+    }
+    float cut = 0.f;
+    int64_t ties = 0, limited = 0; /* limited: only the first `ties` tokens of weight `cut` */
+    if (p < 1.0) {
+        double *mass = (double *)(pool + (vocab + 1) / 2 * 2); /* 8-byte aligned */
+        int64_t *count = (int64_t *)(mass + NUCLEUS_BUCKETS);
+        cut = nucleus(w, vocab, p, total, &ties, &total, mass, count, pool);
+        limited = 1;
+    }
+    double target = u * total;
+    if (target >= total) target = nextafter(total, 0.0);
+    double run = 0.0;
+    int64_t pick = -1;
+    for (int64_t i = 0; i < vocab; i++) {
+        float v = w[i];
+        if (v <= 0.f || v < cut) continue;
+        if (limited && v == cut) {
+            if (ties == 0) continue;
+            ties--;
+        }
+        pick = i;
+        run += v;
+        if (run > target) break;
+    }
+    return pick;
+}
+
+void llmp_choose_tokens(const float *logits, int64_t rows, int64_t vocab, const float *it,
+                        const int64_t *top_k, const double *top_p, const double *u,
+                        int64_t *out) {
+    int64_t nb = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
+    int filtered = 0;
+    for (int64_t r = 0; r < rows; r++) filtered |= it[r] != 0.f && (top_k[r] > 0 || top_p[r] < 1.0);
     #pragma omp parallel if (rows > 1)
     {
         double *totals = malloc(sizeof(double) * (size_t)nb);
+        /* weights, the k largest or a bucket's weights, and the histogram (8-byte aligned) */
+        size_t room = (size_t)(nb * DRAW_BLOCK + vocab) + 4 * NUCLEUS_BUCKETS + 2;
+        float *scratch = filtered ? malloc(sizeof(float) * room) : NULL;
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             const float *x = logits + r * vocab;
             if (it[r] == 0.f)
                 out[r] = llmp_argmax(x, vocab);
+            else if (top_k[r] > 0 || top_p[r] < 1.0)
+                out[r] = scratch ? draw_filtered(x, vocab, it[r], top_k[r], top_p[r], u[r], scratch) : -2;
             else
                 out[r] = totals ? draw_row(x, vocab, it[r], u[r], totals) : -2;
         }
-        free(totals);
+        free(totals), free(scratch);
     }
 }
 
