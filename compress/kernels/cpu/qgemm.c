@@ -180,9 +180,8 @@ int64_t llmp_argmax(const float *x, int64_t n) {
  * compress/draw.py's inverse cumulative over the tempered exponentials, with the
  * exponentials in float32 (exp8: relative error ~2e-7) where torch took float64: a
  * sampled batch-32 step spent a fifth of its time in 32 rows' tensor operations. Weights
- * are summed in blocks of 64 in a fixed order, block totals in float64; the draw finds its
- * block from those and the token from the block's weights recomputed, so nothing of
- * vocabulary size is stored. out[r] = -1: no token can be drawn (NaN, +inf, or all -inf). */
+ * are summed in blocks of 64 in a fixed order, block totals in float64. out[r] = -1: no
+ * token can be drawn (NaN, +inf, or all -inf). */
 #define DRAW_BLOCK 64
 
 /* Weights of one block (64 logits from x, `n` <= 64 real) into w, and their float64 sum. */
@@ -216,39 +215,6 @@ static double draw_block(const float *x, int n, float m, float it, float *w) {
     }
     return sum;
 #endif
-}
-
-static int64_t draw_row(const float *x, int64_t vocab, float it, double u, double *totals) {
-    int64_t nb = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
-    float w[DRAW_BLOCK];
-    int bad;
-    float m = row_max(x, vocab, &bad);
-    if (bad || m == INFINITY || m == -INFINITY) return -1;
-    double total = 0.0;
-    for (int64_t b = 0; b < nb; b++) {
-        int n = vocab - b * DRAW_BLOCK < DRAW_BLOCK ? (int)(vocab - b * DRAW_BLOCK) : DRAW_BLOCK;
-        totals[b] = draw_block(x + b * DRAW_BLOCK, n, m, it, w);
-        total += totals[b];
-    }
-    double target = u * total;
-    if (target >= total) target = nextafter(total, 0.0);
-    double run = 0.0;
-    int64_t b = 0, last = -1; /* the last block with weight: where a rounding miss lands */
-    for (; b < nb; b++) {
-        if (totals[b] > 0) last = b;
-        if (run + totals[b] > target) break;
-        run += totals[b];
-    }
-    if (b == nb) b = last, run = total - totals[last];
-    int n = vocab - b * DRAW_BLOCK < DRAW_BLOCK ? (int)(vocab - b * DRAW_BLOCK) : DRAW_BLOCK;
-    draw_block(x + b * DRAW_BLOCK, n, m, it, w);
-    int64_t pick = -1;
-    for (int i = 0; i < n; i++) {
-        if (w[i] > 0) pick = b * DRAW_BLOCK + i;
-        run += w[i];
-        if (w[i] > 0 && run > target) break;
-    }
-    return pick;
 }
 
 /* The k-th largest of x[0..n) (k <= n, no NaN): a min-heap of the k largest so far, most
@@ -332,11 +298,13 @@ static float nucleus(const float *w, int64_t n, double p, double total, int64_t 
     return cut;
 }
 
-/* A row with top-k (k > 0) and/or top-p (p < 1): sampling.probabilities' distribution,
- * drawn by the inverse cumulative in index order. scratch: room for the weights (whole
- * blocks of 64), k or a bucket's weights (vocab) and the histogram. */
-static int64_t draw_filtered(const float *x, int64_t vocab, float it, int64_t k, double p,
-                             double u, float *scratch) {
+/* A sampled row: sampling.probabilities' distribution (top-k where k > 0, top-p where
+ * p < 1) drawn by the inverse cumulative in index order. Without a top-p cut every
+ * weighted token is kept, and the draw skips whole blocks by their totals. scratch: the
+ * weights (whole blocks of 64), k or a bucket's weights (vocab), the histogram; totals:
+ * a float64 a block. */
+static int64_t draw_row(const float *x, int64_t vocab, float it, int64_t k, double p,
+                        double u, float *scratch, double *totals) {
     int bad;
     float m = row_max(x, vocab, &bad);
     if (bad || m == INFINITY || m == -INFINITY) return -1;
@@ -344,29 +312,40 @@ static int64_t draw_filtered(const float *x, int64_t vocab, float it, int64_t k,
     float *w = scratch, *pool = scratch + nb * DRAW_BLOCK;
     float floor = k > 0 && k < vocab ? kth_largest(x, vocab, k, pool) : -INFINITY;
     double total = 0.0;
-    for (int64_t b = 0; b < nb; b++) { /* draw_row's weights, less those under the k-th */
+    for (int64_t b = 0; b < nb; b++) { /* the tempered weights, less those under the k-th */
         int n = vocab - b * DRAW_BLOCK < DRAW_BLOCK ? (int)(vocab - b * DRAW_BLOCK) : DRAW_BLOCK;
         float *wb = w + b * DRAW_BLOCK;
-        double sum = draw_block(x + b * DRAW_BLOCK, n, m, it, wb);
+        totals[b] = draw_block(x + b * DRAW_BLOCK, n, m, it, wb);
         if (floor > -INFINITY) {
-            sum = 0.0;
-            for (int i = 0; i < n; i++) sum += wb[i] = x[b * DRAW_BLOCK + i] >= floor ? wb[i] : 0.f;
+            totals[b] = 0.0;
+            for (int i = 0; i < n; i++)
+                totals[b] += wb[i] = x[b * DRAW_BLOCK + i] >= floor ? wb[i] : 0.f;
         }
-        total += sum;
+        total += totals[b];
     }
     float cut = 0.f;
-    int64_t ties = 0, limited = 0; /* limited: only the first `ties` tokens of weight `cut` */
-    if (p < 1.0) {
+    int64_t ties = 0, limited = p < 1.0; /* then only the first `ties` tokens of weight `cut` */
+    if (limited) {
         double *mass = (double *)(pool + (vocab + 1) / 2 * 2); /* 8-byte aligned */
         int64_t *count = (int64_t *)(mass + NUCLEUS_BUCKETS);
         cut = nucleus(w, vocab, p, total, &ties, &total, mass, count, pool);
-        limited = 1;
     }
     double target = u * total;
     if (target >= total) target = nextafter(total, 0.0);
     double run = 0.0;
+    int64_t start = 0;
+    if (!limited) { /* the block the target falls in (a rounding miss: the last weighted) */
+        int64_t b = 0, last = 0;
+        for (; b < nb; b++) {
+            if (totals[b] > 0) last = b;
+            if (run + totals[b] > target) break;
+            run += totals[b];
+        }
+        if (b == nb) b = last, run = total - totals[last];
+        start = b * DRAW_BLOCK;
+    }
     int64_t pick = -1;
-    for (int64_t i = 0; i < vocab; i++) {
+    for (int64_t i = start; i < vocab; i++) {
         float v = w[i];
         if (v <= 0.f || v < cut) continue;
         if (limited && v == cut) {
@@ -384,25 +363,25 @@ void llmp_choose_tokens(const float *logits, int64_t rows, int64_t vocab, const 
                         const int64_t *top_k, const double *top_p, const double *u,
                         int64_t *out) {
     int64_t nb = (vocab + DRAW_BLOCK - 1) / DRAW_BLOCK;
-    int filtered = 0;
-    for (int64_t r = 0; r < rows; r++) filtered |= it[r] != 0.f && (top_k[r] > 0 || top_p[r] < 1.0);
+    int sampled = 0;
+    for (int64_t r = 0; r < rows; r++) sampled |= it[r] != 0.f;
     #pragma omp parallel if (rows > 1)
     {
-        double *totals = malloc(sizeof(double) * (size_t)nb);
         /* weights, the k largest or a bucket's weights, and the histogram (8-byte aligned) */
         size_t room = (size_t)(nb * DRAW_BLOCK + vocab) + 4 * NUCLEUS_BUCKETS + 2;
-        float *scratch = filtered ? malloc(sizeof(float) * room) : NULL;
+        float *scratch = sampled ? malloc(sizeof(float) * room) : NULL;
+        double *totals = sampled ? malloc(sizeof(double) * (size_t)nb) : NULL;
         #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++) {
             const float *x = logits + r * vocab;
             if (it[r] == 0.f)
                 out[r] = llmp_argmax(x, vocab);
-            else if (top_k[r] > 0 || top_p[r] < 1.0)
-                out[r] = scratch ? draw_filtered(x, vocab, it[r], top_k[r], top_p[r], u[r], scratch) : -2;
             else
-                out[r] = totals ? draw_row(x, vocab, it[r], u[r], totals) : -2;
+                out[r] = scratch && totals
+                             ? draw_row(x, vocab, it[r], top_k[r], top_p[r], u[r], scratch, totals)
+                             : -2;
         }
-        free(totals), free(scratch);
+        free(scratch), free(totals);
     }
 }
 
