@@ -225,10 +225,10 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
             state, output, recipe.export, planned_disk(recipe, stages, ws), overwrite,
             _extra(recipe),
         )  # fmt: skip
-    run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
-    run.after, run.resume, run.estimate = after, resume, estimated
-    run.work = work_dir(output)
-    try:
+    try:  # from the writer's making: its partial folder is removed whatever stops the run
+        run = _Run(recipe, source, ws, stages, writer, log, started, command, timing, records or [])
+        run.after, run.resume, run.estimate = after, resume, estimated
+        run.work = work_dir(output)
         _run_stages(run, samples)
     except BaseException:
         if writer is not None:

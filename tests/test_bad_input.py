@@ -767,10 +767,14 @@ def test_disk_full_during_write_loses_nothing(tmp_path, monkeypatch, default_ckp
 
 
 def test_read_only_target_is_one_line(tmp_path, monkeypatch, default_ckpt):
-    def read_only(*args, **kwargs):
-        raise OSError(30, "Read-only file system", str(tmp_path))
+    mkdir = Path.mkdir
 
-    monkeypatch.setattr("compress.artifact.writer.tempfile.mkdtemp", read_only)
+    def read_only(self, *args, **kwargs):  # the artifact's partial folder cannot be made
+        if ".partial-" in self.name:
+            raise OSError(30, "Read-only file system", str(tmp_path))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
     code, _, err = run_cli(_compress_argv(tmp_path))
     assert code == 2 and "read-only file system" in error_lines(err)[0]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -156,12 +157,17 @@ class ArtifactWriter:
             )
         with self._disk_errors():
             self.out.parent.mkdir(parents=True, exist_ok=True)  # as `mkdir -p`
-            self.tmp = Path(
-                tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent)
-            )
-            mark_owner(self.tmp)
-            self.parts_dir = self.tmp / ".parts"
-            self.parts_dir.mkdir()
+            # named before it exists, so that abort() removes it whenever a SIGTERM lands
+            # (with mkdtemp one could land between the folder's making and its naming)
+            self.tmp = self.out.parent / f".{self.out.name}.partial-{secrets.token_hex(4)}"
+            self.tmp.mkdir(mode=0o700)
+            try:
+                mark_owner(self.tmp)
+                self.parts_dir = self.tmp / ".parts"
+                self.parts_dir.mkdir()
+            except BaseException:
+                self.abort()
+                raise
         self.parts: list[Path] = []
         self.written: set[str] = set()
 
