@@ -74,6 +74,12 @@ def build(source: Path, out: Path) -> ctypes.CDLL:
     return lib
 
 
+def git_rev(rev: str) -> str:
+    """`rev` as a short commit hash, for the record (HEAD moves on)."""
+    out = subprocess.check_output(["git", "rev-parse", "--short", rev], cwd=ROOT, text=True)
+    return out.strip()
+
+
 def builds(rev: str) -> dict[str, ctypes.CDLL]:
     """The kernels at `rev` ("earlier") and of this checkout ("now"), built alike."""
     with tempfile.TemporaryDirectory() as tmp:
