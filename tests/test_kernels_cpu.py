@@ -355,6 +355,56 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d):
         torch.testing.assert_close(getattr(fast, name), getattr(ref, name), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("kv", ["none", "int8", "int4:g64"])
+@pytest.mark.parametrize("window,kvh,heads", [(0, 3, 9), (300, 3, 9), (0, 1, 20)])
+def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(kv, window, kvh, heads):
+    """A decode row past 512 positions is attended in spans of 512 positions and the spans'
+    softmaxes merged, a lone sequence's spans split over the threads: it matches the torch
+    reference, and its bits do not depend on the rows beside it or on the thread count
+    (speculation's check compares a verify pass's rows with decode steps' bit for bit).
+    20 query heads on one KV head take two passes of up to 16."""
+    import copy
+
+    from compress.kernels.cpu import decode_attention, set_threads
+    from compress.runtime.kv_cache import KVCache, parse_kv
+    from compress.runtime.model import _decode_attention
+
+    torch.manual_seed(3)
+    d, lengths = 64, [700, 100, 1030, 512]
+    before = KVCache(1, len(lengths), kvh, 1100, d, parse_kv(kv))
+    for s, n in enumerate(lengths):
+        before.write(0, s, 0, torch.randn(kvh, n, d), torch.randn(kvh, n, d) * 3)
+        before.lengths[s] = n
+    q, k, v = torch.randn(4, heads, d), torch.randn(4, kvh, d), torch.randn(4, kvh, d)
+    slots, positions = torch.arange(4), torch.tensor(lengths)
+
+    def step(rows, n_threads=None):
+        cache = copy.deepcopy(before)
+        cache.prepare_rows(rows.tolist(), positions[rows].tolist())
+        saved = torch.get_num_threads()
+        set_threads(n_threads or saved)
+        try:
+            return decode_attention(q[rows], k[rows], v[rows], cache, 0, slots[rows],
+                                    positions[rows], window=window)  # fmt: skip
+        finally:
+            set_threads(saved)
+
+    got = step(slots)
+    ref = copy.deepcopy(before)
+    ref.prepare_rows(slots.tolist(), lengths)
+    ref.write_tokens(0, slots, positions, k, v)
+    n = positions + 1
+    keys, values = ref.read(0, slots, int(n.max()), n)
+    at = torch.arange(int(n.max()))[None]
+    mask = (at < n[:, None]) & (at >= (n[:, None] - window if window else 0))
+    want = _decode_attention(q, keys, values, mask[:, None, None, :]).reshape(4, heads, d)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for b in range(4):
+        assert torch.equal(step(torch.tensor([b]))[0], got[b])
+    assert torch.equal(step(torch.tensor([2, 0])), got[[2, 0]])
+    assert torch.equal(step(slots, n_threads=1), got)
+
+
 def test_the_c_boundary_refuses_views_it_would_misread():
     """ctypes passes a bare address: a strided view would be read as if dense (wrong
     numbers, no error), so the boundary refuses it in one line."""

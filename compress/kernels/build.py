@@ -117,7 +117,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_act_mul_quant.argtypes = [p, i, i, i, i, p, p, p, p]
     lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]
     lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, f, i, p]
-    lib.llmp_decode_attention.restype = None
+    lib.llmp_decode_attention.restype = ctypes.c_int
     lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, f, i]
     lib.llmp_prefill_attention.restype = ctypes.c_int
     lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p, p, p, p]

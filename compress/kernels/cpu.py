@@ -318,10 +318,11 @@ def decode_attention(
     b, heads, d = q.shape
     out = torch.empty_like(q)
     scale = d**-0.5 if scale is None else scale
-    library().llmp_decode_attention(
+    if library().llmp_decode_attention(
         ctypes.byref(kv_struct(cache)), layer, _ptr(q), _ptr(k), _ptr(v), _ptr(slots),
         _ptr(positions), b, heads, scale, window or 0, _ptr(out),
-    )  # fmt: skip
+    ):  # fmt: skip
+        raise MemoryError("llmp_decode_attention: out of memory")
     return out
 
 

@@ -1993,12 +1993,14 @@ INLINE void code_values16(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int
         for (int64_t i_ = 0; i_ < (n); i_ += 64) __builtin_prefetch(a_ + i_);                 \
     } while (0)
 
-/* Attention of `rep` query heads q [rep, D] over positions 0..L-1 of one (slot, KV head);
- * out [rep, D]. Keys and values are read in chunks of up to CHUNK_T rows that lie within
- * one key group (or within fp32 rows); the query heads that share the KV head are done
- * together, so each code is read and converted once. */
-static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int L,
-                        int rep, float scale, const float *q, float *out) {
+/* Attention of `rep` query heads q [rep, D] over positions lo..hi-1 of one (slot, KV head)
+ * whose sequence holds L positions; out [rep, D]. Keys and values are read in chunks of up
+ * to CHUNK_T rows that lie within one key group (or within fp32 rows); the query heads that
+ * share the KV head are done together, so each code is read and converted once. With `ml`,
+ * out is left unnormalized (sum of exp(score - m) * value) and ml[2r], ml[2r + 1] get head
+ * r's m and sum of exp(score - m): one span's share, for merge_spans. */
+static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int hi, int L,
+                        int rep, float scale, const float *q, float *out, float *ml) {
     int D = c->d;
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
     float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
@@ -2013,16 +2015,17 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
         kres = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
         vres = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
     }
-    for (int t0 = lo; t0 < L;) {
-        int t1 = t0 + CHUNK_T < L ? t0 + CHUNK_T : L;
+    int ahead = hi < done ? hi : done; /* the last position worth prefetching */
+    for (int t0 = lo; t0 < hi;) {
+        int t1 = t0 + CHUNK_T < hi ? t0 + CHUNK_T : hi;
         int inblock = t0 < done, quant = inblock && c->bits;
         if (inblock && t1 > (t0 / BS + 1) * BS) t1 = (t0 / BS + 1) * BS;
         if (quant && t1 > (t0 / G + 1) * G) t1 = (t0 / G + 1) * G;
         int n = t1 - t0;
         int64_t blk = inblock ? kv_block(c, slot, t0) : 0, off = t0 % BS;
         const float *vrows = NULL, *vsp = NULL, *vmp = NULL;
-        if (quant && t1 < done) { /* the next chunk's codes and scales, see KV_AHEAD */
-            int64_t nb = kv_block(c, slot, t1), noff = t1 % BS, nn = done - t1 < CHUNK_T ? done - t1 : CHUNK_T;
+        if (quant && t1 < ahead) { /* the next chunk's codes and scales, see KV_AHEAD */
+            int64_t nb = kv_block(c, slot, t1), noff = t1 % BS, nn = ahead - t1 < CHUNK_T ? ahead - t1 : CHUNK_T;
             int64_t cat = kv_blk(c, layer, nb, head, (int64_t)BS * bytes) + noff * bytes;
             int64_t sat = kv_blk(c, layer, nb, head, BS) + noff;
             int64_t gat = kv_blk(c, layer, nb, head, (int64_t)(BS / G) * D) + noff / G * D;
@@ -2092,14 +2095,49 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
         }
         t0 = t1;
     }
-    for (int r = 0; r < rep; r++)
-        for (int d = 0; d < D; d++) out[r * D + d] = (out[r * D + d] + vmin_acc[r]) / l[r];
+    for (int r = 0; r < rep; r++) {
+        if (ml) ml[2 * r] = m[r], ml[2 * r + 1] = l[r];
+        for (int d = 0; d < D; d++)
+            out[r * D + d] = ml ? out[r * D + d] + vmin_acc[r] : (out[r * D + d] + vmin_acc[r]) / l[r];
+    }
+}
+
+/* A decode row's positions past SPAN_T are cut at its multiples, each span's softmax
+ * computed from scratch and the spans merged in order (merge_spans). The cut depends on the
+ * positions alone, never on the batch or the threads, so a row computes the same bits in a
+ * decode step, a verify pass and a mixed step. What does depend on them is who computes
+ * which spans: a (sequence, KV head) is one task over all its spans, one after another,
+ * unless there are fewer of them than twice the threads; then each is split into runs of
+ * spans so that every thread has work (a lone sequence's 3 KV heads over 2 threads left one
+ * idle a third of the time). benchmarks/attention_ab.py, AVX-512 Xeon, 2 threads: batch 1,
+ * 3 KV heads, 1.16-1.21x at 1,000-2,000 tokens; batch 8 0.95-1.03x. Spans of 256 cost
+ * 4-7% at batch 8, as did keeping the shares in one buffer for all threads. */
+#define SPAN_T 512
+
+static int spans_of(int lo, int L) { return (L - 1) / SPAN_T - lo / SPAN_T + 1; }
+
+/* out [rep, D] = the normalized attention of n spans' shares part[s] (rep * D floats, then
+ * rep (m, l) pairs, `per` floats apart), in span order. One span gives attend_head's own
+ * bits: its share times exp(0) = 1, over its l times 1. */
+static void merge_spans(const float *part, int64_t per, int n, int rep, int D, float *out) {
+    for (int r = 0; r < rep; r++) {
+        float M = -INFINITY, den = 0.f, *o = out + r * D;
+        for (int s = 0; s < n; s++) M = fmaxf(M, part[s * per + (int64_t)rep * D + 2 * r]);
+        for (int d = 0; d < D; d++) o[d] = 0.f;
+        for (int s = 0; s < n; s++) {
+            const float *ml = part + s * per + (int64_t)rep * D + 2 * r, *x = part + s * per + r * D;
+            float w = expf(ml[0] - M);
+            den += ml[1] * w;
+            for (int d = 0; d < D; d++) o[d] += x[d] * w;
+        }
+        for (int d = 0; d < D; d++) o[d] /= den;
+    }
 }
 
 /* One decode step of one layer: each sequence's new k/v [B, kv_heads, D] is stored at its
  * position, then its query heads q [B, heads, D] attend over position-window+1..position
- * (window 0: from 0), scores times `scale`. out [B, heads, D]. */
-void llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
+ * (window 0: from 0), scores times `scale`. out [B, heads, D]. 0, or -1 out of memory. */
+int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
                            const float *vnew, const int64_t *slots, const int64_t *positions,
                            int B, int H, float scale, int window, float *out) {
     int KVH = c->kv_heads, D = c->d, rep = H / KVH;
@@ -2107,15 +2145,81 @@ void llmp_decode_attention(const KVC *c, int layer, const float *q, const float 
         for (int g = 0; g < KVH; g++)
             kv_write(c, layer, slots[b], positions[b], g, knew + ((int64_t)b * KVH + g) * D,
                      vnew + ((int64_t)b * KVH + g) * D);
-    #pragma omp parallel for schedule(dynamic) collapse(2) if (B * KVH > 1)
-    for (int b = 0; b < B; b++)
-        for (int g = 0; g < KVH; g++)
+    int64_t units = 0; /* (sequence, span) pairs */
+    for (int b = 0; b < B; b++) {
+        int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
+        units += spans_of(lo, L);
+    }
+    if (units == B) { /* one span each: every (sequence, KV head) normalized in place */
+        #pragma omp parallel for schedule(dynamic) collapse(2) if (B * KVH > 1)
+        for (int b = 0; b < B; b++)
+            for (int g = 0; g < KVH; g++)
+                for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
+                    int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
+                    int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
+                    int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
+                    attend_head(c, layer, slots[b], g, lo, L, L, nr, scale, q + h * D, out + h * D, NULL);
+                }
+        return 0;
+    }
+    int64_t per = ((int64_t)rep * D + 2 * rep + 15) / 16 * 16; /* one span's share of a KV head's
+                                                              * query heads, in whole lines */
+    int pieces = B * KVH >= 2 * omp_threads() ? 1 : (2 * omp_threads() + B * KVH - 1) / (B * KVH);
+    /* The calling thread's scratch, kept between calls: freshly mapped every layer call
+     * (glibc maps blocks this size), it cost a tenth of an fp32 cache's batch-8 attention. */
+    static __thread char *scratch = NULL;
+    static __thread size_t room = 0;
+    size_t need = units * KVH * per * sizeof(float) + 2 * (B + 1) * sizeof(int64_t) + (size_t)B * KVH * sizeof(int);
+    if (need > room) {
+        free(scratch);
+        room = 0, scratch = aligned_alloc(64, (need + need / 2 + 63) / 64 * 64);
+        if (scratch == NULL) return -1;
+        room = need + need / 2;
+    }
+    float *part = (float *)scratch;
+    int64_t *first = (int64_t *)(scratch + units * KVH * per * sizeof(float)), *task = first + B + 1;
+    int *left = (int *)(task + B + 1); /* a (sequence, KV head)'s runs to go */
+    first[0] = task[0] = 0; /* sequence b's spans from first[b], its tasks from task[b] */
+    for (int b = 0; b < B; b++) {
+        int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0, n = spans_of(lo, L);
+        first[b + 1] = first[b] + n;
+        task[b + 1] = task[b] + (int64_t)KVH * (n < pieces ? n : pieces);
+        for (int g = 0; g < KVH; g++) left[b * KVH + g] = n < pieces ? n : pieces;
+    }
+    #pragma omp parallel for schedule(dynamic) if (task[B] > 1)
+    for (int64_t i = 0; i < task[B]; i++) {
+        int b = 0;
+        while (task[b + 1] <= i) b++;
+        int n = (int)(first[b + 1] - first[b]), np = n < pieces ? n : pieces;
+        int g = (int)((i - task[b]) / np), k = (int)((i - task[b]) % np);
+        int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
+        float *shares = part + (first[b] * KVH + (int64_t)g * n) * per;
+        if (np == 1) { /* a whole run: its shares in this thread's own buffer, which stays in
+                        * its caches between calls (the shared one came back from memory) */
+            static __thread float *mine = NULL;
+            static __thread int64_t mine_room = 0;
+            if (n * per > mine_room) {
+                free(mine);
+                mine_room = 0, mine = aligned_alloc(64, (size_t)(n * per * 3 / 2 + 15) / 16 * 64);
+                if (mine) mine_room = (n * per * 3 / 2 + 15) / 16 * 16;
+            }
+            if (mine) shares = mine;
+        }
+        for (int sp = k * n / np; sp < (k + 1) * n / np; sp++) {
+            int s0 = (lo / SPAN_T + sp) * SPAN_T, a = s0 > lo ? s0 : lo, z = s0 + SPAN_T < L ? s0 + SPAN_T : L;
+            float *share = shares + sp * per;
             for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
                 int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                 int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
-                int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
-                attend_head(c, layer, slots[b], g, lo, L, nr, scale, q + h * D, out + h * D);
+                attend_head(c, layer, slots[b], g, a, z, L, nr, scale, q + h * D, share + r0 * D,
+                            share + (int64_t)rep * D + 2 * r0);
             }
+        }
+        /* the last run of a (sequence, KV head) to finish merges its spans */
+        if (np == 1 || __atomic_sub_fetch(&left[b * KVH + g], 1, __ATOMIC_ACQ_REL) == 0)
+            merge_spans(shares, per, n, rep, D, out + ((int64_t)b * H + (int64_t)g * rep) * D);
+    }
+    return 0;
 }
 
 
@@ -2523,15 +2627,16 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL) {
-            llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att);
+            if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att))
+                break;
         } else {
             int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
             if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
                 break;
-            if (sp->nd)
-                llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
-                                      vn + P * kv_heads * D, sp->dslot, positions + P, sp->nd,
-                                      heads, scale, L->window, att + P * heads * D);
+            if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
+                                                vn + P * kv_heads * D, sp->dslot, positions + P,
+                                                sp->nd, heads, scale, L->window, att + P * heads * D))
+                break;
         }
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
