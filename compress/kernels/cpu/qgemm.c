@@ -1994,13 +1994,14 @@ INLINE void code_values16(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int
     } while (0)
 
 /* Attention of `rep` query heads q [rep, D] over positions lo..hi-1 of one (slot, KV head)
- * whose sequence holds L positions; out [rep, D]. Keys and values are read in chunks of up
+ * whose sequence holds L positions, prefetching up to position pf (where the caller goes
+ * on next: the next span); out [rep, D]. Keys and values are read in chunks of up
  * to CHUNK_T rows that lie within one key group (or within fp32 rows); the query heads that
  * share the KV head are done together, so each code is read and converted once. With `ml`,
  * out is left unnormalized (sum of exp(score - m) * value) and ml[2r], ml[2r + 1] get head
  * r's m and sum of exp(score - m): one span's share, for merge_spans. */
 static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int hi, int L,
-                        int rep, float scale, const float *q, float *out, float *ml) {
+                        int pf, int rep, float scale, const float *q, float *out, float *ml) {
     int D = c->d;
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
     float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
@@ -2015,7 +2016,7 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
         kres = c->kr + kv_at(c, layer, slot, head, (int64_t)G * D);
         vres = c->vr + kv_at(c, layer, slot, head, (int64_t)G * D);
     }
-    int ahead = hi < done ? hi : done; /* the last position worth prefetching */
+    int ahead = pf < done ? pf : done; /* the last position worth prefetching */
     for (int t0 = lo; t0 < hi;) {
         int t1 = t0 + CHUNK_T < hi ? t0 + CHUNK_T : hi;
         int inblock = t0 < done, quant = inblock && c->bits;
@@ -2158,7 +2159,7 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
                     int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                     int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
                     int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
-                    attend_head(c, layer, slots[b], g, lo, L, L, nr, scale, q + h * D, out + h * D, NULL);
+                    attend_head(c, layer, slots[b], g, lo, L, L, L, nr, scale, q + h * D, out + h * D, NULL);
                 }
         return 0;
     }
@@ -2205,14 +2206,16 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
             }
             if (mine) shares = mine;
         }
+        int run_end = (lo / SPAN_T + (k + 1) * n / np) * SPAN_T;
+        if (run_end > L) run_end = L;
         for (int sp = k * n / np; sp < (k + 1) * n / np; sp++) {
             int s0 = (lo / SPAN_T + sp) * SPAN_T, a = s0 > lo ? s0 : lo, z = s0 + SPAN_T < L ? s0 + SPAN_T : L;
             float *share = shares + sp * per;
             for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
                 int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                 int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
-                attend_head(c, layer, slots[b], g, a, z, L, nr, scale, q + h * D, share + r0 * D,
-                            share + (int64_t)rep * D + 2 * r0);
+                attend_head(c, layer, slots[b], g, a, z, L, run_end, nr, scale, q + h * D,
+                            share + r0 * D, share + (int64_t)rep * D + 2 * r0);
             }
         }
         /* the last run of a (sequence, KV head) to finish merges its spans */
