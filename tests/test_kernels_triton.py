@@ -85,6 +85,34 @@ def test_decode_attention_matches_reference(bits):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bits", [None, 8, 4])
+@pytest.mark.parametrize("window", [0, 300])
+def test_decode_attention_in_spans_matches_reference_with_the_bits_of_a_row_alone(bits, window):
+    """A cache whose rows may pass 512 positions is attended in spans of 512 (a program
+    each), merged in order: the reference's output, and each row's bits the same alone as
+    in the batch."""
+    torch.manual_seed(1)
+    cache = KVCache(1, 4, 3, 1200, 64, KVScheme(bits, group=32), device=DEVICE)
+    lengths = {0: 700, 1: 5, 2: 1100, 3: 512}  # one span, spans with and without a residual
+    for slot, n in lengths.items():
+        k, v = torch.randn(3, n, 64), torch.randn(3, n, 64)
+        cache.write(0, slot, 0, k.to(DEVICE), v.to(DEVICE))
+        cache.lengths[slot] = n
+    slots = torch.tensor([2, 0, 3, 1], device=DEVICE)
+    lens = cache.lengths[slots]
+    q = torch.randn(4, 9, 64).to(DEVICE)
+    out = decode_attention(q, cache, 0, slots, lens, window=window)
+    keys, values = cache.read(0, slots, int(lens.max()))
+    at = torch.arange(int(lens.max()), device=DEVICE)[None]
+    mask = (at < lens[:, None]) & (at >= (lens[:, None] - window if window else 0))
+    ref = _decode_attention(q, keys, values, mask[:, None, None, :]).reshape(4, 9, 64)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for j in range(4):
+        alone = decode_attention(q[j : j + 1], cache, 0, slots[j : j + 1], lens[j : j + 1],
+                                 window=window)  # fmt: skip
+        assert torch.equal(alone[0], out[j])
+
+
 def test_triton_backend_decodes_the_default_model_like_the_cpu_backend(
     tokenizer, tmp_path, wikitext
 ):

@@ -1,11 +1,19 @@
 """Triton decode attention over the runtime's KV cache, reading int8 / int4 keys and values
 as stored (KIVI layout, see compress/runtime/kv_cache.py) or fp32.
 
-One program per (sequence, query head). It walks the sequence's quantized groups of
-GROUP tokens — keys dequantized with their group's per-channel scale and minimum, values
-with their per-token scale and minimum — then the fp32 residual of the latest tokens,
-with an online softmax (running max and sum), so no score vector is ever materialized.
-Bytes read per step and head: L·D·bits/8 for each of k and v, plus the scales.
+One program per (sequence, query head, span of SPAN positions). It walks its span's
+quantized groups of GROUP tokens — keys dequantized with their group's per-channel scale
+and minimum, values with their per-token scale and minimum — then, in the span that holds
+them, the fp32 residual of the latest tokens, with an online softmax (running max and
+sum), so no score vector is ever materialized. Bytes read per step and head: L·D·bits/8
+for each of k and v, plus the scales.
+
+Spans keep a GPU busy at batch 1: one program per query head is 9 to 64 programs, a few of
+a GPU's hundred-odd multiprocessors, each walking thousands of keys alone. A cache whose
+sequences may pass SPAN positions is attended in spans, their (max, sum, weighted sum)
+merged in order by a second kernel; one that cannot, in one pass. The cut depends on the
+positions alone, so a row gets the same bits in any batch (as on the CPU, whose spans are
+512 positions too). No speed is claimed: no GPU has run these kernels.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+SPAN = 512  # positions a program attends over when a cache is attended in spans
 
 
 @triton.jit
@@ -65,13 +75,20 @@ def _decode_attention(
     REP,
     sm_scale,
     window,  # keys within the last `window` positions (0: all)
+    m_ptr,  # with SPLIT: each span's running max [B, H, NS], its sum, its weighted sum [.., D]
+    l_ptr,
+    acc_ptr,
+    NS,
     D: tl.constexpr,
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
+    SPAN_T: tl.constexpr,  # positions per program (with SPLIT) or every position
+    SPLIT: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
+    s_lo = tl.program_id(2) * SPAN_T  # this program's positions: s_lo .. s_lo + SPAN_T - 1
     g = h // REP
     slot = tl.load(slot_ptr + b)
     length = tl.load(len_ptr + b)  # tokens to attend to, the current one included
@@ -85,7 +102,7 @@ def _decode_attention(
     table = table_ptr + slot * max_blocks
     if BITS != 0:
         done = (length // GROUP) * GROUP
-        for start in range(0, done, GROUP):
+        for start in range(s_lo, tl.minimum(done, s_lo + SPAN_T), GROUP):
             blk = tl.load(table + start // BLOCK).to(tl.int64)
             off = start % BLOCK
             r = start + rows
@@ -106,14 +123,16 @@ def _decode_attention(
         kr = kr_ptr + slot * s_slot_r + g * s_head_r
         vr = vr_ptr + slot * s_slot_r + g * s_head_r
         r = rows  # the residual: full-precision tokens done..length-1 (fewer than GROUP)
-        valid = (r < length - done) & (done + r >= lo)
+        # in the span that holds it (none elsewhere)
+        held = tl.where((done >= s_lo) & (done < s_lo + SPAN_T), length - done, 0)
+        valid = (r < held) & (done + r >= lo)
         mask = valid[:, None] & (d[None, :] < D)
         k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
         m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     else:  # fp32 blocks
-        for start in range(0, length, GROUP):
+        for start in range(s_lo, tl.minimum(length, s_lo + SPAN_T), GROUP):
             blk = tl.load(table + start // BLOCK).to(tl.int64)
             base = blk * s_blk_q + g * s_head_q + (start % BLOCK) * D
             r = start + rows
@@ -123,7 +142,36 @@ def _decode_attention(
             v = tl.load(vr_ptr + base + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
             s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
-    tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
+    if SPLIT:
+        at = (b * H + h) * NS + tl.program_id(2)
+        tl.store(m_ptr + at, m_i)
+        tl.store(l_ptr + at, l_i)
+        tl.store(acc_ptr + at * D + d, acc)
+    else:
+        tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
+
+
+@triton.jit
+def _merge_spans(
+    m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, H, NS, D: tl.constexpr, SPAN_T: tl.constexpr
+):
+    """o = the spans' weighted sums over their sums, each rescaled to the largest max, span
+    by span in order over the spans the row reaches (one span: the one-pass bits)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    n = (tl.load(len_ptr + b) + SPAN_T - 1) // SPAN_T
+    base = (b * H + h) * NS
+    d = tl.arange(0, D)
+    top = float("-inf")
+    for i in range(0, n):
+        top = tl.maximum(top, tl.load(m_ptr + base + i))
+    den = 0.0
+    acc = tl.zeros((D,), dtype=tl.float32)
+    for i in range(0, n):
+        w = tl.exp(tl.load(m_ptr + base + i) - top)
+        den += tl.load(l_ptr + base + i) * w
+        acc += tl.load(acc_ptr + (base + i) * D + d) * w
+    tl.store(o_ptr + (b * H + h) * D + d, acc / den)
 
 
 def decode_attention(
@@ -155,7 +203,15 @@ def decode_attention(
         kq = vq = ks = km = vs = vm = kr
         group = 32
     kv_heads = cache.shape[2]
-    _decode_attention[(b, heads)](
+    span = -(-SPAN // group) * group  # whole key groups
+    ns = -(-cache.max_len // span) if cache.max_len > span else 1  # spans a row may reach
+    if ns > 1:
+        m = torch.empty(b, heads, ns, device=q.device)
+        l_sum = torch.empty(b, heads, ns, device=q.device)
+        acc = torch.empty(b, heads, ns, dim, device=q.device)
+    else:
+        m = l_sum = acc = out  # never written
+    _decode_attention[(b, heads, ns)](
         q,
         out,
         slots,
@@ -183,9 +239,17 @@ def decode_attention(
         heads // kv_heads,
         dim**-0.5 if scale is None else scale,
         window or 0,
+        m,
+        l_sum,
+        acc,
+        ns,
         D=dim,
         BITS=bits,
         GROUP=group,
         BLOCK=cache.block,
+        SPAN_T=span if ns > 1 else 1 << 30,
+        SPLIT=ns > 1,
     )
+    if ns > 1:
+        _merge_spans[(b, heads)](m, l_sum, acc, out, lengths, heads, ns, D=dim, SPAN_T=span)
     return out
