@@ -42,26 +42,28 @@ def windows_for(
 
 
 def _candidates(ckpt, engine: str, kv: str | None, ctx: int, exact: bool) -> dict:
-    """{name: model} to measure: "served" (the kernels serve runs) and, where that is not
-    already exact, "exact" (the weights alone) beside it; or the one `exact`/transformers
-    asks for."""
+    """{name: model} to measure: "served" (the kernels and KV cache serve runs) and, where
+    that is not already exact, "exact" (the weights alone) beside it; or the one
+    `exact`/transformers asks for."""
     if engine == "transformers":
         if kv not in (None, "none"):
             raise LlmpressError("--kv needs the runtime engine: drop --engine transformers")
         return {"transformers": load_with_transformers(ckpt)}
     if engine != "runtime":
         raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
-    from compress.runtime.kv_cache import kv_scheme
+    from compress.runtime.kv_cache import FP32, kv_scheme
     from compress.runtime.lm import RuntimeLM
     from compress.runtime.weights import load_weights
 
     scheme = kv_scheme(kv, ckpt.config)
     weights = load_weights(ckpt)
-    exact_lm = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=True)
+    # the weights alone: an fp32 cache unless --kv names one, as transformers would compute
+    exact_kv = scheme if kv is not None else FP32
+    exact_lm = RuntimeLM(weights, max_len=ctx, kv=exact_kv, exact=True)
     if exact:
         return {"exact": exact_lm}
     served = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=False)
-    if served.activations == exact_lm.activations:  # e.g. the GPU kernels: one computation
+    if served.activations == exact_lm.activations and scheme == exact_kv:  # e.g. on a GPU
         return {"served": served}
     return {"served": served, "exact": exact_lm}
 
@@ -115,7 +117,8 @@ def evaluate(
     through the kernels `bench` and `serve` run (int8 activations on CPU) and measures the
     weights alone (`exact`) beside it; `exact=True` measures only that. "transformers"
     loads it as a transformers model. `kv`: KV-cache scheme for the runtime ("int8",
-    "int4", "none"; default: the artifact's own, see kv_cache.py). The figure returned (and
+    "int4", "none"; default: the artifact's own, see kv_cache.py, for the served pass and
+    fp32 for the weights alone; given, it is used by both). The figure returned (and
     gated) is the served one unless `exact`; `weights_only` holds the other."""
     cand_ckpt = resolve(artifact)
     manifest = read_manifest(cand_ckpt.path)
