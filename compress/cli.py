@@ -104,7 +104,11 @@ def cli() -> None:
     help="Mixed precision: average bits per weight (scales included) to spend, e.g. 4.6; "
     "the most sensitive linears get smaller groups or 8 bits.",
 )
-@click.option("--kv", "kv_cache", help="KV-cache scheme for the runtime: int8, int4 (KIVI).")
+@click.option(
+    "--kv",
+    "kv_cache",
+    help="KV-cache scheme the artifact records for the runtime: int8 (default), int4, none.",
+)
 @click.option(
     "--target",
     "targets",

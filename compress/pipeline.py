@@ -289,12 +289,11 @@ def _workspace(recipe: Recipe, ckpt: Checkpoint, device: torch.device = _CPU) ->
 
 
 def _extra(recipe: Recipe) -> dict:
-    """config.json keys beyond the weights': the runtime's KV-cache scheme, if any."""
-    if not recipe.kv_cache:
-        return {}
+    """config.json keys beyond the weights': the runtime's KV-cache scheme, unless fp32."""
     from compress.runtime.kv_cache import CONFIG_KEY, parse_kv
 
-    return {CONFIG_KEY: parse_kv(recipe.kv_cache).config()}
+    scheme = parse_kv(recipe.kv_cache).config()
+    return {CONFIG_KEY: scheme} if scheme else {}
 
 
 def _preflight(recipe: Recipe, stages, ws: Workspace, hidden: int) -> None:

@@ -1239,6 +1239,62 @@ def batched_decode(d: dict) -> list[str]:
     ]
 
 
+def kv_default(d: dict) -> list[str]:
+    """The default KV cache's speed and drift against fp32's, from one run."""
+    med = statistics.median
+    speed = [
+        [
+            r["batch"],
+            r["prompt"],
+            f(med(r["fp32_tok_s"]), 1),
+            f(med(r["int8_tok_s"]), 1),
+            f(r["int8 / fp32 (median of rounds)"], 2),
+        ]
+        for r in d["speed"]
+    ]
+    e = d["eval"]
+    evals = [
+        [
+            kind,
+            f(e[kv]["served"]["kl"], 5),
+            f(e[kv]["served"]["ppl"], 3),
+            f(e[kv]["served"]["top1"], 4),
+            f(e[kv]["weights_only"]["kl"], 5),
+            ", ".join(f(s, 1) for s in e[kv]["seconds"]),
+        ]
+        for kv, kind in (
+            ("none", "`--kv none`: fp32"),
+            ("int8", "`--kv int8`: int8 in both passes"),
+            ("default", "the default: int8 served, fp32 weights only"),
+        )
+        if kv in e
+    ]
+    b = d["kv_bytes_per_token"]
+    return [
+        f"`{d['artifact']}` (the README's command); CPU: {d['cpu']}; {d['threads']} threads; "
+        f"{d['output_len']} tokens "
+        f"out; KV bytes per token: fp32 {b['none']:,.0f}, int8 {b['int8']:,.0f}. Decode tok/s "
+        "are medians of the rounds; the ratio is the median of the rounds' ratios.",
+        "",
+        *table(["batch", "prompt", "fp32 tok/s", "int8 tok/s", "int8 / fp32"], speed),
+        "",
+        f"`llmpress eval` on {e['windows']} windows of {e['ctx']} tokens of {e['data']} (the "
+        "original's figures from eval's cache, so the seconds are the artifact's two passes):",
+        "",
+        *table(
+            [
+                "eval's KV cache",
+                "KL (served)",
+                "ppl (served)",
+                "top-1 (served)",
+                "KL (weights only)",
+                "eval seconds",
+            ],
+            evals,
+        ),
+    ]
+
+
 def serve_load(d: dict) -> list[str]:
     body = [
         [
@@ -2483,6 +2539,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "The int4 kernel on AVX2 without VNNI: four rows by two tiles",
         "benchmarks/kernel_ab.py --rev 4026a45 --rows 1,4,8,32,256 --name kernel_ab_avx2",
         kernel_ab,
+    ),
+    (
+        "kv_default.json",
+        "The default KV cache: int8 against fp32",
+        "benchmarks/kv_default.py",
+        kv_default,
     ),
     (
         "batched_decode.json",

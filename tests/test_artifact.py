@@ -70,7 +70,7 @@ def test_existing_output_is_refused_and_overwrite_replaces(artifacts, tmp_path):
         compress("default", recipe, out, log=lambda _: None)
     compress("default", recipe, out, overwrite=True, log=lambda _: None)
     label = json.loads((out / "manifest.json").read_text())["label"]
-    assert label == "rtn:w4g64sym+lm_head:w8sym"  # the fp32-tied head in int8 (auto)
+    assert label == "rtn:w4g64sym+lm_head:w8sym+kv:int8"  # head in int8 (auto), int8 KV
     assert [p.name for p in tmp_path.iterdir()] == ["a"]  # no temp folders left behind
 
 
@@ -87,7 +87,8 @@ def test_failed_write_loses_nothing(artifacts, tmp_path, monkeypatch):
     with pytest.raises(LlmpressError, match=r"nothing was changed: out of disk space"):
         compress("default", recipe, out, overwrite=True, log=lambda _: None)
     assert sorted(p.name for p in out.iterdir()) == before
-    assert json.loads((out / "manifest.json").read_text())["label"] == "rtn:w8sym+lm_head:w8sym"
+    label = json.loads((out / "manifest.json").read_text())["label"]
+    assert label == "rtn:w8sym+lm_head:w8sym+kv:int8"
     assert [p.name for p in tmp_path.iterdir()] == ["a"]
 
 

@@ -235,6 +235,7 @@ def test_config_json_keeps_only_the_model_keys(tmp_path, default_ckpt):
     from compress.artifact.writer import artifact_config
     from compress.pipeline import _workspace
     from compress.recipe import recipe_from_flags
+    from compress.runtime.kv_cache import CONFIG_KEY
 
     model = tiny_model(tmp_path / "tiny")
     source = json.loads((model / "config.json").read_text())
@@ -246,7 +247,8 @@ def test_config_json_keeps_only_the_model_keys(tmp_path, default_ckpt):
     written = json.loads((tmp_path / "a" / "config.json").read_text())
     stray = {"_model_name_or_path", "_name_or_path", "id2label", "label2id", "return_dict"}
     assert not stray & set(written)
-    assert set(written) <= set(source) | {"quantization_config", "dtype", "architectures"}
+    ours = {"quantization_config", "dtype", "architectures", CONFIG_KEY}  # + the KV cache
+    assert set(written) <= set(source) | ours
     assert written["dtype"] == written["torch_dtype"] == "bfloat16"  # both names agree
     config = AutoConfig.from_pretrained(str(tmp_path / "a"))
     assert config.model_type == "llama" and config.hidden_size == 64

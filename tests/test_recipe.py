@@ -87,3 +87,23 @@ def test_auto16_keeps_a_16_bit_checkpoint_and_halves_a_float32_one():
     assert storage_dtype("auto16", {"dtype": "bfloat16"}) == torch.bfloat16
     assert storage_dtype("auto", {"dtype": "float32"}) == torch.float32
     assert storage_dtype("auto16", {"dtype": "float32"}, "awq-gemm") == torch.float16
+
+
+def test_kv_cache_is_int8_unless_the_recipe_says_none():
+    """int8 (KIVI) is the measured default; `none`, null and `fp32` all mean an fp32 cache,
+    which writes no scheme into config.json; a bad scheme is refused when the recipe is
+    read, before any work."""
+    from compress.pipeline import _extra
+    from compress.runtime.kv_cache import CONFIG_KEY, KVScheme
+
+    stages = [{"rtn": {"bits": 4, "group_size": 64}}]
+    default = parse_recipe({"stages": stages})
+    assert default.kv_cache == "int8" and default.label().endswith("+kv:int8")
+    assert KVScheme.of_artifact(_extra(default)) == KVScheme(bits=8)
+    for off in ("none", None, "fp32"):
+        recipe = parse_recipe({"stages": stages, "kv_cache": off})
+        assert recipe.kv_cache == "none" and "kv:" not in recipe.label()
+        assert CONFIG_KEY not in _extra(recipe)
+    assert parse_recipe({"stages": stages, "kv_cache": "int4:g64"}).kv_cache == "int4:g64"
+    with pytest.raises(LlmpressError, match="int3"):
+        parse_recipe({"stages": stages, "kv_cache": "int3"})

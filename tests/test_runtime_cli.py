@@ -38,7 +38,8 @@ def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):
     served = evaluate(path, engine="runtime", **kw)  # the default: what serve runs
     hf = evaluate(path, engine="transformers", **kw)
     runtime = served.weights_only  # measured beside it: the weights alone
-    assert served.kernels == "served" and "int8" in served.activations
+    assert served.kernels == "served" and "int8 per block" in served.activations
+    assert "int8 KV cache" in served.activations  # the artifact's (the default), as served
     assert abs(runtime["kl"] - hf.kl) < 1e-4 * max(hf.kl, 1)
     assert abs(runtime["ppl"] - hf.ppl) < 1e-3 * hf.ppl
     assert abs(runtime["top1"] - hf.top1) < 2 / served.tokens

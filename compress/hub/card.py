@@ -35,7 +35,7 @@ def card_tags(m: dict) -> list[str]:
     bits = set(stored) if stored is not None else planned - {None}
     if bits:
         tags += ["quantized", *[f"{b}-bit" for b in sorted(bits)]]
-    if m["recipe"].get("kv_cache"):
+    if m["recipe"].get("kv_cache") not in (None, "none"):
         tags.append("kv-cache-quantization")
     return list(dict.fromkeys(tags))
 
