@@ -171,3 +171,23 @@ def test_a_fork_with_no_room_is_admitted_as_any_prompt(w4_runtime, prompts):
         engine.step()
     assert later.output == first.output
     assert engine.prefix.hit_tokens == 64  # its two full blocks came from the cache
+
+
+@pytest.mark.parametrize("kv", ["none", "int8"])
+def test_prompts_arriving_together_compute_their_shared_prefix_once(w4_runtime, prompts, kv):
+    """Three prompts sharing a preamble (128 tokens of whole blocks), submitted together,
+    with a token budget of 100: the first prompt's first chunk ends inside the shared
+    blocks and the second is admitted beside its last chunk. The later ones wait for the
+    first one's blocks instead of prefilling them again beside it, and reply as if alone."""
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    plain = [
+        Engine(w4_runtime, 1, 512, parse_kv(kv), prefix_cache_bytes=0).generate([p], params)[0]
+        for p in prompts
+    ]
+    engine = Engine(w4_runtime, 3, 512, parse_kv(kv), prefill_tokens=100)
+    together = engine.generate(prompts, params)
+    assert [r.output for r in together] == [r.output for r in plain]
+    shared = min(len(p) for p in prompts)
+    common = next(i for i in range(shared) if len({p[i] for p in prompts}) > 1)
+    reused = common // 32 * 32
+    assert 100 < reused < min(map(len, prompts)) and engine.prefix.hit_tokens == 2 * reused

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from compress.runtime.kv_blocks import block_keys
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Chunk, Model
 from compress.runtime.prefix_cache import PrefixCache
@@ -72,6 +73,7 @@ class Request:
     prompt_kv: list | None = field(default=None, repr=False)  # Chunk.prefix, while chunked
     # choice 1 of the same request (`n` > 1): this one starts from its cached prompt
     fork_of: Request | None = field(default=None, repr=False)
+    keys: list[bytes] | None = field(default=None, repr=False)  # its prompt's block keys
 
     @property
     def done(self) -> bool:
@@ -170,7 +172,7 @@ class Engine:
         for req in list(self.waiting):  # in order; forks wait for their first choice
             if not self.free or budget <= 0:
                 break
-            if self._awaits_fork(req):
+            if self._awaits_fork(req) or self._awaits_prefix(req):
                 continue
             if not self._admit(req):
                 break
@@ -239,6 +241,28 @@ class Engine:
         (it will start from that one's cache instead of computing the prompt again)."""
         first = req.fork_of
         return first is not None and not first.done and first.prefilled < len(first.prompt)
+
+    def _awaits_prefix(self, req: Request) -> bool:
+        """Whether a running request is still prefilling blocks that req's prompt starts
+        with, past those already cached: req then waits for them rather than compute them
+        a second time. Requests sharing a system prompt that arrive together compute it
+        once, wherever the token budget happens to cut its chunks."""
+        if self.prefix is None or req.params.prompt_logprobs:  # echo takes nothing cached
+            return False
+        mine = self._keys(req)[: (len(req.prompt) - 1) // self.cache.block]  # as _lookup
+        for r in self.running.values():
+            done = r.prefilled // self.cache.block  # its blocks indexed so far
+            if r.prefilled >= len(r.prompt) or len(mine) <= done:
+                continue
+            theirs = self._keys(r)
+            if len(theirs) > done and theirs[done] == mine[done]:  # chained: all before too
+                return True
+        return False
+
+    def _keys(self, req: Request) -> list[bytes]:
+        if req.keys is None:
+            req.keys = block_keys(req.prompt, self.cache.block)
+        return req.keys
 
     def _fork(self, first: Request) -> list[Request]:
         """The waiting later choices of `first` (same prompt), now that its prompt is
