@@ -5,7 +5,7 @@ Workload: 32 requests arrive together; each is the same 1,024-token system promp
 first 1,024 tokens of WikiText-2's test split) followed by 32 tokens of its own (32
 different places further on), 16 tokens out, greedy, sent as token ids to
 /v1/completions. The server runs the default model at w4 (RTN g64 zero point, lm_head
-int8) with `serve`'s defaults (8 sequences, 256 prompt tokens a step). Reported per
+int8) with `serve`'s defaults (8 sequences, 192 prompt tokens a step). Reported per
 setting: wall time, requests/s, the median request's latency (whole reply), prompt
 tokens computed (the server's `prompt_tokens_total` less
 `prefix_cache_hit_tokens_total`; with the cache off every prompt token), and how many
@@ -185,6 +185,7 @@ def main() -> None:
         if not args.llama_server
         else f"{args.gguf.name} ({version(args.llama_server)}), -np 8 -c 16384 -t 2 -tb 2 -fa off",
         "cpu": cpu_flags(),
+        "kv_cache": recipe.kv_cache,  # the artifact's, which serve runs
         "workload": {
             "requests": args.requests,
             "system_tokens": SYSTEM,

@@ -306,6 +306,7 @@ def main() -> None:
             "threads": torch.get_num_threads(),
         },
         "tokens": args.tokens,
+        "kv_cache": recipe.kv_cache,  # the artifact's, which serve and bench both run
         "rows": rows,
         "disconnect_run": leak,
         "batching_gain": {"streams": top["clients"], "vs_single": gain},

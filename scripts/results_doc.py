@@ -1313,11 +1313,14 @@ def serve_load(d: dict) -> list[str]:
     ]
     x = d["disconnect_run"]
     g = d["batching_gain"]
+    kv = d.get("kv_cache", "none")  # records before the int8 default ran fp32
     return [
         f"`llmpress serve` on loopback, {d['machine']['threads']} threads"
         + (f" ({d['machine']['cpu']})" if d["machine"].get("cpu") else "")
         + "; the w4 g64 "
-        "artifact (zero point) with an int8 lm_head, context 256; queue bound = capacity; "
+        "artifact (zero point) with an int8 lm_head and "
+        + ("an fp32" if kv == "none" else f"the {kv}")
+        + " KV cache (serve and bench alike), context 256; queue bound = capacity; "
         "each client sends one streaming completion of a prompt of its own (about 20 tokens; "
         f"none shares a cached block), {d['tokens']} tokens out with `ignore_eos`; p50/p99 over "
         "the served requests.",
@@ -1866,6 +1869,7 @@ def prefix_cache(d: dict) -> list[str]:
         )
     return [
         f"{w['requests']} requests arrive together at `llmpress serve` (default model w4, "
+        f"{'fp32' if d.get('kv_cache', 'none') == 'none' else d['kv_cache']} KV cache, "
         f"serve's defaults), each a {w['system_tokens']}-token system prompt and "
         f"{w['unique_tokens']} tokens of its own, {w['max_tokens']} tokens out, greedy; the "
         f"prefix cache on (the default) and off, medians of interleaved rounds. Bound on the "
