@@ -39,7 +39,8 @@ def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):
     hf = evaluate(path, engine="transformers", **kw)
     runtime = served.weights_only  # measured beside it: the weights alone
     assert served.kernels == "served" and "int8 per block" in served.activations
-    assert "int8 KV cache" in served.activations  # the artifact's (the default), as served
+    # the artifact's int8 KV cache (the default) as served; the weights alone in fp32
+    assert served.kv_cache == "int8" and served.weights_only["kv_cache"] == ""
     assert abs(runtime["kl"] - hf.kl) < 1e-4 * max(hf.kl, 1)
     assert abs(runtime["ppl"] - hf.ppl) < 1e-3 * hf.ppl
     assert abs(runtime["top1"] - hf.top1) < 2 / served.tokens

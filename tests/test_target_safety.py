@@ -242,7 +242,8 @@ def test_eval_on_a_read_only_artifact_prints_results_then_says_it_could_not_reco
     argv = ["eval", str(art), "--base", str(tiny_model), "--windows", "1", "--ctx", "32"]
     code, out, err = run_cli([*argv, "--gate", "kl<=100", "--json", str(tmp_path / "r.json")])
     assert code == 0, err
-    assert "as served (int8 activations)" in out and "weights only (exact)" in out
+    assert "as served (int8 activations, int8 KV cache)" in out  # the default KV cache
+    assert "weights only (exact)" in out
     assert "gate PASS kl" in out and (tmp_path / "r.json").is_file()
     assert "could not record" in err and "--no-record" in err
 

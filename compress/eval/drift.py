@@ -30,6 +30,7 @@ class Drift:
     # "exact" (fp32 activations, dequantized weights), or "transformers"
     kernels: str = ""
     activations: str = ""
+    kv_cache: str = ""  # the KV cache it ran: "int8", "int4"; "" for fp32
     # the exact figure measured beside the served one: {ppl, kl, top1, ...}
     weights_only: dict | None = None
     # where the original's figures came from: "computed" (block by block), or "cached"
@@ -143,19 +144,25 @@ def format_table(results: dict[str, Drift], extra: dict[str, dict] | None = None
 
 
 _LABELS = {
-    "served": "as served (int8 activations)",
-    "exact": "weights only (exact)",
-    "transformers": "transformers",
+    "served": ("as served", "int8 activations"),
+    "exact": ("weights only", "exact"),
+    "transformers": ("transformers", None),
 }
+
+
+def computed_by(kernels: str, kv_cache: str = "", labels: dict = _LABELS) -> str:
+    """What computed a row: the kernels, and a quantized KV cache where one ran."""
+    head, detail = labels.get(kernels, (kernels, None))
+    notes = [n for n in (detail, kv_cache and f"{kv_cache} KV cache") if n]
+    return f"{head} ({', '.join(notes)})" if notes else head
 
 
 def drift_rows(name: str, drift: Drift) -> dict[str, Drift]:
     """Table rows for one evaluation: the gated figure, and the weights-only one beside it
     when both were measured, each labelled with what computed it."""
-    rows = {f"{name}, {_LABELS.get(drift.kernels, drift.kernels)}".rstrip(", "): drift}
+    rows = {f"{name}, {computed_by(drift.kernels, drift.kv_cache)}".rstrip(", "): drift}
     if drift.weights_only:
         other = {k: v for k, v in drift.weights_only.items() if k != "ppl_ratio"}
-        rows[f"{name}, {_LABELS['exact']}"] = replace(
-            drift, **other, kernels="exact", weights_only=None
-        )
+        exact = replace(drift, **other, kernels="exact", weights_only=None)
+        rows[f"{name}, {computed_by('exact', exact.kv_cache)}"] = exact
     return rows

@@ -159,9 +159,11 @@ def evaluate(
     result.reference = "computed" if cached is None else "cached"
     result.kernels = name
     result.activations = getattr(candidates[name], "activations", "as transformers computes")
+    result.kv_cache = getattr(candidates[name], "kv_cache", "")
     if "exact" in drift and name != "exact":
         other = drift["exact"].to_dict()
         result.weights_only = {k: other[k] for k in ("ppl", "ppl_ratio", "kl", "top1")}
+        result.weights_only["kv_cache"] = candidates["exact"].kv_cache
     if token_kl is not None:
         token_kl["artifact"] = kl_of[name]
     if record and manifest is not None:

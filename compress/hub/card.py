@@ -13,6 +13,7 @@ import json
 
 from compress.artifact.codecs import codec
 from compress.calib_data.sources import data_name
+from compress.eval.drift import computed_by
 from compress.methods import STAGES
 
 
@@ -162,9 +163,9 @@ def _loading(m: dict) -> list[str]:
 
 
 _COMPUTED = {
-    "served": "as served by llmpress (int8 activations)",
-    "exact": "weights only (fp32 activations)",
-    "transformers": "transformers",
+    "served": ("as served by llmpress", "int8 activations"),
+    "exact": ("weights only", "fp32 activations"),
+    "transformers": ("transformers", None),
 }
 
 
@@ -174,7 +175,7 @@ def _drift_rows(drift: dict) -> list[str]:
     if drift.get("weights_only"):
         rows.append(("exact", {**drift, **drift["weights_only"]}))
     return [
-        f"| {_COMPUTED.get(k, k)} | {d['ppl']:.3f} | {d['base_ppl']:.3f} | {d['kl']:.5f} | "
-        f"{d['top1']:.4f} |"
+        f"| {computed_by(k, d.get('kv_cache', ''), _COMPUTED)} | {d['ppl']:.3f} | "
+        f"{d['base_ppl']:.3f} | {d['kl']:.5f} | {d['top1']:.4f} |"
         for k, d in rows
     ]

@@ -32,8 +32,7 @@ class RuntimeLM:
         self.model = Model(weights, max_len + 1, exact=exact)
         int8 = self.model.backend.int8_activations and not exact
         self.activations = "int8 per block of 32 (as served)" if int8 else "fp32"
-        if kv.bits is not None:  # what each row of eval's table was computed with
-            self.activations += f", int{kv.bits} KV cache"
+        self.kv_cache = "" if kv.bits is None else f"int{kv.bits}"  # "": fp32
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
 
