@@ -13,6 +13,9 @@ eval costs only the artifact; two rounds, alternating.
 
     python benchmarks/kv_default.py [--rounds 3] [--windows 16] [--name kv_default]
 
+`--windows 0` skips the eval. With LLMPRESS_KERNEL_FLAGS set (e.g. "-O3 -mavx2 -mfma
+-mf16c -fopenmp") the kernels are built for that instruction set, and the record says so.
+
 Reads WikiText-2 test from ../shared/data (fails when it is missing).
 """
 
@@ -122,10 +125,12 @@ def main() -> None:
         }
         rows = speed(weights, args.rounds, args.output_len)
         del weights
-        evals = drift(artifact, args.windows, 2)
+        evals = drift(artifact, args.windows, 2) if args.windows else None
+    flags = os.environ.get("LLMPRESS_KERNEL_FLAGS")
     record = {
         "benchmark": "kv_default",
-        "command": "python benchmarks/kv_default.py"
+        "command": (f'LLMPRESS_KERNEL_FLAGS="{flags}" ' if flags else "")
+        + "python benchmarks/kv_default.py"
         + ("" if args.rounds == 3 else f" --rounds {args.rounds}")
         + ("" if args.windows == 16 else f" --windows {args.windows}")
         + ("" if args.name == "kv_default" else f" --name {args.name}"),
@@ -135,13 +140,20 @@ def main() -> None:
         "output_len": args.output_len,
         "kv_bytes_per_token": per_token,
         "speed": rows,
-        "eval": {"windows": args.windows, "ctx": 512, "data": "wikitext-2-raw test", **evals},
+        "kernel_flags": flags,
     }
+    if evals:
+        record["eval"] = {
+            "windows": args.windows,
+            "ctx": 512,
+            "data": "wikitext-2-raw test",
+            **evals,
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
     for row in rows:
         print(row)
-    print(json.dumps(record["eval"], indent=1))
+    print(json.dumps(record.get("eval"), indent=1))
 
 
 if __name__ == "__main__":

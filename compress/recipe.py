@@ -185,6 +185,7 @@ def _check_value(where: str, value: Any) -> None:
 # int8 (KIVI) measured against fp32 on the default model (benchmarks/kv_default.py): 1.00x
 # at batch 1 and 1.03-1.06x at batch 8-32 with 32-token prompts, 1.4-1.5x at 1,024-token
 # contexts, 3.4x smaller; served KL of the w4g64 artifact +0.0003 (0.1794 -> 0.1797).
+# The AVX2 kernels (built so on the same host): 1.00-1.02x short, 1.4x at 1,024 tokens.
 DEFAULT_KV = "int8"
 
 

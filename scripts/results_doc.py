@@ -1252,7 +1252,20 @@ def kv_default(d: dict) -> list[str]:
         ]
         for r in d["speed"]
     ]
-    e = d["eval"]
+    b = d["kv_bytes_per_token"]
+    flags = d.get("kernel_flags")
+    built = f"; C built with `{flags}` (LLMPRESS_KERNEL_FLAGS)" if flags else ""
+    out = [
+        f"`{d['artifact']}` (the README's command); CPU: {d['cpu']}{built}; {d['threads']} "
+        f"threads; {d['output_len']} tokens out; KV bytes per token: fp32 {b['none']:,.0f}, "
+        f"int8 {b['int8']:,.0f}. Decode tok/s are medians of the rounds; the ratio is the "
+        "median of the rounds' ratios.",
+        "",
+        *table(["batch", "prompt", "fp32 tok/s", "int8 tok/s", "int8 / fp32"], speed),
+    ]
+    e = d.get("eval")
+    if not e:
+        return out
     evals = [
         [
             kind,
@@ -1269,29 +1282,14 @@ def kv_default(d: dict) -> list[str]:
         )
         if kv in e
     ]
-    b = d["kv_bytes_per_token"]
+    heads = ["eval's KV cache", "KL (served)", "ppl (served)", "top-1 (served)"]
     return [
-        f"`{d['artifact']}` (the README's command); CPU: {d['cpu']}; {d['threads']} threads; "
-        f"{d['output_len']} tokens "
-        f"out; KV bytes per token: fp32 {b['none']:,.0f}, int8 {b['int8']:,.0f}. Decode tok/s "
-        "are medians of the rounds; the ratio is the median of the rounds' ratios.",
-        "",
-        *table(["batch", "prompt", "fp32 tok/s", "int8 tok/s", "int8 / fp32"], speed),
+        *out,
         "",
         f"`llmpress eval` on {e['windows']} windows of {e['ctx']} tokens of {e['data']} (the "
         "original's figures from eval's cache, so the seconds are the artifact's two passes):",
         "",
-        *table(
-            [
-                "eval's KV cache",
-                "KL (served)",
-                "ppl (served)",
-                "top-1 (served)",
-                "KL (weights only)",
-                "eval seconds",
-            ],
-            evals,
-        ),
+        *table([*heads, "KL (weights only)", "eval seconds"], evals),
     ]
 
 
@@ -2548,6 +2546,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "kv_default.json",
         "The default KV cache: int8 against fp32",
         "benchmarks/kv_default.py",
+        kv_default,
+    ),
+    (
+        "kv_default_avx2.json",
+        "The default KV cache on the AVX2 paths, built so on the AVX-512 Xeon",
+        'LLMPRESS_KERNEL_FLAGS="-O3 -mavx2 -mfma -mf16c -fopenmp" '
+        "benchmarks/kv_default.py --windows 0 --name kv_default_avx2",
         kv_default,
     ),
     (
