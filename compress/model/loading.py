@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from compress.artifact.integrity import check_artifact, file_sha256
+from compress.artifact.integrity import check_artifact
 from compress.errors import LlmpressError
 from compress.model.adapters import (
     Adapter,
@@ -24,6 +24,7 @@ from compress.model.adapters import (
     dense_shapes,
 )
 from compress.model.default import convert_gguf, default_gguf
+from compress.model.known_hash import known_sha256
 from compress.model.safetensors_check import check_safetensors
 from compress.model.text_part import is_multimodal, text_part
 
@@ -84,10 +85,10 @@ class Checkpoint:
 def weights_sha256(files: list[Path]) -> str:
     """The hash a checkpoint's weights are recorded by: the file's, or of every file's."""
     if len(files) == 1:
-        return file_sha256(files[0])
+        return known_sha256(files[0])
     h = hashlib.sha256()
     for f in files:
-        h.update(f"{f.name}:{file_sha256(f)}\n".encode())
+        h.update(f"{f.name}:{known_sha256(f)}\n".encode())
     return h.hexdigest()
 
 
