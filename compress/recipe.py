@@ -47,6 +47,14 @@ from compress.strict_yaml import load_yaml
 DTYPES = ("auto", "auto16", "float32", "bfloat16", "float16")
 
 
+# The KV cache an artifact's runtime uses unless the recipe or `--kv` says otherwise.
+# int8 (KIVI) measured against fp32 on the default model (benchmarks/kv_default.py): 1.00x
+# at batch 1 and 1.03-1.06x at batch 8-32 with 32-token prompts, 1.4-1.5x at 1,024-token
+# contexts, 3.4x smaller; served KL of the w4g64 artifact +0.0003 (0.1794 -> 0.1797).
+# The AVX2 kernels (built so on the same host): 1.00-1.02x short, 1.4x at 1,024 tokens.
+DEFAULT_KV = "int8"
+
+
 @dataclass(frozen=True)
 class Recipe:
     stages: tuple[tuple[str, Any], ...]
@@ -59,7 +67,7 @@ class Recipe:
     # model whose blocks are quantized without a bits budget; as stored otherwise
     # (resolve_lm_head, once the checkpoint is known)
     lm_head: str | None = "auto"
-    kv_cache: str = "int8"  # "int8", "int4", "int4:g64", "none" (fp32): see DEFAULT_KV
+    kv_cache: str = DEFAULT_KV  # "int8", "int4", "int4:g64", "none" (fp32)
     # engines the artifact must load in ("vllm", "vllm-cpu", "transformers"): plans keep to
     # what they run and the rest is refused before any work (plan.fit_targets)
     targets: tuple[str, ...] = ()
@@ -179,14 +187,6 @@ def _check_value(where: str, value: Any) -> None:
     floor = _FLOORS.get(key)
     if floor and isinstance(value, (int, float)) and value <= floor[0]:
         raise LlmpressError(f"{where}: {value} is too small: {floor[1]}")
-
-
-# The KV cache an artifact's runtime uses unless the recipe or `--kv` says otherwise.
-# int8 (KIVI) measured against fp32 on the default model (benchmarks/kv_default.py): 1.00x
-# at batch 1 and 1.03-1.06x at batch 8-32 with 32-token prompts, 1.4-1.5x at 1,024-token
-# contexts, 3.4x smaller; served KL of the w4g64 artifact +0.0003 (0.1794 -> 0.1797).
-# The AVX2 kernels (built so on the same host): 1.00-1.02x short, 1.4x at 1,024 tokens.
-DEFAULT_KV = "int8"
 
 
 def _kv_cache(value: Any) -> str:

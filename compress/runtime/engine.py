@@ -249,10 +249,13 @@ class Engine:
         once, wherever the token budget happens to cut its chunks."""
         if self.prefix is None or req.params.prompt_logprobs:  # echo takes nothing cached
             return False
+        prefilling = [r for r in self.running.values() if r.prefilled < len(r.prompt)]
+        if not prefilling:  # most steps: no prompt needs hashing
+            return False
         mine = self._keys(req)[: (len(req.prompt) - 1) // self.cache.block]  # as _lookup
-        for r in self.running.values():
+        for r in prefilling:
             done = r.prefilled // self.cache.block  # its blocks indexed so far
-            if r.prefilled >= len(r.prompt) or len(mine) <= done:
+            if len(mine) <= done:
                 continue
             theirs = self._keys(r)
             if len(theirs) > done and theirs[done] == mine[done]:  # chained: all before too
