@@ -67,3 +67,52 @@ def test_small_files_and_an_unwritable_cache_are_only_slower(tmp_path, monkeypat
     (tmp_path / "cache").write_text("")  # mkdir of cache/sha256 fails
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache" / "sub"))
     assert known_hash.known_sha256(f) == hashlib.sha256(b"w" * 100).hexdigest()
+
+
+def test_loading_an_artifact_reads_its_weights_once_and_verify_reads_every_byte(
+    tmp_path, monkeypatch
+):
+    """The load-time check trusts a remembered hash while the file's stat is unchanged (a
+    7B artifact is 5 GB to read on every load); an edit moves the stat and is refused;
+    `verify` (problems with its default hash) reads every byte and finds what the stat
+    cannot show."""
+    import json
+
+    import pytest
+
+    from compress.artifact import integrity
+    from compress.errors import LlmpressError
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(known_hash, "MIN_BYTES", 0)
+    monkeypatch.setattr(known_hash, "_memo", {})
+    monkeypatch.setattr(integrity, "_verified", {})
+    reads = []
+    real = known_hash.file_sha256
+    monkeypatch.setattr(known_hash, "file_sha256", lambda p: reads.append(p) or real(p))
+    art = tmp_path / "artifact"
+    art.mkdir()
+    weights = art / "model.safetensors"
+    weights.write_bytes(b"w" * 1000)
+    old = weights.stat()
+    os.utime(weights, ns=(old.st_atime_ns, old.st_mtime_ns - 10**10))
+    digest = hashlib.sha256(b"w" * 1000).hexdigest()
+    (art / "manifest.json").write_text(json.dumps({"sha256": {weights.name: digest}}))
+    integrity.check_artifact(art, known_hash.known_sha256)
+    integrity._verified.clear()
+    known_hash._memo.clear()  # a second process
+    integrity.check_artifact(art, known_hash.known_sha256)
+    assert reads == [weights]
+    stat = weights.stat()
+    with open(weights, "r+b") as f:  # one byte rots; size and times restored
+        f.write(b"v")
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    integrity._verified.clear()
+    integrity.check_artifact(art, known_hash.known_sha256)  # the stat cannot show it
+    assert integrity.problems(art) == [
+        f"{weights.name}: altered (sha256 differs from manifest.json)"
+    ]
+    weights.write_bytes(b"x" * 1000)  # an edit: the modification time moves
+    integrity._verified.clear()
+    with pytest.raises(LlmpressError, match="altered"):
+        integrity.check_artifact(art, known_hash.known_sha256)

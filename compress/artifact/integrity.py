@@ -2,7 +2,10 @@
 
 A truncated download or a file changed after the fact must fail loudly, naming the
 file, before anything computes with it. manifest.json itself and README.md (the card,
-which `eval` regenerates when it records drift) are the two files not covered.
+which `eval` regenerates when it records drift) are the two files not covered. Loading
+reads a large file's hash from model/known_hash.py while its size, modification time and
+inode are those it was hashed with (a 7B artifact is 5 GB to read on every load);
+`verify` and `push` read every byte.
 """
 
 from __future__ import annotations
@@ -89,9 +92,10 @@ def recorded_hashes(manifest: dict) -> tuple[dict[str, str], list[str]]:
     return good, bad
 
 
-def problems(folder: Path, manifest: dict | None = None) -> list[str]:
+def problems(folder: Path, manifest: dict | None = None, sha256=file_sha256) -> list[str]:
     """What differs from the manifest's record: one line per missing, truncated, altered or
-    unlisted file; [] when the folder is exactly what was written."""
+    unlisted file; [] when the folder is exactly what was written. `sha256(path)` hashes a
+    file (every byte read by default)."""
     folder = Path(folder)
     if manifest is None:
         path = folder / MANIFEST
@@ -116,7 +120,7 @@ def problems(folder: Path, manifest: dict | None = None) -> list[str]:
         size, expected = path.stat().st_size, sizes.get(name)
         if isinstance(expected, int) and size != expected:
             out.append(f"{name}: truncated or grown ({size:,} bytes, {expected:,} recorded)")
-        elif file_sha256(path) != digest:
+        elif sha256(path) != digest:
             out.append(f"{name}: altered (sha256 differs from {MANIFEST})")
     present = {
         p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
@@ -125,11 +129,12 @@ def problems(folder: Path, manifest: dict | None = None) -> list[str]:
     return out
 
 
-def check_artifact(folder: Path) -> None:
+def check_artifact(folder: Path, sha256=file_sha256) -> None:
     """Refuse to load an artifact whose recorded files are missing, truncated or altered,
     or that holds an unlisted file a loader would read (a weight shard, a config): that
     would change the model behind the manifest's back. Other unlisted files (a user's
-    notes) are allowed."""
+    notes) are allowed. `sha256`: as for problems (the loader passes the remembered one,
+    model/known_hash.py)."""
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():
@@ -148,7 +153,7 @@ def check_artifact(folder: Path) -> None:
     )
     if key in _verified:
         return
-    found = problems(folder, manifest)
+    found = problems(folder, manifest, sha256)
     tail = f": not listed in {MANIFEST}"
     unlisted = [p.removesuffix(tail) for p in found if p.endswith(tail)]
     loaded = [name for name in unlisted if is_loaded_file(name)]

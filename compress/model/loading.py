@@ -112,7 +112,7 @@ def resolve(source: str) -> Checkpoint:
 
 
 def _open_folder(path: Path, source: str) -> Checkpoint:
-    check_artifact(path)  # a damaged artifact is named before anything reads it
+    check_artifact(path, known_sha256)  # a damaged artifact is named before anything reads it
     config_path = path / "config.json"
     if not config_path.is_file():
         raise LlmpressError(f"{path} has no config.json: pass a Hugging Face model folder")
