@@ -12,7 +12,7 @@ block (the manifest's block-walk timing over the block count), the phase that wa
 when the resident memory peaked (sampled from /proc every 0.1 s against the log), and
 decode tok/s with MBU.
 
-    python benchmarks/scale.py [--shapes llama-3.2-1b,qwen2.5-7b,llama-3-8b]
+    python benchmarks/scale.py [--shapes smollm2-135m,llama-3.2-1b,qwen2.5-7b,llama-3-8b]
         [--methods rtn,awq,gptq] [--work DIR] [--keep]
 
 Checkpoints go under --work (default benchmarks/work/scale; 7B and 8B take 15-16 GB each)
@@ -176,7 +176,7 @@ def heads(src: Path, work: Path, logs: Path, auto: Path, choices: list[str], rou
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shapes", default="llama-3.2-1b,qwen2.5-7b,llama-3-8b")
+    ap.add_argument("--shapes", default="smollm2-135m,llama-3.2-1b,qwen2.5-7b,llama-3-8b")
     ap.add_argument("--methods", default="rtn,awq,gptq")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--length", type=int, default=256)
