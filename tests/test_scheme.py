@@ -65,3 +65,21 @@ def test_half_precision_weights_do_not_overflow(dtype):
 def test_invalid_schemes(kwargs):
     with pytest.raises(LlmpressError):
         QuantScheme(**kwargs)
+
+
+@pytest.mark.parametrize("zero_point", [True, False])
+def test_cpu_slices_give_the_integers_of_one_whole_pass(zero_point, monkeypatch):
+    """Rows are independent: RTN in cache-sized slices (CPU_SLICE elements, a last slice
+    cut short) stores what one pass over the whole weight stores."""
+    from compress.quantizers import scheme as module
+
+    torch.manual_seed(0)
+    w = (torch.randn(1003, 192) * 0.02).bfloat16()
+    s = QuantScheme(4, 64, zero_point)
+    monkeypatch.setattr(module, "CPU_SLICE", 1 << 30)
+    whole = quantize_weight(w, s, torch.bfloat16)
+    monkeypatch.setattr(module, "CPU_SLICE", 100 * 192)
+    sliced = quantize_weight(w, s, torch.bfloat16)
+    assert torch.equal(sliced.q, whole.q) and torch.equal(sliced.scale, whole.scale)
+    assert (whole.zero_point is None) == (not zero_point)
+    assert whole.zero_point is None or torch.equal(sliced.zero_point, whole.zero_point)

@@ -219,10 +219,11 @@ def quantize_weight(
     device: torch.device | None = None,
 ) -> QuantizedWeight:
     """Round-to-nearest quantization of one [out, in] weight, of any float dtype. Rows are
-    independent, so a weight is done 8,192 rows at a time, each slice widened to fp32
-    when its turn comes: a 152k-row output projection whole in fp32 with RTN's
-    temporaries took 10 GB. With `device`, each slice is computed there and its results
-    come back to w's device."""
+    independent, so a weight is done a slice of rows at a time, each widened to fp32 when
+    its turn comes: a 152k-row output projection whole in fp32 with RTN's temporaries took
+    10 GB. On a CPU a slice is small enough that RTN's passes over it stay in cache
+    (CPU_SLICE); on a device slices are large (ROWS). With `device`, each slice is computed
+    there and its results come back to w's device."""
     if w.ndim != 2:
         raise LlmpressError(f"can only quantize 2-D weights, got shape {tuple(w.shape)}")
     group = scheme.group_for(w.shape[1])
@@ -231,15 +232,17 @@ def quantize_weight(
             f"no group size <= {scheme.group_size} divides width {w.shape[1]} (see scheme.py)"
         )
     home, n = w.device, w.shape[0]
+    on_cpu = torch.device(device or home).type == "cpu"
+    rows = max(1, CPU_SLICE // w.shape[1]) if on_cpu else ROWS
     # q, scale and zero point filled a slice at a time (concatenated at the end, a 152k
     # head's codes were held twice)
     out: list[torch.Tensor | None] = []
-    for lo in range(0, n, ROWS):
-        part = w[lo : lo + ROWS].to(device or home).float()
+    for lo in range(0, n, rows):
+        part = w[lo : lo + rows].to(device or home).float()
         scale, zp = compute_qparams(part, scheme, group, storage_dtype)
         q = quantize_with(part, scale, zp, scheme, group)
         got = [None if t is None else t.to(home) for t in (q, scale, zp)]
-        if n <= ROWS:
+        if n <= rows:
             out = got
             break
         if not out:
@@ -252,3 +255,7 @@ def quantize_weight(
 
 
 ROWS = 8192
+# elements a CPU slice holds (4 MB of fp32): the seven weights of a Qwen2.5-7B-shaped
+# block took 0.36 s against 1.1-2.2 s in slices of 8,192 rows on 2 Xeon cores (the same
+# integers), and the default model's 4.2 against 4.4 ms
+CPU_SLICE = 1 << 20
