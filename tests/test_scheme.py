@@ -69,8 +69,8 @@ def test_invalid_schemes(kwargs):
 
 @pytest.mark.parametrize("zero_point", [True, False])
 def test_cpu_slices_give_the_integers_of_one_whole_pass(zero_point, monkeypatch):
-    """Rows are independent: RTN in cache-sized slices (CPU_SLICE elements, a last slice
-    cut short) stores what one pass over the whole weight stores."""
+    """Rows are independent: RTN and dequantization in cache-sized slices (CPU_SLICE
+    elements, a last slice cut short) give what one pass over the whole weight gives."""
     from compress.quantizers import scheme as module
 
     torch.manual_seed(0)
@@ -83,3 +83,6 @@ def test_cpu_slices_give_the_integers_of_one_whole_pass(zero_point, monkeypatch)
     assert torch.equal(sliced.q, whole.q) and torch.equal(sliced.scale, whole.scale)
     assert (whole.zero_point is None) == (not zero_point)
     assert whole.zero_point is None or torch.equal(sliced.zero_point, whole.zero_point)
+    sliced_values = whole.dequantize()
+    monkeypatch.setattr(module, "CPU_SLICE", 1 << 30)
+    assert torch.equal(sliced_values, whole.dequantize())
