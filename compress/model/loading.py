@@ -281,14 +281,16 @@ def _download(repo_id: str) -> Path:
         raise LlmpressError(f"cannot download {repo_id!r} from the Hugging Face Hub: {e}") from e
 
 
-def _chunks(t: torch.Tensor, elements: int = 1 << 24):
+def _chunks(t: torch.Tensor, elements: int = 1 << 20):
     flat = t.reshape(-1)
     return (flat[i : i + elements] for i in range(0, flat.numel(), elements))
 
 
 def _all_finite(t: torch.Tensor) -> bool:
-    """In slices of 16M values: a whole-tensor check makes temporaries several times the
-    tensor's size (a 128k-vocabulary embedding: 2 GB), the largest allocation of a run."""
+    """In slices of 1M values: a whole-tensor check makes temporaries several times the
+    tensor's size (a 128k-vocabulary embedding: 2 GB), the largest allocation of a run,
+    and a slice that stays in cache checks twice as fast as one of 16M (a 152k x 3584
+    bf16 embedding: 0.72 against 1.39 s)."""
     return all(bool(torch.isfinite(c).all()) for c in _chunks(t))
 
 
