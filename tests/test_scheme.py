@@ -86,3 +86,14 @@ def test_cpu_slices_give_the_integers_of_one_whole_pass(zero_point, monkeypatch)
     sliced_values = whole.dequantize()
     monkeypatch.setattr(module, "CPU_SLICE", 1 << 30)
     assert torch.equal(sliced_values, whole.dequantize())
+
+
+def test_dequantize_leaves_float_codes_as_they_were():
+    """Slices are worked in place: codes already in fp32 must be copied first."""
+    from compress.quantizers.scheme import dequantize
+
+    q = torch.tensor([[1.0, -2.0, 3.0, 0.0]])
+    kept = q.clone()
+    out = dequantize(q, torch.tensor([[0.5, 2.0]]), torch.tensor([[1, -1]]), 2)
+    assert torch.equal(q, kept)
+    assert torch.equal(out, torch.tensor([[0.0, -1.5, 8.0, 2.0]]))

@@ -45,7 +45,7 @@ def _pack_bytes(values: torch.Tensor, bits: int) -> torch.Tensor:
     most of `compress --quant rtn` after the rounding). ROWS rows at a time, in uint8."""
     rows, cols = values.shape
     words = math.ceil(cols * bits / _WORD)
-    out = torch.zeros(rows, words * 4, dtype=torch.uint8)  # the padding stays 0, as _pack's
+    out = torch.zeros(rows, words * 4, dtype=torch.uint8, device=values.device)  # padding: 0
     for lo in range(0, rows, ROWS):
         part = values[lo : lo + ROWS].view(torch.uint8)
         dest = out[lo : lo + ROWS]
@@ -56,7 +56,7 @@ def _pack_bytes(values: torch.Tensor, bits: int) -> torch.Tensor:
         low, high = biased[:, 0::2], biased[:, 1::2]
         half = high.shape[1]
         dest[:, :half].copy_(low[:, :half]).bitwise_or_(high.bitwise_left_shift(4))
-        if low.shape[1] > half:  # an odd row: its last element alone in a byte
+        if low.shape[1] > half:  # an odd width: a row's last element alone in its byte
             dest[:, half] = low[:, half]
     return out.view(torch.int32)
 
