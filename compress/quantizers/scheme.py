@@ -211,7 +211,7 @@ def dequantize(
     0.66-1.4 s whole; the same values)."""
     rows, cols = q.shape
     out = torch.empty(rows, cols, dtype=torch.float32, device=q.device)
-    step = max(1, CPU_SLICE // cols) if q.device.type == "cpu" else max(rows, 1)
+    step = cpu_slice_rows(cols) if q.device.type == "cpu" else max(rows, 1)
     for lo in range(0, rows, step):
         g = _grouped(q[lo : lo + step].to(torch.float32, copy=True), group_size)
         if zero_point is not None:
@@ -241,7 +241,7 @@ def quantize_weight(
         )
     home, n = w.device, w.shape[0]
     on_cpu = torch.device(device or home).type == "cpu"
-    rows = max(1, CPU_SLICE // w.shape[1]) if on_cpu else ROWS
+    rows = cpu_slice_rows(w.shape[1]) if on_cpu else ROWS
     # q, scale and zero point filled a slice at a time (concatenated at the end, a 152k
     # head's codes were held twice)
     out: list[torch.Tensor | None] = []
@@ -267,3 +267,8 @@ ROWS = 8192
 # block took 0.36 s against 1.1-2.2 s in slices of 8,192 rows on 2 Xeon cores (the same
 # integers), and the default model's 4.2 against 4.4 ms
 CPU_SLICE = 1 << 20
+
+
+def cpu_slice_rows(cols: int) -> int:
+    """Rows of a [rows, cols] slice of CPU_SLICE elements at most (one row at least)."""
+    return max(1, CPU_SLICE // cols)
