@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from compress.allocator import THRESHOLD
 from compress.errors import LlmpressError
 
 AUTO = "auto"  # a config field left to the defaults below
@@ -263,10 +264,14 @@ def quantize_weight(
 
 
 ROWS = 8192
-# elements a CPU slice holds (4 MB of fp32): the seven weights of a Qwen2.5-7B-shaped
+# elements a CPU slice holds (2 MB of fp32): the seven weights of a Qwen2.5-7B-shaped
 # block took 0.36 s against 1.1-2.2 s in slices of 8,192 rows on 2 Xeon cores (the same
-# integers), and the default model's 4.2 against 4.4 ms
-CPU_SLICE = 1 << 20
+# integers), and the default model's 4.2 against 4.4 ms. A slice's fp32 temporaries stay
+# under the allocator's mmap threshold, so the heap reuses them: at the threshold itself
+# (4 MB) each was mapped and page-faulted afresh, and an rtn compress of a
+# Llama-3.2-1B-shaped checkpoint took 8.7M page faults and 24-26 s against 3.6M and 14 s
+# (benchmarks/allocator_churn.py, an AVX-512 EPYC)
+CPU_SLICE = THRESHOLD // 8
 
 
 def cpu_slice_rows(cols: int) -> int:
