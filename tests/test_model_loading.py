@@ -9,6 +9,7 @@ from safetensors.torch import load_file, save_file
 from compress.artifact.dense import load_model
 from compress.errors import LlmpressError
 from compress.model import adapter_for, load_tokenizer, resolve
+from compress.model.loading import _all_finite
 from tests.conftest import write_tiny_llama
 
 
@@ -78,6 +79,23 @@ def test_nan_weights(tmp_path):
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(LlmpressError, match=r"model.layers.1.mlp.up_proj.weight .* 1 NaN/Inf"):
         load_model(resolve(str(folder)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_finite_check_finds_every_nan_and_infinity_and_passes_overflowing_sums(dtype):
+    """The check sums each slice; a sum that overflows on finite values is no damage."""
+    big = torch.finfo(dtype).max
+    t = torch.zeros(3 << 20, dtype=dtype)  # three slices of the check
+    assert _all_finite(t)
+    t[(1 << 20) + 7 :: 1 << 16] = big  # finite, but their sum is not
+    assert _all_finite(t)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        damaged = t.clone()
+        damaged[(2 << 20) + 3] = bad
+        assert not _all_finite(damaged), bad
+    both = t.clone()
+    both[5], both[9] = float("inf"), -float("inf")  # their sum is NaN
+    assert not _all_finite(both)
 
 
 def test_missing_tokenizer(tmp_path):
