@@ -456,6 +456,34 @@ def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
         torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["packed", "bf16"])
+def test_widened_slices_go_into_one_kept_buffer(kind, monkeypatch):
+    """The exact path's dequantized slices and DenseLinear's widened 16-bit ones are
+    written into one fp32 buffer the thread keeps (slice_buffer): a fresh one each call
+    was mapped and page-faulted in again every time. Ragged last slice included, the
+    product is the one whole weight gives, and a second call reuses the buffer."""
+    from compress.kernels import cpu
+    from compress.runtime import linears
+
+    torch.manual_seed(3)
+    w = torch.randn(203, 576)
+    if kind == "packed":
+        qw = quantize_weight(w, QuantScheme(bits=4, group_size=64))
+        lin, ref = PackedLinear(qw.q, qw.scale, qw.zero_point, 64, 4), qw.dequantize()
+    else:
+        lin = linears.DenseLinear(w.bfloat16())
+        ref = lin.weight.float()
+    x = torch.randn(EXACT_ABOVE + 1, 576)
+    want = x @ ref.T
+    for rows in (48, 1 << 20):  # slices of 48 rows; the whole weight in one
+        for module in (cpu, linears):
+            monkeypatch.setattr(module, "EXACT_SLICE_BYTES", rows * 576 * 4)
+        first = lin(x)
+        kept = cpu.slice_buffer(1).data_ptr()
+        torch.testing.assert_close(first, want, rtol=1e-5, atol=1e-4)
+        assert torch.equal(lin(x), first) and cpu.slice_buffer(1).data_ptr() == kept
+
+
 def test_argmax_is_torchs_choice_ties_and_nan_included():
     """Greedy decoding's argmax in C: the first of tied maxima and the first NaN, as
     torch.argmax, at lengths that end inside and outside a vector."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -530,31 +531,53 @@ class PackedLinear:
         return self.bits == 8 and SPLIT_W8
 
     def _exact(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ W.T with W dequantized EXACT_SLICE_BYTES at a time: whole, a 152k-word
-        8-bit head would be a 2.2 GB fp32 copy at a 7B width."""
+        """x @ W.T with W dequantized EXACT_SLICE_BYTES at a time (whole, a 152k-word
+        8-bit head would be a 2.2 GB fp32 copy at a 7B width), into one buffer this thread
+        keeps (slice_buffer)."""
         n = self.out_features
-        step = max(TILE, EXACT_SLICE_BYTES // (4 * self.kp) // TILE * TILE)
-        if step >= n:
-            return x @ self.dense().T
+        step = min(n, max(TILE, EXACT_SLICE_BYTES // (4 * self.kp) // TILE * TILE))
+        buf = slice_buffer(step * self.kp).view(step, self.kp)
+        if step == n:
+            return x @ self.dense(out=buf).T
         y = torch.empty(x.shape[0], n)
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            y[:, lo:hi] = x @ self.dense(lo, hi).T
+            y[:, lo:hi] = x @ self.dense(lo, hi, out=buf[: hi - lo]).T
         return y
 
-    def dense(self, lo: int = 0, hi: int | None = None) -> torch.Tensor:
-        """The fp32 weight [N, in], or its output rows lo:hi (lo a multiple of 8)."""
+    def dense(self, lo: int = 0, hi: int | None = None, out=None) -> torch.Tensor:
+        """The fp32 weight [N, in], or its output rows lo:hi (lo a multiple of 8); `out`:
+        a contiguous fp32 [hi - lo, kp] to write it in."""
         hi = self.out_features if hi is None else hi
         if lo % TILE:
             raise ValueError(f"dense rows start at a tile of {TILE}, not {lo}")
         t0 = lo // TILE
-        out = torch.empty(hi - lo, self.kp)
+        if out is None:
+            out = torch.empty(hi - lo, self.kp)
+        elif out.shape != (hi - lo, self.kp) or out.dtype != torch.float32:
+            raise ValueError(f"out must be fp32 {(hi - lo, self.kp)}, not {tuple(out.shape)}")
         fn = library().llmp_dequant_q4 if self.bits == 4 else library().llmp_dequant_q8
         codes = self.packed[t0 * self.kp * self.bits :]  # a tile is 8 x kp x bits/8 bytes
         zs = None if self.zs is None else self.zs[t0:]
         kp, g = self.kp, self.group
         fn(_ptr(codes), _ptr(self.scale[t0:]), _opt(zs), hi - lo, kp, g, _ptr(out))
         return out[:, : self.in_features]
+
+
+_buffers = threading.local()
+
+
+def slice_buffer(elements: int) -> torch.Tensor:
+    """fp32 scratch of at least `elements` for slices of weights widened to fp32 (the exact
+    path's dequantized ones, DenseLinear's 16-bit ones), kept by this thread from call to
+    call. Allocated afresh, each slice (up to 64 MB) was above
+    the allocator's mmap threshold (compress/allocator.py), so every weight of every
+    evaluation window was mapped and page-faulted in again: a Llama-3.2-1B-shaped eval of
+    2 windows took 9.1M page faults and 21 s of system time in 48 s."""
+    buf = getattr(_buffers, "fp32", None)
+    if buf is None or buf.numel() < elements:
+        buf = _buffers.fp32 = torch.empty(elements)
+    return buf[:elements]
 
 
 class _QLin(ctypes.Structure):

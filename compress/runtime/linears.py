@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
+    EXACT_SLICE_BYTES,
     GEMV_DTYPES,
     GEMV_ROWS,
     FusedLinear,
@@ -17,6 +18,7 @@ from compress.kernels.cpu import (
     QuantizedInput,
     gemv_f32,
     quantize_input,
+    slice_buffer,
 )
 
 
@@ -39,10 +41,13 @@ class DenseLinear:
             y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
         elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
             x = x.float()
-            step = max(1, (64 << 20) // (4 * w.shape[1]))
-            y = torch.cat(
-                [x @ w[lo : lo + step].float().T for lo in range(0, w.shape[0], step)], -1
-            )
+            n, k = w.shape
+            step = min(n, max(1, EXACT_SLICE_BYTES // (4 * k)))
+            buf = slice_buffer(step * k).view(step, k)
+            y = torch.empty(x.shape[0], n)
+            for lo in range(0, n, step):
+                hi = min(n, lo + step)
+                y[:, lo:hi] = x @ buf[: hi - lo].copy_(w[lo:hi]).T
         else:
             y = torch.nn.functional.linear(x.to(w.dtype), w).float()
         return y if self.bias is None else y + self.bias
