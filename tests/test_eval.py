@@ -51,3 +51,20 @@ def test_engine_transformers_without_compressed_tensors_says_what_to_install(
     )
     with pytest.raises(LlmpressError, match=r"pip install 'llmpress\[transformers\]'"):
         load_with_transformers(resolve(str(artifacts["rtn:w4g64"])))
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(511, 49152), (3, 152064), (40, 7)])
+def test_log_probs_and_kl_in_slices_are_the_whole_computation(rows, vocab):
+    """Slices of rows small enough for the heap to reuse (compress/allocator.py): the
+    log-softmax is the bits of one whole call, in place; the per-token KL is the
+    full-vocabulary sum."""
+    from compress.eval.drift import _token_kl, log_softmax_
+
+    g = torch.Generator().manual_seed(rows)
+    logits = torch.randn(rows, vocab, generator=g) * 4
+    want = torch.log_softmax(logits, dim=-1)
+    got = log_softmax_(logits)
+    assert got is logits and torch.equal(got, want)
+    other = torch.log_softmax(torch.randn(rows, vocab, generator=g) * 4, dim=-1)
+    kl = (want.double().exp() * (want.double() - other.double())).sum(-1)
+    torch.testing.assert_close(_token_kl(want, other).double(), kl, rtol=1e-5, atol=1e-6)

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
+from compress.allocator import THRESHOLD
+
 
 @dataclass
 class Drift:
@@ -55,15 +57,35 @@ class Drift:
         return {**asdict(self), "ppl_ratio": self.ppl_ratio}
 
 
+def _rows(t: torch.Tensor) -> int:
+    """Rows of a [rows, vocab] slice whose fp32 temporaries stay under half the allocator's
+    mmap threshold (compress/allocator.py): the heap hands the same memory back slice after
+    slice, where 64-row slices (12.6 MB at a 49k vocabulary) were mapped and page-faulted
+    afresh, as were whole-window log-softmax outputs."""
+    return max(1, THRESHOLD // 2 // (4 * t.shape[-1]))
+
+
+def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over the last dim of fp32 logits [rows, vocab], in place, a slice of rows
+    at a time (rows are independent: the values of one whole call)."""
+    step = _rows(logits)
+    for lo in range(0, logits.shape[0], step):
+        part = logits[lo : lo + step]
+        part.copy_(torch.log_softmax(part, dim=-1))
+    return logits
+
+
 @torch.no_grad()
 def _logprobs(model, window: torch.Tensor) -> torch.Tensor:
     logits = model(input_ids=window.unsqueeze(0)).logits[0, :-1]
-    return torch.log_softmax(logits.float(), dim=-1)
+    return log_softmax_(logits.float().contiguous())
 
 
-def _token_kl(ref: torch.Tensor, lp: torch.Tensor, rows: int = 64) -> torch.Tensor:
-    """KL(ref ‖ lp) per token from log-probs [tokens, vocab], 64 tokens at a time: whole, its
-    temporaries were three more full-vocabulary tensors (1 GB at 512 × 152k)."""
+def _token_kl(ref: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+    """KL(ref ‖ lp) per token from log-probs [tokens, vocab], a few tokens at a time
+    (_rows): whole, its temporaries were three more full-vocabulary tensors (1 GB at
+    512 × 152k)."""
+    rows = _rows(ref)
     return torch.cat([
         (ref[lo : lo + rows].exp() * (ref[lo : lo + rows] - lp[lo : lo + rows])).sum(-1)
         for lo in range(0, ref.shape[0], rows)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from compress.eval.drift import log_softmax_
 from compress.model.blocks import BlockStore, run_block
 from compress.model.default import cache_dir as model_cache_dir
 from compress.model.loading import Checkpoint, read_tensors
@@ -73,7 +74,7 @@ class _Head:
         logits = self.linear(x)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return torch.log_softmax(logits, dim=-1)
+        return log_softmax_(logits)
 
 
 class Cached:
