@@ -13,6 +13,11 @@ checkout's instead, each with the allocator settings it ships (a git worktree of
 
     python benchmarks/allocator_churn.py [--rounds 2] [--model default] [--quant w4g64]
         [--flags "--calib-samples 8 --calib-len 256"] [--label NAME] [--against REV]
+        [--eval ARTIFACT]
+
+With `--eval ARTIFACT` each run is `llmpress eval ARTIFACT --flags` instead (the runs
+share the original's cache: after the first, each eval reads it), and the sha256 is of
+the figures it computed.
 
 The results' second command, a Llama-3.2-1B-shaped checkpoint of 2 blocks:
 
@@ -57,24 +62,37 @@ RUN = (
 SETTINGS = {"trim 128 kB (before)": 128 << 10, "trim 64 MB (now)": 64 << 20}
 
 
-def run_once(trim: int | None, model: str, quant: str, flags: list[str], code: Path) -> dict:
+# what an eval's result must repeat to the bit, whichever code computed it
+FIGURES = ("ppl", "base_ppl", "kl", "top1", "weights_only")
+
+
+def run_once(
+    trim: int | None, model: str, quant: str, flags: list[str], code: Path, evaluate=None
+) -> dict:
     """One compress in a process of its own: `code`'s package, its trim threshold set to
-    `trim` (None: as shipped)."""
+    `trim` (None: as shipped). With `evaluate` (an artifact): `eval` of it instead, `flags`
+    its flags, and the sha256 is of its figures."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "artifact"
         setting = "shipped" if trim is None else str(trim)
-        cmd = [sys.executable, "-c", RUN, str(code), setting, "compress", model, "--quant", quant]
-        cmd += flags
+        cmd = [sys.executable, "-c", RUN, str(code), setting]
+        if evaluate:
+            cmd += ["eval", evaluate, *flags, "--no-record", "--json", str(out)]
+        else:
+            cmd += ["compress", model, "--quant", quant, *flags, "-o", str(out)]
         log = Path(tmp) / "log"
         t0 = time.perf_counter()
         with log.open("w") as f:  # a file: a pipe nobody reads would stall the progress bars
-            proc = subprocess.Popen([*cmd, "-o", str(out)], cwd=ROOT, stdout=f, stderr=f)
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=f)
             _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         if status != 0:
-            raise SystemExit(f"compress failed: {log.read_text()[-2000:]}")
+            raise SystemExit(f"{cmd[4]} failed: {log.read_text()[-2000:]}")
         digest = hashlib.sha256()
-        for f in sorted(out.glob("*.safetensors")):
+        if evaluate:
+            result = json.loads(out.read_text())
+            digest.update(json.dumps({k: result.get(k) for k in FIGURES}).encode())
+        for f in sorted(out.glob("*.safetensors")) if not evaluate else []:
             digest.update(f.read_bytes())
     return {
         "wall_s": round(wall, 1),
@@ -99,8 +117,8 @@ def table(record: dict) -> str:
     lines += ["", "| setting | median wall s | median sys s |", "|---|---|---|"]
     for name in dict.fromkeys(r["setting"] for r in record["runs"]):
         runs = [r for r in record["runs"] if r["setting"] == name]
-        wall = statistics.median(r["wall_s"] for r in runs)
-        sys_s = statistics.median(r["sys_s"] for r in runs)
+        wall = round(statistics.median(r["wall_s"] for r in runs), 1)
+        sys_s = round(statistics.median(r["sys_s"] for r in runs), 1)
         lines.append(f"| {name} | {wall} | {sys_s} |")
     return "\n".join(lines)
 
@@ -111,6 +129,7 @@ def main() -> None:
     ap.add_argument("--model", default="default")
     ap.add_argument("--quant", default="w4g64", help="the README's first compress: w4g64")
     ap.add_argument("--flags", default="", help="more compress flags, as one string")
+    ap.add_argument("--eval", metavar="ARTIFACT", help="time `eval ARTIFACT --flags` instead")
     ap.add_argument("--label", help="the model's name in the results (default: --model)")
     ap.add_argument("--against", metavar="REV", help="compare REV's code with this checkout's")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "allocator_churn.json")
@@ -122,11 +141,14 @@ def main() -> None:
             sides = [(f"code of {args.against}", None, tree), ("this checkout", None, ROOT)]
         for r in range(args.rounds):
             for name, trim, code in sides:
-                result = run_once(trim, args.model, args.quant, args.flags.split(), code)
+                flags = args.flags.split()
+                result = run_once(trim, args.model, args.quant, flags, code, args.eval)
                 row = {"setting": name, "round": r + 1, **result}
                 print(json.dumps(row), flush=True)
                 runs.append(row)
     words = ["compress", args.label or args.model, "--quant", args.quant, args.flags]
+    if args.eval:
+        words = ["eval", args.label or args.eval, args.flags]
     command = " ".join(words).strip()
     if args.against:
         command += f" (against {args.against})"

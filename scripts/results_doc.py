@@ -442,7 +442,12 @@ def allocator_churn(d: dict) -> list[str]:
         "llama-3.2-1b shape with 2 blocks, run with `--model DIR --label NAME --quant "
         "gptq:w4g64 --flags '...' --rounds 1` (the script's docstring): at its widths "
         "nearly every tensor is above the mmap threshold, and the trim threshold changes "
-        "neither its page faults nor its peak memory.",
+        "neither its page faults nor its peak memory. The whole 16-block shape "
+        "(`--label llama-3.2-1b-shape`) shows slices of temporaries kept under the mmap "
+        "threshold (compress/quantizers/scheme.py's CPU_SLICE, the kept buffer of "
+        "kernels/cpu.py's slice_buffer, eval/drift.py's row slices). `eval` rows run "
+        "`--eval ARTIFACT`, the original read from the cache; their sha256 is of the "
+        "figures computed.",
     ]
     for command, rec in d["commands"].items():
         runs = rec["runs"]
@@ -466,7 +471,11 @@ def allocator_churn(d: dict) -> list[str]:
         first, last = settings[0], settings[-1]
         shas = {s: {r["sha256"] for r in runs if r["setting"] == s} for s in settings}
         same = (
-            "All runs wrote the same bytes."
+            (
+                "All runs computed the same figures."
+                if command.startswith("eval ")
+                else "All runs wrote the same bytes."
+            )
             if len(set().union(*shas.values())) == 1
             else "Runs of the same code did not all write the same bytes: "
             "this compress is not bit-reproducible from run to run (open)."
@@ -2383,7 +2392,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ),
     (
         "allocator_churn.json",
-        "The heap's top kept: page faults in a compress run",
+        "The heap's top kept: page faults in compress and eval runs",
         "benchmarks/allocator_churn.py --rounds 3",
         allocator_churn,
     ),
