@@ -87,7 +87,7 @@ def run_once(
             _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         if status != 0:
-            raise SystemExit(f"{cmd[4]} failed: {log.read_text()[-2000:]}")
+            raise SystemExit(f"{cmd[5]} failed: {log.read_text()[-2000:]}")
         digest = hashlib.sha256()
         if evaluate:
             result = json.loads(out.read_text())
