@@ -570,10 +570,10 @@ _buffers = threading.local()
 def slice_buffer(elements: int) -> torch.Tensor:
     """fp32 scratch of at least `elements` for slices of weights widened to fp32 (the exact
     path's dequantized ones, DenseLinear's 16-bit ones), kept by this thread from call to
-    call. Allocated afresh, each slice (up to 64 MB) was above
-    the allocator's mmap threshold (compress/allocator.py), so every weight of every
-    evaluation window was mapped and page-faulted in again: a Llama-3.2-1B-shaped eval of
-    2 windows took 9.1M page faults and 21 s of system time in 48 s."""
+    call. Allocated afresh, each slice (up to 64 MB) was above the allocator's mmap
+    threshold (compress/allocator.py), so every weight of every evaluation window was
+    mapped and page-faulted in again: a Llama-3.2-1B-shaped eval of 2 windows took 9.1M
+    page faults and 21 s of system time in 48 s."""
     buf = getattr(_buffers, "fp32", None)
     if buf is None or buf.numel() < elements:
         buf = _buffers.fp32 = torch.empty(elements)

@@ -44,10 +44,10 @@ class DenseLinear:
             n, k = w.shape
             step = min(n, max(1, EXACT_SLICE_BYTES // (4 * k)))
             buf = slice_buffer(step * k).view(step, k)
-            y = torch.empty(x.shape[0], n)
+            y = torch.empty(*x.shape[:-1], n)
             for lo in range(0, n, step):
                 hi = min(n, lo + step)
-                y[:, lo:hi] = x @ buf[: hi - lo].copy_(w[lo:hi]).T
+                y[..., lo:hi] = x @ buf[: hi - lo].copy_(w[lo:hi]).T
         else:
             y = torch.nn.functional.linear(x.to(w.dtype), w).float()
         return y if self.bias is None else y + self.bias
