@@ -534,16 +534,7 @@ class PackedLinear:
         """x @ W.T with W dequantized EXACT_SLICE_BYTES at a time (whole, a 152k-word
         8-bit head would be a 2.2 GB fp32 copy at a 7B width), into one buffer this thread
         keeps (slice_buffer)."""
-        n = self.out_features
-        step = min(n, max(TILE, EXACT_SLICE_BYTES // (4 * self.kp) // TILE * TILE))
-        buf = slice_buffer(step * self.kp).view(step, self.kp)
-        if step == n:
-            return x @ self.dense(out=buf).T
-        y = torch.empty(x.shape[0], n)
-        for lo in range(0, n, step):
-            hi = min(n, lo + step)
-            y[:, lo:hi] = x @ self.dense(lo, hi, out=buf[: hi - lo]).T
-        return y
+        return sliced_product(x, self.out_features, self.kp, self.dense, TILE)
 
     def dense(self, lo: int = 0, hi: int | None = None, out=None) -> torch.Tensor:
         """The fp32 weight [N, in], or its output rows lo:hi (lo a multiple of 8); `out`:
@@ -578,6 +569,21 @@ def slice_buffer(elements: int) -> torch.Tensor:
     if buf is None or buf.numel() < elements:
         buf = _buffers.fp32 = torch.empty(elements)
     return buf[:elements]
+
+
+def sliced_product(x: torch.Tensor, n: int, k: int, widen, tile: int = 1) -> torch.Tensor:
+    """x @ W.T for a weight W [n, k] kept in another form: `widen(lo, hi, out)` writes its
+    rows lo:hi in fp32 into `out` (a slice_buffer view) and returns what to multiply, at
+    most EXACT_SLICE_BYTES at a time (slices start at multiples of `tile`)."""
+    step = min(n, max(tile, EXACT_SLICE_BYTES // (4 * k) // tile * tile))
+    buf = slice_buffer(step * k).view(step, k)
+    if step == n:
+        return x @ widen(0, n, buf).T
+    y = torch.empty(*x.shape[:-1], n)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        y[..., lo:hi] = x @ widen(lo, hi, buf[: hi - lo]).T
+    return y
 
 
 class _QLin(ctypes.Structure):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
-    EXACT_SLICE_BYTES,
     GEMV_DTYPES,
     GEMV_ROWS,
     FusedLinear,
@@ -18,7 +17,7 @@ from compress.kernels.cpu import (
     QuantizedInput,
     gemv_f32,
     quantize_input,
-    slice_buffer,
+    sliced_product,
 )
 
 
@@ -40,14 +39,7 @@ class DenseLinear:
         if cpu and w.dtype in GEMV_DTYPES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:
             y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
         elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
-            x = x.float()
-            n, k = w.shape
-            step = min(n, max(1, EXACT_SLICE_BYTES // (4 * k)))
-            buf = slice_buffer(step * k).view(step, k)
-            y = torch.empty(*x.shape[:-1], n)
-            for lo in range(0, n, step):
-                hi = min(n, lo + step)
-                y[..., lo:hi] = x @ buf[: hi - lo].copy_(w[lo:hi]).T
+            y = sliced_product(x.float(), *w.shape, lambda lo, hi, out: out.copy_(w[lo:hi]))
         else:
             y = torch.nn.functional.linear(x.to(w.dtype), w).float()
         return y if self.bias is None else y + self.bias
