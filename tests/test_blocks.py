@@ -2,7 +2,7 @@
 
 import torch
 
-from compress.model.blocks import BlockStore, run_block
+from compress.model.blocks import CHUNK, BlockStore, observe_inputs, run_block
 
 
 def test_blockwise_forward_matches_the_model(default_ckpt, base_model, tokenizer, wikitext):
@@ -20,3 +20,42 @@ def test_blockwise_forward_matches_the_model(default_ckpt, base_model, tokenizer
         expected = base_model(ids, output_hidden_states=True).hidden_states[-1]
         ours = base_model.model.norm(hidden)
     assert torch.allclose(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_an_observing_pass_without_outputs_stops_at_its_last_input(default_ckpt):
+    """Observing a block's linears' inputs with no outputs wanted stops each chunk's
+    forward once every named input is seen (down_proj's own product never runs), and
+    sees exactly the inputs a whole pass that keeps the outputs sees."""
+    store = BlockStore(default_ckpt)
+    ids = torch.randint(0, 1000, (CHUNK + 3, 32), generator=torch.Generator().manual_seed(0))
+    hidden, rope = store.embed(ids), store.position_embeddings(ids.shape[1])
+    block = store.block(2)
+    names = ["self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"]
+    runs = []
+    handle = block.mlp.down_proj.register_forward_hook(lambda *_: runs.append(1))
+    try:
+        seen_whole: dict[str, list] = {}
+        outputs = torch.empty_like(hidden)
+        observe_inputs(
+            block,
+            hidden,
+            rope,
+            names,
+            lambda n, x: seen_whole.setdefault(n, []).append(x.clone()),
+            outputs,
+        )
+        assert len(runs) == 2  # two chunks, each run to the end
+        torch.testing.assert_close(outputs, run_block(block, hidden, rope), rtol=0, atol=0)
+        runs.clear()
+        seen: dict[str, list] = {}
+        observe_inputs(
+            block, hidden, rope, names, lambda n, x: seen.setdefault(n, []).append(x.clone())
+        )
+        assert runs == []  # stopped at down_proj's input, both chunks
+    finally:
+        handle.remove()
+    assert seen.keys() == seen_whole.keys() == set(names)
+    for name in names:
+        assert len(seen[name]) == 2
+        for a, b in zip(seen[name], seen_whole[name], strict=True):
+            assert torch.equal(a, b)

@@ -134,16 +134,25 @@ def observe_inputs(
 ) -> None:
     """Run the block over every sample, calling observe(name, x) with each input x of the
     named sub-modules (chunk by chunk): how calibrating stages collect statistics. The
-    block's outputs go into `outputs` when given (the same values run_block computes)."""
+    block's outputs go into `outputs` when given (the same values run_block computes);
+    without them a chunk's forward stops once every named input is seen (GPTQ's pass
+    then skips down_proj's product, a quarter of the block's linear work)."""
+    names = list(dict.fromkeys(names))
+    fired: set[str] = set()
+    stop_at = len(names) if outputs is None else None
 
     def hook(name):
-        return lambda _module, args: observe(name, args[0])
+        return _last(lambda _module, args: observe(name, args[0]), name, fired, stop_at)
 
     handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
     device, kwargs = _device(block), rope.kwargs(block)
     try:
         for lo in range(0, hidden.shape[0], CHUNK):
-            out = block(hidden[lo : lo + CHUNK].to(device), **kwargs)
+            fired.clear()
+            try:
+                out = block(hidden[lo : lo + CHUNK].to(device), **kwargs)
+            except _AllSeen:
+                continue
             if outputs is not None:
                 outputs[lo : lo + CHUNK] = out
     finally:
