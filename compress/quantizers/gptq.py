@@ -39,6 +39,10 @@ BLOCK = 128  # columns updated together (the lazy batch update of the paper)
 # the upper triangle is summed (slab i: rows and columns from i·ROWS on): half the float64
 # memory and half the products of the full matrix.
 ROWS = 2048
+# Within a slab the products go a band of BAND rows at a time, each from its own first
+# column on, so the diagonal block is summed about half, not whole: the default model's
+# Hessians in 0.67-0.78 of the time at widths 576 to 4096 (256 beat 128 and 512 there).
+BAND = 256
 
 # FLOP-equivalents of the column solve (compress/estimate.py): its lazy-batch updates are
 # skinny products, out·in² FLOPs at a fraction of the probe's rate; the scale search
@@ -289,17 +293,19 @@ def _slabs(width: int, device) -> list[torch.Tensor]:
 
 
 def _hessian_flops(width: int, tokens: int) -> int:
-    """FLOPs of _accumulate over `tokens` inputs: each slab's rows by its columns."""
-    return sum(2 * tokens * min(ROWS, width - lo) * (width - lo) for lo in range(0, width, ROWS))
+    """FLOPs of _accumulate over `tokens` inputs: each band's rows by its columns."""
+    return sum(2 * tokens * min(BAND, width - lo) * (width - lo) for lo in range(0, width, BAND))
 
 
 def _accumulate(slabs: list[torch.Tensor], x: torch.Tensor) -> None:
     """slabs += 2·xᵀx's upper triangle for inputs x [tokens, width]: fp32 products summed
-    in float64 (exact in any order: distributed.py), by slabs so the fp32 temporary
-    stays small."""
+    in float64 (exact in any order: distributed.py), by bands of rows so the fp32
+    temporary stays small and little below the diagonal is computed (what a band puts
+    there is dropped: _mean_fp32 mirrors the upper triangle)."""
     for i, slab in enumerate(slabs):
         lo = i * ROWS
-        slab.add_(x[:, lo : lo + ROWS].T @ x[:, lo:], alpha=2)
+        for r in range(0, slab.shape[0], BAND):
+            slab[r : r + BAND, r:].add_(x[:, lo + r : lo + r + BAND].T @ x[:, lo + r :], alpha=2)
 
 
 def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
@@ -312,10 +318,12 @@ def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
     while slabs:
         slab = slabs.pop(0).div_(n).float()
         rows = slab.shape[0]
-        out[lo : lo + rows, lo:] = slab
+        diagonal = slab[:, :rows].triu()  # below it the bands left zeros or nothing summed
+        out[lo : lo + rows, lo : lo + rows] = diagonal + diagonal.triu(1).T
+        out[lo : lo + rows, lo + rows :] = slab[:, rows:]
         out[lo + rows :, lo : lo + rows] = slab[:, rows:].T
         lo += rows
-        del slab
+        del slab, diagonal
     return out
 
 
