@@ -2,7 +2,7 @@
 compress ...` (gloo on CPU, nccl on GPUs).
 
 Each rank holds a shard of the calibration samples, whole chunks of the block walk's
-`CHUNK` samples dealt round-robin, so every sample goes through the very same batched
+samples (`Positions.chunk`) dealt round-robin, so every sample goes through the very same batched
 forward it would in one process. What a stage accumulates is summed (or maxed) over the
 ranks before it is used: Hessians, activation norms, AWQ's candidate losses and clipping
 Grams, tune's gradients and errors, expert routing counts. Sums are kept in float64,

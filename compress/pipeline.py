@@ -27,7 +27,7 @@ from compress.calib_data.prepare import load_calibration
 from compress.device import activation_home, describe, resolve_device
 from compress.errors import LlmpressError
 from compress.estimate import estimate, estimate_line
-from compress.model.blocks import CHUNK, BlockStore, route_calibration, run_block
+from compress.model.blocks import BlockStore, route_calibration, run_block
 from compress.model.default import DEFAULT_LICENSE, DEFAULT_NAME
 from compress.model.loading import (
     Checkpoint,
@@ -484,9 +484,9 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     ws, stages, clock = run.ws, run.stages, _Clock(run.timing)
     hidden = rope = shard = None
     if any(stage.needs_calibration for stage in stages):
-        shard = distributed.Shard.of(samples.shape[0], CHUNK)  # all of them in one process
-        hidden = _activations(run, ws.store.embed(samples[list(shard.indices)]))
         rope = ws.store.position_embeddings(samples.shape[1])
+        shard = distributed.Shard.of(samples.shape[0], rope.chunk)  # all in one process
+        hidden = _activations(run, ws.store.embed(samples[list(shard.indices)]))
     rounders = [k for k, st in enumerate(stages) if st.scheme is not None]
     # the original model's hidden states, walked beside the compressed ones when asked
     original = hidden if any(stage.needs_original for stage in stages) else None

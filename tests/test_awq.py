@@ -69,7 +69,7 @@ def test_clip_search_lowers_the_output_error():
     x = torch.randn(512, 256)
     scheme = QuantScheme(3, 64, True)
     awq = AWQ(AWQConfig(bits=3, zero_point=True))
-    clip = awq._search_clip(w, x, 64, scheme)
+    clip = awq._search_clip(w, x, 64, scheme, 8)
     assert clip.shape == (64, 4) and (clip <= 1).all() and (clip >= 0.5).all() and (clip < 1).any()
 
     def out_err(c):

@@ -2,7 +2,8 @@
 
 import torch
 
-from compress.model.blocks import CHUNK, BlockStore, observe_inputs, run_block
+from compress.allocator import THRESHOLD
+from compress.model.blocks import CHUNK, BlockStore, chunk_samples, observe_inputs, run_block
 
 
 def test_blockwise_forward_matches_the_model(default_ckpt, base_model, tokenizer, wikitext):
@@ -59,3 +60,15 @@ def test_an_observing_pass_without_outputs_stops_at_its_last_input(default_ckpt)
         assert len(seen[name]) == 2
         for a, b in zip(seen[name], seen_whole[name], strict=True):
             assert torch.equal(a, b)
+
+
+def test_a_chunk_keeps_its_widest_activation_under_the_mmap_threshold(default_ckpt):
+    """On the CPU a block's forward takes as many samples as keep its widest activation
+    (the default model's 1536-wide MLP) under the allocator's mmap threshold, one at
+    least and CHUNK at most; a device takes CHUNK."""
+    store = BlockStore(default_ckpt)
+    assert [store.position_embeddings(n).chunk for n in (32, 128, 512, 4096)] == [8, 5, 1, 1]
+    for length in (128, 512):
+        chunk = store.position_embeddings(length).chunk
+        assert 4 * chunk * length * 1536 < THRESHOLD <= 4 * (chunk + 1) * length * 1536
+    assert chunk_samples(512, 1536, "meta") == chunk_samples(512, 1536, "cuda") == CHUNK

@@ -21,7 +21,6 @@ import torch
 from compress.distributed import all_sum, mean_squared_error, sum_floats
 from compress.errors import LlmpressError
 from compress.model.adapters import InputGroup
-from compress.model.blocks import CHUNK
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import adjusted_groups
 from compress.quantizers.scheme import (
@@ -232,7 +231,7 @@ class AWQ(Described):
         linears = {rel: ctx.sub(rel) for rel in group.linears}
         originals = {rel: m.weight.detach().clone() for rel, m in linears.items()}
         parent = self._parent(ctx, group)
-        target = self._run(parent, x)
+        target = self._run(parent, x, ctx.rope.chunk)
         w_mean = None
         if cfg.duo_scaling:
             stacked = torch.cat(list(originals.values()))
@@ -254,7 +253,7 @@ class AWQ(Described):
                 w = originals[rel] * s
                 q = _fake_quant(w, ctx.scheme(rel, scheme), dtype) if rel in targets else w
                 m.weight.copy_(q / s)
-            loss = mean_squared_error(self._run(parent, x), target)
+            loss = mean_squared_error(self._run(parent, x, ctx.rope.chunk), target)
             if loss < best[0]:
                 best = (loss, s_produced, alpha)
         _, s_produced, alpha = best
@@ -278,9 +277,9 @@ class AWQ(Described):
         self.alphas[f"{ctx.prefix}.{key}"] = alpha
 
     @staticmethod
-    def _run(fn, x: torch.Tensor | None) -> list[torch.Tensor]:
+    def _run(fn, x: torch.Tensor | None, chunk: int) -> list[torch.Tensor]:
         """fn's output on each chunk of x (the chunks every rank count agrees on)."""
-        return [] if x is None else [fn(x[lo : lo + CHUNK]) for lo in range(0, x.shape[0], CHUNK)]
+        return [] if x is None else [fn(x[lo : lo + chunk]) for lo in range(0, x.shape[0], chunk)]
 
     def _quantize(self, ctx: BlockContext, rel: str) -> None:
         cfg, dtype = self.config, ctx.ws.storage_dtype
@@ -292,7 +291,7 @@ class AWQ(Described):
         # q/k errors act through the attention scores; AWQ found clipping them hurts
         if cfg.clip and rel not in (adapter.q, adapter.k):
             x = self._inputs.get(_input_key(adapter, rel))
-            clip = self._search_clip(w, x, group, scheme)
+            clip = self._search_clip(w, x, group, scheme, ctx.rope.chunk)
         self.groups[f"{ctx.prefix}.{rel}"] = group
         if ctx.round_later:  # a later stage rounds: leave it the scaled, clipped weights
             self.deferred = True
@@ -303,7 +302,7 @@ class AWQ(Described):
         ctx.set_quantized(rel, QuantizedWeight(q, scale, zp, scheme, group))
 
     def _search_clip(
-        self, w: torch.Tensor, x: torch.Tensor | None, group: int, scheme: QuantScheme
+        self, w: torch.Tensor, x: torch.Tensor | None, group: int, scheme: QuantScheme, chunk: int
     ) -> torch.Tensor:
         """Per (output row, weight group) clipping ratio minimizing that group's output error.
 
@@ -313,7 +312,7 @@ class AWQ(Described):
         """
         cfg = self.config
         rows, cols = w.shape
-        gram = _gram(x, cols // group, group, w.device)  # [G, g, g], summed over ranks
+        gram = _gram(x, cols // group, group, w.device, chunk)  # [G, g, g], over the ranks
         wg = w.reshape(rows, cols // group, group)
         steps = max(1, int(cfg.max_shrink * cfg.clip_grid))
         best_err = torch.full((rows, cols // group), float("inf"), device=w.device)
@@ -349,14 +348,14 @@ def _device(ctx: BlockContext) -> torch.device:
     return next(ctx.module.parameters()).device
 
 
-def _gram(x: torch.Tensor | None, groups: int, group: int, device) -> torch.Tensor:
+def _gram(x: torch.Tensor | None, groups: int, group: int, device, chunk: int) -> torch.Tensor:
     """Per weight group, mean over tokens of x_gᵀ x_g, from every rank's search samples
     (chunk by chunk, summed in float64)."""
     gram = torch.zeros(groups, group, group, dtype=torch.float64, device=device)
     n = 0
     if x is not None:
-        for lo in range(0, x.shape[0], CHUNK):
-            part = x[lo : lo + CHUNK].reshape(-1, x.shape[-1])
+        for lo in range(0, x.shape[0], chunk):
+            part = x[lo : lo + chunk].reshape(-1, x.shape[-1])
             xg = part.reshape(part.shape[0], groups, group).transpose(0, 1)  # [G, n, g]
             gram += (xg.transpose(1, 2) @ xg).double()
             n += part.shape[0]

@@ -34,7 +34,7 @@ from torch.func import functional_call
 
 from compress.distributed import all_sum, mean_squared_error, world
 from compress.errors import LlmpressError
-from compress.model.blocks import CHUNK, run_block
+from compress.model.blocks import run_block
 from compress.quantizers.scheme import QuantizedWeight
 from compress.stage import BlockContext, Described, Workspace, register_stage
 
@@ -220,7 +220,7 @@ class Tune(Described):
         k = ctx.rows_below(min(n, CHECK_SAMPLES))
 
         def error(out: torch.Tensor) -> float:
-            return mean_squared_error(out[:k].split(CHUNK), y[:k].split(CHUNK))
+            return mean_squared_error(out[:k].split(rope.chunk), y[:k].split(rope.chunk))
 
         before = error(run_block(module, x[:k], rope))
         params = [p for t in tunables.values() for p in t.params()]
