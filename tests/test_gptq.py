@@ -300,15 +300,15 @@ def test_bad_gptq_settings_fail_in_one_line():
         parse_recipe({"stages": [{"gptq": {"act_ordr": True}}]})
 
 
-@pytest.mark.parametrize("act_order", [True, False])
-def test_the_in_place_factor_equals_the_textbook_one(act_order):
+@pytest.mark.parametrize(("act_order", "n"), [(True, 2500), (False, 2500), (True, 3200)])
+def test_the_in_place_factor_equals_the_textbook_one(act_order, n):
     """H⁻¹'s upper Cholesky factor computed in H's own memory (permuted, factored,
     inverted by blocks and reversed in place) equals the one of two full matrices, across
-    a block boundary (2,500 columns) and with an input never seen."""
+    a block boundary (2,500 columns; 3,200: several sub-blocks of the products below it)
+    and with an input never seen."""
     from compress.quantizers.gptq import _inverse_factor
 
     gen = torch.Generator().manual_seed(0)
-    n = 2500
     a = torch.randn(n, n + 64, generator=gen)
     h = a @ a.T / n
     h[7, :] = h[:, 7] = 0  # a dead input
