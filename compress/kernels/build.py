@@ -22,7 +22,11 @@ from pathlib import Path
 from compress.errors import LlmpressError
 
 SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"  # the runtime's kernels
-SOURCES = (SOURCE, Path(__file__).parent / "cpu" / "gptq.c")  # all built into one library
+SOURCES = (  # all built into one library
+    SOURCE,
+    Path(__file__).parent / "cpu" / "gptq.c",
+    Path(__file__).parent / "cpu" / "scale_search.c",
+)
 # No -ffast-math (NaN and infinity must survive), but the parts of it that let the compiler
 # vectorize float reductions and inline rounding.
 FAST = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
@@ -144,6 +148,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.llmp_get_threads.argtypes = []
     lib.llmp_gptq_columns.argtypes = [p, i, i, i, i, i, p, i, p, p, i, i, f, f, p, i, p, i]
     lib.llmp_gptq_columns.restype = None
+    lib.llmp_scale_search.argtypes = [p, i, i, i, p, p, p, i, f, f, p, p]
+    lib.llmp_scale_search.restype = None
     lib.llmp_get_threads.restype = i
     lib.llmp_amx_enable.argtypes = [i]
     lib.llmp_amx_enable.restype = i

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from compress.kernels import scale_grid
 from compress.quantizers.scheme import (
     QuantScheme,
     compute_qparams,
@@ -84,8 +85,18 @@ def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Ten
             best[2] = torch.where(better, zp, best[2])
 
     extent = group_range(w, scheme, group)  # the same for every clip factor
-    for c in GRID:
-        consider(*qparams_from_range(extent, scheme, dtype, clip=c))
+    candidates = [qparams_from_range(extent, scheme, dtype, clip=c) for c in GRID]
+    if w.is_cpu and scale_grid.ready():  # the grid in one pass over the slice, in C
+        scales = torch.stack([s for s, _ in candidates], -1)
+        zps = None if scheme.zero_point is False else torch.stack([z for _, z in candidates], -1)
+        err, pick = scale_grid.search(w, group, d, scales, zps, scheme.qmin, scheme.qmax)
+        chosen = [
+            t.gather(-1, pick.unsqueeze(-1)).squeeze(-1) for t in (scales, zps) if t is not None
+        ]
+        best[:] = [err, chosen[0], chosen[1] if zps is not None else None]
+    else:
+        for candidate in candidates:
+            consider(*candidate)
     if not scheme.zero_point:  # least-squares refit of the winner's scale to its integers
         for _ in range(2):
             s = best[1].float()
