@@ -449,6 +449,32 @@ def allocator_churn(d: dict) -> list[str]:
         "`--eval ARTIFACT`, the original read from the cache; their sha256 is of the "
         "figures computed.",
     ]
+    return out + _churn_runs(d)
+
+
+def calibration_passes(d: dict) -> list[str]:
+    out = [
+        "`llmpress compress`, this checkout against REV's code (`--against REV`), each "
+        "run in its own process, the two sides taking turns. Between the two: an observing "
+        "pass with no outputs wanted stops at its last named input (GPTQ's Hessian pass "
+        "skips down_proj's product), GPTQ's Hessians are summed by bands of 256 rows from "
+        "the diagonal on (the diagonal blocks were computed whole), and a calibration "
+        "forward on the CPU takes as many samples as keep the block's widest activation "
+        "under the allocator's 4 MB mmap threshold (the default model: 1 of 512 tokens, "
+        "not 8), so transformers' temporaries come from the heap instead of being mapped "
+        "and page-faulted every chunk (compress/model/blocks.py's chunk_samples). The "
+        "bytes differ: the Hessians are summed over different chunks. Seconds and page "
+        "faults are the child's rusage. The 1B-shaped checkpoint is random_checkpoint.py's "
+        "llama-3.2-1b shape (allocator_churn.py's docstring), run with `--model DIR "
+        "--label llama-3.2-1b-shape --quant gptq:w4g64 --flags '--calib "
+        "../shared/data/wikitext-2-raw/valid.txt --calib-samples 8 --calib-len 256' "
+        "--rounds 1`.",
+    ]
+    return out + _churn_runs(d)
+
+
+def _churn_runs(d: dict) -> list[str]:
+    out = []
     for command, rec in d["commands"].items():
         runs = rec["runs"]
         body = [
@@ -2395,6 +2421,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "The heap's top kept: page faults in compress and eval runs",
         "benchmarks/allocator_churn.py --rounds 3",
         allocator_churn,
+    ),
+    (
+        "calibration_passes.json",
+        "Calibration passes: fewer products, no page faults",
+        "benchmarks/allocator_churn.py --rounds 2 --against 1916ff0 "
+        "--out benchmarks/results/calibration_passes.json",
+        calibration_passes,
     ),
     (
         "rotation.json",
