@@ -27,7 +27,6 @@ from compress.quantizers.scheme import (
     compute_qparams,
     group_range,
     qparams_from_range,
-    quantize_with,
     storage_rounded,
 )
 
@@ -98,11 +97,11 @@ def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Ten
         for candidate in candidates:
             consider(*candidate)
     if not scheme.zero_point:  # least-squares refit of the winner's scale to its integers
-        for _ in range(2):
+        for _ in range(2):  # (quantize_with's integers, and d·w·q, d·q·q, in the buffers)
             s = best[1].float()
-            q = quantize_with(w, best[1], None, scheme, group).float()
-            num = (d * w * q).reshape(w.shape[0], -1, group).sum(-1)
-            den = (d * q * q).reshape(w.shape[0], -1, group).sum(-1)
+            q = torch.div(g, s.unsqueeze(-1), out=codes).round_().clamp_(scheme.qmin, scheme.qmax)
+            num = torch.mul(g, dg, out=errors).mul_(q).sum(-1)
+            den = torch.mul(q, dg, out=errors).mul_(q).sum(-1)
             refit = torch.where((num > 0) & (den > 0), num / den.clamp(min=1e-30), s)
             consider(storage_rounded(refit, dtype), None)
     return best[1], best[2]
