@@ -59,7 +59,7 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     assert more["gptq"] > fast["gptq"]  # the Hessians grow with the tokens
     assert max(best, key=best.get) == "distill"  # as measured: 306 s of 9.6 min
     assert estimate_line(fast) == (
-        "estimated time here: ~1 min (gptq 46 s, calibration passes 39 s; reading and "
+        "estimated time here: ~1 min (gptq 40 s, calibration passes 39 s; reading and "
         "writing not counted)"
     )
     assert estimate_line(best).startswith("estimated time here: ~20 min (distill 14 min, ")
