@@ -103,34 +103,57 @@ class GPTQConfig(RTNConfig):
             )
 
 
+@dataclass
+class Factor:
+    """What GPTQ takes from one H, made once for all the linears that read the same input
+    (q/k/v, gate/up): the visiting order (act_order) or None, H⁻¹'s upper Cholesky factor
+    in it, and H's diagonal (zero: an input never seen; else its importance)."""
+
+    hinv: torch.Tensor
+    perm: torch.Tensor | None
+    diagonal: torch.Tensor
+
+
+def factor_of(
+    h: torch.Tensor | list[torch.Tensor], dampening: float, act_order: bool, own: bool = False
+) -> Factor:
+    """The Factor of H (`own`: as gptq_quantize's)."""
+    held = h if isinstance(h, list) else [h]
+    diagonal = torch.diagonal(held[0]).clone()
+    hinv, perm = _inverse_factor(held, dampening, act_order, own)
+    return Factor(hinv, perm, diagonal)
+
+
 def gptq_quantize(
     w: torch.Tensor,
-    h: torch.Tensor | list[torch.Tensor],
+    h: torch.Tensor | list[torch.Tensor] | None,
     scheme: QuantScheme,
     storage_dtype: torch.dtype,
     act_order: bool = False,
     dampening: float = 0.01,
     own: bool = False,
     scale_search: bool = False,
+    factor: Factor | None = None,
 ) -> QuantizedWeight:
     """GPTQ of one weight [out, in] against the Hessian h [in, in] of its inputs (`own`:
     h is this call's to overwrite, its memory freed as the factorization proceeds; pass
     it as a one-element list, which this call empties, so that no caller's frame keeps
-    it alive: at a 7B down_proj that is 1.4 GB).
+    it alive: at a 7B down_proj that is 1.4 GB), or against its `factor` (factor_of, with
+    the same dampening and act_order; h then None), which several weights can share.
 
     With `scale_search`, group scales are searched against H's diagonal
     (scale_search.py) instead of min-max. On the default model (benchmarks/scale_search.py,
     w4g64, 16 windows): KL 0.348 → 0.175. Choosing per row whichever of the two leaves
     less GPTQ loss on the calibration inputs is worse, KL 0.224: the searched scales lose
     on that loss in most q/v rows and still win on the text."""
-    held = h if isinstance(h, list) else [h]
+    if factor is None:
+        factor = factor_of(h, dampening, act_order, own)
     del h
     w = w.detach().float().clone()
     rows, cols = w.shape
     group = scheme.group_for(cols)
-    dead = torch.diagonal(held[0]) == 0  # inputs never seen: their columns cannot matter
-    w[:, dead] = 0
-    importance = torch.diagonal(held[0]).clone() if scale_search else None
+    w[:, factor.diagonal == 0] = 0  # inputs never seen: their columns cannot matter
+    importance = factor.diagonal if scale_search else None
 
     def qparams(span: torch.Tensor, first: int):
         if importance is None:
@@ -141,7 +164,7 @@ def gptq_quantize(
     static = None
     if act_order:  # groups fixed from the original weights, in stored column order
         static = qparams(w, 0)
-    hinv, perm = _inverse_factor(held, dampening, act_order, own)
+    hinv, perm = factor.hinv, factor.perm
     if act_order:
         w = w[:, perm]
     order = (perm if act_order else torch.arange(cols)).tolist()  # read per column, on the host
@@ -527,6 +550,7 @@ class GPTQ(Described):
         started = time.perf_counter()
         targets = ctx.targets()
         users = {key: sum(self._key[rel] == key for rel in targets) for key in self._key.values()}
+        factors: dict[str, Factor] = {}  # one per H, for every linear that reads its input
         for rel in targets:
             key = self._key[rel]
             if key not in hessians:  # target original: measured once the linears before it are
@@ -537,21 +561,28 @@ class GPTQ(Described):
                 cross.update(more_cross)
                 started = time.perf_counter()
             users[key] -= 1
-            last = users[key] == 0  # then H is handed over, not copied
+            last = users[key] == 0
             w = ctx.sub(rel).weight
             if key in cross:
                 w = _toward_original(w, hessians[key], cross[key], cfg.original_dampening)
+            if key not in factors:  # H handed over (see own) unless a later fit needs it
+                hand_over = last or key not in cross
+                held = [hessians.pop(key)] if hand_over else hessians[key]
+                factors[key] = factor_of(held, cfg.dampening, cfg.act_order, own=hand_over)
             scheme = ctx.scheme(rel, cfg.scheme)
             qw = gptq_quantize(
                 w,
-                [hessians.pop(key)] if last else hessians[key],  # handed over: see own
+                None,
                 scheme,
                 ctx.ws.storage_dtype,
                 cfg.act_order,
                 cfg.dampening,
-                own=last,
                 scale_search=cfg.scale_search,
+                factor=factors[key],
             )
+            if last:
+                factors.pop(key)
+                hessians.pop(key, None)
             ctx.set_quantized(rel, qw)
             self.groups[f"{ctx.prefix}.{rel}"] = qw.group_size
         self.seconds["rounding"] += time.perf_counter() - started
