@@ -62,7 +62,7 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
         "estimated time here: ~1 min (gptq 40 s, calibration passes 39 s; reading and "
         "writing not counted)"
     )
-    assert estimate_line(best).startswith("estimated time here: ~20 min (distill 14 min, ")
+    assert estimate_line(best).startswith("estimated time here: ~19 min (distill 14 min, ")
     assert estimate_line({"rtn": 1.0}).startswith("estimated time here: <1 min")
     # an explicit bf16 this CPU lacks is estimated, not refused: the run may be on a GPU
     explicit = parse_recipe({"stages": [{"rtn": {}}, {"distill": {"precision": "bf16"}}]})
