@@ -306,15 +306,21 @@ def _permute_(h: torch.Tensor, order: list[int]) -> None:
         h[lo : lo + ROWS] = h[lo : lo + ROWS].index_select(1, index)
 
 
-def _invert_lower_(factor: torch.Tensor) -> None:
+def _invert_lower_(factor: torch.Tensor, block: int = ROWS) -> None:
     """A lower-triangular matrix (zeros above its diagonal) ← its inverse, in place, by
-    blocks of ROWS from the last: a block's panel below its diagonal block is taken to
-    −(inverse of the trailing part) · panel · (inverse of the diagonal block)."""
+    blocks of `block` from the last: a block's panel below its diagonal block is taken to
+    −(inverse of the trailing part) · panel · (inverse of the diagonal block). A diagonal
+    block wider than SUB is inverted by the same steps in blocks of SUB (2048 wide: 42 ms
+    against solve_triangular's 102 here), a narrower one by solve_triangular."""
     n = factor.shape[0]
-    for lo in reversed(range(0, n, ROWS)):
-        hi = min(lo + ROWS, n)
-        eye = torch.eye(hi - lo, dtype=factor.dtype, device=factor.device)
-        diag = torch.linalg.solve_triangular(factor[lo:hi, lo:hi], eye, upper=False)
+    for lo in reversed(range(0, n, block)):
+        hi = min(lo + block, n)
+        if hi - lo > SUB:
+            diag = factor[lo:hi, lo:hi].clone()
+            _invert_lower_(diag, SUB)
+        else:
+            eye = torch.eye(hi - lo, dtype=factor.dtype, device=factor.device)
+            diag = torch.linalg.solve_triangular(factor[lo:hi, lo:hi], eye, upper=False)
         if hi < n:  # both products skip the zeros above their triangles' diagonals
             panel = torch.empty(n - hi, hi - lo, dtype=factor.dtype, device=factor.device)
             for r0 in range(hi, n, SUB):  # a row of the trailing inverse: columns to its own
