@@ -402,3 +402,30 @@ def test_the_c_column_loop_leaves_the_torch_loops_floats(monkeypatch, zero_point
         assert torch.equal(a, b)
     assert torch.equal(out["c"][0][:, :33], w[:, :33])  # only later columns are updated
     assert (out["c"][1][:, 32:96] != 0).any() and (out["c"][1][:, 96:] == 0).all()
+
+
+def test_a_block_is_measured_once_however_many_linears_share_an_input(
+    tmp_path, wikitext, tokenizer, monkeypatch
+):
+    """q/k/v and gate/up share one H and one factor of it: each block's inputs are measured
+    in one pass, never again for the later linears that read the same input."""
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
+    tokenizer.save_pretrained(str(folder))
+    passes = []
+    real = gptq.GPTQ._measure
+    monkeypatch.setattr(
+        gptq.GPTQ,
+        "_measure",
+        lambda self, ctx, observed, keep=(): (
+            passes.append(ctx.index) or real(self, ctx, observed, keep)
+        ),
+    )
+    recipe = parse_recipe(
+        {
+            "stages": [{"gptq": {"bits": 4, "group_size": 32}}],
+            "calib": {"source": str(wikitext / "valid.txt"), "samples": 2, "length": 32},
+        }
+    )
+    compress(str(folder), recipe, tmp_path / "gptq", log=lambda _: None)
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    assert passes == list(range(layers))

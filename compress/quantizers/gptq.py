@@ -559,13 +559,13 @@ class GPTQ(Described):
         factors: dict[str, Factor] = {}  # one per H, for every linear that reads its input
         for rel in targets:
             key = self._key[rel]
-            if key not in hessians:  # target original: measured once the linears before it are
-                self.seconds["rounding"] += time.perf_counter() - started  # rounded
+            if key not in hessians and key not in factors:  # target original: measured once
+                self.seconds["rounding"] += time.perf_counter() - started  # the linears before
                 self._measure(ctx, [key])
                 more, more_cross = self._statistics()
                 hessians.update(more)
                 cross.update(more_cross)
-                started = time.perf_counter()
+                started = time.perf_counter()  # it are rounded (a factored H is not measured again)
             users[key] -= 1
             last = users[key] == 0
             w = ctx.sub(rel).weight
