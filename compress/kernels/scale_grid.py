@@ -45,8 +45,8 @@ def search(
     w, d = w.float().contiguous(), d.float().contiguous()
     scales = scales.float().contiguous()
     zeros = None if zeros is None else zeros.float().contiguous()
-    err = torch.empty(rows, cols // group)
-    best = torch.empty(rows, cols // group, dtype=torch.int32)
+    err = torch.empty(rows, cols // group, device=w.device)
+    best = torch.empty(rows, cols // group, dtype=torch.int32, device=w.device)
     library().llmp_scale_search(
         w.data_ptr(), rows, cols, group, d.data_ptr(), scales.data_ptr(),
         None if zeros is None else zeros.data_ptr(), n, float(qmin), float(qmax),
