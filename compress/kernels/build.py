@@ -75,6 +75,18 @@ def fallback_note(failed: str, used: list[str]) -> str:
 
 
 @cache
+def ready(fallback: str) -> bool:
+    """Whether the library is built; where it cannot be, says once, per `fallback` (what
+    then runs in torch instead: the same results, slower), why."""
+    try:
+        library()
+    except LlmpressError as e:
+        print(f"llmpress: {fallback} runs in torch, slower: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+@cache
 def library() -> ctypes.CDLL:
     """The compiled kernel library (built now if this machine has none yet)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")

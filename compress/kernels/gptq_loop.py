@@ -8,28 +8,15 @@ CPU run).
 
 from __future__ import annotations
 
-import sys
-from functools import cache
-
 import torch
 
-from compress.errors import LlmpressError
-from compress.kernels.build import library
+from compress.kernels import build
 
 
-@cache
 def ready() -> bool:
     """Whether the C library is built; where it cannot be, GPTQ runs its torch loop and
     says so once (the same integers, slower)."""
-    try:
-        library()
-    except LlmpressError as e:
-        print(
-            f"llmpress: GPTQ's column loop runs in torch, slower: {e}",
-            file=sys.stderr,
-        )
-        return False
-    return True
+    return build.ready("GPTQ's column loop")
 
 
 def columns(wb, j0: int, j1: int, hinv, scale, zero, qmin: int, qmax: int, q, err) -> None:
@@ -50,7 +37,7 @@ def columns(wb, j0: int, j1: int, hinv, scale, zero, qmin: int, qmax: int, q, er
     if not layout_ok:
         raise TypeError("gptq_loop.columns: CPU float32 rows (int8 q) with unit column stride")
     rows, nb = wb.shape
-    library().llmp_gptq_columns(
+    build.library().llmp_gptq_columns(
         wb.data_ptr(),
         rows,
         wb.stride(0),

@@ -8,22 +8,15 @@ compress/quantizers/scale_search.py.
 
 from __future__ import annotations
 
-from functools import cache
-
 import torch
 
-from compress.errors import LlmpressError
-from compress.kernels.build import library
+from compress.kernels import build
 
 
-@cache
 def ready() -> bool:
-    """Whether the C library is built (gptq_loop says once when it is not)."""
-    try:
-        library()
-    except LlmpressError:
-        return False
-    return True
+    """Whether the C library is built; where it cannot be, the search runs its torch loop
+    and says so once (the same candidates but for near-ties, slower)."""
+    return build.ready("the scale search's grid")
 
 
 def search(
@@ -47,7 +40,7 @@ def search(
     zeros = None if zeros is None else zeros.float().contiguous()
     err = torch.empty(rows, cols // group, device=w.device)
     best = torch.empty(rows, cols // group, dtype=torch.int32, device=w.device)
-    library().llmp_scale_search(
+    build.library().llmp_scale_search(
         w.data_ptr(), rows, cols, group, d.data_ptr(), scales.data_ptr(),
         None if zeros is None else zeros.data_ptr(), n, float(qmin), float(qmax),
         err.data_ptr(), best.data_ptr(),

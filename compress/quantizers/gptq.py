@@ -178,16 +178,14 @@ def gptq_quantize(
     s = z = None
     # a block's working copies, made once per weight: at a 1B model's 8192 rows each is
     # 4 MB, at the allocator's mmap threshold, and was mapped and faulted in every block
-    kept = _BlockBuffers(rows, block, dev, static is not None and static[1] is not None)
+    kept = _BlockBuffers(rows, block, dev, static)
     product = torch.empty(rows * max(cols - block, 0), device=dev)
     if static is not None:
         static_s = static[0].float()
         static_z = None if static[1] is None else static[1].float()
     for b0 in range(0, cols, block):
         b1 = min(b0 + block, cols)
-        buffers = (
-            kept if b1 - b0 == block else _BlockBuffers(rows, b1 - b0, dev, kept.z is not None)
-        )
+        buffers = kept if b1 - b0 == block else _BlockBuffers(rows, b1 - b0, dev, static)
         wb, err, qb = buffers.wb.copy_(w[:, b0:b1]), buffers.err.zero_(), buffers.q
         hb = hinv[b0:b1, b0:b1]
         if static is not None:  # each column its stored column's group
@@ -222,14 +220,18 @@ def gptq_quantize(
 
 class _BlockBuffers:
     """One column block's working tensors [rows, width]: the weights being rounded, their
-    errors, their integers and (static groups) each column's scale and zero point."""
+    errors, their integers and, with `static` groups (scale, zero point or None), each
+    column's scale and zero point."""
 
-    def __init__(self, rows: int, width: int, device, zero_point: bool):
+    def __init__(self, rows: int, width: int, device, static: tuple | None):
         self.wb = torch.empty(rows, width, device=device)
         self.err = torch.empty(rows, width, device=device)
         self.q = torch.empty(rows, width, dtype=torch.int8, device=device)
-        self.s = torch.empty(rows, width, device=device)
-        self.z = torch.empty(rows, width, device=device) if zero_point else None
+        self.s = self.z = None
+        if static is not None:
+            self.s = torch.empty(rows, width, device=device)
+            if static[1] is not None:
+                self.z = torch.empty(rows, width, device=device)
 
 
 def _round_columns(wb, j0: int, j1: int, hinv, s, z, scheme: QuantScheme, q, err) -> None:

@@ -87,12 +87,11 @@ def _search(w, scheme: QuantScheme, group: int, dtype: torch.dtype, d: torch.Ten
     candidates = [qparams_from_range(extent, scheme, dtype, clip=c) for c in GRID]
     if w.is_cpu and scale_grid.ready():  # the grid in one pass over the slice, in C
         scales = torch.stack([s for s, _ in candidates], -1)
-        zps = None if scheme.zero_point is False else torch.stack([z for _, z in candidates], -1)
+        zps = torch.stack([z for _, z in candidates], -1) if scheme.zero_point else None
         err, pick = scale_grid.search(w, group, d, scales, zps, scheme.qmin, scheme.qmax)
-        chosen = [
-            t.gather(-1, pick.unsqueeze(-1)).squeeze(-1) for t in (scales, zps) if t is not None
-        ]
-        best[:] = [err, chosen[0], chosen[1] if zps is not None else None]
+        index = pick.unsqueeze(-1)
+        zp = None if zps is None else zps.gather(-1, index).squeeze(-1)
+        best[:] = [err, scales.gather(-1, index).squeeze(-1), zp]
     else:
         for candidate in candidates:
             consider(*candidate)
