@@ -43,7 +43,7 @@ from interleave import running_engine, step_medians  # noqa: E402
 from kernel_ab import builds, git_rev  # noqa: E402
 
 import compress.kernels.cpu as cpu  # noqa: E402
-from compress.kernels.build import _declare  # noqa: E402
+from compress.kernels.c_api import declare  # noqa: E402
 from compress.model.loading import resolve  # noqa: E402
 from compress.runtime.kv_cache import KVCache, kv_scheme, parse_kv  # noqa: E402
 from compress.runtime.model import Model  # noqa: E402
@@ -51,7 +51,7 @@ from compress.runtime.weights import load_weights  # noqa: E402
 
 
 class _Present:
-    """A library as _declare sees it: functions an earlier build lacks take their
+    """A library as declare sees it: functions an earlier build lacks take their
     declarations harmlessly."""
 
     def __init__(self, lib):
@@ -133,7 +133,7 @@ def main() -> None:
     args = ap.parse_args()
     libs = builds(args.rev)
     for lib in libs.values():
-        _declare(_Present(lib))
+        declare(_Present(lib))
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.contexts:

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 from batched_decode import cpu_flags  # noqa: E402
 
 from compress.kernels import cpu  # noqa: E402
-from compress.kernels.build import FLAG_SETS, SOURCE  # noqa: E402
+from compress.kernels.build import FLAG_SETS, FOLDER  # noqa: E402
 
 HEADS = {"default model (tied)": (49152, 576), "Qwen2.5-0.5B": (151936, 896)}
 SHAPES = {  # (out, in) of q/k/v, gate/up, down, o
@@ -56,12 +56,13 @@ SHAPES8 = {
 HEAD_COPIES = 6  # 28 MB each
 
 
-def build(source: Path, out: Path) -> ctypes.CDLL:
-    """Built with the package's flags: LLMPRESS_KERNEL_FLAGS where set (another instruction
-    set's paths on this host, as the package then builds them), else its native set."""
+def build(folder: Path, out: Path) -> ctypes.CDLL:
+    """The kernels of `folder` (every .c file there, one library) built with the package's
+    flags: LLMPRESS_KERNEL_FLAGS where set (another instruction set's paths on this host,
+    as the package then builds them), else its native set."""
     flags = os.environ.get("LLMPRESS_KERNEL_FLAGS", "").split() or FLAG_SETS[0]
-    cmd = ["cc", *flags, "-shared", "-fPIC", str(source), "-o", str(out), "-lm"]
-    subprocess.run(cmd, check=True)
+    sources = sorted(str(path) for path in folder.glob("*.c"))
+    subprocess.run(["cc", *flags, "-shared", "-fPIC", *sources, "-o", str(out), "-lm"], check=True)
     lib = ctypes.CDLL(str(out))
     p, i = ctypes.c_void_p, ctypes.c_int
     for name in ("llmp_gemm_q4", "llmp_gemm_q8"):
@@ -83,12 +84,18 @@ def git_rev(rev: str) -> str:
 def builds(rev: str) -> dict[str, ctypes.CDLL]:
     """The kernels at `rev` ("earlier") and of this checkout ("now"), built alike."""
     with tempfile.TemporaryDirectory() as tmp:
-        old_src = Path(tmp) / "old.c"
-        rel = SOURCE.relative_to(ROOT)
-        old_src.write_bytes(subprocess.check_output(["git", "show", f"{rev}:{rel}"], cwd=ROOT))
+        old = Path(tmp) / "old"
+        old.mkdir()
+        rel = FOLDER.relative_to(ROOT)
+        names = subprocess.check_output(
+            ["git", "ls-tree", "--name-only", f"{rev}:{rel}"], cwd=ROOT, text=True
+        ).split()
+        for name in names:
+            blob = subprocess.check_output(["git", "show", f"{rev}:{rel}/{name}"], cwd=ROOT)
+            (old / name).write_bytes(blob)
         return {
-            "earlier": build(old_src, Path(tmp) / "old.so"),
-            "now": build(SOURCE, Path(tmp) / "new.so"),
+            "earlier": build(old, Path(tmp) / "old.so"),
+            "now": build(FOLDER, Path(tmp) / "new.so"),
         }
 
 

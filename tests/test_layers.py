@@ -31,6 +31,7 @@ LAYERS = [
             "compress.artifact.stream_safetensors",
             "compress.model.safetensors_check",
             "compress.kernels.build",
+            "compress.kernels.c_api",
         ],
     ),
     ("checkpoint", ["compress.model", "compress.model.*", "compress.calib_data*"]),

@@ -20,13 +20,11 @@ from functools import cache
 from pathlib import Path
 
 from compress.errors import LlmpressError
+from compress.kernels.c_api import declare
 
-SOURCE = Path(__file__).parent / "cpu" / "qgemm.c"  # the runtime's kernels
-SOURCES = (  # all built into one library
-    SOURCE,
-    Path(__file__).parent / "cpu" / "gptq.c",
-    Path(__file__).parent / "cpu" / "scale_search.c",
-)
+FOLDER = Path(__file__).parent / "cpu"  # every .c file there, built into one library
+SOURCES = sorted(FOLDER.glob("*.c"))
+HEADERS = sorted(FOLDER.glob("*.h"))  # llmpress.h: the interface (c_api.py reads it)
 # No -ffast-math (NaN and infinity must survive), but the parts of it that let the compiler
 # vectorize float reductions and inline rounding.
 FAST = ["-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros"]
@@ -95,12 +93,12 @@ def library() -> ctypes.CDLL:
             "no C compiler found for llmpress's CPU kernels: install gcc (apt install gcc) "
             "or set CC"
         )
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     errors = []
     override = os.environ.get("LLMPRESS_KERNEL_FLAGS")  # e.g. "-O3 -mavx2 -mfma" or "-O3"
     for flags in [override.split()] if override else FLAG_SETS:
         key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_id().encode()).hexdigest()
-        target = cache_dir() / f"qgemm-{key[:16]}.so"
+        target = cache_dir() / f"llmpress-{key[:16]}.so"
         target.parent.mkdir(parents=True, exist_ok=True)
         if not target.exists():
             error = _compile(compiler, flags, target)
@@ -108,77 +106,10 @@ def library() -> ctypes.CDLL:
                 errors.append(f"{' '.join(flags)}: {error}")
                 continue
         lib = ctypes.CDLL(str(target))
-        _declare(lib)
+        declare(lib)
         # tile instructions where the processor and the OS allow, unless LLMPRESS_AMX=0
         lib.llmp_amx_enable(int(os.environ.get("LLMPRESS_AMX", "1") != "0"))
         if errors:  # a slower build: never quietly
             print(f"llmpress: {fallback_note(errors[0], flags)}", file=sys.stderr)
         return lib
     raise LlmpressError("could not build llmpress's CPU kernels: " + "; ".join(errors))
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.llmp_quantize_rows.argtypes = [p, i, i, p, p, p]
-    lib.llmp_to_panels.argtypes = [p, ctypes.c_int64, i, i, i, i, p]
-    lib.llmp_to_panels.restype = None
-    for name in ("llmp_gemm_q4", "llmp_gemm_q8"):
-        getattr(lib, name).argtypes = [p, p, p, i, i, i, p, p, p, i, p]
-    for name in ("llmp_dequant_q4", "llmp_dequant_q8"):
-        getattr(lib, name).argtypes = [p, p, p, i, i, i, p]
-    f = ctypes.c_float
-    lib.llmp_gemm_q8_split.argtypes = [p, p, p, p, i, i, i, i, i, p, p, p, i, p]
-    lib.llmp_gemm_q8_split.restype = ctypes.c_int
-    lib.llmp_rmsnorm_quant.argtypes = [p, p, f, i, i, i, p, p, p, p]
-    lib.llmp_act_mul_quant.argtypes = [p, i, i, i, i, p, p, p, p]
-    lib.llmp_rope.argtypes = [p, p, p, p, i, i, i, i]
-    lib.llmp_decode_attention.argtypes = [p, i, p, p, p, p, p, i, i, f, i, p]
-    lib.llmp_decode_attention.restype = ctypes.c_int
-    lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, f, i]
-    lib.llmp_prefill_attention.restype = ctypes.c_int
-    lib.llmp_decode_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, p, p, p, p, p, p, p]
-    lib.llmp_decode_layers.restype = ctypes.c_int
-    lib.llmp_prefill_layers.argtypes = [p, i, p, *[i] * 6, f, i, f, i, p, i, *[p] * 5, i, *[p] * 4]
-    lib.llmp_prefill_layers.restype = ctypes.c_int
-    lib.llmp_decode_tokens.argtypes = [p, p, p, p, i, p, p, p, p, p, p]
-    lib.llmp_decode_tokens.restype = ctypes.c_int
-    lib.llmp_decode_workspace.argtypes = [i] * 9
-    lib.llmp_gemv_f32.argtypes = [p, i, i, p, i, p]
-    lib.llmp_gemv_f32.restype = None
-    lib.llmp_gemv_16.argtypes = [p, i, i, p, i, i, p]
-    lib.llmp_gemv_16.restype = None
-    lib.llmp_rms_rows.argtypes = [p, ctypes.c_int64, i, p, f]
-    lib.llmp_rms_rows.restype = None
-    lib.llmp_route.argtypes = [p, i, i, p, i, i, i, i, p, p, p]
-    lib.llmp_route.restype = None
-    lib.llmp_sigmoid_gate.argtypes = [p, i, i, p, i, p]
-    lib.llmp_sigmoid_gate.restype = None
-    lib.llmp_decode_workspace.restype = ctypes.c_int64
-    lib.llmp_set_threads.argtypes = [i]
-    lib.llmp_release_threads.argtypes = []
-    lib.llmp_release_threads.restype = None
-    lib.llmp_get_threads.argtypes = []
-    lib.llmp_gptq_columns.argtypes = [p, i, i, i, i, i, p, i, p, p, i, i, f, f, p, i, p, i]
-    lib.llmp_gptq_columns.restype = None
-    lib.llmp_scale_search.argtypes = [p, i, i, i, p, p, p, i, f, f, p, p]
-    lib.llmp_scale_search.restype = None
-    lib.llmp_get_threads.restype = i
-    lib.llmp_amx_enable.argtypes = [i]
-    lib.llmp_amx_enable.restype = i
-    lib.llmp_gemm_dynamic_rows.argtypes = [i]
-    lib.llmp_gemm_dynamic_rows.restype = i
-    lib.llmp_amx_state.argtypes = []
-    lib.llmp_amx_state.restype = i
-    lib.llmp_argmax.argtypes = [p, ctypes.c_int64]
-    lib.llmp_argmax.restype = ctypes.c_int64
-    lib.llmp_choose_tokens.argtypes = [p, ctypes.c_int64, ctypes.c_int64, p, p, p, p, p]
-    lib.llmp_choose_tokens.restype = None
-    for name in (
-        "llmp_quantize_rows",
-        "llmp_gemm_q4",
-        "llmp_gemm_q8",
-        "llmp_set_threads",
-        "llmp_rmsnorm_quant",
-        "llmp_act_mul_quant",
-    ):
-        getattr(lib, name).restype = None

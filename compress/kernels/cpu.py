@@ -1,4 +1,4 @@
-"""Packed int4 / int8 linears on CPU, over the C kernels in cpu/qgemm.c.
+"""Packed int4 / int8 linears on CPU, over the C kernels in cpu/ (interface: cpu/llmpress.h).
 
 A layer's input is quantized once per block of 32 (int8 + one scale + the block's exact
 sum) and shared by every linear that reads it (q/k/v, gate/up). Decode steps and served
@@ -20,6 +20,7 @@ import torch
 
 from compress.kernels import hugepages
 from compress.kernels.build import library
+from compress.kernels.c_api import api
 
 EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
 EXACT_SLICE_BYTES = 64 << 20  # the exact path dequantizes a weight this much at a time
@@ -61,7 +62,7 @@ def hand_over() -> Callable[[], None]:
 def use_amx(on: bool = True) -> bool:
     """Whether the packed GEMMs run on AMX tiles from now on: asked for (`on`), compiled in
     (a processor with AMX-INT8) and granted by the OS (Linux 5.16 or later). On by default
-    where all hold, unless LLMPRESS_AMX=0; results are bit-identical either way (qgemm.c),
+    where all hold, unless LLMPRESS_AMX=0; results are bit-identical either way (gemm.c),
     so this exists for measuring and testing the two paths against each other."""
     return bool(library().llmp_amx_enable(int(on)))
 
@@ -127,7 +128,11 @@ def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> Qua
     return QuantizedInput(out[:, :k], x8, dx, bsum)
 
 
-ACTIVATIONS = {"silu": 0, "gelu_pytorch_tanh": 1}  # qgemm.c's ACT_* codes
+_C = api()  # cpu/llmpress.h: its structs and constants
+_KVC, _PChunk, _QLin, _QMoe, _QLayer, _DecodeCtx = (
+    _C.structs[n] for n in ("KVC", "PChunk", "QLin", "QMoe", "QLayer", "DecodeCtx")
+)
+ACTIVATIONS = {"silu": _C.constants["ACT_SILU"], "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"]}
 
 
 def act_mul_quantized(gate_up: torch.Tensor, act: str = "silu") -> QuantizedInput:
@@ -245,21 +250,7 @@ def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gate
 
 
-class _KVC(ctypes.Structure):
-    """qgemm.c's KVC: the cache's arrays as the C attention reads them."""
-
-    _fields_ = [
-        *(
-            (name, ctypes.c_int)
-            for name in ("bits", "block", "group", "slots", "kv_heads", "d", "max_blocks")
-        ),
-        ("n_blocks", ctypes.c_int),
-        *((name, ctypes.c_void_p) for name in ("table", "k", "v", "kq", "vq")),
-        *((name, ctypes.c_void_p) for name in ("ks", "km", "vs", "vm", "kr", "vr")),
-    ]
-
-
-MAX_HEAD_DIM = 256  # qgemm.c's attention scratch
+MAX_HEAD_DIM = 256  # the scratch of decode_attention.c and kv_cache.c
 MAX_KV_GROUP = 1024
 
 
@@ -327,15 +318,6 @@ def decode_attention(
     return out
 
 
-class _PChunk(ctypes.Structure):
-    _fields_ = [
-        *[(n, ctypes.c_void_p) for n in ("q", "k", "v", "out")],
-        *[(n, ctypes.c_int64) for n in ("qs", "os", "kg", "kj", "vg", "vj")],
-        ("T", ctypes.c_int),
-        ("start", ctypes.c_int),
-    ]
-
-
 def _rows_ptr(t: torch.Tensor, name: str) -> int:
     """The address of a float32 CPU view whose last dimension is dense (rows and heads may
     be strided: q/k/v are views into one projection's output)."""
@@ -350,7 +332,7 @@ def prefill_attention(q, out, chunks: list, scale: float, window: int = 0) -> No
     (a, b, keys, values, start): rows a..b-1 at positions start.. against keys/values
     [kv_heads, start + b - a, D], each row seeing the keys up to its own (the last
     `window` of them; 0: all). A row's result is the same bits however its prompt was
-    split into chunks or batched with others (see qgemm.c)."""
+    split into chunks or batched with others (see prefill_attention.c)."""
     n, heads, d = q.shape
     qp, op = _rows_ptr(q, "q"), _rows_ptr(out, "out")
     if q.stride(1) != d or out.shape != (n, heads * d):
@@ -368,12 +350,12 @@ def prefill_attention(q, out, chunks: list, scale: float, window: int = 0) -> No
         raise MemoryError("llmp_prefill_attention: out of memory")
 
 
-TILE = 8  # output columns per panel tile (qgemm.c)
+TILE = 8  # output columns per panel tile (llmpress.h)
 
 
 def to_panels(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Row-major codes [N, Kp] (int4: unsigned 0..15, int8: signed) → the kernels' panel
-    layout (qgemm.c): tiles of 8 columns, each block of 32 inputs as 8 quads of
+    layout (llmpress.h): tiles of 8 columns, each block of 32 inputs as 8 quads of
     [col 0: k0..k3 | ... | col 7: k0..k3]; int4 holds quads j and j+4 in one byte's low and
     high nibbles. N is padded to a multiple of 8 with zero codes."""
     n, kp = codes.shape
@@ -586,42 +568,6 @@ def sliced_product(x: torch.Tensor, n: int, k: int, widen, tile: int = 1) -> tor
     return y
 
 
-class _QLin(ctypes.Structure):
-    _fields_ = [
-        *((name, ctypes.c_void_p) for name in ("w", "scale", "zs")),
-        *((name, ctypes.c_int) for name in ("n", "k", "g", "bits")),
-        ("oidx", ctypes.c_void_p),
-        ("ow", ctypes.c_void_p),
-        ("n_out", ctypes.c_int),
-        ("bias", ctypes.c_void_p),
-        ("split", ctypes.c_int),
-    ]
-
-
-class _QMoe(ctypes.Structure):
-    _fields_ = [
-        ("router", ctypes.c_void_p),
-        ("experts", ctypes.c_void_p),
-        *((name, ctypes.c_int) for name in ("n_experts", "top_k", "renorm", "inter")),
-        ("reads", ctypes.c_void_p),
-        ("shared", ctypes.c_void_p),
-        ("shared_gate", ctypes.c_void_p),
-        ("shared_inter", ctypes.c_int),
-    ]
-
-
-class _QLayer(ctypes.Structure):
-    _fields_ = [
-        ("attn_norm", ctypes.c_void_p),
-        ("mlp_norm", ctypes.c_void_p),
-        *((name, _QLin) for name in ("qkv", "o", "gate_up", "down")),
-        *((name, ctypes.c_void_p) for name in ("q_norm", "k_norm", "post_attn_norm")),
-        *((name, ctypes.c_void_p) for name in ("post_mlp_norm", "cos", "sin")),
-        ("window", ctypes.c_int),
-        ("moe", ctypes.POINTER(_QMoe)),
-    ]
-
-
 def _opt(t):
     return None if t is None else _ptr(t)
 
@@ -726,30 +672,13 @@ class FusedLayer:
         layer = _QLayer(
             _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), self.window or 0,
-            ctypes.pointer(keep[0]) if keep else None,
+            ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip
         return layer, keep
 
 
-class _DecodeCtx(ctypes.Structure):
-    _fields_ = [
-        ("layers", ctypes.c_void_p),
-        *((name, ctypes.c_int) for name in ("n_layers", "hidden", "heads", "kv_heads", "d")),
-        ("inter", ctypes.c_int),
-        ("eps", ctypes.c_float),
-        ("rotary", ctypes.c_int),
-        ("scale", ctypes.c_float),
-        ("act", ctypes.c_int),
-        ("final_norm", ctypes.c_void_p),
-        ("head", ctypes.c_void_p),
-        ("embed", ctypes.c_void_p),
-        ("embed_kind", ctypes.c_int),
-        ("embed_scale", ctypes.c_float),
-    ]
-
-
 class FusedDecoder:
-    """Every block of a decode step in one C call (compress/kernels/cpu/qgemm.c,
+    """Every block of a decode step in one C call (compress/kernels/cpu/layers.c,
     llmp_decode_layers), for stacks whose linears are all packed weights; with `head`
     (the final norm's weight, a packed lm_head), the logits too; and with `embed` (the
     embedding, fp32 or 16-bit, and its scale) as well, the whole step from token ids

@@ -20,6 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "llmpress.h"
+
 /* Columns [j0, j1) of a block of `nb` columns, for `rows` rows.
  *   wb     float [rows, ldw]: the block's weights, updated in place (every column after j)
  *   hinv   float [nb, ldh]: the block's part of the upper factor of H^-1

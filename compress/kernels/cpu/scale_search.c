@@ -20,6 +20,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "llmpress.h"
+
 #define MAX_CANDIDATES 128
 /* Adding and subtracting 1.5 * 2^23 rounds a float of magnitude below 2^22 to an integer,
  * half to even, as torch.round does: the codes are clamped to +-256 first (past any code's

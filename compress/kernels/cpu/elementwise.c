@@ -1,0 +1,113 @@
+/* A layer's elementwise steps (norms, activation, rotary embedding, residual adds): one
+ * call each instead of several torch ops, whose per-op overhead dominates a
+ * 135M-parameter model's decode step. */
+#include "internal.h"
+
+/* out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w, written to `out` [M, Kp] (zero padded to
+ * Kp) and quantized into x8/dx/bsum. */
+void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K, int Kp,
+                        float *out, int8_t *x8, float *dx, float *bsum) {
+    #pragma omp parallel for schedule(static) if (M > 4)
+    for (int m = 0; m < M; m++) {
+        const float *xr = x + (int64_t)m * K;
+        float *o = out + (int64_t)m * Kp;
+        double ss = 0.0;
+        for (int k = 0; k < K; k++) ss += (double)xr[k] * xr[k];
+        float r = 1.f / sqrtf((float)(ss / K) + eps);
+        for (int k = 0; k < K; k++) o[k] = xr[k] * r * w[k];
+        for (int k = K; k < Kp; k++) o[k] = 0.f;
+        quantize_row(o, Kp, x8 + (int64_t)m * Kp, dx + (int64_t)m * (Kp / 32), bsum + (int64_t)m * (Kp / 32));
+    }
+}
+
+/* gu [M, 2I] = [gate | up] -> out [M, Ip] = act(gate) * up (zero padded), quantized.
+ * act: ACT_SILU, or ACT_GELU_TANH (0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))). */
+static inline float gelu_tanh(float g) {
+    return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+}
+
+void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8,
+                        float *dx, float *bsum) {
+    #pragma omp parallel for schedule(static) if (M > 2)
+    for (int m = 0; m < M; m++) {
+        const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
+        float *o = out + (int64_t)m * Ip;
+        int i = 0;
+#if defined(__AVX2__)
+        for (; i + 8 <= I; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i), sv;
+            if (act == ACT_SILU) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
+                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            } else { /* 0.5 g (1 + tanh z) = g / (1 + exp(-2z)) */
+                __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
+                __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f),
+                                         _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
+                __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
+                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
+            }
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < I; i++)
+            o[i] = (act == ACT_SILU ? g[i] / (1.f + expf(-g[i])) : gelu_tanh(g[i])) * u[i];
+        for (int i = I; i < Ip; i++) o[i] = 0.f;
+        quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
+    }
+}
+
+
+/* Rotary embedding in place, rotate-half convention over the first R of each head's D
+ * values (partial rotary when R < D): x [T, heads, D] at positions [T]; cos/sin tables
+ * [max_len, R/2]. */
+void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t,
+               int T, int heads, int D, int R) {
+    int half = R / 2;
+    #pragma omp parallel for schedule(static) if (T >= PAR_ROWS)
+    for (int t = 0; t < T; t++) {
+        const float *c = cos_t + positions[t] * half, *s = sin_t + positions[t] * half;
+        for (int h = 0; h < heads; h++) {
+            float *v = x + ((int64_t)t * heads + h) * D;
+            for (int i = 0; i < half; i++) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * c[i] - b * s[i];
+                v[i + half] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+/* x [rows, D] <- rmsnorm(x) * w, row by row, in place; over the threads when `par` (a
+ * prefill step's: q/k norms have a row per head, so a decode step's count is no guide). */
+void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par) {
+    #pragma omp parallel for schedule(static) if (par)
+    for (int64_t r = 0; r < rows; r++) {
+        float *v = x + r * D;
+        double ss = 0.0;
+        for (int d = 0; d < D; d++) ss += (double)v[d] * v[d];
+        float inv = 1.f / sqrtf((float)(ss / D) + eps);
+        for (int d = 0; d < D; d++) v[d] = v[d] * inv * w[d];
+    }
+}
+
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
+    rms_rows(x, rows, D, w, eps, 0);
+}
+
+
+void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
+                          int8_t *x8, float *dx, float *bs) {
+    #pragma omp parallel for schedule(static) if (M >= PAR_ROWS)
+    for (int m = 0; m < M; m++) {
+        float *o = pad + (int64_t)m * Kp;
+        memcpy(o, x + (int64_t)m * ld, K * sizeof(float));
+        for (int k = K; k < Kp; k++) o[k] = 0.f;
+        quantize_row(o, Kp, x8 + (int64_t)m * Kp, dx + (int64_t)m * (Kp / 32), bs + (int64_t)m * (Kp / 32));
+    }
+}
+
+/* h += x over n floats (the residual), over the threads when `par`. */
+void add_rows(float *h, const float *x, int64_t n, int par) {
+    #pragma omp parallel for schedule(static) if (par)
+    for (int64_t i = 0; i < n; i++) h[i] += x[i];
+}

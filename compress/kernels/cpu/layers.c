@@ -1,0 +1,259 @@
+/* A whole decode or prefill step of a layer stack in one call.
+ * For models whose block linears are all packed (outlier columns and biases allowed):
+ * Python's per-operation overhead is then paid once per step instead of some forty times
+ * per layer. A packed head (and the final norm) runs in the same call, logits out. Same
+ * arithmetic as the per-op path. What differs between families arrives as data
+ * (compress/model/spec.py's BlockSpec, read by compress/runtime/backends.py): norm
+ * weights already in their effective form (gemma's 1 + w), optional q/k and sandwich norms
+ * (NULL when absent), biases, each layer's rope tables and sliding window, the attention
+ * scale and the activation. */
+#include "internal.h"
+
+static int widest_row(int hidden, int heads, int D, int inter) {
+    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
+    int widest = hp > ap ? hp : ap;
+    return widest > ip ? widest : ip;
+}
+
+static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter) {
+    int widest = widest_row(hidden, heads, D, inter), nqkv = (heads + 2 * kv_heads) * D;
+    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
+           + (int64_t)B * widest / 4 + 16;
+}
+
+/* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
+ * scales and sums, projections, int8 codes, and the experts' scratch (E experts, top K,
+ * width I; E = 0 without experts). The caller owns it (allocated once per batch size, not
+ * once per step: a fresh megabyte each step is an mmap and its page faults). */
+int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
+                              int E, int K, int I) {
+    return dense_workspace(B, hidden, heads, kv_heads, D, inter) + moe_workspace(B, hidden, E, K, I);
+}
+
+/* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows
+ * of the sequence in slot[i] at positions start[i].., rows row0[i].. of the step; full[i],
+ * when not 0, the address of its prompt's k/v in full precision, [2, layers, kv_heads,
+ * start + T, D] fp32, positions 0..start - 1 filled (a quantized cache's chunked prompt
+ * attends as one prefilled whole would). The step's last nd rows, after every chunk's, are
+ * decode rows of the sequences in dslot: each attends through the cache as a decode step's
+ * row does, so the weights are read once for a step's prefill and decoding alike. */
+typedef struct {
+    int nc, layers;
+    const int64_t *slot, *start, *T, *row0, *full;
+    int nd;
+    const int64_t *dslot;
+} Spans;
+
+static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
+                          const float *vn, const Spans *sp, int heads, int D, float scale,
+                          int window, float *att);
+
+/* Every block over h [B, hidden] (then, with `head`, the final norm and logits): B decode
+ * rows (sp NULL: each at its own slot and position, attending through the cache), or a
+ * prefill step's chunks (sp: each causal within itself, over its cached prefix).
+ * Everything but attention is the same code, so prefill and decode rows round alike. */
+static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                      int heads, int kv_heads, int D, int inter, float eps, int R, float scale,
+                      int act, const KVC *cache, const int64_t *slots,
+                      const int64_t *positions, float *work, float *moe_work,
+                      const float *final_norm, const QLin *head, float *logits,
+                      const Spans *sp) {
+    int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
+    int widest = widest_row(hidden, heads, D, inter);
+    int nqkv = (heads + 2 * kv_heads) * D;
+    float *pad = work;
+    float *dx = pad + (int64_t)B * widest;
+    float *bs = dx + (int64_t)B * (widest / 32);
+    float *qkv = bs + (int64_t)B * (widest / 32);
+    float *att = qkv + (int64_t)B * nqkv;
+    float *gu = att + (int64_t)B * heads * D;
+    float *tmp = gu + (int64_t)B * 2 * inter;
+    int8_t *x8 = (int8_t *)(tmp + (int64_t)B * hidden);
+    float *q = (float *)(x8 + (int64_t)B * widest);  /* contiguous q, k, v for attention */
+    float *kn = q + (int64_t)B * heads * D;
+    float *vn = kn + (int64_t)B * kv_heads * D;
+    int l = 0;
+    for (; l < n_layers; l++) {
+        const QLayer *L = layers + l;
+        llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
+        #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
+        for (int b = 0; b < B; b++) {
+            const float *row = qkv + (int64_t)b * nqkv;
+            memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
+            memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
+            memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+        }
+        if (L->q_norm) rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps, B >= PAR_ROWS);
+        if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
+        llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
+        llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
+        if (sp == NULL) {
+            if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att))
+                break;
+        } else {
+            int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
+            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
+                break;
+            if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
+                                                vn + P * kv_heads * D, sp->dslot, positions + P,
+                                                sp->nd, heads, scale, L->window, att + P * heads * D))
+                break;
+        }
+        quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
+        if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
+        if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
+        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
+        llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        if (L->moe) {
+            if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
+        } else {
+            if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
+            llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
+            if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
+        }
+        if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps, B >= PAR_ROWS);
+        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
+    }
+    if (l < n_layers) return -1;
+    if (head == NULL) return 0;
+    /* the final norm and a packed head: h stays the last block's output */
+    llmp_rmsnorm_quant(h, final_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+    return qlin(head, x8, dx, bs, B, logits, pad, hp);
+}
+
+int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                        int heads, int kv_heads, int D, int inter, float eps, int R,
+                        float scale, int act, const KVC *cache, const int64_t *slots,
+                        const int64_t *positions, float *work, float *moe_work,
+                        const float *final_norm, const QLin *head, float *logits) {
+    return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
+                      act, cache, slots, positions, work, moe_work, final_norm, head, logits,
+                      NULL);
+}
+
+/* logits [B, vocab] for the next token of the sequences in `slots`, whose last tokens are
+ * `tokens`: each at position lengths[slot], whose k/v it stores; lengths[slot] then grows
+ * by one. h [B, hidden] and positions [B] are scratch. One call where Python otherwise
+ * makes a dozen torch operations, each slow after the step has streamed the weights
+ * through the caches (cold code and data: 50-150 us each). */
+int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *tokens,
+                       const int64_t *slots, int B, int64_t *lengths, float *h,
+                       int64_t *positions, float *work, float *moe_work, float *logits) {
+    int H = c->hidden;
+    for (int b = 0; b < B; b++) {
+        positions[b] = lengths[slots[b]];
+        float *row = h + (int64_t)b * H;
+        if (c->embed_kind == 0) {
+            const float *e = (const float *)c->embed + tokens[b] * H;
+            for (int d = 0; d < H; d++) row[d] = e[d] * c->embed_scale;
+        } else {
+            const uint16_t *e = (const uint16_t *)c->embed + tokens[b] * H;
+            for (int d = 0; d < H; d++) row[d] = widen16(e[d], c->embed_kind) * c->embed_scale;
+        }
+    }
+    if (llmp_decode_layers(c->layers, c->n_layers, h, B, H, c->heads, c->kv_heads, c->D,
+                           c->inter, c->eps, c->R, c->scale, c->act, cache, slots, positions,
+                           work, moe_work, c->final_norm, c->head, logits))
+        return -1;
+    for (int b = 0; b < B; b++) lengths[slots[b]]++;
+    return 0;
+}
+
+/* A prefill step's attention: each chunk attends to positions 0..start + T - 1 of its
+ * sequence as the per-op path (runtime/model.py) does, and its rows are then stored in the
+ * cache (a quantized cache quantizes each token group as it completes):
+ * - with its prompt's k/v in full precision (Spans.full): its rows join them there, and it
+ *   attends to them in place;
+ * - else without a cached prefix: to its own rows in place;
+ * - else to its prefix read back from the cache (an fp32 cache's blocks copied, a quantized
+ *   one's dequantized) followed by its own rows, gathered into one buffer.
+ * All chunks attend in one llmp_prefill_attention call: the same bits. -1: out of memory. */
+static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
+                          const float *vn, const Spans *sp, int heads, int D, float scale,
+                          int window, float *att) {
+    int kvh = c->kv_heads, bsz = c->block, L_all = sp->layers;
+    int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
+    float *k0 = c->bits ? NULL : c->k + (int64_t)layer * kvh * head;
+    float *v0 = c->bits ? NULL : c->v + (int64_t)layer * kvh * head;
+    int64_t total = 0, qs = (int64_t)heads * D, rows = 0;
+    for (int i = 0; i < sp->nc; i++) rows += sp->T[i];
+    for (int i = 0; i < sp->nc; i++)
+        if (sp->start[i] && !sp->full[i]) total += 2 * (int64_t)kvh * (sp->start[i] + sp->T[i]) * D;
+    float *buf = malloc(sizeof(float) * (size_t)(total > 0 ? total : 1));
+    PChunk *pc = malloc(sizeof(PChunk) * (size_t)(sp->nc > 0 ? sp->nc : 1));
+    int64_t *off = malloc(sizeof(int64_t) * (size_t)(sp->nc + 1));
+    if (buf == NULL || pc == NULL || off == NULL) {
+        free(buf), free(pc), free(off);
+        return -1;
+    }
+    off[0] = 0;
+    for (int i = 0; i < sp->nc; i++) {
+        int64_t start = sp->start[i], T = sp->T[i], L = start + T, r0 = sp->row0[i];
+        const float *qi = q + r0 * qs;
+        float *ai = att + r0 * qs;
+        off[i + 1] = off[i] + (start && !sp->full[i] ? 2 * (int64_t)kvh * L * D : 0);
+        if (sp->full[i]) {
+            float *fk = (float *)(intptr_t)sp->full[i] + (int64_t)layer * kvh * L * D;
+            float *fv = fk + (int64_t)L_all * kvh * L * D;
+            pc[i] = (PChunk){qi, fk, fv, ai, qs, qs, L * D, D, L * D, D, (int)T, (int)start};
+        } else if (start == 0) { /* its own rows as they are, [T, kv_heads, D] */
+            pc[i] = (PChunk){qi, kn + r0 * kvh * D, vn + r0 * kvh * D, ai, qs, qs, D,
+                             (int64_t)kvh * D, D, (int64_t)kvh * D, (int)T, 0};
+        } else {
+            float *ks = buf + off[i], *vs = ks + (int64_t)kvh * L * D;
+            pc[i] = (PChunk){qi, ks, vs, ai, qs, qs, L * D, D, L * D, D, (int)T, (int)start};
+        }
+    }
+    /* per (chunk, KV head): read its prefix back, place its rows, store them in the cache,
+     * in that order (storing may quantize a group the prefix read from the residual) */
+    int tasks = sp->nc * kvh;
+    #pragma omp parallel for schedule(dynamic, 1) if (tasks > 1 && total + 2 * rows * kvh * D > 65536)
+    for (int t = 0; t < tasks; t++) {
+        int i = t / kvh, g = t % kvh;
+        int64_t start = sp->start[i], T = sp->T[i], L = start + T, r0 = sp->row0[i];
+        const int32_t *table = c->table + sp->slot[i] * c->max_blocks;
+        float *dk = NULL, *dv = NULL; /* where this chunk attends to its rows, if a copy */
+        if (sp->full[i]) {
+            dk = (float *)pc[i].k + g * L * D, dv = (float *)pc[i].v + g * L * D;
+        } else if (start) {
+            dk = buf + off[i] + g * L * D, dv = dk + (int64_t)kvh * L * D;
+            if (c->bits)
+                kv_dequant(c, layer, sp->slot[i], g, start, dk, dv);
+            else
+                for (int64_t p = 0; p < start; p += bsz) { /* a block's run at a time */
+                    int64_t n = start - p < bsz ? start - p : bsz, from = g * head + table[p / bsz] * row;
+                    memcpy(dk + p * D, k0 + from, n * D * sizeof(float));
+                    memcpy(dv + p * D, v0 + from, n * D * sizeof(float));
+                }
+        }
+        for (int64_t r = 0; r < T; r++) {
+            const float *kr = kn + ((r0 + r) * kvh + g) * D, *vr = vn + ((r0 + r) * kvh + g) * D;
+            if (dk) {
+                memcpy(dk + (start + r) * D, kr, D * sizeof(float));
+                memcpy(dv + (start + r) * D, vr, D * sizeof(float));
+            }
+            kv_write(c, layer, sp->slot[i], start + r, g, kr, vr);
+        }
+    }
+    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window);
+    free(buf), free(pc), free(off);
+    return rc;
+}
+
+/* Every block of a prefill step in one C call (llmp_decode_layers' code, with the causal
+ * prefill attention): h [B, hidden] holds the step's rows, chunk by chunk (chunk i: T[i]
+ * rows of the sequence in slot[i] at positions start[i]..., their blocks prepared; full[i]:
+ * see Spans), then nd decode rows of the sequences in dslot (each at its position, its
+ * block prepared), and is left holding the last block's output; positions [B] are the
+ * rows' own. Any cache kind; -1: out of memory. */
+int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
+                        int heads, int kv_heads, int D, int inter, float eps, int R,
+                        float scale, int act, const KVC *cache, int nc, const int64_t *slot,
+                        const int64_t *start, const int64_t *T, const int64_t *row0,
+                        const int64_t *full, int nd, const int64_t *dslot,
+                        const int64_t *positions, float *work, float *moe_work) {
+    Spans sp = {nc, n_layers, slot, start, T, row0, full, nd, dslot};
+    return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
+                      act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);
+}

@@ -1,0 +1,181 @@
+/* llmpress's CPU kernels: the one statement of their interface.
+ *
+ * compress/kernels/c_api.py reads this file to declare every function and struct to
+ * ctypes, so Python cannot restate a signature differently; every .c file includes it,
+ * so the compiler checks each definition against it. Keep declarations to the forms
+ * c_api.py reads: one declaration per statement, types from its table, no macros.
+ *
+ * Why C: torch's packed CPU kernels reach 2-6 GB/s on AVX2 machines, far below memory
+ * bandwidth, and its per-op overhead dominates a small model's decode step. Activations
+ * are quantized per block of 32 to int8 (one scale each) and multiplied with the packed
+ * weights in integer SIMD (u8 x s8 -> s32), then scaled in float.
+ *
+ * Layouts (K is padded to a multiple of 32 by the caller, padding holds zero activations):
+ *   weights      panels of 8 output columns; w = code * scale - zs, zs = (zero point +
+ *                offset) * scale; int4 codes unsigned 0..15, int8 codes signed. Within a
+ *                tile each block of 32 inputs is stored as quads (4 consecutive inputs) of
+ *                all 8 columns: 32 bytes [col 0: k0..k3 | col 1: k0..k3 | ... | col 7:
+ *                k0..k3], the operand layout of a u8 x s8 dot product that sums 4 products
+ *                into one 32-bit lane per column. A quad of one row's activations is then
+ *                a single 32-bit broadcast: each weight vector, unpacked once, serves every
+ *                activation row of the tile with no shuffles, and each output column stays
+ *                in its own lane (no horizontal sums).
+ *                  int4: 128 bytes per (tile, block): vector j (0..3) holds quad j in its
+ *                        low nibbles and quad j+4 in its high nibbles.
+ *                  int8: 256 bytes per (tile, block): vector q holds quad q.
+ *                  scale, zs: float [tiles, K/G, 8]; columns past N are zero. zs may be
+ *                        NULL: symmetric codes, zs = offset * scale (8 for int4, 0 for
+ *                        int8).
+ *   activations  x8 int8 [M, K], dx float [M, K/32], bsum float [M, K/32] (each block's sum
+ *                of its quantized values, for the zero-point term: the product is then
+ *                exactly sum(w * x_quantized), so the offset in code * scale adds no error).
+ * G is a multiple of 32. Instruction paths: AVX-VNNI or AVX512-VNNI (dpbusd), AVX2
+ * (maddubs + madd), and portable C; the build picks by -march=native and tests build all.
+ *
+ * Functions returning int return 0, or -1 where they could not allocate their scratch.
+ */
+#ifndef LLMPRESS_H
+#define LLMPRESS_H
+
+#include <stdint.h>
+
+/* Activations of the MLP's gate (llmp_act_mul_quant, the layers' `act`). */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+
+/* The KV cache as compress/runtime/kv_cache.py allocates it: a pool of blocks of `block`
+ * tokens, every pooled array [layers, kv_heads, n_blocks, ...], contiguous; position p of a
+ * slot lives in pool block table[slot * max_blocks + p / block], at row p % block:
+ *   fp32 (bits 0): k, v [.., block, d].
+ *   KIVI (bits 8 or 4): codes kq, vq [.., block, d*bits/8] (int4: channel 2j in byte j's
+ *   low nibble, 2j+1 in its high one); keys per channel over groups of `group` tokens:
+ *   ks, km [.., block/group, d]; values per token: vs, vm [.., block]; the newest tokens of
+ *   an unfinished group in fp32, per slot (not pooled): kr, vr [layers, slots, kv_heads,
+ *   group, d]. value = code * scale + min. */
+typedef struct {
+    int bits, block, group, slots, kv_heads, d, max_blocks, n_blocks;
+    const int32_t *table;
+    float *k, *v;
+    uint8_t *kq, *vq;
+    float *ks, *km, *vs, *vm, *kr, *vr;
+} KVC;
+
+/* One chunk of a prefill step's attention: q rows (stride qs), its keys/values (element
+ * (g, j, d) at g * kg + j * kj + d, positions 0..start + T - 1), out rows (stride os). */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    int64_t qs, os, kg, kj, vg, vj;
+    int T, start;
+} PChunk;
+
+/* A packed linear as the one-call layers take it. */
+typedef struct {
+    const uint8_t *w;
+    const float *scale, *zs;
+    int n, k, g, bits;   /* k: padded input width the codes were packed for */
+    const int32_t *oidx; /* LLM.int8()-style outlier input columns (their codes are zero) */
+    const float *ow;     /* and their weights [n, n_out], kept in full precision */
+    int n_out;
+    const float *bias;   /* [n] or NULL */
+    int split;           /* 8-bit: two-term activations (llmp_gemm_q8_split) */
+} QLin;
+
+/* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits, top_k,
+ * optional renormalization of the chosen weights; then the rows routed to each chosen
+ * expert gathered and run through its gate_up and down, so an expert's weights are read
+ * once per step and an unchosen one not at all. */
+typedef struct {
+    const float *router;
+    const QLin *experts; /* [2E]: gate_up of expert e at 2e, its down at 2e + 1 */
+    int n_experts, top_k, renorm, inter;
+    int64_t *reads;      /* [E]: steps that read each expert (the runtime's MBU) */
+    const QLin *shared;  /* [2]: a shared expert's gate_up and down (qwen2_moe); or NULL */
+    const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x) */
+    int shared_inter;
+} QMoe;
+
+/* One block. What differs between families arrives as data (compress/model/spec.py's
+ * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
+ * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
+ * biases, each layer's rope tables and sliding window. */
+typedef struct {
+    const float *attn_norm, *mlp_norm;
+    QLin qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
+    const float *q_norm, *k_norm;               /* [D], per head before rope; or NULL */
+    const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
+    const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
+    int window;                                 /* sliding window; 0: every key */
+    const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
+} QLayer;
+
+/* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
+ * at load. The embedding is fp32 (kind 0), bf16 (1) or fp16 (2), rows times embed_scale. */
+typedef struct {
+    const QLayer *layers;
+    int n_layers, hidden, heads, kv_heads, D, inter;
+    float eps;
+    int R;
+    float scale;
+    int act;
+    const float *final_norm;
+    const QLin *head;
+    const void *embed;
+    int embed_kind;
+    float embed_scale;
+} DecodeCtx;
+
+/* ---- threads.c */
+int llmp_has_avx2(void);
+void llmp_set_threads(int n);
+int llmp_get_threads(void);
+void llmp_release_threads(void);
+
+/* ---- panels.c: row-major codes into the panel layout, and panels back to fp32 */
+void llmp_to_panels(const int8_t *q, int64_t n, int k, int kp, int bits, int offset, void *out);
+void llmp_dequant_q4(const uint8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out);
+void llmp_dequant_q8(const int8_t *w, const float *scale, const float *zs, int N, int K, int G, float *out);
+
+/* ---- quantize.c: fp32 rows [M, K] into the activation layout */
+void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, float *bsum);
+
+/* ---- gemm.c: y [M, N] = x @ W.T over packed weights */
+void llmp_gemm_q4(const int8_t *x8, const float *dx, const float *bsum, int M, int K, int G, const uint8_t *w, const float *scale, const float *zs, int N, float *y);
+void llmp_gemm_q8(const int8_t *x8, const float *dx, const float *bsum, int M, int K, int G, const uint8_t *w, const float *scale, const float *zs, int N, float *y);
+int llmp_gemm_q8_split(const int8_t *x8, const float *dx, const float *bs, const float *xf, int ld, int kx, int M, int K, int G, const uint8_t *w, const float *scale, const float *zs, int N, float *y);
+int llmp_gemm_dynamic_rows(int rows);
+int llmp_amx_enable(int on);
+int llmp_amx_state(void);
+
+/* ---- dense.c: dense fp32 (kind 0), bf16 (1) or fp16 (2) weights at decode batches */
+void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y);
+void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int N, float *y);
+
+/* ---- elementwise.c */
+void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K, int Kp, float *out, int8_t *x8, float *dx, float *bsum);
+void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
+void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t, int T, int heads, int D, int R);
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps);
+
+/* ---- decode_attention.c and prefill_attention.c */
+int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float *out);
+int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D, float scale, int window);
+
+/* ---- moe.c */
+void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
+void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K, int renorm, float *logits, int32_t *choice, float *weight);
+
+/* ---- layers.c: whole steps of a layer stack */
+int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int E, int K, int I);
+int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden, int heads, int kv_heads, int D, int inter, float eps, int R, float scale, int act, const KVC *cache, const int64_t *slots, const int64_t *positions, float *work, float *moe_work, const float *final_norm, const QLin *head, float *logits);
+int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *tokens, const int64_t *slots, int B, int64_t *lengths, float *h, int64_t *positions, float *work, float *moe_work, float *logits);
+int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden, int heads, int kv_heads, int D, int inter, float eps, int R, float scale, int act, const KVC *cache, int nc, const int64_t *slot, const int64_t *start, const int64_t *T, const int64_t *row0, const int64_t *full, int nd, const int64_t *dslot, const int64_t *positions, float *work, float *moe_work);
+
+/* ---- tokens.c */
+int64_t llmp_argmax(const float *x, int64_t n);
+void llmp_choose_tokens(const float *logits, int64_t rows, int64_t vocab, const float *it, const int64_t *top_k, const double *top_p, const double *u, int64_t *out);
+
+/* ---- gptq.c and scale_search.c: compression's loops */
+void llmp_gptq_columns(float *wb, int rows, int ldw, int j0, int j1, int nb, const float *hinv, int ldh, const float *scale, const float *zero, int lds, int scs, float qmin, float qmax, int8_t *q, int ldq, float *err, int lde);
+void llmp_scale_search(const float *w, int rows, int cols, int group, const float *d, const float *s, const float *z, int n, float qmin, float qmax, float *err, int32_t *best);
+
+#endif

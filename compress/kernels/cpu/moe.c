@@ -1,0 +1,123 @@
+/* Mixture-of-Experts MLPs: routing, the experts a step chose, a shared expert. */
+#include "internal.h"
+
+/* gate [B] = sigmoid(w . x_b) for rows xf [B, ld]: the shared expert's gate, the same dot
+ * product in the one-call decoder and the per-op path. */
+void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate) {
+    for (int b = 0; b < B; b++)
+        gate[b] = 1.f / (1.f + expf(-dot_f32(xf + (int64_t)b * ld, w, hidden)));
+}
+
+/* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: softmax over the logits,
+ * the top K (ties: the lower index), their weights renormalized to sum to 1 when asked.
+ * logits [B, E] is scratch; choice and weight [B, K] the result. */
+void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K,
+                int renorm, float *logits, int32_t *choice, float *weight) {
+    #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
+    for (int64_t i = 0; i < (int64_t)B * E; i++)
+        logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden);
+    for (int b = 0; b < B; b++) {
+        float *p = logits + (int64_t)b * E, mx = p[0], sum = 0.f, chosen = 0.f;
+        int32_t *c = choice + (int64_t)b * K;
+        float *cw = weight + (int64_t)b * K;
+        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        for (int k = 0; k < K; k++) { /* top K by repeated arg max */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int j = 0; j < k; j++) taken |= c[j] == e;
+                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+            }
+            c[k] = best;
+            chosen += (cw[k] = p[best] / sum);
+        }
+        if (renorm)
+            for (int k = 0; k < K; k++) cw[k] /= chosen;
+    }
+}
+
+/* Floats the experts' scratch takes at batch B (none without experts): router logits and
+ * choices, then for every (row, chosen expert) pair, B * K rows: its gathered input (fp32,
+ * int8 and block scales), gate/up, activation and output. I: the wider of an expert and a
+ * shared expert. */
+int64_t moe_workspace(int B, int hidden, int E, int K, int I) {
+    if (E == 0) return 0;
+    int64_t R = (int64_t)B * K, hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32;
+    return (int64_t)B * E + 2 * (int64_t)B * K + 2 * R
+           + R * (hp + hp / 16 + 2 * (int64_t)I + ip + ip / 16 + hidden) + R * (hp + ip) / 4 + 16;
+}
+
+/* out [B, hidden] = the experts' MLP of the normed rows xf [B, hp] (quantized: x8/dx/bs).
+ * The rows routed to each chosen expert are gathered side by side; every chosen expert's
+ * gate_up runs in one grouped pass, the activation over all their rows at once, then every
+ * down in one pass. Experts add their weighted rows in index order, as the per-op path
+ * does. */
+int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
+            const int8_t *x8, const float *dx, const float *bs, float *out, float *w) {
+    int E = M->n_experts, K = M->top_k, I = M->inter, S = M->shared ? M->shared_inter : 0;
+    int W = I > S ? I : S; /* the scratch holds the wider of an expert and the shared one */
+    int hp = (hidden + 31) / 32 * 32, ip = (I + 31) / 32 * 32, sp = (S + 31) / 32 * 32;
+    int wp = (W + 31) / 32 * 32, nbh = hp / 32, nbi = wp / 32;
+    int64_t R = (int64_t)B * K;
+    float *logits = w, *cw = logits + (int64_t)B * E, *rw = cw + R;
+    int32_t *choice = (int32_t *)(rw + R), *rows = choice + R;
+    float *gpad = (float *)(rows + R), *gdx = gpad + R * hp, *gbs = gdx + R * nbh;
+    float *gu = gbs + R * nbh, *apad = gu + R * 2 * W;
+    float *adx = apad + R * wp, *abs_ = adx + R * nbi;
+    float *y = abs_ + R * nbi;
+    int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
+    llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
+    int starts[E + 1], used[E], n_used = 0, n = 0;
+    GemmJob jobs[E];
+    for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
+        starts[e] = n;
+        for (int b = 0; b < B; b++)
+            for (int k = 0; k < K; k++)
+                if (choice[(int64_t)b * K + k] == e) rows[n] = b, rw[n++] = cw[(int64_t)b * K + k];
+        if (n > starts[e]) used[n_used++] = e;
+    }
+    starts[E] = n;
+    for (int i = 0; i < n; i++) {
+        memcpy(gx8 + (int64_t)i * hp, x8 + (int64_t)rows[i] * hp, hp);
+        memcpy(gpad + (int64_t)i * hp, xf + (int64_t)rows[i] * hp, hp * sizeof(float));
+        memcpy(gdx + (int64_t)i * nbh, dx + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+        memcpy(gbs + (int64_t)i * nbh, bs + (int64_t)rows[i] * nbh, nbh * sizeof(float));
+    }
+    for (int u = 0; u < n_used; u++) {
+        int e = used[u], a = starts[e];
+        if (M->reads) M->reads[e]++;
+        jobs[u] = (GemmJob){M->experts + 2 * e, gx8 + (int64_t)a * hp, gdx + (int64_t)a * nbh,
+                            gbs + (int64_t)a * nbh, gpad + (int64_t)a * hp, starts[e + 1] - a,
+                            gu + (int64_t)a * 2 * I};
+    }
+    if (gemm_jobs(jobs, n_used)) return -1;
+    llmp_act_mul_quant(gu, n, I, ip, act, apad, ax8, adx, abs_);
+    for (int u = 0; u < n_used; u++) {
+        int e = used[u], a = starts[e];
+        jobs[u] = (GemmJob){M->experts + 2 * e + 1, ax8 + (int64_t)a * ip, adx + (int64_t)a * (ip / 32),
+                            abs_ + (int64_t)a * (ip / 32), apad + (int64_t)a * ip,
+                            starts[e + 1] - a, y + (int64_t)a * hidden};
+    }
+    if (gemm_jobs(jobs, n_used)) return -1;
+    memset(out, 0, (size_t)B * hidden * sizeof(float));
+    for (int i = 0; i < n; i++) { /* weighted, then added: no fused multiply-add, as torch */
+        float *o = out + (int64_t)rows[i] * hidden, *yr = y + (int64_t)i * hidden;
+        for (int d = 0; d < hidden; d++) yr[d] *= rw[i];
+        for (int d = 0; d < hidden; d++) o[d] += yr[d];
+    }
+    if (S == 0) return 0;
+    /* the shared expert, every row: gate * shared(x), rounded, then added (as torch) */
+    float *gate = logits; /* routing is done: its B * E floats are free */
+    llmp_sigmoid_gate(xf, B, hp, M->shared_gate, hidden, gate);
+    memcpy(gx8, x8, (size_t)B * hp); /* qlin may requantize its input in place */
+    memcpy(gpad, xf, (size_t)B * hp * sizeof(float));
+    memcpy(gdx, dx, (size_t)B * nbh * sizeof(float));
+    memcpy(gbs, bs, (size_t)B * nbh * sizeof(float));
+    if (qlin(M->shared, gx8, gdx, gbs, B, gu, gpad, hp)) return -1;
+    llmp_act_mul_quant(gu, B, S, sp, act, apad, ax8, adx, abs_);
+    if (qlin(M->shared + 1, ax8, adx, abs_, B, y, apad, sp)) return -1;
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
+    for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += y[i];
+    return 0;
+}
