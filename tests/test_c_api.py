@@ -5,8 +5,11 @@ from it have the compiler's own layout."""
 from __future__ import annotations
 
 import ctypes
+import fnmatch
+import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +93,15 @@ def test_the_header_reader_refuses_what_it_cannot_bind():
         [ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p],
     )
     assert api.functions["llmp_i"] == (None, [])
+
+
+def test_the_package_ships_every_kernel_file():
+    """A wheel's users compile the kernels from its package data: every source and header
+    in kernels/cpu must match pyproject's patterns."""
+    text = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    line = re.search(r'^"compress\.kernels" = \[(.*?)\]', text, re.M)
+    assert line, "pyproject.toml declares the kernels' package data"
+    patterns = re.findall(r'"([^"]+)"', line.group(1))
+    for path in [*SOURCES, *HEADERS]:
+        rel = path.relative_to(FOLDER.parent).as_posix()
+        assert any(fnmatch.fnmatch(rel, p) for p in patterns), f"{rel} is not package data"
