@@ -11,7 +11,9 @@ from compress.artifact.dense import load_model
 from compress.eval.run import evaluate
 from compress.model.loading import resolve
 from compress.runtime import load_weights
+from compress.runtime.bench import mfu_ceiling
 from compress.runtime.kv_cache import KVScheme
+from compress.runtime.linears import DenseLinear
 from compress.runtime.lm import RuntimeLM
 
 
@@ -29,6 +31,25 @@ def test_bench_reports_speed_and_mbu(artifacts, tmp_path):
     # w4 weights as stored: under a third of the fp32 model's 538 MB
     assert record["weights_bytes_per_step"] < 538e6 / 3 + 113e6
     assert "MBU" in r.stdout
+    # prefill's MFU against the arithmetic packed weights run: int8 dot products here
+    assert record["int8_dot_ops"] > 0
+    assert all(row["mfu_of"].startswith("int8 dot products") for row in record["results"])
+    assert "int8 dot products" in r.stdout
+
+
+def test_mfu_is_a_share_of_what_the_linears_compute_with(artifacts):
+    """Packed weights multiply int8 activations, dense ones fp32: MFU's ceiling is the rate
+    of each, in proportion to their parameters (an int8 prefill read 257% of fp32's)."""
+    w = load_weights(resolve(str(artifacts["rtn:w4g64"])))
+    assert mfu_ceiling(w, 100.0, 400.0)[0] == 400.0
+    assert mfu_ceiling(w, 100.0, None) == (100.0, "fp32 matmul")  # no int8 rate (a GPU)
+    layer = w.layers[0]
+    dense = layer.gate_up.out_features * layer.gate_up.in_features
+    total = sum(lin.out_features * lin.in_features for x in w.layers for lin in x.linears())
+    layer.gate_up = DenseLinear(torch.zeros(layer.gate_up.out_features, layer.gate_up.in_features))
+    rate, name = mfu_ceiling(w, 100.0, 400.0)
+    assert rate == pytest.approx(total / ((total - dense) / 400.0 + dense / 100.0))
+    assert name.startswith("int8 dot products and fp32 matmul")
 
 
 def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):

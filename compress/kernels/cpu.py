@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import math
+import statistics
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,6 +46,26 @@ def set_threads(n: int | None = None) -> None:
     if n:
         torch.set_num_threads(n)
     library().llmp_set_threads(torch.get_num_threads())
+
+
+def int8_dot_rate(min_seconds: float = 0.02) -> float:
+    """Integer dot-product operations (two per multiply-add) per second on the kernels'
+    threads, as the packed GEMM runs them (peak.c): the compute ceiling of a prefill over
+    packed weights. Rounds grow until one takes `min_seconds`; the median of three."""
+    lib, reps = library(), 1 << 14
+    lib.llmp_dot_peak(reps)  # the thread team up
+    while True:
+        t = time.perf_counter()
+        macs = lib.llmp_dot_peak(reps)
+        if time.perf_counter() - t >= min_seconds:
+            break
+        reps *= 4
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        lib.llmp_dot_peak(reps)
+        times.append(time.perf_counter() - t)
+    return 2 * macs / statistics.median(times)
 
 
 def hand_over() -> Callable[[], None]:

@@ -3,8 +3,12 @@
 MBU (model bandwidth utilization) = bytes one decode step must read × steps per second ÷
 the memory read bandwidth measured on this machine in the same run. Bytes per step: every
 weight as stored (codes, scales, zero points; the lm_head once) plus the KV cache each
-sequence reads at its mean context during the run. MFU for prefill: 2 × parameters ×
-prompt tokens per second ÷ the fp32 matmul rate measured in the same run.
+sequence reads at its mean context during the run. MFU for prefill: 2 × the blocks'
+parameters × prompt tokens per second ÷ the rate their arithmetic allows, measured in the
+same run: on the CPU, packed weights multiply int8 activations by integer dot products
+(kernels/cpu/peak.c: their rate on this processor), dense ones run fp32 matmuls; on a GPU,
+the fp32 matmul rate. (Against the fp32 rate an int8 prefill read 257%.) The head is left
+out: a prefill computes it for one row a sequence.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from compress.kernels import hugepages
+from compress.kernels.cpu import PackedLinear, amx_active, int8_dot_rate
 from compress.runtime.engine import Engine, Request
 from compress.runtime.kv_cache import FP32, KVScheme
 from compress.runtime.sampling import SamplingParams
@@ -44,10 +49,13 @@ def measure_matmul_flops(n: int = 1024, repeats: int = 5, device="cpu") -> float
 def measure_ceilings(device="cpu", samples: int = 5) -> dict[str, list[float]]:
     """`samples` readings of each ceiling (each itself a median of 3): for medians that
     one noisy reading cannot move."""
-    return {
+    out = {
         "bandwidth": [measure_bandwidth(repeats=3, device=device) for _ in range(samples)],
         "matmul": [measure_matmul_flops(repeats=3, device=device) for _ in range(samples)],
     }
+    if torch.device(device).type == "cpu":  # packed weights' arithmetic (mfu_ceiling)
+        out["int8"] = [int8_dot_rate() for _ in range(samples)]
+    return out
 
 
 def sync(device) -> None:
@@ -80,6 +88,7 @@ class BenchResult:
     mbu: float
     prefill_tokens_per_s: float
     mfu: float
+    mfu_of: str = "fp32 matmul"  # the ceiling MFU is a share of (mfu_ceiling)
     draft: str | None = None  # speculative decoding's proposer (`--draft`), if any
     acceptance: float | None = None  # drafted tokens the target kept
     speedup: float | None = None  # tokens/s over the same run without a draft
@@ -96,6 +105,7 @@ def bench_one(
     kv: KVScheme = FP32,
     seed: int = 0,
     draft: str | None = None,
+    int8_ops: float | None = None,
 ) -> BenchResult:
     max_len = prompt_len + output_len + 1
     speculator = None if draft is None else make_speculator(draft, weights, max_len)
@@ -130,7 +140,8 @@ def bench_one(
     experts = (weights.expert_bytes_read() - read0) / max(steps, 1)  # as routing chose
     bytes_per_step = weights.step_bytes - weights.expert_step_bytes + experts + kv_bytes
     prefill_tps = batch * prompt_len / (t1 - t0)
-    params_count = weights.active_params
+    params_count = sum(layer.active_params for layer in weights.layers)
+    ceiling, ceiling_of = mfu_ceiling(weights, flops, int8_ops)
     return BenchResult(
         batch=batch,
         prompt_len=prompt_len,
@@ -141,11 +152,33 @@ def bench_one(
         bytes_per_step=bytes_per_step,
         mbu=bytes_per_step / step_s / bandwidth,
         prefill_tokens_per_s=prefill_tps,
-        mfu=2 * params_count * prefill_tps / flops,
+        mfu=2 * params_count * prefill_tps / ceiling,
+        mfu_of=ceiling_of,
         draft=draft,
         acceptance=None if speculator is None else speculator.acceptance,
         row_cost=None if speculator is None else speculator.row_cost,
     )
+
+
+def mfu_ceiling(weights: ModelWeights, flops: float, int8_ops: float | None):
+    """(operations per second, what they are) the blocks' linears can reach at most: the
+    int8 dot-product rate for packed weights where it was measured (the CPU), the fp32
+    matmul rate for dense ones, in proportion to their parameters."""
+    packed = dense = 0
+    for layer in weights.layers:
+        for lin in layer.linears():
+            n = lin.out_features * lin.in_features
+            if isinstance(getattr(lin, "packed", None), PackedLinear):
+                packed += n
+            else:
+                dense += n
+    if int8_ops is None or packed == 0:
+        return flops, "fp32 matmul"
+    rate = (packed + dense) / (packed / int8_ops + dense / flops)
+    name = "int8 dot products" + (" and fp32 matmul" if dense else "")
+    if amx_active():
+        name += " (AMX tiles not counted: they go past it)"
+    return rate, name
 
 
 def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draft=None) -> dict:
@@ -156,18 +189,23 @@ def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draf
     device = weights.embed.device  # the ceilings of the device that runs the model
     before = measure_bandwidth(device=device)
     flops = measure_matmul_flops(device=device)
+    int8_ops = int8_dot_rate() if torch.device(device).type == "cpu" else None
     runs = []
     for b in batches:
-        runs.append(bench_one(weights, b, prompt_len, output_len, before, flops, kv))
+        args = (weights, b, prompt_len, output_len, before, flops, kv)
+        runs.append(bench_one(*args, int8_ops=int8_ops))
         if draft is not None:
-            spec = bench_one(weights, b, prompt_len, output_len, before, flops, kv, draft=draft)
+            spec = bench_one(*args, draft=draft, int8_ops=int8_ops)
             spec.speedup = spec.tokens_per_s / runs[-1].tokens_per_s
             runs.append(spec)
     bandwidth = max(before, measure_bandwidth(device=device))
     log(
         f"measured on {device}: memory read {bandwidth / 1e9:.1f} GB/s, "
         f"fp32 matmul {flops / 1e9:.0f} GFLOP/s"
+        + ("" if int8_ops is None else f", int8 dot products {int8_ops / 1e9:.0f} GOP/s")
     )
+    if runs:
+        log(f"MFU: prefill's share of {runs[0].mfu_of}")
     results = []
     for r in runs:
         r.mbu *= before / bandwidth
@@ -184,6 +222,7 @@ def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draf
     return {
         "bandwidth_bytes_per_s": bandwidth,
         "matmul_flops": flops,
+        "int8_dot_ops": int8_ops,
         "threads": torch.get_num_threads(),
         "weights_bytes_per_step": weights.step_bytes,
         "kv_cache": kv.config(),

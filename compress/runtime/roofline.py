@@ -6,7 +6,8 @@ filled with random keys and values (`KVCache.fill_random`: a step's cost does no
 on them), so a 4096-token context costs no prefill. Bytes per step: every weight as stored
 plus the KV cache each sequence reads; FLOPs per step: 2 × linear parameters × batch plus
 the attention's 4 × heads × head dim × context × layers × batch. The ceilings (memory
-read bandwidth, fp32 matmul rate) are medians of repeats taken before and after the sweep.
+read bandwidth, fp32 matmul rate and, on the CPU, the int8 dot-product rate packed
+weights compute at) are medians of repeats taken before and after the sweep.
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def sweep(
     log(_ceiling_line("after", after))
     bandwidth = statistics.median(before["bandwidth"] + after["bandwidth"])
     matmul = statistics.median(before["matmul"] + after["matmul"])
+    int8 = statistics.median(before["int8"] + after["int8"]) if "int8" in before else None
     for p in points:
         p.mbu = p.gbytes_per_s * 1e9 / bandwidth
     return {
@@ -110,6 +112,7 @@ def sweep(
         "ceilings": {
             "bandwidth_bytes_per_s": bandwidth,
             "matmul_flops": matmul,
+            "int8_dot_ops": int8,
             "samples": {"before": before, "after": after},
         },
         "points": [asdict(p) for p in points],
@@ -118,7 +121,10 @@ def sweep(
 
 def _ceiling_line(when: str, c: dict) -> str:
     bw, mm = statistics.median(c["bandwidth"]), statistics.median(c["matmul"])
-    return f"ceilings {when}: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {mm / 1e9:.0f} GFLOP/s"
+    line = f"ceilings {when}: memory read {bw / 1e9:.1f} GB/s, fp32 matmul {mm / 1e9:.0f} GFLOP/s"
+    if "int8" in c:
+        line += f", int8 dot products {statistics.median(c['int8']) / 1e9:.0f} GOP/s"
+    return line
 
 
 def plot_roofline(record: dict, path: Path, title: str = "") -> None:
@@ -135,12 +141,16 @@ def plot_roofline(record: dict, path: Path, title: str = "") -> None:
     pts = record["points"]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     lo = min(p["intensity"] for p in pts) / 2
-    hi = max(max(p["intensity"] for p in pts) * 2, peak / bw * 4)
+    int8 = (record["ceilings"].get("int8_dot_ops") or 0) / 1e9
+    hi = max(max(p["intensity"] for p in pts) * 2, max(peak, int8) / bw * 4)
     ridge = peak / bw  # FLOP/byte where the two ceilings meet
     ax.plot([lo, ridge], [bw * lo, peak], color="black", lw=1.5,
             label=f"memory read {bw:.1f} GB/s")  # fmt: skip
     ax.plot([ridge, hi], [peak, peak], color="grey", lw=1.5, ls="--",
             label=f"fp32 matmul {peak:.0f} GFLOP/s")  # fmt: skip
+    if int8:  # packed weights multiply int8 activations: their own roof
+        ax.plot([int8 / bw, hi], [int8, int8], color="grey", lw=1.5, ls=":",
+                label=f"int8 dot products {int8:.0f} GOP/s")  # fmt: skip
     for kind, marker in (("batch", "o"), ("context", "s")):
         sel = [p for p in pts if p["sweep"] == kind]
         share = [p["kv_bytes"] / (p["kv_bytes"] + p["weight_bytes"]) for p in sel]

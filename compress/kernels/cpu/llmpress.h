@@ -145,6 +145,9 @@ int llmp_gemm_q8_split(const int8_t *x8, const float *dx, const float *bs, const
 int llmp_gemm_dynamic_rows(int rows);
 int llmp_amx_enable(int on);
 int llmp_amx_state(void);
+/* peak.c: every thread's `reps` rounds of register-held integer dot products, as the
+ * GEMM runs them; returns the multiply-adds done (time it for the ceiling MFU uses) */
+int64_t llmp_dot_peak(int64_t reps);
 
 /* ---- dense.c: dense fp32 (kind 0), bf16 (1) or fp16 (2) weights at decode batches */
 void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y);
