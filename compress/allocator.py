@@ -20,10 +20,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from contextlib import contextmanager
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 THRESHOLD = 4 << 20
 TRIM = 64 << 20  # free bytes the heap's top keeps before it is returned
+HEAP_MAX = 32 << 20  # the largest mmap threshold glibc takes (64-bit)
+# the heap's free top kept inside heap_blocks: with TRIM, a freed 24 MB block on top of
+# the free memory already there went back to the system about every other round
+LOOP_TRIM = 4 * HEAP_MAX
+_fixed: list = []  # the libc whose thresholds return_freed_memory fixed
 
 
 def return_freed_memory() -> bool:
@@ -35,6 +41,30 @@ def return_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
         mapped = libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)
-        return bool(mapped and libc.mallopt(M_TRIM_THRESHOLD, TRIM))
+        done = bool(mapped and libc.mallopt(M_TRIM_THRESHOLD, TRIM))
     except (OSError, AttributeError):  # musl and others: no mallopt
         return False
+    if done and not _fixed:
+        _fixed.append(libc)
+    return done
+
+
+@contextmanager
+def heap_blocks():
+    """While the block runs, allocations up to HEAP_MAX come from the heap, as glibc's own
+    moving threshold would let them, instead of return_freed_memory's 4 MB: for a loop
+    that allocates the same tensors every round once the block walk is over (eval's
+    windows: each chunk's logits, the int8 head's scratch), which were otherwise mapped
+    and page-faulted afresh every window. The heap's top keeps up to LOOP_TRIM free
+    meanwhile. Then return_freed_memory's thresholds again; nothing changes where it did
+    not set them."""
+    libc = _fixed[0] if _fixed else None
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, HEAP_MAX)
+        libc.mallopt(M_TRIM_THRESHOLD, LOOP_TRIM)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, THRESHOLD)
+            libc.mallopt(M_TRIM_THRESHOLD, TRIM)

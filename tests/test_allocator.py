@@ -84,3 +84,37 @@ def _returned_kb(mode: str) -> float:
 def test_a_threads_freed_heap_is_kept_for_its_next_tensors():
     before, now = _returned_kb("before"), _returned_kb("now")  # of 8 MB freed a round
     assert before > 4096 and now < 1024, (before, now)  # measured: 7044 and 0 kB
+
+
+# eval's window loop allocates the same tensors each window (a chunk's logits: 25 MB at
+# the default model's vocabulary); under the fixed 4 MB threshold each was mapped and
+# page-faulted again, window after window. heap_blocks takes them from the heap while
+# the loop runs (after a few rounds, once small allocations have settled between them).
+WINDOWS = """
+import resource, torch
+from compress.allocator import heap_blocks, return_freed_memory
+assert return_freed_memory()
+def rounds():
+    faults = []
+    for _ in range(10):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        x, y = torch.empty(6 << 20), torch.empty(3 << 20)  # 24 and 12 MB, as a window's
+        x.fill_(1.0), y.fill_(2.0)
+        del x, y
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return sum(faults[5:])
+before = rounds()
+with heap_blocks():
+    inside = rounds()
+print(inside, before)
+"""
+
+
+def test_a_window_loops_tensors_come_from_the_heap():
+    run = subprocess.run(
+        [sys.executable, "-c", WINDOWS], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    inside, before = map(int, run.stdout.split())
+    pages = (36 << 20) // os.sysconf("SC_PAGE_SIZE")  # one round's
+    assert before >= 5 * pages * 0.9  # mapped and faulted again every round
+    assert inside < pages / 4  # the last five rounds reuse the heap's pages

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm.auto import tqdm
 
-from compress.allocator import THRESHOLD
+from compress.allocator import THRESHOLD, heap_blocks
 
 
 @dataclass
@@ -109,23 +109,25 @@ def measure_drift(
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0} for name in candidates}
     base_nll = 0.0
     tokens = 0
-    for i, window in enumerate(
-        tqdm(windows, desc="eval windows", unit="win", disable=not progress)
-    ):
-        targets = window[1:]
-        ref = base.reference(i, window) if hasattr(base, "reference") else _logprobs(base, window)
-        ref_top = ref.argmax(-1)
-        base_nll -= ref.gather(-1, targets[:, None]).sum().item()
-        tokens += targets.numel()
-        for name, model in candidates.items():
-            lp = _logprobs(model, window)
-            s = sums[name]
-            s["nll"] -= lp.gather(-1, targets[:, None]).sum().item()
-            per_token = _token_kl(ref, lp)
-            s["kl"] += per_token.sum().item()
-            if token_kl is not None:
-                token_kl.setdefault(name, []).append(per_token)
-            s["agree"] += (lp.argmax(-1) == ref_top).sum().item()
+    with heap_blocks():  # the same tensors every window: from the heap, not mapped afresh
+        for i, window in enumerate(
+            tqdm(windows, desc="eval windows", unit="win", disable=not progress)
+        ):
+            targets = window[1:]
+            own = hasattr(base, "reference")
+            ref = base.reference(i, window) if own else _logprobs(base, window)
+            ref_top = ref.argmax(-1)
+            base_nll -= ref.gather(-1, targets[:, None]).sum().item()
+            tokens += targets.numel()
+            for name, model in candidates.items():
+                lp = _logprobs(model, window)
+                s = sums[name]
+                s["nll"] -= lp.gather(-1, targets[:, None]).sum().item()
+                per_token = _token_kl(ref, lp)
+                s["kl"] += per_token.sum().item()
+                if token_kl is not None:
+                    token_kl.setdefault(name, []).append(per_token)
+                s["agree"] += (lp.argmax(-1) == ref_top).sum().item()
     base_ppl = float(torch.tensor(base_nll / tokens).exp())
     if token_kl is not None:
         for name in list(token_kl):

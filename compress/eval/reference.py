@@ -69,9 +69,14 @@ class _Head:
         name = f"{adapter.embed if spec.tied else adapter.lm_head}.weight"
         self.linear = DenseLinear(read_tensors(store.ckpt, [name])[name])
         self.softcap = spec.logit_softcap
+        self._out: torch.Tensor | None = None  # the logits, kept from window to window
 
     def logprobs(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.linear(x)
+        """Log-probs [rows, vocab] of x, in a buffer the next call reuses (made afresh, a
+        window's 100 MB were mapped and page-faulted every window)."""
+        if self._out is None or self._out.shape[0] < x.shape[0]:
+            self._out = torch.empty(x.shape[0], self.linear.out_features, device=x.device)
+        logits = self.linear(x, out=self._out[: x.shape[0]])
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return log_softmax_(logits)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.allocator import HEAP_MAX
 from compress.kernels import hugepages
 from compress.kernels.build import library
 from compress.kernels.c_api import api
@@ -575,15 +576,22 @@ def slice_buffer(elements: int) -> torch.Tensor:
     return buf[:elements]
 
 
-def sliced_product(x: torch.Tensor, n: int, k: int, widen, tile: int = 1) -> torch.Tensor:
-    """x @ W.T for a weight W [n, k] kept in another form: `widen(lo, hi, out)` writes its
-    rows lo:hi in fp32 into `out` (a slice_buffer view) and returns what to multiply, at
-    most EXACT_SLICE_BYTES at a time (slices start at multiples of `tile`)."""
-    step = min(n, max(tile, EXACT_SLICE_BYTES // (4 * k) // tile * tile))
+def sliced_product(
+    x: torch.Tensor, n: int, k: int, widen, tile: int = 1, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ W.T for a weight W [n, k] kept in another form: `widen(lo, hi, buf)` writes its
+    rows lo:hi in fp32 into `buf` (a slice_buffer view) and returns what to multiply, at
+    most EXACT_SLICE_BYTES at a time (slices start at multiples of `tile`), and each
+    slice's product at most HEAP_MAX (a window's head product in one slice of a narrow
+    model was 60 MB, mapped afresh; under it, eval's window loop takes it from the heap:
+    allocator.heap_blocks). `out`: where to write the product (else a new tensor)."""
+    rows = max(1, x.numel() // k)
+    step = min(EXACT_SLICE_BYTES // (4 * k), HEAP_MAX // (4 * rows))
+    step = min(n, max(tile, step // tile * tile))
     buf = slice_buffer(step * k).view(step, k)
-    if step == n:
+    if step == n and out is None:
         return x @ widen(0, n, buf).T
-    y = torch.empty(*x.shape[:-1], n)
+    y = torch.empty(*x.shape[:-1], n) if out is None else out
     for lo in range(0, n, step):
         hi = min(n, lo + step)
         y[..., lo:hi] = x @ widen(lo, hi, buf[: hi - lo]).T

@@ -32,14 +32,19 @@ class DenseLinear:
     def nbytes(self) -> int:
         return self.weight.numel() * self.weight.element_size()
 
-    def __call__(self, x, exact: bool | None = None) -> torch.Tensor:
+    def __call__(self, x, exact: bool | None = None, out=None) -> torch.Tensor:
+        """`out`: a contiguous fp32 [rows, out_features] the product of a batch is written
+        in (a caller's kept buffer), where no bias is added."""
         x = x.x if isinstance(x, QuantizedInput) else x
         w = self.weight
         cpu = w.device.type == "cpu"
         if cpu and w.dtype in GEMV_DTYPES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:
             y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
         elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
-            y = sliced_product(x.float(), *w.shape, lambda lo, hi, out: out.copy_(w[lo:hi]))
+            widen = lambda lo, hi, buf: buf.copy_(w[lo:hi])  # noqa: E731
+            y = sliced_product(x.float(), *w.shape, widen, out=out if self.bias is None else None)
+        elif out is not None and self.bias is None and w.dtype == x.dtype == torch.float32:
+            y = torch.mm(x, w.t(), out=out)
         else:
             y = torch.nn.functional.linear(x.to(w.dtype), w).float()
         return y if self.bias is None else y + self.bias

@@ -35,12 +35,19 @@ class RuntimeLM:
         self.kv_cache = "" if kv.bits is None else f"int{kv.bits}"  # "": fp32
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
+        self._logits: torch.Tensor | None = None  # kept from window to window
 
     def __call__(self, input_ids: torch.Tensor):
+        """The window's logits [1, T, vocab], in a buffer the next call reuses (a window's
+        are 100 MB at a 49k vocabulary: concatenated afresh, they were mapped and
+        page-faulted every window)."""
         tokens = input_ids[0]
         self.cache.lengths[0] = 0
-        parts = [
-            self.model.prefill(tokens[i : i + self.chunk], self.cache, 0, start=i)
-            for i in range(0, tokens.shape[0], self.chunk)
-        ]
-        return SimpleNamespace(logits=torch.cat(parts)[None])
+        out = self._logits
+        if out is None or out.shape[0] < tokens.shape[0]:
+            vocab = self.model.w.lm_head.out_features
+            out = self._logits = torch.empty(tokens.shape[0], vocab, device=self.model.device)
+        for i in range(0, tokens.shape[0], self.chunk):
+            part = self.model.prefill(tokens[i : i + self.chunk], self.cache, 0, start=i)
+            out[i : i + part.shape[0]].copy_(part)
+        return SimpleNamespace(logits=out[: tokens.shape[0]][None])
