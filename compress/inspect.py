@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from compress.artifact.formats import reading_codec
 from compress.artifact.manifest import read_manifest
 from compress.methods import STAGES
 from compress.model.loading import resolve
@@ -20,22 +21,8 @@ def describe(artifact: str, as_json: bool = False) -> str:
         f"{ckpt.path}: {ckpt.config['model_type']}, {ckpt.num_layers} layers, "
         f"hidden {ckpt.config['hidden_size']}"
     ]
-    if qc and qc.get("quant_method") == "awq":
-        lines.append(
-            f"format: awq / {qc.get('version')}: int{qc['bits']} group {qc['group_size']} "
-            f"zero-point; not converted: {', '.join(qc.get('modules_to_not_convert') or [])}"
-        )
-    elif qc:
-        lines.append(f"format: {qc['quant_method']} / {qc['format']}")
-        for name, group in qc["config_groups"].items():
-            w = group["weights"]
-            scheme = f"int{w['num_bits']} {w['strategy']}"
-            if w.get("group_size"):
-                scheme += f" {w['group_size']}"
-            scheme += " symmetric" if w["symmetric"] else " zero-point"
-            lines.append(f"  {name}: {scheme} -> {', '.join(group['targets'])}")
-    else:
-        lines.append("format: dense (not quantized)")
+    codec = reading_codec(ckpt.config)
+    lines += codec.describe(qc) if codec else ["format: dense (not quantized)"]
     sizes = Counter()
     for f in ckpt.files:
         sizes["weights"] += f.stat().st_size

@@ -16,9 +16,9 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from compress import distributed
-from compress.artifact.codecs import codec
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems, transformers_route
+from compress.artifact.formats import DEFAULT, codec
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
 from compress.artifact.writer import ArtifactWriter, preflight_export
@@ -54,7 +54,7 @@ _CPU = torch.device("cpu")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def storage_dtype(requested: str, config: dict, export: str = "compressed-tensors") -> torch.dtype:
+def storage_dtype(requested: str, config: dict, export: str = DEFAULT) -> torch.dtype:
     """`auto` keeps the checkpoint's own dtype (fp32 when it names none we store); `auto16`
     keeps a 16-bit one and stores a float32 checkpoint in bfloat16."""
     forced = codec(export).storage_dtype

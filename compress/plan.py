@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from compress.artifact.ct_format import LayerFormat
 from compress.artifact.engines import engine_problems
+from compress.artifact.formats import codec, planned_layer
 from compress.artifact.size import PlannedLinear, needed_bytes
 from compress.artifact.writer import artifact_config
 from compress.errors import LlmpressError
@@ -32,10 +32,10 @@ def planned_engine_problems(recipe: Recipe, stages, ws: Workspace) -> dict[str, 
     for name, (scheme, stage) in planned_schemes(recipe, stages, ws).items():
         width = hidden if stage is None else ws.weight_shape(name)[1]
         activations = None if stage is None else stage.activations
-        layers[name] = LayerFormat.planned(scheme, scheme.group_for(width), width, activations)
+        layers[name] = planned_layer(scheme, scheme.group_for(width), width, activations)
     config = artifact_config(ws.export_state(), recipe.export, layers=layers)
-    outliers = recipe.export == "auto" and any(s.name == "int8" for s in stages)
-    return engine_problems(config, ["x.weight_outlier"] if outliers else [])
+    int8 = any(s.name == "int8" for s in stages)
+    return engine_problems(config, codec(recipe.export).planned_tensor_names(int8))
 
 
 def planned_schemes(recipe: Recipe, stages, ws: Workspace) -> dict:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compress.artifact.codecs import codec
+from compress.artifact.formats import DEFAULT, codec
 from compress.calib_data.config import CalibConfig
 from compress.errors import LlmpressError
 from compress.methods import STAGES
@@ -291,7 +291,7 @@ def _fill_base_scheme(stages: list[tuple[str, Any]], export: str) -> tuple[tuple
             if not codec(export).per_layer_schemes:
                 raise LlmpressError(
                     f"recipe: the {export} export holds one scheme; mixed precision needs "
-                    "the default compressed-tensors export"
+                    f"the default {codec(DEFAULT).family} export"
                 )
             cfg = dataclasses.replace(cfg, base=rounders[0][1].scheme.label())
         out.append((name, cfg))

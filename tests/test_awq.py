@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from compress.artifact.awq_format import ORDER, pack_awq, unpack_awq
 from compress.artifact.dense import load_model
+from compress.artifact.formats.awq_layout import ORDER, pack_awq, unpack_awq
 from compress.calib_data import calibration_samples, eval_windows, read_texts, token_stream
 from compress.errors import LlmpressError
 from compress.eval.drift import measure_drift

@@ -46,7 +46,7 @@ def test_dequant_matmul_matches_reference(bits, group, zp, k, n, m):
 
 
 def test_triton_linear_reads_the_artifact_tensors(artifacts):
-    from compress.artifact.codecs import CODECS
+    from compress.artifact.formats import CODECS
     from compress.model.loading import read_tensors, resolve
 
     ckpt = resolve(str(artifacts["rtn:w4g64zp"]))

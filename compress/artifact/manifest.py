@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from compress.artifact.codecs import stored_bits
+from compress.artifact.formats import PACKAGES, stored_bits
 from compress.artifact.integrity import file_hashes
 from compress.errors import LlmpressError
 from compress.hub.card import model_card
@@ -19,7 +19,7 @@ from compress.stage import Workspace
 
 MANIFEST = "manifest.json"
 CARD = "README.md"
-_PACKAGES = ("llmpress", "torch", "transformers", "safetensors", "compressed-tensors", "gguf")
+_PACKAGES = ("llmpress", "torch", "transformers", "safetensors", *PACKAGES, "gguf")
 
 
 def package_versions() -> dict[str, str | None]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from compress.artifact.codecs import reading_codec
-from compress.artifact.ct_format import OUTLIER_INDEX, target_matches
+from compress.artifact.formats import reading_codec
 from compress.model.loading import Checkpoint, read_tensors
 
 
@@ -33,23 +32,5 @@ def dense_state_dict(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
 def token_int8_layers(ckpt: Checkpoint) -> dict[str, torch.Tensor]:
     """Linears whose inputs are quantized per token at run time (W8A8), each with its
     outlier columns (empty where none were kept)."""
-    qc = ckpt.config.get("quantization_config") or {}
-    groups = [
-        g
-        for g in qc.get("config_groups", {}).values()
-        if (g.get("input_activations") or {}).get("strategy") == "token"
-    ]
-    if not groups:
-        return {}
-    names = [n for n in ckpt.tensors if n.endswith(f".{OUTLIER_INDEX}")]
-    outliers = {
-        n.removesuffix(f".{OUTLIER_INDEX}"): t for n, t in read_tensors(ckpt, names).items()
-    }
-    scaled = sorted(
-        n.removesuffix(".weight_scale") for n in ckpt.tensors if n.endswith(".weight_scale")
-    )
-    return {
-        p: outliers.get(p, torch.empty(0, dtype=torch.int32))
-        for p in scaled
-        if any(target_matches(p, g["targets"]) for g in groups)
-    }
+    codec = reading_codec(ckpt.config)
+    return {} if codec is None else codec.token_int8_layers(ckpt)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from compress.artifact.codecs import codec
+from compress.artifact.formats import codec
 from compress.artifact.integrity import user_entries
 from compress.artifact.stream_safetensors import merge
 from compress.artifact.target import (

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from compress.artifact.dense import load_model
@@ -71,23 +69,24 @@ def _candidates(ckpt, engine: str, kv: str | None, ctx: int, exact: bool) -> dic
 def load_with_transformers(ckpt):
     """The artifact as transformers itself loads it: `from_pretrained` and nothing else,
     except the documented `dequantize=True` for zero-point weights (engines.py)."""
-    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+    from transformers import AutoModelForCausalLM
 
-    from compress.artifact.engines import transformers_problems, transformers_route
+    from compress.artifact.formats import reading_codec
 
-    route = transformers_route(ckpt.config)
+    codec = reading_codec(ckpt.config)
+    route = {} if codec is None else codec.transformers_route(ckpt.config)
     if route is None:
-        problem = transformers_problems(ckpt.config)[0]
+        problem = codec.transformers_problems(ckpt.config)[0]
         raise LlmpressError(
             f"--engine transformers cannot load {ckpt.path}: {problem}; use --engine runtime"
         )
-    quantized = "quantization_config" in ckpt.config
-    if quantized and importlib.util.find_spec("compressed_tensors") is None:
+    try:
+        kwargs = {} if codec is None else codec.transformers_kwargs(route)
+    except ModuleNotFoundError as e:
         raise LlmpressError(
-            "--engine transformers needs the compressed-tensors package to open a quantized "
+            f"--engine transformers needs the {e.name} package to open a quantized "
             "artifact: pip install 'llmpress[transformers]' (or use --engine runtime)"
-        )
-    kwargs = {"quantization_config": CompressedTensorsConfig(**route)} if route else {}
+        ) from e
     try:
         model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=torch.float32, **kwargs)
     except Exception as e:

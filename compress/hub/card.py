@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from compress.artifact.codecs import codec
+from compress.artifact.formats import DEFAULT, codec
 from compress.calib_data.sources import data_name
 from compress.eval.drift import computed_by
 from compress.methods import STAGES
@@ -21,8 +21,7 @@ def card_tags(m: dict) -> list[str]:
     """Hub tags: the layout, each stage's own, and every weight bit width the artifact's
     config groups declare (the manifest's `weights.bits`: an 8-bit lm_head or the 8-bit
     linears mixed precision chose are tagged, not only the recipe's scheme)."""
-    family = codec(m["recipe"].get("export") or "auto").family
-    tags = ["llmpress", "awq" if family == "awq-gemm" else family]
+    tags = ["llmpress", codec(m["recipe"].get("export") or DEFAULT).hub_tag]
     planned = set()  # manifests written before `weights.bits`: the stages' own settings
     for stage in m["recipe"]["stages"]:
         for name, settings in stage.items():
@@ -129,28 +128,7 @@ def _loading(m: dict) -> list[str]:
     path = '"path/to/this/folder"'
     hf = engines.get("transformers") or []
     route = m.get("transformers_kwargs", {}) if hf else {}
-    if codec(m["recipe"].get("export") or "auto").family == "awq-gemm":
-        code = [
-            "# AutoAWQ's GEMM layout: transformers reads it through gptqmodel",
-            "# pip install gptqmodel",
-            "from transformers import AutoModelForCausalLM",
-            f"model = AutoModelForCausalLM.from_pretrained({path})",
-        ]
-    elif not hf:
-        code = [
-            "from transformers import AutoModelForCausalLM  # + pip install compressed-tensors",
-            f"model = AutoModelForCausalLM.from_pretrained({path})",
-        ]
-    elif route:
-        code = [
-            "# zero-point weights: transformers 5 loads them dequantized (docs/format.md)",
-            "from transformers import AutoModelForCausalLM, CompressedTensorsConfig",
-            "model = AutoModelForCausalLM.from_pretrained(",
-            f"    {path}, quantization_config=CompressedTensorsConfig(dequantize=True)",
-            ")",
-        ]
-    else:
-        code = [f"# transformers cannot load this artifact: {hf[0]}"]
+    code = codec(m["recipe"].get("export") or DEFAULT).transformers_code(path, hf, route)
     vllm = engines.get("vllm") or []
     code += (
         ["", "# vLLM", f"# vllm serve {path[1:-1]}"]
