@@ -50,17 +50,18 @@ def _candidates(ckpt, engine: str, kv: str | None, ctx: int, exact: bool) -> dic
     if engine != "runtime":
         raise LlmpressError(f"unknown engine {engine!r}: use runtime or transformers")
     from compress.runtime.kv_cache import FP32, kv_scheme
-    from compress.runtime.lm import RuntimeLM
+    from compress.runtime.lm import LogitsBuffer, RuntimeLM
     from compress.runtime.weights import load_weights
 
     scheme = kv_scheme(kv, ckpt.config)
     weights = load_weights(ckpt)
     # the weights alone: an fp32 cache unless --kv names one, as transformers would compute
     exact_kv = scheme if kv is not None else FP32
-    exact_lm = RuntimeLM(weights, max_len=ctx, kv=exact_kv, exact=True)
+    logits = LogitsBuffer()  # one window's of one pass at a time
+    exact_lm = RuntimeLM(weights, max_len=ctx, kv=exact_kv, exact=True, logits=logits)
     if exact:
         return {"exact": exact_lm}
-    served = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=False)
+    served = RuntimeLM(weights, max_len=ctx, kv=scheme, exact=False, logits=logits)
     if served.activations == exact_lm.activations and scheme == exact_kv:  # e.g. on a GPU
         return {"served": served}
     return {"served": served, "exact": exact_lm}

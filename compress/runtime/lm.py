@@ -11,6 +11,23 @@ from compress.runtime.model import Model
 from compress.runtime.weights import ModelWeights
 
 
+class LogitsBuffer:
+    """A window's logits [T, vocab], kept from window to window (made afresh, a window's
+    100 MB at a 49k vocabulary were mapped and page-faulted every window). Models a loop
+    runs one after another share one (eval's served and exact passes: a window's logits
+    of one are consumed before the other runs; one each held 155 MB more at a 7B shape)."""
+
+    def __init__(self):
+        self._t: torch.Tensor | None = None
+
+    def rows(self, n: int, vocab: int, device) -> torch.Tensor:
+        t = self._t
+        if t is None or t.shape[0] < n or t.shape[1] != vocab or t.device != torch.device(device):
+            self._t = t = None  # the old one freed before the new one is made
+            self._t = t = torch.empty(n, vocab, device=device)
+        return t[:n]
+
+
 class RuntimeLM:
     """`lm(input_ids=[1, T]).logits` through the runtime. With a quantized KV cache the
     window is fed in chunks of `chunk` tokens, so each chunk attends to the cache as stored
@@ -27,6 +44,7 @@ class RuntimeLM:
         kv: KVScheme = FP32,
         chunk=None,
         exact: bool = True,
+        logits: LogitsBuffer | None = None,
     ):
         s = weights.shape
         self.model = Model(weights, max_len + 1, exact=exact)
@@ -35,19 +53,15 @@ class RuntimeLM:
         self.kv_cache = "" if kv.bits is None else f"int{kv.bits}"  # "": fp32
         self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
-        self._logits: torch.Tensor | None = None  # kept from window to window
+        self.logits = logits or LogitsBuffer()
 
     def __call__(self, input_ids: torch.Tensor):
-        """The window's logits [1, T, vocab], in a buffer the next call reuses (a window's
-        are 100 MB at a 49k vocabulary: concatenated afresh, they were mapped and
-        page-faulted every window)."""
+        """The window's logits [1, T, vocab], in `logits`, which the next call reuses."""
         tokens = input_ids[0]
         self.cache.lengths[0] = 0
-        out = self._logits
-        if out is None or out.shape[0] < tokens.shape[0]:
-            vocab = self.model.w.lm_head.out_features
-            out = self._logits = torch.empty(tokens.shape[0], vocab, device=self.model.device)
+        vocab = self.model.w.lm_head.out_features
+        out = self.logits.rows(tokens.shape[0], vocab, self.model.device)
         for i in range(0, tokens.shape[0], self.chunk):
             part = self.model.prefill(tokens[i : i + self.chunk], self.cache, 0, start=i)
             out[i : i + part.shape[0]].copy_(part)
-        return SimpleNamespace(logits=out[: tokens.shape[0]][None])
+        return SimpleNamespace(logits=out[None])
