@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes
 import fnmatch
+import os
+import platform
 import re
 import shutil
 import subprocess
@@ -53,6 +55,26 @@ def test_every_kernel_file_compiles_against_the_header_without_warnings(flags):
         bad = [ln for ln in run.stderr.splitlines() if "missing-prototypes" in ln]
         assert not bad, "\n".join(bad)
     assert {path.name for path in HEADERS} >= {"llmpress.h", "internal.h"}
+
+
+# Every instruction set's GEMM tiles (gemm_tile_*.h, gemm_amx.h), whichever this host has:
+# plain C, AVX2, AVX-VNNI, AVX-512 VNNI, AMX.
+MARCHES = ("x86-64", "x86-64-v3", "alderlake", "icelake-server", "sapphirerapids")
+
+
+@pytest.mark.parametrize("march", MARCHES)
+def test_each_instruction_sets_gemm_tiles_compile_on_any_host(march):
+    """The build compiles only this host's instruction sets; another's tiles must not wait
+    for a machine that has them to show they no longer compile."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        march = "native"
+    flags = ["-O2", f"-march={march}", "-fopenmp", "-Wall", "-Wextra", "-Werror"]
+    run = subprocess.run(
+        [_compiler(), *flags, "-c", str(FOLDER / "gemm.c"), "-o", os.devnull],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr
 
 
 def test_the_structs_have_the_compilers_layout(tmp_path):
