@@ -15,9 +15,9 @@ checkout's instead, each with the allocator settings it ships (a git worktree of
         [--flags "--calib-samples 8 --calib-len 256"] [--label NAME] [--against REV]
         [--eval ARTIFACT]
 
-With `--eval ARTIFACT` each run is `llmpress eval ARTIFACT --flags` instead (the runs
-share the original's cache: after the first, each eval reads it), and the sha256 is of
-the figures it computed.
+With `--eval ARTIFACT` each run is `llmpress eval ARTIFACT --flags` instead, and the
+sha256 is of the figures it computed. The runs share the original's cache, which an
+untimed eval fills first, so every timed run reads the original from it.
 
 The results' second command, a Llama-3.2-1B-shaped checkpoint of 2 blocks:
 
@@ -139,6 +139,8 @@ def main() -> None:
         sides = [(name, trim, ROOT) for name, trim in SETTINGS.items()]
         if args.against:
             sides = [(f"code of {args.against}", None, tree), ("this checkout", None, ROOT)]
+        if args.eval:  # the original computed and cached before the timed runs
+            run_once(None, args.model, args.quant, args.flags.split(), ROOT, args.eval)
         for r in range(args.rounds):
             for name, trim, code in sides:
                 flags = args.flags.split()
