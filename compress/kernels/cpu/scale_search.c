@@ -56,7 +56,8 @@ void llmp_scale_search(const float *w, int rows, int cols, int group, const floa
         const float *restrict sp = s + p * n;
         const float *restrict zp = z ? z + p * n : 0;
         float acc[MAX_CANDIDATES];
-        for (int c = 0; c < n; c++) acc[c] = 0.0f;
+        acc[0] = 0.0f; /* n >= 1 (scale_grid.py); and without candidates: error 0, the first */
+        for (int c = 1; c < n; c++) acc[c] = 0.0f;
         for (int i = 0; i < group; i++) {
             float x = wg[i], di = dg[i];
             if (zp) {
