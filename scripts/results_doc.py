@@ -2749,6 +2749,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         eval_cache,
     ),
     (
+        "eval_cache_avx512.json",
+        "A second eval: the original from the cache, on an AVX-512 EPYC",
+        "benchmarks/eval_cache.py --name eval_cache_avx512",
+        eval_cache,
+    ),
+    (
         "eval_cache_xeon.json",
         "A second eval: the original from the cache, on an AVX-512 Xeon with AMX",
         "benchmarks/eval_cache.py --name eval_cache_xeon",
