@@ -675,3 +675,28 @@ def test_the_scale_grid_in_c_is_the_torch_grid(zero_point):
     clear = gap[..., 1] - gap[..., 0] > 1e-4 * gap[..., 0]  # no near-tie to decide
     assert torch.equal(pick[clear], errors.argmin(-1)[clear])
     assert torch.equal(pick[5, 1:2], errors[5, 1:2].argmin(-1))  # zeros: every error 0, first
+
+
+def test_the_kept_slice_buffer_is_written_inside_and_outside_inference_mode():
+    """The thread's one buffer may first be made under torch.inference_mode (a runtime
+    step) and then written outside it (an eval under no_grad): an inference tensor would
+    refuse that write."""
+    import threading
+
+    from compress.kernels import cpu
+
+    errors = []
+
+    def fresh_thread():  # its own, empty, kept buffer
+        try:
+            with torch.inference_mode():
+                cpu.slice_buffer(4096).fill_(1.0)
+            cpu.slice_buffer(1024).fill_(2.0)
+            assert cpu.slice_buffer(4096)[1024:].eq(1.0).all()
+        except Exception as e:  # reported in the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=fresh_thread)
+    t.start()
+    t.join()
+    assert not errors, errors

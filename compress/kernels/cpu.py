@@ -569,10 +569,12 @@ def slice_buffer(elements: int) -> torch.Tensor:
     call. Allocated afresh, each slice (up to 64 MB) was above the allocator's mmap
     threshold (compress/allocator.py), so every weight of every evaluation window was
     mapped and page-faulted in again: a Llama-3.2-1B-shaped eval of 2 windows took 9.1M
-    page faults and 21 s of system time in 48 s."""
+    page faults and 21 s of system time in 48 s. Made outside inference mode whatever
+    the caller's: one made inside it could not be written outside it afterwards."""
     buf = getattr(_buffers, "fp32", None)
     if buf is None or buf.numel() < elements:
-        buf = _buffers.fp32 = torch.empty(elements)
+        with torch.inference_mode(False):
+            buf = _buffers.fp32 = torch.empty(elements)
     return buf[:elements]
 
 
