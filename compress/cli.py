@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from compress import __version__
-from compress.artifact.formats import DEFAULT, EXPORTS, export_help
+from compress.artifact.formats import CODECS, DEFAULT, EXPORTS
 from compress.errors import (
     EXIT_CRASH,
     EXIT_GATE,
@@ -91,8 +91,8 @@ def cli() -> None:
 @click.option(
     "--export",
     type=click.Choice([e for e in EXPORTS if e != DEFAULT]),
-    help=f"Artifact layout (default: {export_help(DEFAULT)}). "
-    + "; ".join(f"{e}: {export_help(e)}" for e in EXPORTS if e != DEFAULT),
+    help=f"Artifact layout (default: {CODECS[DEFAULT].summary}). "
+    + "; ".join(f"{e}: {CODECS[e].summary}" for e in EXPORTS if e != DEFAULT),
 )
 @click.option(
     "--lm-head",

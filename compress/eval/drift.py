@@ -109,12 +109,12 @@ def measure_drift(
     sums = {name: {"nll": 0.0, "kl": 0.0, "agree": 0} for name in candidates}
     base_nll = 0.0
     tokens = 0
+    own = hasattr(base, "reference")
     with heap_blocks():  # the same tensors every window: from the heap, not mapped afresh
         for i, window in enumerate(
             tqdm(windows, desc="eval windows", unit="win", disable=not progress)
         ):
             targets = window[1:]
-            own = hasattr(base, "reference")
             ref = base.reference(i, window) if own else _logprobs(base, window)
             ref_top = ref.argmax(-1)
             base_nll -= ref.gather(-1, targets[:, None]).sum().item()

@@ -27,6 +27,7 @@ from compress.model.blocks import BlockStore, run_block
 from compress.model.default import cache_dir as model_cache_dir
 from compress.model.loading import Checkpoint, read_tensors
 from compress.runtime.linears import DenseLinear
+from compress.runtime.lm import LogitsBuffer
 
 VERSION = 1  # bump when what a cache entry holds changes
 
@@ -69,14 +70,12 @@ class _Head:
         name = f"{adapter.embed if spec.tied else adapter.lm_head}.weight"
         self.linear = DenseLinear(read_tensors(store.ckpt, [name])[name])
         self.softcap = spec.logit_softcap
-        self._out: torch.Tensor | None = None  # the logits, kept from window to window
+        self.logits = LogitsBuffer()
 
     def logprobs(self, x: torch.Tensor) -> torch.Tensor:
-        """Log-probs [rows, vocab] of x, in a buffer the next call reuses (made afresh, a
-        window's 100 MB were mapped and page-faulted every window)."""
-        if self._out is None or self._out.shape[0] < x.shape[0]:
-            self._out = torch.empty(x.shape[0], self.linear.out_features, device=x.device)
-        logits = self.linear(x, out=self._out[: x.shape[0]])
+        """Log-probs [rows, vocab] of x, in a buffer the next call reuses."""
+        out = self.logits.rows(x.shape[0], self.linear.out_features, x.device)
+        logits = self.linear(x, out=out)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return log_softmax_(logits)

@@ -23,7 +23,8 @@ class LogitsBuffer:
     def rows(self, n: int, vocab: int, device) -> torch.Tensor:
         t = self._t
         if t is None or t.shape[0] < n or t.shape[1] != vocab or t.device != torch.device(device):
-            self._t = t = None  # the old one freed before the new one is made
+            del t  # the old one freed before the new one is made
+            self._t = None
             self._t = t = torch.empty(n, vocab, device=device)
         return t[:n]
 

@@ -56,8 +56,3 @@ def planned_layer(scheme, group_size: int, in_features: int, activations: str | 
     """A linear before it is quantized, as every codec's `config` takes it (the engines'
     verdicts before any work)."""
     return LayerFormat.planned(scheme, group_size, in_features, activations)
-
-
-def export_help(export: str) -> str:
-    """What an export holds, for --help."""
-    return CODECS[export].summary
