@@ -7,7 +7,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
 - dense families: Qwen2.5-0.5B's widths (hidden 896, 24 layers, MLP 4864, 14/2 heads,
   head_dim 64, vocab 151,936), each with its own family's features (llama: Llama 3 rope
   scaling, untied head; mistral and qwen3: a sliding window; gemma3: 5 local : 1 global
-  layers, its scales; phi3: fused tensors, LongRoPE);
+  layers, its scales; gemma2: 1 local : 1 global, its attention and final softcaps;
+  smollm3: every 4th layer without rope; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated).
@@ -84,6 +85,15 @@ DENSE = {
         "query_pre_attn_scalar": 64,
         "final_logit_softcapping": None,
         "rope_parameters": None,
+        "tie_word_embeddings": True,
+    },
+    "smollm3": {"no_rope_layers": None},  # the class's: every 4th layer without rope
+    "gemma2": {  # its published softcaps, 1 local : 1 global layers
+        "layer_types": None,
+        "sliding_window": 512,
+        "query_pre_attn_scalar": 64,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
         "tie_word_embeddings": True,
     },
     "phi3": {
@@ -348,6 +358,8 @@ def main() -> None:
     args = ap.parse_args()
     started = time.time()
     command = "python benchmarks/families.py" + (" --llama-cpp BIN" if args.llama_cpp else "")
+    if args.families != ap.get_default("families"):
+        command += f" --families {args.families}"
     record = {
         "command": command + (f" --name {args.name}" if args.name != "families" else ""),
         "cpu": cpu_flags(),

@@ -99,6 +99,14 @@ def builds(rev: str) -> dict[str, ctypes.CDLL]:
         }
 
 
+def takes_softcap(rev: str) -> bool:
+    """Whether the attention calls at `rev` take a softcap (the argument after `window`)."""
+    header = subprocess.check_output(
+        ["git", "show", f"{rev}:{FOLDER.relative_to(ROOT)}/llmpress.h"], cwd=ROOT, text=True
+    )
+    return "int window, float softcap" in header
+
+
 def zs_ptr(offsets, early: bool):
     """The zero offsets an earlier kernel reads (None: it derives them from the scales)."""
     return cpu._ptr(offsets) if early and offsets is not None else None

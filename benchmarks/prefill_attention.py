@@ -31,6 +31,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -40,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
-from kernel_ab import builds  # noqa: E402
+from kernel_ab import builds, takes_softcap  # noqa: E402
 
 from compress.kernels import cpu  # noqa: E402
 from compress.kernels.cpu import prefill_attention, set_threads  # noqa: E402
@@ -78,14 +79,17 @@ def with_torch(q, out, parts):
 def earlier_kernel(rev: str):
     """`llmp_prefill_attention` as it was at `rev`, as a function of (q, out, parts)."""
     lib = builds(rev)["earlier"]
-    p, i = ctypes.c_void_p, ctypes.c_int
-    lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, ctypes.c_float, i]
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    capped = takes_softcap(rev)  # else the wrapper's softcap (0: none) is left off
+    lib.llmp_prefill_attention.argtypes = [p, i, i, i, i, f, i, *[f] * capped]
     lib.llmp_prefill_attention.restype = ctypes.c_int
     lib.llmp_set_threads(cpu.library().llmp_get_threads())
+    call = lib.llmp_prefill_attention
+    shim = SimpleNamespace(llmp_prefill_attention=call if capped else lambda *a: call(*a[:-1]))
 
     def run(q, out, parts):
         now = cpu.library
-        cpu.library = lambda: lib  # the wrapper's checks and layout, the earlier kernel
+        cpu.library = lambda: shim  # the wrapper's checks and layout, the earlier kernel
         try:
             prefill_attention(q, out, parts, SCALE)
         finally:

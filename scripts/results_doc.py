@@ -1745,8 +1745,9 @@ def families(d: dict) -> list[str]:
         "dequantizes a compressed artifact's fused experts into bfloat16 parameters even "
         "when asked for float32, so that figure is bfloat16 rounding. Decode tok/s is the median "
         "of three `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
-        "experts routing chose, with qwen2_moe's shared expert every step). The anchors ran "
-        f"interleaved over rounds; {d['minutes']} minutes in all"
+        "experts routing chose, with qwen2_moe's shared expert every step). "
+        + ("The anchors ran interleaved over rounds" if d.get("anchors") else "No anchors")
+        + f"; {d['minutes']} minutes in all"
         + (f"; CPU: {d['cpu']}, 2 threads" if d.get("cpu") else "")
         + cflags_note(d, "; llama.cpp built with")
         + ".",
@@ -2739,6 +2740,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Every family on an AVX-512 Xeon with AMX",
         "benchmarks/families.py --llama-cpp LLAMA_BIN --name families_xeon "
         "--llama-cflags '-mno-amx-tile -mno-amx-int8 -mno-amx-bf16'",
+        families,
+    ),
+    (
+        "families_gemma2.json",
+        "gemma2 beside gemma3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families gemma2,gemma3_text --name families_gemma2",
+        families,
+    ),
+    (
+        "families_smollm3.json",
+        "smollm3 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families smollm3,llama3 --name families_smollm3",
         families,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),

@@ -4,10 +4,10 @@ classes and saved as safetensors folders (what a user's checkpoint looks like).
 Each exercises what sets its family apart: Llama 3 rope scaling and an untied head,
 Mistral's sliding window, qwen2's q/k/v biases with YaRN, qwen3's qk-norm with a sliding
 upper layer, gemma3's (1+w) sandwich norms, scaled embedding, attention scalar, softcap
-and local/global rope, phi3's fused tensors with partial rotary LongRoPE. Norm weights and
-biases are drawn at random (transformers initializes them to ones or zeros, which would
-hide a skipped norm or bias), and the default model's tokenizer is copied in so the CLI
-can decode.
+and local/global rope, gemma2's softcapped attention scores, phi3's fused tensors with
+partial rotary LongRoPE, smollm3's layer without rope. Norm weights and biases are drawn
+at random (transformers initializes them to ones or zeros, which would hide a skipped
+norm or bias), and the default model's tokenizer is copied in so the CLI can decode.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ FAMILIES = {
         "Qwen3Config",
         {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1},
     ),
+    "smollm3": (
+        "SmolLM3Config",
+        {
+            "no_rope_layers": [1, 0],
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "pad_token_id": 0,  # its class default, 128004, is past this vocabulary
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "gemma3_text": (
         "Gemma3TextConfig",
         {
@@ -73,6 +83,17 @@ FAMILIES = {
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
             },
+            "tie_word_embeddings": True,
+        },
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 0.5,  # small enough to bend these tiny scores
+            "final_logit_softcapping": 3.0,
             "tie_word_embeddings": True,
         },
     ),
@@ -184,6 +205,7 @@ GGUF_FAMILIES = {
             "rope_parameters": None,
         },
     ),
+    "gemma2": ("GEMMA2", {"layer_types": None, "query_pre_attn_scalar": 256}),
     "phi3": ("PHI3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
 
@@ -278,8 +300,11 @@ def write_gguf(
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    if getattr(cfg, "sliding_window", None) and cfg.model_type == "gemma3_text":
+    if getattr(cfg, "sliding_window", None) and cfg.model_type in ("gemma2", "gemma3_text"):
         w.add_sliding_window(cfg.sliding_window)
+    if getattr(cfg, "attn_logit_softcapping", None):  # gemma2's, as llama.cpp writes them
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     for key, value in (extra or {}).items():  # header keys a test adds (strings)
         w.add_string(key.format(arch=gguf.MODEL_ARCH_NAMES[enum]), value)
     reader = gguf.GGUFReader(str(tokenizer_gguf))

@@ -110,6 +110,38 @@ def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
+# The one fact a family adds to another's description, dropped: gemma2's capped attention
+# scores (else gemma3's block without q/k norms), smollm3's layer without rope (llama's).
+OWN_FACTS = {
+    "gemma2": lambda s: {"attn_softcap": None},
+    "smollm3": lambda s: {"rope": (s.rope[0],) * s.layers},
+}
+
+
+@pytest.mark.parametrize("name", OWN_FACTS)
+def test_dropping_a_familys_own_fact_shows(models, ids, name):
+    want = _transformers_logits(models[name], ids)
+    weights = load_weights(resolve(str(models[name])), device="cpu")
+    assert weights.spec != dataclasses.replace(weights.spec, **OWN_FACTS[name](weights.spec))
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[name](weights.spec))
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() > 1e-2
+
+
+def test_a_gemma3_config_s_attention_softcap_is_ignored_as_transformers_ignores_it(
+    tmp_path, ids, tokenizer_dir
+):
+    """Gemma 3 configs carry attn_logit_softcapping, which Gemma3Attention never applies:
+    the description must not apply it either (only gemma2's adapter reads it)."""
+    path = write_family(tmp_path / "g3", "gemma3_text", tokenizer_dir, attn_logit_softcapping=0.5)
+    weights = load_weights(resolve(str(path)), device="cpu")
+    assert weights.spec.attn_softcap is None
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(path, ids)).abs().max() < 1e-4
+
+
 @pytest.fixture(scope="module")
 def w4(models, wikitext, tmp_path_factory):
     root = tmp_path_factory.mktemp("families-w4")

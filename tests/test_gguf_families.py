@@ -40,6 +40,35 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     assert (got - want).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("name,layers", [("gemma2", 46), ("gemma3_text", 62)])
+def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
+    name, layers, tmp_path, monkeypatch
+):
+    """The 27B Gemmas scale attention by (hidden / heads) ** -0.5; their GGUF holds no
+    query_pre_attn_scalar, and llama.cpp (so llmpress) tells them by their depth."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    settings = {**GGUF_FAMILIES[name][1], "query_pre_attn_scalar": 64 // 4}  # hidden / heads
+    model = build_family(name, vocab_size=1024, num_hidden_layers=layers, **settings)
+    folder = convert_gguf(write_gguf(model, tmp_path / f"{name}.gguf", default_gguf()))
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
+
+
+def test_a_gguf_of_a_family_transformers_cannot_read_is_refused_with_the_way_round(tmp_path):
+    """SmolLM3 runs from its checkpoint, but transformers' GGUF reader has no smollm3
+    entry: its GGUF is refused in one line that names the alternative."""
+    from compress.errors import LlmpressError
+
+    model = build_family("smollm3", vocab_size=1024)
+    path = write_gguf(model, tmp_path / "smollm3.gguf", default_gguf(), arch="SMOLLM3")
+    with pytest.raises(LlmpressError, match=r"'smollm3'.*Hugging Face folder or hub id") as e:
+        convert_gguf(path)
+    assert "\n" not in str(e.value)
+
+
 def test_an_early_mixtral_gguf_with_one_tensor_per_expert_converts(tmp_path, monkeypatch):
     """Mixtral GGUFs made before llama.cpp stacked the experts hold blk.N.ffn_gate.E
     tensors; they are still published and downloaded."""

@@ -299,8 +299,10 @@ def test_other_instruction_sets_compute_the_same(flags):
             "-p",
             "no:cacheprovider",
             __file__,
+            str(Path(__file__).with_name("test_runtime.py")),
             "-k",
-            "packed_matmul or shared or exact or zero_input or attention or dense or scale_grid",
+            "packed_matmul or shared or exact or zero_input or attention or dense or scale_grid "
+            "or argmax or activation or one_call_draws",
         ],
         env=env,
         capture_output=True,
@@ -311,14 +313,17 @@ def test_other_instruction_sets_compute_the_same(flags):
     assert " passed" in run.stdout
 
 
-@pytest.mark.parametrize("heads,kvh,d", [(9, 3, 64), (16, 4, 128), (8, 2, 96)])
+@pytest.mark.parametrize(
+    "heads,kvh,d,softcap", [(9, 3, 64, None), (16, 4, 128, None), (8, 2, 96, None), (9, 3, 64, 2.0)]
+)
 @pytest.mark.parametrize("kv", ["none", "int8", "int4", "int8:g16", "int4:g64"])
-def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d):
+def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softcap):
     """The C attention stores each new token (quantizing a KIVI group as it completes,
     exactly as kv_cache.py does) and attends over quantized prefix + fp32 residual: same
     cache contents and the same output as kv_cache.read + plain softmax attention. Head
     sizes 64 and 128 take the 16-lane code loops on AVX-512 (sizes compiled in), 96 the
-    8-lane ones; 4 query heads a KV head leave one over after a group of three."""
+    8-lane ones; 4 query heads a KV head leave one over after a group of three. With a
+    softcap (gemma2) the scores are capped as transformers caps them."""
     import copy
 
     from compress.kernels.cpu import decode_attention
@@ -341,13 +346,13 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d):
             cache.prepare_rows(use.tolist(), positions.tolist())
         q, k, v = torch.randn(3, heads, d), torch.randn(3, kvh, d), torch.randn(3, kvh, d)
         for layer in range(layers):
-            got = decode_attention(q, k, v, fast, layer, use, positions)
+            got = decode_attention(q, k, v, fast, layer, use, positions, softcap=softcap)
             ref.write_tokens(layer, use, positions, k, v)
             lengths = positions + 1
             keys, values = ref.read(layer, use, int(lengths.max()), lengths)
             mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
-            want = _decode_attention(q, keys, values, mask).reshape(3, heads, d)
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            want = _decode_attention(q, keys, values, mask, softcap=softcap)
+            torch.testing.assert_close(got, want.reshape(3, heads, d), rtol=1e-4, atol=1e-4)
         ref.lengths[use] += 1
         fast.lengths[use] += 1
     names = ["k", "v"] if kv == "none" else ["kq", "vq", "k_scale", "k_min", "v_scale", "v_min"]
@@ -356,13 +361,19 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d):
 
 
 @pytest.mark.parametrize("kv", ["none", "int8", "int4:g64"])
-@pytest.mark.parametrize("window,kvh,heads", [(0, 3, 9), (300, 3, 9), (0, 1, 20)])
-def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(kv, window, kvh, heads):
+@pytest.mark.parametrize(
+    "window,kvh,heads,softcap",
+    [(0, 3, 9, None), (300, 3, 9, None), (0, 1, 20, None), (0, 3, 9, 2.0)],
+)
+def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(
+    kv, window, kvh, heads, softcap
+):
     """A decode row past 512 positions is attended in spans of 512 positions and the spans'
     softmaxes merged, a lone sequence's spans split over the threads: it matches the torch
     reference, and its bits do not depend on the rows beside it or on the thread count
     (speculation's check compares a verify pass's rows with decode steps' bit for bit).
-    20 query heads on one KV head take two passes of up to 16."""
+    20 query heads on one KV head take two passes of up to 16; capped scores (gemma2) merge
+    as any others."""
     import copy
 
     from compress.kernels.cpu import decode_attention, set_threads
@@ -385,7 +396,7 @@ def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(kv, 
         set_threads(n_threads or saved)
         try:
             return decode_attention(q[rows], k[rows], v[rows], cache, 0, slots[rows],
-                                    positions[rows], window=window)  # fmt: skip
+                                    positions[rows], window=window, softcap=softcap)  # fmt: skip
         finally:
             set_threads(saved)
 
@@ -397,8 +408,8 @@ def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(kv, 
     keys, values = ref.read(0, slots, int(n.max()), n)
     at = torch.arange(int(n.max()))[None]
     mask = (at < n[:, None]) & (at >= (n[:, None] - window if window else 0))
-    want = _decode_attention(q, keys, values, mask[:, None, None, :]).reshape(4, heads, d)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    want = _decode_attention(q, keys, values, mask[:, None, None, :], softcap=softcap)
+    torch.testing.assert_close(got, want.reshape(4, heads, d), rtol=1e-4, atol=1e-4)
     for b in range(4):
         assert torch.equal(step(torch.tensor([b]))[0], got[b])
     assert torch.equal(step(torch.tensor([2, 0])), got[[2, 0]])
@@ -503,26 +514,46 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
     assert argmax(strided) == int(strided.argmax())
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("width", [7, 96, 1541])  # all tail; whole vectors; both
+def test_the_activation_times_up_is_torchs_and_quantized_as_any_row(act, width):
+    """llmp_act_mul_quant: act(gate) * up as transformers' activation computes it (the
+    vector exp within 1e-6 relative), zero padded to a block, quantized as
+    quantize_input quantizes that same row."""
+    from transformers.activations import ACT2FN
+
+    from compress.kernels.cpu import act_mul_quantized, quantize_input
+
+    g = torch.Generator().manual_seed(3)
+    gate_up = torch.randn(5, 2 * width, generator=g) * 4
+    got = act_mul_quantized(gate_up, act)
+    want = ACT2FN[act](gate_up[:, :width]) * gate_up[:, width:]
+    torch.testing.assert_close(got.x, want, rtol=1e-5, atol=1e-6)
+    again = quantize_input(got.x.contiguous())
+    assert torch.equal(got.x8[:, :width], again.x8[:, :width])
+    assert torch.equal(got.dx, again.dx) and torch.equal(got.bsum, again.bsum)
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "d"),
     [(9, 3, 64), (18, 1, 40), (4, 4, 36)],  # GQA; a group wider than 8 with 40 dims; MHA, 36
 )
-@pytest.mark.parametrize("window", [0, 16])
+@pytest.mark.parametrize("window,softcap", [(0, None), (16, None), (0, 1.0)])
 @pytest.mark.parametrize("n", [45, 150])  # 150: the weighted values in more than one pass
 def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
-    heads, kv_heads, d, window, n
+    heads, kv_heads, d, window, softcap, n
 ):
     """Every chunk of a step in one C call: the same output as the torch reference, and a
     prompt's rows the same bits whether it was attended whole, in chunks (the later ones
-    over the earlier ones' keys) or beside other prompts in the call."""
+    over the earlier ones' keys) or beside other prompts in the call; with a softcap too."""
     from compress.kernels.cpu import prefill_attention
     from compress.runtime.model import _prefill_attention
 
     torch.manual_seed(heads + d + window + n)
     q, k, v = torch.randn(n, heads, d), torch.randn(kv_heads, n, d), torch.randn(kv_heads, n, d)
     whole = torch.empty(n, heads * d)
-    prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window)
-    ref = _prefill_attention(q.transpose(0, 1), k, v, 0, 0.2, window or None)
+    prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window, softcap)
+    ref = _prefill_attention(q.transpose(0, 1), k, v, 0, 0.2, window or None, softcap)
     torch.testing.assert_close(whole, ref.transpose(0, 1).reshape(n, -1), rtol=1e-5, atol=1e-5)
 
     other_q = torch.randn(7, heads, d)
@@ -532,7 +563,7 @@ def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
     chunks = [(0, 7, other_k, other_v, 0)]
     for a, b in [(0, 1), (1, 17), (17, 18), (18, n)]:  # one row, a span, one row, the rest
         chunks.append((7 + a, 7 + b, k[:, :b].contiguous(), v[:, :b].contiguous(), a))
-    prefill_attention(both_q, split, chunks[::-1], 0.2, window)
+    prefill_attention(both_q, split, chunks[::-1], 0.2, window, softcap)
     assert torch.equal(split[7:], whole)
 
 

@@ -66,7 +66,8 @@ def test_triton_linear_reads_the_artifact_tensors(artifacts):
 
 
 @pytest.mark.parametrize("bits", [None, 8, 4])
-def test_decode_attention_matches_reference(bits):
+@pytest.mark.parametrize("softcap", [None, 2.0])  # gemma2's capped scores
+def test_decode_attention_matches_reference(bits, softcap):
     torch.manual_seed(0)
     cache = KVCache(2, 4, 3, 128, 64, KVScheme(bits, group=32), device=DEVICE)
     lengths = {0: 70, 1: 5, 2: 32, 3: 1}  # a residual only, a group boundary, one token
@@ -78,10 +79,10 @@ def test_decode_attention_matches_reference(bits):
     slots = torch.tensor([2, 0, 3, 1], device=DEVICE)
     lens = cache.lengths[slots]
     q = torch.randn(4, 9, 64).to(DEVICE)
-    out = decode_attention(q, cache, 1, slots, lens)
+    out = decode_attention(q, cache, 1, slots, lens, softcap=softcap)
     keys, values = cache.read(1, slots, int(lens.max()))
     mask = (torch.arange(int(lens.max()), device=DEVICE)[None] < lens[:, None])[:, None, None, :]
-    ref = _decode_attention(q, keys, values, mask).reshape(4, 9, 64)
+    ref = _decode_attention(q, keys, values, mask, softcap=softcap).reshape(4, 9, 64)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 

@@ -318,12 +318,22 @@ def kv_struct(cache) -> _KVC:
 
 
 def decode_attention(
-    q, k, v, cache, layer: int, slots, positions, scale: float | None = None, window: int = 0
+    q,
+    k,
+    v,
+    cache,
+    layer: int,
+    slots,
+    positions,
+    scale: float | None = None,
+    window: int = 0,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Write k/v [B, kv_heads, D] into `layer` of `cache` (fp32 or KIVI int8/int4) at
     `positions` (their blocks prepared: `KVCache.prepare_rows`), then attend q
     [B, heads, D] over the last `window` positions up to each sequence's own (0: all of
-    them), scores times `scale` (default D**-0.5), in C."""
+    them), scores times `scale` (default D**-0.5) and capped at `softcap` (softcap *
+    tanh(score / softcap); None: not), in C."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_f32(t, name)
@@ -335,7 +345,7 @@ def decode_attention(
     scale = d**-0.5 if scale is None else scale
     if library().llmp_decode_attention(
         ctypes.byref(kv_struct(cache)), layer, _ptr(q), _ptr(k), _ptr(v), _ptr(slots),
-        _ptr(positions), b, heads, scale, window or 0, _ptr(out),
+        _ptr(positions), b, heads, scale, window or 0, softcap or 0.0, _ptr(out),
     ):  # fmt: skip
         raise MemoryError("llmp_decode_attention: out of memory")
     return out
@@ -349,13 +359,16 @@ def _rows_ptr(t: torch.Tensor, name: str) -> int:
     return t.data_ptr()
 
 
-def prefill_attention(q, out, chunks: list, scale: float, window: int = 0) -> None:
+def prefill_attention(
+    q, out, chunks: list, scale: float, window: int = 0, softcap: float | None = None
+) -> None:
     """Causal attention of every chunk of a prefill step in one C call. q [N, heads, D]
     holds the step's query rows and out [N, heads * D] receives theirs; each chunk is
     (a, b, keys, values, start): rows a..b-1 at positions start.. against keys/values
     [kv_heads, start + b - a, D], each row seeing the keys up to its own (the last
-    `window` of them; 0: all). A row's result is the same bits however its prompt was
-    split into chunks or batched with others (see prefill_attention.c)."""
+    `window` of them; 0: all), scores capped at `softcap` (None: not). A row's result is
+    the same bits however its prompt was split into chunks or batched with others (see
+    prefill_attention.c)."""
     n, heads, d = q.shape
     qp, op = _rows_ptr(q, "q"), _rows_ptr(out, "out")
     if q.stride(1) != d or out.shape != (n, heads * d):
@@ -369,7 +382,10 @@ def prefill_attention(q, out, chunks: list, scale: float, window: int = 0) -> No
         c.k, c.kg, c.kj = _rows_ptr(k, "keys"), k.stride(0), k.stride(1)
         c.v, c.vg, c.vj = _rows_ptr(v, "values"), v.stride(0), v.stride(1)
         c.T, c.start = b - a, start
-    if library().llmp_prefill_attention(arr, len(chunks), heads, kv_heads, d, scale, window):
+    lib = library()
+    if lib.llmp_prefill_attention(
+        arr, len(chunks), heads, kv_heads, d, scale, window, softcap or 0.0
+    ):
         raise MemoryError("llmp_prefill_attention: out of memory")
 
 
@@ -673,8 +689,9 @@ class FusedExperts:
 @dataclass
 class FusedLayer:
     """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
-    added), its linears, optional q/k and sandwich norms, rope tables, sliding window; an
-    expert MLP (`moe`) in place of gate_up/down where the block has one."""
+    added), its linears, optional q/k and sandwich norms, rope tables, sliding window,
+    attention softcap; an expert MLP (`moe`) in place of gate_up/down where the block has
+    one."""
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
@@ -685,6 +702,7 @@ class FusedLayer:
     cos: torch.Tensor
     sin: torch.Tensor
     window: int = 0
+    softcap: float | None = None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
@@ -703,7 +721,7 @@ class FusedLayer:
         keep = [] if self.moe is None else list(self.moe.native())
         layer = _QLayer(
             _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
-            _ptr(self.cos), _ptr(self.sin), self.window or 0,
+            _ptr(self.cos), _ptr(self.sin), self.window or 0, self.softcap or 0.0,
             ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip
         return layer, keep

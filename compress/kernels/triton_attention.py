@@ -47,6 +47,15 @@ def _online_softmax(s, v, m_i, l_i, acc):
 
 
 @triton.jit
+def _capped(x, softcap, CAP: tl.constexpr):
+    """softcap * tanh(x / softcap) (gemma2's attention scores), tanh(y) as
+    1 - 2 / (exp(2y) + 1); x itself without CAP."""
+    if CAP:
+        x = softcap * (1.0 - 2.0 / (tl.exp(2.0 * x / softcap) + 1.0))
+    return x
+
+
+@triton.jit
 def _decode_attention(
     q_ptr,
     o_ptr,
@@ -75,6 +84,7 @@ def _decode_attention(
     REP,
     sm_scale,
     window,  # keys within the last `window` positions (0: all)
+    softcap,  # scores softcap * tanh(score / softcap) where CAP
     m_ptr,  # with SPLIT: each span's running max [B, H, NS], its sum, its weighted sum [.., D]
     l_ptr,
     acc_ptr,
@@ -85,6 +95,7 @@ def _decode_attention(
     BLOCK: tl.constexpr,
     SPAN_T: tl.constexpr,  # positions per program (with SPLIT) or every position
     SPLIT: tl.constexpr,
+    CAP: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -118,7 +129,11 @@ def _decode_attention(
             vmin = tl.load(vm_ptr + vs_base + rows, mask=r < done, other=0.0)
             v = _load_codes(vq, rows, d, s_row_q, mask, BITS) * vscale[:, None] + vmin[:, None]
             seen = (r < done) & (r >= lo)
-            s = tl.where(seen, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+            s = tl.where(
+                seen,
+                _capped(tl.sum(k * q[None, :], axis=1) * sm_scale, softcap, CAP),
+                float("-inf"),
+            )
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
         kr = kr_ptr + slot * s_slot_r + g * s_head_r
         vr = vr_ptr + slot * s_slot_r + g * s_head_r
@@ -129,7 +144,9 @@ def _decode_attention(
         mask = valid[:, None] & (d[None, :] < D)
         k = tl.load(kr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
         v = tl.load(vr + r[:, None] * D + d[None, :], mask=mask, other=0.0)
-        s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+        s = tl.where(
+            valid, _capped(tl.sum(k * q[None, :], axis=1) * sm_scale, softcap, CAP), float("-inf")
+        )
         m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     else:  # fp32 blocks
         for start in range(s_lo, tl.minimum(length, s_lo + SPAN_T), GROUP):
@@ -140,7 +157,11 @@ def _decode_attention(
             mask = valid[:, None] & (d[None, :] < D)
             k = tl.load(kr_ptr + base + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
             v = tl.load(vr_ptr + base + rows[:, None] * D + d[None, :], mask=mask, other=0.0)
-            s = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, float("-inf"))
+            s = tl.where(
+                valid,
+                _capped(tl.sum(k * q[None, :], axis=1) * sm_scale, softcap, CAP),
+                float("-inf"),
+            )
             m_i, l_i, acc = _online_softmax(s, v, m_i, l_i, acc)
     if SPLIT:
         at = (b * H + h) * NS + tl.program_id(2)
@@ -182,10 +203,12 @@ def decode_attention(
     lengths: torch.Tensor,
     scale: float | None = None,
     window: int = 0,
+    softcap: float | None = None,
 ):
     """o [B, H, D] for queries q [B, H, D] of sequences in cache `slots`, each attending to
     its first `lengths[b]` cached tokens (its current token already written), only the
-    last `window` of them when given; scores times `scale` (default D**-0.5)."""
+    last `window` of them when given; scores times `scale` (default D**-0.5), capped at
+    `softcap` when given."""
     b, heads, dim = q.shape
     q = q.contiguous().float()
     out = torch.empty_like(q)
@@ -239,6 +262,7 @@ def decode_attention(
         heads // kv_heads,
         dim**-0.5 if scale is None else scale,
         window or 0,
+        float(softcap or 0.0),
         m,
         l_sum,
         acc,
@@ -249,6 +273,7 @@ def decode_attention(
         BLOCK=cache.block,
         SPAN_T=span if ns > 1 else 1 << 30,
         SPLIT=ns > 1,
+        CAP=bool(softcap),
     )
     if ns > 1:
         _merge_spans[(b, heads)](m, l_sum, acc, out, lengths, heads, ns, D=dim, SPAN_T=span)

@@ -166,6 +166,9 @@ class Adapter:
         ("mlp_bias", ("gate", "up", "down")),
     )  # (config key, the roles it gives a bias)
     query_pre_attn_scalar: bool = False  # the attention scale is that key's ** -0.5
+    # attention scores capped at attn_logit_softcapping (gemma2; gemma3's config has the
+    # key but transformers' Gemma3Attention never applies it)
+    attn_softcap: bool = False
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
     # loaders take the head width as hidden / heads whatever head_dim says (phi3's config
     # checks its rope factors against it), so a pruned shape must keep that ratio
@@ -398,11 +401,28 @@ _QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
 _ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
 _QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
 
+_GEMMA3 = replace(
+    LLAMA,
+    families=("gemma3_text",),
+    architecture="Gemma3ForCausalLM",
+    mlp_norm="pre_feedforward_layernorm",
+    post_attn_norm="post_attention_layernorm",
+    post_mlp_norm="post_feedforward_layernorm",
+    norm="rms1p",
+    bias_options=_ATTENTION_BIAS,
+    query_pre_attn_scalar=True,
+    scaled_embedding=True,
+    head_dim=256,
+    **_QK_NORMS,
+)
+
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
     "mistral": replace(
         LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
     ),
+    # smollm3: llama's block; every few layers without rope (spec.py: no_rope_layers)
+    "smollm3": replace(LLAMA, families=("smollm3",), architecture="SmolLM3ForCausalLM"),
     # qwen2: q/k/v always carry biases; cuts slice them too
     "qwen2": replace(
         LLAMA,
@@ -419,19 +439,16 @@ ADAPTERS: dict[str, Adapter] = {
         **_QK_NORMS,
         head_dim=128,
     ),
-    "gemma3_text": replace(
-        LLAMA,
-        families=("gemma3_text",),
-        architecture="Gemma3ForCausalLM",
-        mlp_norm="pre_feedforward_layernorm",
-        post_attn_norm="post_attention_layernorm",
-        post_mlp_norm="post_feedforward_layernorm",
-        norm="rms1p",
-        bias_options=_ATTENTION_BIAS,
-        query_pre_attn_scalar=True,
-        scaled_embedding=True,
-        head_dim=256,
-        **_QK_NORMS,
+    "gemma3_text": _GEMMA3,
+    # gemma2: gemma3's sandwich norms, scaled embedding and attention scalar, without its
+    # q/k norms; attention scores softcapped (spec.attn_softcap)
+    "gemma2": replace(
+        _GEMMA3,
+        families=("gemma2",),
+        architecture="Gemma2ForCausalLM",
+        q_norm=None,
+        k_norm=None,
+        attn_softcap=True,
     ),
     "qwen3_moe": replace(
         LLAMA,

@@ -48,10 +48,10 @@ class BlockStore:
         self.adapter = ckpt.adapter
         config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
         self.hf_config = AutoConfig.for_model(**config)
-        self.hf_config._attn_implementation = "sdpa"
+        self.spec = self.adapter.spec(ckpt.config)
+        self.hf_config._attn_implementation = attention_kernel(self.spec)
         with torch.device("meta"):
             self.skeleton = AutoModelForCausalLM.from_config(self.hf_config)
-        self.spec = self.adapter.spec(ckpt.config)
         if self.spec.mlp is not None:  # per-expert linears, as the checkpoint names them
             install_experts(self.skeleton, self.adapter, self.spec)
 
@@ -110,11 +110,18 @@ def _widest(hf, spec: BlockSpec) -> int:
     return max(hf.hidden_size, heads, mlp * (2 if spec.fused_checkpoint else 1))
 
 
+def attention_kernel(spec: BlockSpec) -> str:
+    """transformers' attention for a block: SDPA, except where scores are softcapped
+    (gemma2), which SDPA cannot do: eager, which then needs an explicit causal mask."""
+    return "eager" if spec.attn_softcap else "sdpa"
+
+
 @dataclass(frozen=True)
 class Positions:
     """What a block's forward takes besides its input, for sequences of `length` tokens:
     the rope of the block's layer type (from the BlockSpec, the tables the runtime uses)
-    and, on a sliding-window layer shorter than the sequence, the window's mask."""
+    and, on a sliding-window layer shorter than the sequence or under eager attention
+    (attention_kernel), the mask."""
 
     spec: BlockSpec
     length: int
@@ -122,20 +129,26 @@ class Positions:
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = block.self_attn.layer_idx
-        return _block_kwargs(self.spec.rope[i], self.spec.windows[i], self.length, _device(block))
+        eager = attention_kernel(self.spec) == "eager"
+        rope, window = self.spec.rope[i], self.spec.windows[i]
+        return _block_kwargs(rope, window, self.length, _device(block), eager)
 
     def prefix(self, length: int) -> Positions:
         return replace(self, length=length)
 
 
 @lru_cache(maxsize=16)
-def _block_kwargs(rope: RopeSpec, window: int | None, length: int, device) -> dict:
+def _block_kwargs(
+    rope: RopeSpec, window: int | None, length: int, device, eager: bool = False
+) -> dict:
+    """`eager`: the mask even where it is plain causal (SDPA is causal without one)."""
     cos, sin = tables(rope, length, device)
     rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
     mask = None  # plain causal attention
-    if window is not None and length > window:
+    windowed = window is not None and length > window
+    if windowed or eager:
         q, k = torch.arange(length)[:, None], torch.arange(length)[None]
-        hidden = (k > q) | (k <= q - window)
+        hidden = (k > q) | (k <= q - window) if windowed else k > q
         mask = torch.zeros(length, length).masked_fill(hidden, float("-inf"))
         mask = mask[None, None].to(device)
     return {"position_embeddings": rotary, "attention_mask": mask}

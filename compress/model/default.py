@@ -31,16 +31,24 @@ SUPPORTED_GGUF_ARCHS = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
     "qwen2moe": "qwen2_moe",
+    "gemma2": "gemma2",
     "gemma3": "gemma3_text",
     "phi3": "phi3",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
 GGUF_FACTS = {
-    "attention.key_length": "head_dim",
-    "expert_feed_forward_length": "moe_intermediate_size",
-    "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+    "attention.key_length": ("head_dim", int),
+    "expert_feed_forward_length": ("moe_intermediate_size", int),
+    "expert_shared_feed_forward_length": ("shared_expert_intermediate_size", int),
+    "attn_logit_softcapping": ("attn_logit_softcapping", float),  # gemma2
+    "final_logit_softcapping": ("final_logit_softcapping", float),
 }
+
+# The 27B Gemmas scale attention by (hidden / heads) ** -0.5, not head_dim's: their GGUF
+# holds no query_pre_attn_scalar, which transformers' reader leaves at 256, and llama.cpp
+# tells them by their depth (gemma2 27B: 46 layers; gemma3 27B: 62), as done here.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def default_gguf() -> Path:
@@ -82,7 +90,8 @@ def convert_gguf(path: Path) -> Path:
     if arch not in SUPPORTED_GGUF_ARCHS:
         supported = ", ".join(sorted(SUPPORTED_GGUF_ARCHS))
         raise LlmpressError(
-            f"unsupported architecture {arch!r} in {path.name}: llmpress supports {supported}"
+            f"unsupported architecture {arch!r} in {path.name}: llmpress reads GGUF files of "
+            f"{supported}; pass the model's Hugging Face folder or hub id instead"
         )
     origin = {"path": str(path), "file": path.name, "sha256": digest}
     return publish_conversion(target, lambda tmp: _write_dequantized(path, tmp, arch), origin)
@@ -132,12 +141,14 @@ def gguf_config(path: Path, arch: str):
 
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     reader = GGUFReader(str(path))
-    for suffix, field in GGUF_FACTS.items():
+    for suffix, (field, kind) in GGUF_FACTS.items():
         value = reader.fields.get(f"{arch}.{suffix}")
         # head_dim also where the config class has no field for it (qwen2, qwen2_moe):
         # their attention reads getattr(config, "head_dim", hidden // heads)
         if value is not None and (hasattr(config, field) or field == "head_dim"):
-            setattr(config, field, int(value.contents()))
+            setattr(config, field, kind(value.contents()))
+    if GEMMA_27B_LAYERS.get(arch) == config.num_hidden_layers:
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads
     for field, value in gguf_rope(reader, arch, config, path.name).items():
         setattr(config, field, value)  # the rope scaling the reader drops
     experts = reader.fields.get(f"{arch}.expert_count")

@@ -8,7 +8,7 @@ back in the layout checkpoints of its family use, and appended to the output (sh
 What llama.cpp's converter changed, undone here (as transformers' reader does):
 - names: the gguf package's own map between checkpoint and GGUF names;
 - llama: each q/k head's rotary halves were interleaved;
-- gemma3: norms were stored as 1 + w;
+- gemma2, gemma3: norms were stored as 1 + w;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
@@ -134,7 +134,7 @@ def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Te
         heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
         halves = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
         return halves.transpose(1, 2).reshape(w.shape)
-    if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+    if arch in ("gemma2", "gemma3") and gguf_name.endswith("norm.weight"):
         return w - 1
     return w
 

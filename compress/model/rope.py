@@ -1,7 +1,8 @@
 """Rotary position tables for every rope kind the supported families ship.
 
 One function turns a layer's rope description into cos/sin tables; the runtime (torch, C
-and Triton) reads only the tables, so a new kind is one branch here. The formulas are the
+and Triton) reads only the tables, so a new kind is one branch here (a layer without rope
+is one too: identity tables). The formulas are the
 published ones (Llama 3's wavelength bands, YaRN's ramp and attention factor, Phi-3's
 LongRoPE factors); docs/families.md §2 lists them with their sources.
 """
@@ -15,7 +16,9 @@ import torch
 
 from compress.errors import LlmpressError
 
-KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+# "none": a layer that rotates nothing (SmolLM3's NoPE layers, config.no_rope_layers 0):
+# cos 1 and sin 0, so the rotation is the identity, exactly, in every path
+KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "none")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ def inverse_frequencies(spec: RopeSpec, context: int) -> tuple[torch.Tensor, flo
     orig = spec.get("original_max_position_embeddings", spec.max_positions)
     if spec.kind in ("default", "dynamic"):  # dynamic equals default within the context
         return base, 1.0
+    if spec.kind == "none":
+        return torch.zeros_like(base), 1.0
     if spec.kind == "linear":
         return base / spec.get("factor", 1.0), 1.0
     if spec.kind == "llama3":

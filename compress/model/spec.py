@@ -2,17 +2,18 @@
 
 The adapter says where the parts are (module names); the BlockSpec says what they compute:
 norms and where they sit, activation, biases, rope per layer, attention and embedding
-scales, softcapping, the sliding-window pattern, the head and the MLP kind. It is read from
-config.json through transformers' own config class, so class defaults and derived fields
-(gemma3's layer_types, nested rope_parameters, Phi-3's original context) are the ones
-transformers applies. Every consumer that implements blocks (the runtime, in torch, C and
-Triton) checks the whole description against what it implements and refuses the rest in
-one line; tests/test_families.py checks that no field goes unread.
+scales, attention and logit softcapping, the sliding-window pattern, the head and the MLP
+kind. It is read from config.json through transformers' own config class, so class
+defaults and derived fields (gemma3's layer_types, nested rope_parameters, Phi-3's
+original context) are the ones transformers applies. Every consumer that implements
+blocks (the runtime, in torch, C and Triton) checks the whole description against what it
+implements and refuses the rest in one line; tests/test_families.py checks that no field
+goes unread.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compress.errors import LlmpressError
 from compress.model.rope import RopeSpec, rope_spec
@@ -44,6 +45,7 @@ class BlockSpec:
     fused_checkpoint: bool  # q/k/v and gate/up are stored as one tensor each (phi3)
     rope: tuple[RopeSpec, ...]  # per layer
     attn_scale: float  # multiplies q·k
+    attn_softcap: float | None  # scores = c·tanh(scores/c), before the mask (gemma2)
     embed_scale: float  # multiplies the embedding lookup
     logit_softcap: float | None  # logits = c·tanh(logits/c)
     windows: tuple[int | None, ...]  # per layer: keys within the last W positions, or all
@@ -87,6 +89,9 @@ def describe(config: dict, adapter) -> BlockSpec:
         p = params.get(t, params) if isinstance(params.get(t), dict) else params
         p = {**{k: v for k, v in top.items() if v is not None}, **p}
         ropes.append(rope_spec(p, head_dim, hf.max_position_embeddings))
+    for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):
+        if not rotates:  # SmolLM3's NoPE layers: 0 in no_rope_layers
+            ropes[i] = replace(ropes[i], kind="none", params=())
     biases = set(adapter.biased)
     for key, roles in adapter.bias_options:
         if getattr(hf, key, False):
@@ -103,6 +108,7 @@ def describe(config: dict, adapter) -> BlockSpec:
         fused_checkpoint=adapter.qkv is not None,
         rope=tuple(ropes),
         attn_scale=float((scalar or head_dim) ** -0.5),
+        attn_softcap=getattr(hf, "attn_logit_softcapping", None) if adapter.attn_softcap else None,
         embed_scale=float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0,
         logit_softcap=getattr(hf, "final_logit_softcapping", None),
         windows=windows,

@@ -71,9 +71,9 @@ class CpuBackend:
             return None
         return self.fused.from_ids(tokens, slots, cache)
 
-    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
+    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap):
         """Store this step's k/v, then attend over 0..position (one C call)."""
-        return decode_attention(q, k, v, cache, layer, slots, positions, scale, window)
+        return decode_attention(q, k, v, cache, layer, slots, positions, scale, window, softcap)
 
 
 class TritonBackend:
@@ -92,11 +92,11 @@ class TritonBackend:
     def decode_ids(self, tokens, slots, cache):
         return None
 
-    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window):
+    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap):
         from compress.kernels.triton_attention import decode_attention as triton_attention
 
         cache.write_tokens(layer, slots, positions, k, v)
-        return triton_attention(q, cache, layer, slots, positions + 1, scale, window)
+        return triton_attention(q, cache, layer, slots, positions + 1, scale, window, softcap)
 
 
 BACKENDS = {b.name: b for b in (CpuBackend, TritonBackend)}
@@ -142,10 +142,18 @@ def _fused_decoder(w: ModelWeights, ropes):
             "post_attn_norm": layer.post_attn_norm,
             "post_mlp_norm": layer.post_mlp_norm,
         }
-        window = w.spec.windows[i] or 0
+        window, cap = w.spec.windows[i] or 0, w.spec.attn_softcap
         rows.append(
             FusedLayer(
-                layer.attn_norm, layer.mlp_norm, *lins, r.cos, r.sin, window, **norms, moe=experts
+                layer.attn_norm,
+                layer.mlp_norm,
+                *lins,
+                r.cos,
+                r.sin,
+                window,
+                cap,
+                **norms,
+                moe=experts,
             )
         )
     s = w.shape

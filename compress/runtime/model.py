@@ -2,7 +2,8 @@
 for each of a batch of sequences at their own positions (gpt-fast's shape: plain torch
 around the packed linears, no framework model). What differs between families comes from
 the weights' BlockSpec: optional q/k and sandwich norms, activation, rope tables and
-sliding window per layer, attention and embedding scales, logit softcapping."""
+sliding window per layer, attention and embedding scales, attention and logit
+softcapping."""
 
 from __future__ import annotations
 
@@ -130,7 +131,14 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     return rope(q, positions), rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
 
 
-def _decode_attention(q, keys, values, mask, scale: float | None = None):
+def softcapped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """cap * tanh(scores / cap), in place (gemma2's attention scores); None: as they are."""
+    if softcap:
+        scores.div_(softcap).tanh_().mul_(softcap)
+    return scores
+
+
+def _decode_attention(q, keys, values, mask, scale: float | None = None, softcap=None):
     """One query per sequence against its cached keys; query heads grouped by KV head
     (two small matmuls beat the fused SDPA kernel's setup cost for a single query)."""
     b, heads, hd = q.shape
@@ -138,7 +146,7 @@ def _decode_attention(q, keys, values, mask, scale: float | None = None):
     qg = q.view(b, kv_heads, heads // kv_heads, hd)
     scale = hd**-0.5 if scale is None else scale
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [B, kv, rep, L]
-    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = softcapped(scores, softcap).masked_fill(~mask, float("-inf"))
     return torch.matmul(torch.softmax(scores, -1), values)  # [B, kv, rep, hd]
 
 
@@ -161,10 +169,11 @@ class Chunk:
     prefix: list | None = None
 
 
-def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
+def _prefill_attention(q, keys, values, start: int, scale: float, window=None, softcap=None):
     """Causal attention of q [heads, T, hd] at positions start.. over keys/values
-    [kv_heads, start + T, hd]: blocks of query rows, each against only the keys it may
-    see (the last `window` positions, when a sliding window is given), query heads grouped
+    [kv_heads, start + T, hd], scores capped at `softcap` when given: blocks of query rows,
+    each against only the keys it may see (the last `window` positions, when a sliding
+    window is given), query heads grouped
     by KV head (the masked fused SDPA kernel took 1.8× as long). Off the CPU, and the
     tests' reference for the C call every CPU prefill makes."""
     heads, t, hd = q.shape
@@ -181,7 +190,7 @@ def _prefill_attention(q, keys, values, start: int, scale: float, window=None):
             rows_q = rows_q.expand(-1, -1, 2, -1)  # sums differ in the last bits (int8
             # activations then round apart): a prompt's last token must come out the same
             # whether its prefix was computed with it, cached, or in an earlier chunk
-        scores = torch.matmul(rows_q, k.transpose(-1, -2)) * scale
+        scores = softcapped(torch.matmul(rows_q, k.transpose(-1, -2)) * scale, softcap)
         rows = torch.arange(start + r0, start + r1, device=q.device)[:, None]
         cols = torch.arange(lo, n, device=q.device)[None]
         hidden = (cols > rows) | (cols <= rows - window) if window else cols > rows
@@ -317,11 +326,13 @@ class Model:
                     continue
                 out = _prefill_attention(
                     q[a:b].transpose(0, 1), keys, values, c.start, spec.attn_scale,
-                    spec.windows[i],
+                    spec.windows[i], spec.attn_softcap,
                 )  # fmt: skip
                 att[a:b] = out.transpose(0, 1).reshape(b - a, s.heads * s.head_dim)
             if parts:
-                prefill_attention(q, att, parts, spec.attn_scale, spec.windows[i] or 0)
+                prefill_attention(
+                    q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap
+                )
             h = h + _attn_out(layer, att, spec.eps, packed)
             h = h + _mlp(layer, h, self.w, packed)
         return h
@@ -380,8 +391,9 @@ class Model:
             for i, layer in enumerate(self.w.layers):
                 q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(
-                    q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i]
-                )
+                    q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i],
+                    spec.attn_softcap,
+                )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)
                 h = h + _attn_out(layer, att, spec.eps, packed)
                 h = h + _mlp(layer, h, self.w, packed)

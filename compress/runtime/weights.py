@@ -52,6 +52,7 @@ RUNS = {
     "fused_checkpoint": _any,
     "rope": _rope,
     "attn_scale": _any,
+    "attn_softcap": _any,  # torch, C and Triton attention cap their scores
     "embed_scale": _any,
     "logit_softcap": _any,
     "windows": _any,

@@ -4,39 +4,53 @@
  * that share a KV head are done together (each code is converted once), keys in chunks of
  * up to 32 within one block, with one softmax rescale per chunk; threads take (sequence,
  * KV head) pairs. */
-#include "kv_cache.h"
+#include "decode_attention_ref.h"
 
-#define CHUNK_T 32
-#define REP_MAX 16
-
-/* Online softmax over one chunk of n scores of one head: s[i] += add, the running max m
- * raised (l, vmin_acc and out[0..D) rescaled once), then s[i] = exp(s[i] - m). */
-static void softmax_chunk(float *s, int n, float add, float *m, float *l, float *vmin_acc,
-                          float *out, int D) {
-    float bm = -INFINITY;
-    int i = 0;
-#if defined(__AVX2__)
-    __m256 a = _mm256_set1_ps(add), mx = _mm256_set1_ps(-INFINITY);
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_add_ps(_mm256_loadu_ps(s + i), a);
-        _mm256_storeu_ps(s + i, x);
-        mx = _mm256_max_ps(mx, x);
-    }
-    bm = hmax8(mx);
+#if defined(__AVX512F__) && defined(__AVX512BW__) /* 8-bit codes; the rest as AVX2 */
+#include "decode_attention_avx512.h"
+#define add_max add_max_avx2
+#define exp_shift exp_shift_avx2
+#define weigh_codes weigh_codes_avx2
+#define isa_row_scores row_scores_avx2
+#define isa_weighted_rows weighted_rows_avx2
+#define scores_from_codes scores_from_codes_avx512
+#define values_from_codes values_from_codes_avx512
+#elif defined(__AVX2__)
+#include "decode_attention_avx2.h"
+#define add_max add_max_avx2
+#define exp_shift exp_shift_avx2
+#define weigh_codes weigh_codes_avx2
+#define isa_row_scores row_scores_avx2
+#define isa_weighted_rows weighted_rows_avx2
+#define scores_from_codes scores_from_codes_avx2
+#define values_from_codes values_from_codes_avx2
+#else
+#define add_max add_max_ref
+#define exp_shift exp_shift_ref
+#define weigh_codes weigh_codes_ref
+#define isa_row_scores row_scores_ref
+#define isa_weighted_rows weighted_rows_ref
+#define scores_from_codes scores_from_codes_ref
+#define values_from_codes values_from_codes_ref
 #endif
-    for (; i < n; i++) s[i] += add, bm = fmaxf(bm, s[i]);
+
+/* Online softmax over one chunk of n scores of one head: s[i] += add (then capped, with
+ * `cap`), the running max m raised (l, vmin_acc and out[0..D) rescaled once), then
+ * s[i] = exp(s[i] - m). */
+static void softmax_chunk(float *s, int n, float add, float cap, float *m, float *l,
+                          float *vmin_acc, float *out, int D) {
+    float bm = add_max(s, n, add);
+    if (cap > 0.f) {
+        cap_scores(s, n, cap);
+        bm = add_max(s, n, 0.f);
+    }
     if (bm > *m) {
         float f = expf(*m - bm);
         *l *= f, *vmin_acc *= f;
         for (int d = 0; d < D; d++) out[d] *= f;
         *m = bm;
     }
-    i = 0;
-#if defined(__AVX2__)
-    __m256 mv = _mm256_set1_ps(*m);
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv)));
-#endif
-    for (; i < n; i++) s[i] = expf(s[i] - *m);
+    exp_shift(s, n, *m);
 }
 
 /* The chunk's softmax weights p[i] as value-code weights w[i] = p[i] * vs[i]; adds sum p to
@@ -49,261 +63,21 @@ static float weigh_values(const float *p, const float *vs, const float *vm, int 
         *l += sum;
         return 0.f;
     }
-    float lsum = 0.f, msum = 0.f;
-    int i = 0;
-#if defined(__AVX2__)
-    __m256 ls = _mm256_setzero_ps(), ms = _mm256_setzero_ps();
-    for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(p + i);
-        ls = _mm256_add_ps(ls, x);
-        ms = _mm256_fmadd_ps(x, _mm256_loadu_ps(vm + i), ms);
-        _mm256_storeu_ps(w + i, _mm256_mul_ps(x, _mm256_loadu_ps(vs + i)));
-    }
-    lsum = hsum8(ls), msum = hsum8(ms);
-#endif
-    for (; i < n; i++) lsum += p[i], msum += p[i] * vm[i], w[i] = p[i] * vs[i];
+    float lsum, msum;
+    weigh_codes(p, vs, vm, n, w, &lsum, &msum);
     *l += lsum;
     return msum;
 }
 
-/* scores[t] = scale * q . rows[t] for n rows of D floats. AVX2: eight rows at a time, their
- * eight partial vectors reduced together (one transpose-add instead of eight horizontal
- * sums). */
+/* scores[t] = scale * q . rows[t] for n rows of D floats. */
 static void row_scores(const float *q, const float *rows, int n, int D, float scale, float *scores) {
-    int t = 0;
-#if defined(__AVX2__)
-    if (D % 8 == 0)
-        for (; t + 8 <= n; t += 8) {
-            __m256 a[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-            for (int d = 0; d < D; d += 8) {
-                __m256 qv = _mm256_loadu_ps(q + d);
-                for (int i = 0; i < 8; i++)
-                    a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(rows + (int64_t)(t + i) * D + d), a[i]);
-            }
-            __m256 h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-            __m256 h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-            __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-            /* lanes: [r0 r1 r2 r3 | r0 r1 r2 r3] halves of rows 0-3 and of rows 4-7 */
-            __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20);
-            __m256 hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
-            _mm256_storeu_ps(scores + t, _mm256_mul_ps(_mm256_add_ps(lo, hi), _mm256_set1_ps(scale)));
-        }
-#endif
-    for (; t < n; t++) scores[t] = dot_f32(q, rows + (int64_t)t * D, D) * scale;
+    isa_row_scores(q, rows, n, D, scale, scores);
 }
 
-/* out[0..D) += sum_t w[t] * rows[t], the accumulator kept in registers over the rows. */
+/* out[0..D) += sum_t w[t] * rows[t]. */
 static void weighted_rows(const float *w, const float *rows, int n, int D, float *out) {
-    int d = 0;
-#if defined(__AVX2__)
-    for (; d + 64 <= D; d += 64) { /* eight accumulators, eight independent FMA chains
-                                     * (four left the loop waiting on the FMA's latency:
-                                     * benchmarks/attention_ab.py, fp32 attention 8-21%) */
-        __m256 o[8];
-        for (int j = 0; j < 8; j++) o[j] = _mm256_loadu_ps(out + d + 8 * j);
-        for (int t = 0; t < n; t++) {
-            const float *r = rows + (int64_t)t * D + d;
-            __m256 p = _mm256_set1_ps(w[t]);
-            for (int j = 0; j < 8; j++) o[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 8 * j), o[j]);
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(out + d + 8 * j, o[j]);
-    }
-    for (; d + 32 <= D; d += 32) {
-        __m256 o0 = _mm256_loadu_ps(out + d), o1 = _mm256_loadu_ps(out + d + 8);
-        __m256 o2 = _mm256_loadu_ps(out + d + 16), o3 = _mm256_loadu_ps(out + d + 24);
-        for (int t = 0; t < n; t++) {
-            const float *r = rows + (int64_t)t * D + d;
-            __m256 p = _mm256_set1_ps(w[t]);
-            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r), o0);
-            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 8), o1);
-            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 16), o2);
-            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(r + 24), o3);
-        }
-        _mm256_storeu_ps(out + d, o0), _mm256_storeu_ps(out + d + 8, o1);
-        _mm256_storeu_ps(out + d + 16, o2), _mm256_storeu_ps(out + d + 24, o3);
-    }
-#endif
-    for (; d < D; d++)
-        for (int t = 0; t < n; t++) out[d] += w[t] * rows[(int64_t)t * D + d];
+    isa_weighted_rows(w, rows, n, D, out);
 }
-
-#if defined(__AVX2__)
-/* Codes of channels d..d+7 of one token, as floats. */
-INLINE __m256 codes8(const uint8_t *p, int bits, int d) {
-    if (bits == 8)
-        return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + d))));
-    int32_t w;
-    memcpy(&w, p + d / 2, 4);
-    __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(w), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28));
-    return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(0x0F)));
-}
-
-/* The four lanes-sums of a0..a3 as one vector [sum a0, sum a1, sum a2, sum a3]. */
-static inline __m128 hsum4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-/* s[r][t] = scale * qs[r] . keys(t) for nr <= 3 heads and n tokens of codes: each code
- * vector is converted in registers once and used by every head, four tokens at a time
- * (twelve independent FMA chains). D % 8 == 0. */
-INLINE void code_scores(float (*qs)[256], int nr, const uint8_t *codes, int bytes, int bits,
-                        int n, int D, float scale, float (*s)[CHUNK_T]) {
-    const float *q0 = qs[0], *q1 = qs[nr > 1 ? 1 : 0], *q2 = qs[nr > 2 ? 2 : 0];
-    __m256 sc = _mm256_set1_ps(scale);
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
-        __m256 a[3][4];
-        for (int h = 0; h < 3; h++)
-            for (int i = 0; i < 4; i++) a[h][i] = _mm256_setzero_ps();
-        for (int d = 0; d < D; d += 8) {
-            __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d), x2 = _mm256_loadu_ps(q2 + d);
-            for (int i = 0; i < 4; i++) {
-                __m256 k = codes8(codes + (int64_t)(t + i) * bytes, bits, d);
-                a[0][i] = _mm256_fmadd_ps(x0, k, a[0][i]);
-                a[1][i] = _mm256_fmadd_ps(x1, k, a[1][i]);
-                a[2][i] = _mm256_fmadd_ps(x2, k, a[2][i]);
-            }
-        }
-        for (int h = 0; h < nr; h++)
-            _mm_storeu_ps(s[h] + t, _mm_mul_ps(hsum4x8(a[h][0], a[h][1], a[h][2], a[h][3]),
-                                               _mm256_castps256_ps128(sc)));
-    }
-    for (; t < n; t++) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0;
-        for (int d = 0; d < D; d += 8) {
-            __m256 k = codes8(codes + (int64_t)t * bytes, bits, d);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + d), k, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q1 + d), k, a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q2 + d), k, a2);
-        }
-        s[0][t] = hsum8(a0) * scale;
-        if (nr > 1) s[1][t] = hsum8(a1) * scale;
-        if (nr > 2) s[2][t] = hsum8(a2) * scale;
-    }
-}
-
-/* out[r] += sum_t w[r][t] * values(t) for nr <= 3 heads, the value codes converted in
- * registers once for every head; 32 channels at a time (twelve accumulators). D % 32 == 0. */
-INLINE void code_values(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int bytes, int bits,
-                        int n, int D, float *out) {
-    for (int d = 0; d < D; d += 32) {
-        __m256 o[3][4];
-        for (int h = 0; h < 3; h++)
-            for (int j = 0; j < 4; j++) o[h][j] = h < nr ? _mm256_loadu_ps(out + h * D + d + 8 * j) : _mm256_setzero_ps();
-        for (int t = 0; t < n; t++) {
-            const uint8_t *p = codes + (int64_t)t * bytes;
-            __m256 v0 = codes8(p, bits, d), v1 = codes8(p, bits, d + 8);
-            __m256 v2 = codes8(p, bits, d + 16), v3 = codes8(p, bits, d + 24);
-            for (int h = 0; h < 3; h++) {
-                __m256 p_ = _mm256_set1_ps(w[h < nr ? h : 0][t]);
-                o[h][0] = _mm256_fmadd_ps(p_, v0, o[h][0]);
-                o[h][1] = _mm256_fmadd_ps(p_, v1, o[h][1]);
-                o[h][2] = _mm256_fmadd_ps(p_, v2, o[h][2]);
-                o[h][3] = _mm256_fmadd_ps(p_, v3, o[h][3]);
-            }
-        }
-        for (int h = 0; h < nr; h++)
-            for (int j = 0; j < 4; j++) _mm256_storeu_ps(out + h * D + d + 8 * j, o[h][j]);
-    }
-}
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-/* AVX-512 forms of code_scores and code_values for 8-bit codes and head sizes that are
- * multiples of 64: sixteen codes a conversion, half the conversions and FMAs of the
- * eight-lane loops. 4-bit codes keep the eight-lane loops: sixteen lanes (each code's float
- * from a 16-entry table by a permute) were 0.91-0.95x at batch 1 below 400 tokens and no
- * faster past them (benchmarks/attention_ab.py, AVX-512 Xeon). */
-
-/* 8-bit codes of channels d..d+15 of one token, as floats. */
-INLINE __m512 codes16(const uint8_t *p, int d) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + d))));
-}
-
-/* The four lane-sums of a0..a3 as [sum a0, sum a1, sum a2, sum a3]. */
-static inline __m128 hsum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-#define HALVES(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
-    return hsum4x8(HALVES(a0), HALVES(a1), HALVES(a2), HALVES(a3));
-#undef HALVES
-}
-
-/* code_scores, sixteen channels a step. D % 16 == 0. */
-INLINE void code_scores16(float (*qs)[256], int nr, const uint8_t *codes, int bytes, int n,
-                          int D, float scale, float (*s)[CHUNK_T]) {
-    const float *q0 = qs[0], *q1 = qs[nr > 1 ? 1 : 0], *q2 = qs[nr > 2 ? 2 : 0];
-    __m128 sc = _mm_set1_ps(scale);
-    int t = 0;
-    for (; t + 4 <= n; t += 4) {
-        __m512 a[3][4];
-        for (int h = 0; h < 3; h++)
-            for (int i = 0; i < 4; i++) a[h][i] = _mm512_setzero_ps();
-        for (int d = 0; d < D; d += 16) {
-            __m512 x0 = _mm512_loadu_ps(q0 + d), x1 = _mm512_loadu_ps(q1 + d), x2 = _mm512_loadu_ps(q2 + d);
-            for (int i = 0; i < 4; i++) {
-                __m512 k = codes16(codes + (int64_t)(t + i) * bytes, d);
-                a[0][i] = _mm512_fmadd_ps(x0, k, a[0][i]);
-                a[1][i] = _mm512_fmadd_ps(x1, k, a[1][i]);
-                a[2][i] = _mm512_fmadd_ps(x2, k, a[2][i]);
-            }
-        }
-        for (int h = 0; h < nr; h++)
-            _mm_storeu_ps(s[h] + t, _mm_mul_ps(hsum4x16(a[h][0], a[h][1], a[h][2], a[h][3]), sc));
-    }
-    for (; t < n; t++) {
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0;
-        for (int d = 0; d < D; d += 16) {
-            __m512 k = codes16(codes + (int64_t)t * bytes, d);
-            a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + d), k, a0);
-            a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + d), k, a1);
-            a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + d), k, a2);
-        }
-        s[0][t] = _mm512_reduce_add_ps(a0) * scale;
-        if (nr > 1) s[1][t] = _mm512_reduce_add_ps(a1) * scale;
-        if (nr > 2) s[2][t] = _mm512_reduce_add_ps(a2) * scale;
-    }
-}
-
-/* code_values, 64 channels at a time (twelve accumulators). D % 64 == 0. */
-INLINE void code_values16(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int bytes, int n,
-                          int D, float *out) {
-    for (int d = 0; d < D; d += 64) {
-        __m512 o[3][4];
-        for (int h = 0; h < 3; h++)
-            for (int j = 0; j < 4; j++) o[h][j] = h < nr ? _mm512_loadu_ps(out + h * D + d + 16 * j) : _mm512_setzero_ps();
-        for (int t = 0; t < n; t++) {
-            const uint8_t *p = codes + (int64_t)t * bytes;
-            __m512 v0 = codes16(p, d), v1 = codes16(p, d + 16);
-            __m512 v2 = codes16(p, d + 32), v3 = codes16(p, d + 48);
-            for (int h = 0; h < 3; h++) {
-                __m512 p_ = _mm512_set1_ps(w[h < nr ? h : 0][t]);
-                o[h][0] = _mm512_fmadd_ps(p_, v0, o[h][0]);
-                o[h][1] = _mm512_fmadd_ps(p_, v1, o[h][1]);
-                o[h][2] = _mm512_fmadd_ps(p_, v2, o[h][2]);
-                o[h][3] = _mm512_fmadd_ps(p_, v3, o[h][3]);
-            }
-        }
-        for (int h = 0; h < nr; h++)
-            for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + h * D + d + 16 * j, o[h][j]);
-    }
-}
-#endif
-
-#if defined(__AVX2__)
-/* CALL compiled for constant BITS (8 or 4) and, for the common head sizes 64 and 128, a
- * constant head size HD (BYTES = HD * BITS / 8): the inner loops then unroll fully and
- * lose their branches (int8 attention 5-10% faster than with run-time sizes). */
-#define SPECIALIZED(bits_, d_, CALL)                                                          \
-    do {                                                                                      \
-        if ((bits_) == 8 && (d_) == 64) { enum { BITS = 8, HD = 64, BYTES = 64 }; CALL; }      \
-        else if ((bits_) == 8 && (d_) == 128) { enum { BITS = 8, HD = 128, BYTES = 128 }; CALL; } \
-        else if ((bits_) == 4 && (d_) == 64) { enum { BITS = 4, HD = 64, BYTES = 32 }; CALL; } \
-        else if ((bits_) == 4 && (d_) == 128) { enum { BITS = 4, HD = 128, BYTES = 64 }; CALL; } \
-        else if ((bits_) == 8) { const int BITS = 8, HD = (d_), BYTES = HD; CALL; }            \
-        else { const int BITS = 4, HD = (d_), BYTES = HD / 2; CALL; }                          \
-    } while (0)
-#endif
 
 /* A quantized cache's next chunk (codes, value scales and minimums, the key group's scales)
  * is prefetched while this one is computed: the hardware prefetchers alone left each chunk
@@ -322,9 +96,11 @@ INLINE void code_values16(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int
  * to CHUNK_T rows that lie within one key group (or within fp32 rows); the query heads that
  * share the KV head are done together, so each code is read and converted once. With `ml`,
  * out is left unnormalized (sum of exp(score - m) * value) and ml[2r], ml[2r + 1] get head
- * r's m and sum of exp(score - m): one span's share, for merge_spans. */
+ * r's m and sum of exp(score - m): one span's share, for merge_spans. Scores are capped at
+ * `cap` (0: not). */
 static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int hi, int L,
-                        int pf, int rep, float scale, const float *q, float *out, float *ml) {
+                        int pf, int rep, float scale, float cap, const float *q, float *out,
+                        float *ml) {
     int D = c->d;
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
     float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
@@ -367,19 +143,8 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
             const uint8_t *kc = c->kq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
             vsp = c->vs + kv_blk(c, layer, blk, head, BS) + off;
             vmp = c->vm + kv_blk(c, layer, blk, head, BS) + off;
-#if defined(__AVX2__)
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-            if (c->bits == 8 && D % 64 == 0) /* sixteen lanes */
-                for (int r0 = 0; r0 < rep; r0 += 3)
-                    SPECIALIZED(8, D, ((void)BITS, code_scores16(qs + r0, rep - r0 < 3 ? rep - r0 : 3, kc, BYTES, n, HD, scale, s + r0)));
-            else
-#endif
-            if (D % 32 == 0) /* codes converted in registers, heads three at a time */
-                for (int r0 = 0; r0 < rep; r0 += 3)
-                    SPECIALIZED(c->bits, D, code_scores(qs + r0, rep - r0 < 3 ? rep - r0 : 3, kc, BYTES, BITS, n, HD, scale, s + r0));
-            else
-#endif
-            {
+            /* straight from the codes where the instruction set can, else widened */
+            if (!scores_from_codes(qs, rep, kc, c->bits, n, D, scale, s)) {
                 for (int t = 0; t < n; t++) codes_f32(kc + (int64_t)t * bytes, c->bits, D, kbuf + t * D);
                 for (int r = 0; r < rep; r++) row_scores(qs[r], kbuf, n, D, scale, s[r]);
             }
@@ -394,28 +159,17 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
             for (int r = 0; r < rep; r++) row_scores(q + r * D, krows, n, D, scale, s[r]), qc[r] = 0.f;
         }
         for (int r = 0; r < rep; r++) {
-            softmax_chunk(s[r], n, qc[r], &m[r], &l[r], &vmin_acc[r], out + r * D, D);
+            softmax_chunk(s[r], n, qc[r], cap, &m[r], &l[r], &vmin_acc[r], out + r * D, D);
             vmin_acc[r] += weigh_values(s[r], vsp, vmp, n, &l[r], wr[r]);
         }
         if (!quant) {
             for (int r = 0; r < rep; r++) weighted_rows(s[r], vrows, n, D, out + r * D);
         } else {
             const uint8_t *vc = c->vq + kv_blk(c, layer, blk, head, (int64_t)BS * bytes) + off * bytes;
-#if defined(__AVX2__)
-            if (D % 32 == 0) { /* value codes converted in registers, heads three at a time */
-                for (int r0 = 0; r0 < rep; r0 += 3)
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-                    if (c->bits == 8 && D % 64 == 0)
-                        SPECIALIZED(8, D, ((void)BITS, code_values16(wr + r0, rep - r0 < 3 ? rep - r0 : 3, vc, BYTES, n, HD, out + r0 * D)));
-                    else
-#endif
-                    SPECIALIZED(c->bits, D, code_values(wr + r0, rep - r0 < 3 ? rep - r0 : 3, vc, BYTES, BITS, n, HD, out + r0 * D));
-                t0 = t1;
-                continue;
+            if (!values_from_codes(wr, rep, vc, c->bits, n, D, out)) {
+                for (int t = 0; t < n; t++) codes_f32(vc + (int64_t)t * bytes, c->bits, D, vbuf + t * D);
+                for (int r = 0; r < rep; r++) weighted_rows(wr[r], vbuf, n, D, out + r * D);
             }
-#endif
-            for (int t = 0; t < n; t++) codes_f32(vc + (int64_t)t * bytes, c->bits, D, vbuf + t * D);
-            for (int r = 0; r < rep; r++) weighted_rows(wr[r], vbuf, n, D, out + r * D);
         }
         t0 = t1;
     }
@@ -460,10 +214,11 @@ static void merge_spans(const float *part, int64_t per, int n, int rep, int D, f
 
 /* One decode step of one layer: each sequence's new k/v [B, kv_heads, D] is stored at its
  * position, then its query heads q [B, heads, D] attend over position-window+1..position
- * (window 0: from 0), scores times `scale`. out [B, heads, D]. 0, or -1 out of memory. */
+ * (window 0: from 0), scores times `scale`, then capped at `softcap` (0: not). out
+ * [B, heads, D]. 0, or -1 out of memory. */
 int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
                            const float *vnew, const int64_t *slots, const int64_t *positions,
-                           int B, int H, float scale, int window, float *out) {
+                           int B, int H, float scale, int window, float softcap, float *out) {
     int KVH = c->kv_heads, D = c->d, rep = H / KVH;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KVH; g++)
@@ -482,7 +237,7 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
                     int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                     int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
                     int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
-                    attend_head(c, layer, slots[b], g, lo, L, L, L, nr, scale, q + h * D, out + h * D, NULL);
+                    attend_head(c, layer, slots[b], g, lo, L, L, L, nr, scale, softcap, q + h * D, out + h * D, NULL);
                 }
         return 0;
     }
@@ -537,7 +292,7 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
             for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
                 int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                 int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
-                attend_head(c, layer, slots[b], g, a, z, L, run_end, nr, scale, q + h * D,
+                attend_head(c, layer, slots[b], g, a, z, L, run_end, nr, scale, softcap, q + h * D,
                             share + r0 * D, share + (int64_t)rep * D + 2 * r0);
             }
         }

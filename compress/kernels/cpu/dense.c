@@ -4,30 +4,12 @@
  * this one streams at memory speed. A 16-bit weight (bf16, fp16) is widened to fp32 as it
  * streams: a stored 16-bit head or embedding is read at 2 bytes a weight, never upcast
  * into a copy twice its size that every step would then read. */
-#include "internal.h"
-
-#define DENSE_MT 8 /* rows the dense GEMV reads its weights once for */
-
+#include "dense_ref.h"
 #if defined(__AVX2__)
-INLINE __m256 load16(const uint16_t *p, int kind) {
-    __m128i h = _mm_loadu_si128((const __m128i *)p);
-#if defined(__F16C__)
-    if (kind == 2) return _mm256_cvtph_ps(h);
-#endif
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-#endif
-
-
-/* Weight k of row wr as fp32 (kind 0: fp32, 1: bf16, 2: fp16); 8 of them from k. */
-static inline float weight_at(const void *wr, int64_t k, int kind) {
-    return kind ? widen16(((const uint16_t *)wr)[k], kind) : ((const float *)wr)[k];
-}
-
-#if defined(__AVX2__)
-INLINE __m256 weights8(const void *wr, int64_t k, int kind) {
-    return kind ? load16((const uint16_t *)wr + k, kind) : _mm256_loadu_ps((const float *)wr + k);
-}
+#include "dense_avx2.h"
+#define dense_dots dense_dots_avx2
+#else
+#define dense_dots dense_dots_ref
 #endif
 
 /* Rows n0..n1 of a dense weight against MT activation rows; `kind` is a constant at each
@@ -36,31 +18,8 @@ INLINE void dense_rows(int MT, const float *x, int K, const void *w, int kind, i
                        int N, float *y) {
     int64_t width = (int64_t)K * (kind ? 2 : 4);
     for (int n = n0; n < n1; n++) {
-        const void *wr = (const char *)w + n * width;
         float out[DENSE_MT];
-        int k = 0;
-#if defined(__AVX2__)
-        int vec = kind != 2;
-#if defined(__F16C__)
-        vec = 1;
-#endif
-        __m256 a0[DENSE_MT], a1[DENSE_MT];
-        for (int m = 0; m < MT; m++) a0[m] = a1[m] = _mm256_setzero_ps();
-        for (; vec && k + 16 <= K; k += 16) {
-            __m256 w0 = weights8(wr, k, kind), w1 = weights8(wr, k + 8, kind);
-            for (int m = 0; m < MT; m++) {
-                a0[m] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + (int64_t)m * K + k), a0[m]);
-                a1[m] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + (int64_t)m * K + k + 8), a1[m]);
-            }
-        }
-        for (int m = 0; m < MT; m++) out[m] = hsum8(_mm256_add_ps(a0[m], a1[m]));
-#else
-        for (int m = 0; m < MT; m++) out[m] = 0.f;
-#endif
-        for (; k < K; k++) {
-            float wk = weight_at(wr, k, kind);
-            for (int m = 0; m < MT; m++) out[m] += wk * x[(int64_t)m * K + k];
-        }
+        dense_dots(MT, x, K, (const char *)w + n * width, kind, out);
         for (int m = 0; m < MT; m++) y[(int64_t)m * N + n] = out[m];
     }
 }

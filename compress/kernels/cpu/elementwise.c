@@ -1,7 +1,13 @@
 /* A layer's elementwise steps (norms, activation, rotary embedding, residual adds): one
  * call each instead of several torch ops, whose per-op overhead dominates a
  * 135M-parameter model's decode step. */
-#include "internal.h"
+#include "elementwise_ref.h"
+#if defined(__AVX2__)
+#include "elementwise_avx2.h"
+#define act_mul act_mul_avx2
+#else
+#define act_mul act_mul_ref
+#endif
 
 /* out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w, written to `out` [M, Kp] (zero padded to
  * Kp) and quantized into x8/dx/bsum. */
@@ -22,35 +28,13 @@ void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K,
 
 /* gu [M, 2I] = [gate | up] -> out [M, Ip] = act(gate) * up (zero padded), quantized.
  * act: ACT_SILU, or ACT_GELU_TANH (0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))). */
-static inline float gelu_tanh(float g) {
-    return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
-}
-
 void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8,
                         float *dx, float *bsum) {
     #pragma omp parallel for schedule(static) if (M > 2)
     for (int m = 0; m < M; m++) {
         const float *g = gu + (int64_t)m * 2 * I, *u = g + I;
         float *o = out + (int64_t)m * Ip;
-        int i = 0;
-#if defined(__AVX2__)
-        for (; i + 8 <= I; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i), sv;
-            if (act == ACT_SILU) {
-                __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv));
-                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-            } else { /* 0.5 g (1 + tanh z) = g / (1 + exp(-2z)) */
-                __m256 g3 = _mm256_mul_ps(_mm256_mul_ps(gv, gv), gv);
-                __m256 z = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f),
-                                         _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), g3, gv));
-                __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.f), z));
-                sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.f), e));
-            }
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
-        }
-#endif
-        for (; i < I; i++)
-            o[i] = (act == ACT_SILU ? g[i] / (1.f + expf(-g[i])) : gelu_tanh(g[i])) * u[i];
+        act_mul(g, u, I, act, o);
         for (int i = I; i < Ip; i++) o[i] = 0.f;
         quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
     }

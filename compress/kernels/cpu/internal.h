@@ -80,6 +80,34 @@ DEFINE_EXP(exp16, __m512, __m512i, _mm512, _mm512_roundscale_ps, _mm512_castsi51
 #endif
 #endif
 
+/* Attention logit softcapping (gemma2): s[0..n) = cap * tanh(s / cap), tanh(y) as
+ * 1 - 2 / (exp(2y) + 1) with exp8 in vectors (tanhf in plain C). Every score, the last
+ * vector's too (through a padded copy), takes the same lane code, so a score's bits do not
+ * depend on where it sits in the run. */
+#if defined(__AVX2__)
+INLINE __m256 softcap8(__m256 x, __m256 cap) {
+    const __m256 one = _mm256_set1_ps(1.f), two = _mm256_set1_ps(2.f);
+    __m256 e = exp8(_mm256_mul_ps(two, _mm256_div_ps(x, cap)));
+    return _mm256_mul_ps(cap, _mm256_sub_ps(one, _mm256_div_ps(two, _mm256_add_ps(e, one))));
+}
+
+static inline void cap_scores(float *s, int n, float cap) {
+    __m256 c = _mm256_set1_ps(cap);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(s + i, softcap8(_mm256_loadu_ps(s + i), c));
+    if (i < n) {
+        float last[8] = {0};
+        memcpy(last, s + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(last, softcap8(_mm256_loadu_ps(last), c));
+        memcpy(s + i, last, (size_t)(n - i) * sizeof(float));
+    }
+}
+#else
+static inline void cap_scores(float *s, int n, float cap) {
+    for (int i = 0; i < n; i++) s[i] = cap * tanhf(s[i] / cap);
+}
+#endif
+
 /* A 16-bit weight (kind 1: bf16, 2: fp16) as fp32. */
 static inline float widen16(uint16_t v, int kind) {
     if (kind == 1) {
@@ -105,17 +133,22 @@ static inline float widen16(uint16_t v, int kind) {
     return f;
 }
 
-static inline float dot_f32(const float *a, const float *b, int D) {
-    int d = 0;
-    float s = 0.f;
-#if defined(__AVX2__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
-    s = hsum8(acc);
-#endif
+/* a . b over d..D added to s, in plain C: the reference, and what the vectors leave. */
+static inline float dot_f32_from(const float *a, const float *b, int d, int D, float s) {
     for (; d < D; d++) s += a[d] * b[d];
     return s;
 }
+
+#if defined(__AVX2__)
+static inline float dot_f32(const float *a, const float *b, int D) {
+    int d = 0;
+    __m256 acc = _mm256_setzero_ps();
+    for (; d + 8 <= D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    return dot_f32_from(a, b, d, D, hsum8(acc));
+}
+#else
+static inline float dot_f32(const float *a, const float *b, int D) { return dot_f32_from(a, b, 0, D, 0.f); }
+#endif
 
 /* quantize.c: one row as int8 blocks of 32 (codes round(x * 127 / absmax), the block's
  * scale and the scale times the codes' sum). */

@@ -22,10 +22,16 @@ static inline int64_t kv_blk(const KVC *c, int layer, int64_t blk, int head, int
     return (((int64_t)layer * c->kv_heads + head) * c->n_blocks + blk) * per;
 }
 
+/* Codes of channels d..D of one token as floats, in plain C: the reference, and what the
+ * vectors leave. */
+static inline void codes_f32_from(const uint8_t *p, int bits, int d, int D, float *out) {
+    for (; d < D; d++) out[d] = bits == 8 ? p[d] : (p[d / 2] >> (4 * (d & 1))) & 0x0F;
+}
+
 /* Codes of one token's D channels as floats. */
+#if defined(__AVX2__)
 static inline void codes_f32(const uint8_t *p, int bits, int D, float *out) {
     int d = 0;
-#if defined(__AVX2__)
     if (bits == 8)
         for (; d + 8 <= D; d += 8) {
             __m128i b = _mm_loadl_epi64((const __m128i *)(p + d));
@@ -41,8 +47,12 @@ static inline void codes_f32(const uint8_t *p, int bits, int D, float *out) {
             _mm256_storeu_ps(out + d, _mm256_cvtepi32_ps(v));
         }
     }
-#endif
-    for (; d < D; d++) out[d] = bits == 8 ? p[d] : (p[d / 2] >> (4 * (d & 1))) & 0x0F;
+    codes_f32_from(p, bits, d, D, out);
 }
+#else
+static inline void codes_f32(const uint8_t *p, int bits, int D, float *out) {
+    codes_f32_from(p, bits, 0, D, out);
+}
+#endif
 
 #endif

@@ -46,7 +46,7 @@ typedef struct {
 
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
-                          int window, float *att);
+                          int window, float softcap, float *att);
 
 /* Every block over h [B, hidden] (then, with `head`, the final norm and logits): B decode
  * rows (sp NULL: each at its own slot and position, attending through the cache), or a
@@ -89,15 +89,17 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL) {
-            if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window, att))
+            if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
+                                      L->softcap, att))
                 break;
         } else {
             int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
-            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, att))
+            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap, att))
                 break;
             if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
                                                 vn + P * kv_heads * D, sp->dslot, positions + P,
-                                                sp->nd, heads, scale, L->window, att + P * heads * D))
+                                                sp->nd, heads, scale, L->window, L->softcap,
+                                                att + P * heads * D))
                 break;
         }
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
@@ -171,7 +173,7 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
  * All chunks attend in one llmp_prefill_attention call: the same bits. -1: out of memory. */
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
-                          int window, float *att) {
+                          int window, float softcap, float *att) {
     int kvh = c->kv_heads, bsz = c->block, L_all = sp->layers;
     int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
     float *k0 = c->bits ? NULL : c->k + (int64_t)layer * kvh * head;
@@ -236,7 +238,7 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
             kv_write(c, layer, sp->slot[i], start + r, g, kr, vr);
         }
     }
-    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window);
+    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window, softcap);
     free(buf), free(pc), free(off);
     return rc;
 }

@@ -97,7 +97,7 @@ typedef struct {
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
- * biases, each layer's rope tables and sliding window. */
+ * biases, each layer's rope tables, sliding window and attention softcap. */
 typedef struct {
     const float *attn_norm, *mlp_norm;
     QLin qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
@@ -105,6 +105,7 @@ typedef struct {
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
     int window;                                 /* sliding window; 0: every key */
+    float softcap;                              /* scores cap*tanh(s/cap) (gemma2); 0: none */
     const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
 } QLayer;
 
@@ -160,8 +161,8 @@ void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const flo
 void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps);
 
 /* ---- decode_attention.c and prefill_attention.c */
-int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float *out);
-int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D, float scale, int window);
+int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float softcap, float *out);
+int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D, float scale, int window, float softcap);
 
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);

@@ -1,51 +1,16 @@
 /* Activations as int8 blocks of 32 (llmpress.h's activation layout). */
-#include "internal.h"
+#include "quantize_ref.h"
+#if defined(__AVX2__)
+#include "quantize_avx2.h"
+#define quantize_block quantize_block_avx2
+#else
+#define quantize_block quantize_block_ref
+#endif
 
 /* One row as int8 blocks of 32: codes round(x * 127 / absmax), the block's scale and the
  * scale times the codes' sum. */
 void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs) {
-    for (int b = 0; b < K / 32; b++) {
-        const float *xb = xr + b * 32;
-#if defined(__AVX2__)
-        const __m256 sign = _mm256_set1_ps(-0.f);
-        __m256 v[4], mx = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) {
-            v[i] = _mm256_loadu_ps(xb + 8 * i);
-            mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
-        }
-        float amax = hmax8(mx);
-        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        __m256 s = _mm256_set1_ps(inv);
-        __m256i q[4], sum = _mm256_setzero_si256();
-        for (int i = 0; i < 4; i++) {
-            __m256 r = _mm256_round_ps(_mm256_mul_ps(v[i], s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            q[i] = _mm256_cvtps_epi32(r);
-            sum = _mm256_add_epi32(sum, q[i]);
-        }
-        /* packs interleave 128-bit lanes; the permute puts the 32 codes back in order */
-        __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-        __m256i p8 = _mm256_packs_epi16(p16a, p16b);
-        p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-        _mm256_storeu_si256((__m256i *)(qr + b * 32), p8);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_hadd_epi32(s4, s4);
-        s4 = _mm_hadd_epi32(s4, s4);
-        dr[b] = d;
-        bs[b] = d * (float)_mm_cvtsi128_si32(s4);
-#else
-        float amax = 0.f;
-        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xb[k]));
-        float d = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        int sum = 0;
-        for (int k = 0; k < 32; k++) {
-            int v = (int)lrintf(xb[k] * inv);
-            qr[b * 32 + k] = (int8_t)v;
-            sum += v;
-        }
-        dr[b] = d;
-        bs[b] = d * (float)sum;
-#endif
-    }
+    for (int b = 0; b < K / 32; b++) quantize_block(xr + b * 32, qr + b * 32, dr + b, bs + b);
 }
 
 void llmp_quantize_rows(const float *x, int M, int K, int8_t *x8, float *dx, float *bsum) {

@@ -1,30 +1,15 @@
 /* A step's token choices: greedy arg max and sampling, whole rows in one call. */
-#include "internal.h"
-
-/* The largest of x[0..n) (-inf for none), and whether any is NaN (then the maximum is
- * not to be used). */
-static float row_max(const float *x, int64_t n, int *nan) {
-    int64_t i = 0;
-    float m = -INFINITY;
-    *nan = 0;
+#include "tokens_ref.h"
 #if defined(__AVX2__)
-    if (n >= 8) {
-        __m256 mx = _mm256_set1_ps(-INFINITY), un = _mm256_setzero_ps();
-        for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(x + i);
-            un = _mm256_or_ps(un, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            mx = _mm256_max_ps(mx, v);
-        }
-        *nan = _mm256_movemask_ps(un) != 0;
-        m = hmax8(mx);
-    }
+#include "tokens_avx2.h"
+#define row_max row_max_avx2
+#define first_index first_index_avx2
+#define block_weights block_weights_avx2
+#else
+#define row_max row_max_ref
+#define first_index first_index_ref
+#define block_weights block_weights_ref
 #endif
-    for (; i < n; i++) {
-        *nan |= x[i] != x[i];
-        m = x[i] > m ? x[i] : m;
-    }
-    return m;
-}
 
 /* The index of the largest of x [n], the first on ties and the first NaN if any, as
  * torch.argmax: greedy decoding's choice, which torch takes 70-90 us for over a 49k-word
@@ -32,21 +17,9 @@ static float row_max(const float *x, int64_t n, int *nan) {
  * maximum (and whether any NaN) in one pass, then its first index, eight at a time
  * (compared one by one: 25 us of a 49k-word row here, now 8). */
 int64_t llmp_argmax(const float *x, int64_t n) {
-    int nan;
+    int nan; /* the largest, or the first NaN */
     float m = row_max(x, n, &nan);
-    int64_t i = 0;
-#if defined(__AVX2__)
-    const __m256 mv = _mm256_set1_ps(m); /* its first index, eight at a time */
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        int hit = _mm256_movemask_ps(nan ? _mm256_cmp_ps(v, v, _CMP_UNORD_Q)
-                                         : _mm256_cmp_ps(v, mv, _CMP_EQ_OQ));
-        if (hit) return i + __builtin_ctz(hit);
-    }
-#endif
-    for (; i < n; i++)
-        if (nan ? x[i] != x[i] : x[i] == m) return i;
-    return 0;
+    return first_index(x, n, m, nan);
 }
 
 
@@ -59,7 +32,6 @@ int64_t llmp_argmax(const float *x, int64_t n) {
  * sampled batch-32 step spent a fifth of its time in 32 rows' tensor operations. Weights
  * are summed in blocks of 64 in a fixed order, block totals in float64. out[r] = -1: no
  * token can be drawn (NaN, +inf, or all -inf). */
-#define DRAW_BLOCK 64
 
 /* Weights of one block (64 logits from x, `n` <= 64 real) into w, and their float64 sum. */
 static double draw_block(const float *x, int n, float m, float it, float *w) {
@@ -69,29 +41,7 @@ static double draw_block(const float *x, int n, float m, float it, float *w) {
         for (int i = 0; i < DRAW_BLOCK; i++) pad[i] = i < n ? x[i] : -INFINITY;
         t = pad;
     }
-#if defined(__AVX2__)
-    const __m256 mv = _mm256_set1_ps(m), iv = _mm256_set1_ps(it), lo = _mm256_set1_ps(-87.f);
-    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
-    for (int i = 0; i < DRAW_BLOCK; i += 8) {
-        __m256 a = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(t + i), mv), iv);
-        /* below e^-87 (and -inf): weight 0, not exp8's clamped e^-87.3 */
-        __m256 e = _mm256_and_ps(exp8(a), _mm256_cmp_ps(a, lo, _CMP_GT_OQ));
-        _mm256_storeu_ps(w + i, e);
-        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
-        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
-    }
-    double l[4];
-    _mm256_storeu_pd(l, _mm256_add_pd(s0, s1));
-    return (l[0] + l[2]) + (l[1] + l[3]);
-#else
-    double sum = 0.0;
-    for (int i = 0; i < DRAW_BLOCK; i++) {
-        float a = (t[i] - m) * it;
-        w[i] = a > -87.f ? expf(a) : 0.f;
-        sum += w[i];
-    }
-    return sum;
-#endif
+    return block_weights(t, m, it, w);
 }
 
 /* The k-th largest of x[0..n) (k <= n, no NaN): a min-heap of the k largest so far, most

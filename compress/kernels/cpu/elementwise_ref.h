@@ -1,0 +1,22 @@
+/* The activation times up in plain C: what a build without AVX2 runs, and what the vector
+ * form (elementwise_avx2.h) leaves. */
+#ifndef LLMPRESS_ELEMENTWISE_REF_H
+#define LLMPRESS_ELEMENTWISE_REF_H
+
+#include "internal.h"
+
+static inline float gelu_tanh(float g) {
+    return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
+}
+
+/* o[i] = act(g[i]) * u[i] for i..I. */
+INLINE void act_mul_from(const float *g, const float *u, int i, int I, int act, float *o) {
+    for (; i < I; i++)
+        o[i] = (act == ACT_SILU ? g[i] / (1.f + expf(-g[i])) : gelu_tanh(g[i])) * u[i];
+}
+
+INLINE void act_mul_ref(const float *g, const float *u, int I, int act, float *o) {
+    act_mul_from(g, u, 0, I, act, o);
+}
+
+#endif
