@@ -5,7 +5,8 @@ Each exercises what sets its family apart: Llama 3 rope scaling and an untied he
 Mistral's sliding window, qwen2's q/k/v biases with YaRN, qwen3's qk-norm with a sliding
 upper layer, gemma3's (1+w) sandwich norms, scaled embedding, attention scalar, softcap
 and local/global rope, gemma2's softcapped attention scores, phi3's fused tensors with
-partial rotary LongRoPE, smollm3's layer without rope. Norm weights and biases are drawn
+partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, attention,
+residual and logit multipliers. Norm weights and biases are drawn
 at random (transformers initializes them to ones or zeros, which would hide a skipped
 norm or bias), and the default model's tokenizer is copied in so the CLI can decode.
 """
@@ -70,6 +71,15 @@ FAMILIES = {
             "pad_token_id": 0,  # its class default, 128004, is past this vocabulary
             "bos_token_id": 1,
             "eos_token_id": 2,
+        },
+    ),
+    "granite": (
+        "GraniteConfig",
+        {  # granite-3-like scalars, the attention and logit ones large enough to show
+            "embedding_multiplier": 12.0,
+            "attention_multiplier": 1.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 4.0,
         },
     ),
     "gemma3_text": (

@@ -111,21 +111,28 @@ def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
 
 
 # The one fact a family adds to another's description, dropped: gemma2's capped attention
-# scores (else gemma3's block without q/k norms), smollm3's layer without rope (llama's).
+# scores (else gemma3's block without q/k norms), smollm3's layer without rope (llama's),
+# granite's residual and logit multipliers (its embedding and attention ones replace
+# facts llama has).
 OWN_FACTS = {
     "gemma2": lambda s: {"attn_softcap": None},
     "smollm3": lambda s: {"rope": (s.rope[0],) * s.layers},
+    "granite residual": lambda s: {"residual_scale": 1.0},
+    "granite logits": lambda s: {"logit_scale": 1.0},
+    "granite embedding": lambda s: {"embed_scale": 1.0},
+    "granite attention": lambda s: {"attn_scale": 16**-0.5},
 }
 
 
-@pytest.mark.parametrize("name", OWN_FACTS)
-def test_dropping_a_familys_own_fact_shows(models, ids, name):
+@pytest.mark.parametrize("fact", OWN_FACTS)
+def test_dropping_a_familys_own_fact_shows(models, ids, fact):
+    name = fact.split()[0]
     want = _transformers_logits(models[name], ids)
     weights = load_weights(resolve(str(models[name])), device="cpu")
-    assert weights.spec != dataclasses.replace(weights.spec, **OWN_FACTS[name](weights.spec))
+    assert weights.spec != dataclasses.replace(weights.spec, **OWN_FACTS[fact](weights.spec))
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
-    weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[name](weights.spec))
+    weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[fact](weights.spec))
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() > 1e-2
 

@@ -28,6 +28,7 @@ from compress.model.default import cache_dir as model_cache_dir
 from compress.model.loading import Checkpoint, read_tensors
 from compress.runtime.linears import DenseLinear
 from compress.runtime.lm import LogitsBuffer
+from compress.runtime.model import final_logits
 
 VERSION = 1  # bump when what a cache entry holds changes
 
@@ -69,16 +70,13 @@ class _Head:
         adapter, spec = store.adapter, store.spec
         name = f"{adapter.embed if spec.tied else adapter.lm_head}.weight"
         self.linear = DenseLinear(read_tensors(store.ckpt, [name])[name])
-        self.softcap = spec.logit_softcap
+        self.spec = spec
         self.logits = LogitsBuffer()
 
     def logprobs(self, x: torch.Tensor) -> torch.Tensor:
         """Log-probs [rows, vocab] of x, in a buffer the next call reuses."""
         out = self.logits.rows(x.shape[0], self.linear.out_features, x.device)
-        logits = self.linear(x, out=out)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return log_softmax_(logits)
+        return log_softmax_(final_logits(self.linear(x, out=out), self.spec))
 
 
 class Cached:

@@ -690,8 +690,8 @@ class FusedExperts:
 class FusedLayer:
     """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
     added), its linears, optional q/k and sandwich norms, rope tables, sliding window,
-    attention softcap; an expert MLP (`moe`) in place of gate_up/down where the block has
-    one."""
+    attention softcap, residual multiplier; an expert MLP (`moe`) in place of gate_up/down
+    where the block has one."""
 
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
@@ -703,6 +703,7 @@ class FusedLayer:
     sin: torch.Tensor
     window: int = 0
     softcap: float | None = None
+    residual: float = 1.0  # the branches' outputs times this before the add (granite)
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
@@ -722,6 +723,7 @@ class FusedLayer:
         layer = _QLayer(
             _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), self.window or 0, self.softcap or 0.0,
+            self.residual,
             ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip
         return layer, keep

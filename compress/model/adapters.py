@@ -170,6 +170,9 @@ class Adapter:
     # key but transformers' Gemma3Attention never applies it)
     attn_softcap: bool = False
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
+    # the config's embedding, attention and residual multipliers and logits_scaling set
+    # those scales (granite)
+    multipliers: bool = False
     # loaders take the head width as hidden / heads whatever head_dim says (phi3's config
     # checks its rope factors against it), so a pruned shape must keep that ratio
     head_width_from_widths: bool = False
@@ -420,6 +423,10 @@ ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
     "mistral": replace(
         LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
+    ),
+    # granite: llama's block with its embedding, attention, residual and logit scalars
+    "granite": replace(
+        LLAMA, families=("granite",), architecture="GraniteForCausalLM", multipliers=True
     ),
     # smollm3: llama's block; every few layers without rope (spec.py: no_rope_layers)
     "smollm3": replace(LLAMA, families=("smollm3",), architecture="SmolLM3ForCausalLM"),

@@ -2,7 +2,8 @@
 
 The adapter says where the parts are (module names); the BlockSpec says what they compute:
 norms and where they sit, activation, biases, rope per layer, attention and embedding
-scales, attention and logit softcapping, the sliding-window pattern, the head and the MLP
+scales, the residual and logit multipliers, attention and logit softcapping, the
+sliding-window pattern, the head and the MLP
 kind. It is read from config.json through transformers' own config class, so class
 defaults and derived fields (gemma3's layer_types, nested rope_parameters, Phi-3's
 original context) are the ones transformers applies. Every consumer that implements
@@ -47,6 +48,8 @@ class BlockSpec:
     attn_scale: float  # multiplies q·k
     attn_softcap: float | None  # scores = c·tanh(scores/c), before the mask (gemma2)
     embed_scale: float  # multiplies the embedding lookup
+    residual_scale: float  # multiplies each branch's output before the residual add (granite)
+    logit_scale: float  # multiplies the logits, before any softcap (granite: 1/logits_scaling)
     logit_softcap: float | None  # logits = c·tanh(logits/c)
     windows: tuple[int | None, ...]  # per layer: keys within the last W positions, or all
     tied: bool  # the lm_head is the embedding matrix
@@ -98,6 +101,12 @@ def describe(config: dict, adapter) -> BlockSpec:
             biases.update(roles)
     act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
     scalar = getattr(hf, "query_pre_attn_scalar", None) if adapter.query_pre_attn_scalar else None
+    attn_scale = float((scalar or head_dim) ** -0.5)
+    embed_scale = float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0
+    residual_scale = logit_scale = 1.0
+    if adapter.multipliers:  # granite's four config scalars, in place of the derived ones
+        attn_scale, embed_scale = float(hf.attention_multiplier), float(hf.embedding_multiplier)
+        residual_scale, logit_scale = float(hf.residual_multiplier), 1.0 / hf.logits_scaling
     return BlockSpec(
         norm=adapter.norm,
         eps=float(hf.rms_norm_eps),
@@ -107,9 +116,11 @@ def describe(config: dict, adapter) -> BlockSpec:
         biases=frozenset(biases),
         fused_checkpoint=adapter.qkv is not None,
         rope=tuple(ropes),
-        attn_scale=float((scalar or head_dim) ** -0.5),
+        attn_scale=attn_scale,
         attn_softcap=getattr(hf, "attn_logit_softcapping", None) if adapter.attn_softcap else None,
-        embed_scale=float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0,
+        embed_scale=embed_scale,
+        residual_scale=residual_scale,
+        logit_scale=float(logit_scale),
         logit_softcap=getattr(hf, "final_logit_softcapping", None),
         windows=windows,
         tied=bool(hf.tie_word_embeddings),

@@ -152,6 +152,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 r.sin,
                 window,
                 cap,
+                w.spec.residual_scale,
                 **norms,
                 moe=experts,
             )

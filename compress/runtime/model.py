@@ -2,8 +2,8 @@
 for each of a batch of sequences at their own positions (gpt-fast's shape: plain torch
 around the packed linears, no framework model). What differs between families comes from
 the weights' BlockSpec: optional q/k and sandwich norms, activation, rope tables and
-sliding window per layer, attention and embedding scales, attention and logit
-softcapping."""
+sliding window per layer, attention, embedding, residual and logit scales, attention and
+logit softcapping."""
 
 from __future__ import annotations
 
@@ -131,6 +131,20 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     return rope(q, positions), rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
 
 
+def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
+    """The residual add, the branch's output times `scale` (granite's residual multiplier)."""
+    return h + branch if scale == 1.0 else h + branch * scale
+
+
+def final_logits(logits: torch.Tensor, spec) -> torch.Tensor:
+    """The head's products as the family's logits: times spec.logit_scale, then capped at
+    spec.logit_softcap (both in place where they apply)."""
+    if spec.logit_scale != 1.0:
+        logits = logits.mul_(spec.logit_scale)
+    cap = spec.logit_softcap
+    return logits if cap is None else softcapped(logits, cap)
+
+
 def softcapped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     """cap * tanh(scores / cap), in place (gemma2's attention scores); None: as they are."""
     if softcap:
@@ -223,8 +237,7 @@ class Model:
         )
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
-        cap = self.w.spec.logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return final_logits(logits, self.w.spec)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.w.embed[tokens].float()
@@ -333,8 +346,8 @@ class Model:
                 prefill_attention(
                     q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap
                 )
-            h = h + _attn_out(layer, att, spec.eps, packed)
-            h = h + _mlp(layer, h, self.w, packed)
+            h = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
+            h = _add(h, _mlp(layer, h, self.w, packed), spec.residual_scale)
         return h
 
     @torch.inference_mode()
@@ -395,6 +408,6 @@ class Model:
                     spec.attn_softcap,
                 )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)
-                h = h + _attn_out(layer, att, spec.eps, packed)
-                h = h + _mlp(layer, h, self.w, packed)
+                h = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
+                h = _add(h, _mlp(layer, h, self.w, packed), spec.residual_scale)
         return self._logits(h)

@@ -54,6 +54,8 @@ RUNS = {
     "attn_scale": _any,
     "attn_softcap": _any,  # torch, C and Triton attention cap their scores
     "embed_scale": _any,
+    "residual_scale": _any,  # torch adds scaled branches; C's QLayer.residual
+    "logit_scale": _any,
     "logit_softcap": _any,
     "windows": _any,
     "tied": _any,

@@ -90,8 +90,14 @@ void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *p
     }
 }
 
-/* h += x over n floats (the residual), over the threads when `par`. */
-void add_rows(float *h, const float *x, int64_t n, int par) {
+/* h += x * s over n floats (the residual; s: granite's residual multiplier, else 1), over
+ * the threads when `par`. x is scaled in a pass of its own, rounded as torch's h + x * s
+ * rounds it (one loop could contract the two into a fused multiply-add). */
+void add_rows(float *h, float *x, int64_t n, float s, int par) {
+    if (s != 1.f) {
+        #pragma omp parallel for schedule(static) if (par)
+        for (int64_t i = 0; i < n; i++) x[i] *= s;
+    }
     #pragma omp parallel for schedule(static) if (par)
     for (int64_t i = 0; i < n; i++) h[i] += x[i];
 }

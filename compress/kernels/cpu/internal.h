@@ -158,7 +158,7 @@ HIDDEN void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *b
 HIDDEN void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par);
 HIDDEN void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
                                  int8_t *x8, float *dx, float *bs);
-HIDDEN void add_rows(float *h, const float *x, int64_t n, int par);
+HIDDEN void add_rows(float *h, float *x, int64_t n, float s, int par);
 
 /* linear.c: y [M, n] = x @ W.T; x both quantized (x8/dx/bs) and in fp32 (xf, row stride
  * ld) for the outlier columns. */

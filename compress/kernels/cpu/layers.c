@@ -105,7 +105,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
-        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
+        add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
         llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (L->moe) {
             if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
@@ -115,7 +115,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         }
         if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps, B >= PAR_ROWS);
-        add_rows(h, tmp, (int64_t)B * hidden, B >= PAR_ROWS);
+        add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
     }
     if (l < n_layers) return -1;
     if (head == NULL) return 0;

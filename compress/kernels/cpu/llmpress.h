@@ -97,7 +97,8 @@ typedef struct {
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
- * biases, each layer's rope tables, sliding window and attention softcap. */
+ * biases, each layer's rope tables, sliding window, attention softcap and residual
+ * multiplier. */
 typedef struct {
     const float *attn_norm, *mlp_norm;
     QLin qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
@@ -106,6 +107,7 @@ typedef struct {
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
     int window;                                 /* sliding window; 0: every key */
     float softcap;                              /* scores cap*tanh(s/cap) (gemma2); 0: none */
+    float residual;                             /* branch outputs' multiplier (granite); else 1 */
     const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
 } QLayer;
 
