@@ -8,8 +8,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   head_dim 64, vocab 151,936), each with its own family's features (llama: Llama 3 rope
   scaling, untied head; mistral and qwen3: a sliding window; gemma3: 5 local : 1 global
   layers, its scales; gemma2: 1 local : 1 global, its attention and final softcaps;
-  smollm3: every 4th layer without rope; granite: its four multipliers; phi3: fused
-  tensors, LongRoPE);
+  smollm3: every 4th layer without rope; granite: its four multipliers; olmo2: norms on
+  the branch outputs only, q/k norms over all heads; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated).
@@ -101,6 +101,7 @@ DENSE = {
         "attention_multiplier": 1 / 64,
         "tie_word_embeddings": True,
     },
+    "olmo2": {},  # its output-only norms and whole-width q/k norms come with the class
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {

@@ -6,9 +6,10 @@ Mistral's sliding window, qwen2's q/k/v biases with YaRN, qwen3's qk-norm with a
 upper layer, gemma3's (1+w) sandwich norms, scaled embedding, attention scalar, softcap
 and local/global rope, gemma2's softcapped attention scores, phi3's fused tensors with
 partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, attention,
-residual and logit multipliers. Norm weights and biases are drawn
-at random (transformers initializes them to ones or zeros, which would hide a skipped
-norm or bias), and the default model's tokenizer is copied in so the CLI can decode.
+residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads.
+Norm weights and biases are drawn at random (transformers initializes them to ones or
+zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
+copied in so the CLI can decode.
 """
 
 from __future__ import annotations
@@ -75,13 +76,14 @@ FAMILIES = {
     ),
     "granite": (
         "GraniteConfig",
-        {  # granite-3-like scalars, the attention and logit ones large enough to show
-            "embedding_multiplier": 12.0,
+        {  # granite-like scalars, sized so that each shows and 4 bits move the logits
+            "embedding_multiplier": 0.5,
             "attention_multiplier": 1.0,
             "residual_multiplier": 0.22,
-            "logits_scaling": 4.0,
+            "logits_scaling": 1.5,
         },
     ),
+    "olmo2": ("Olmo2Config", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "gemma3_text": (
         "Gemma3TextConfig",
         {

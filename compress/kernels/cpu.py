@@ -693,8 +693,8 @@ class FusedLayer:
     attention softcap, residual multiplier; an expert MLP (`moe`) in place of gate_up/down
     where the block has one."""
 
-    attn_norm: torch.Tensor
-    mlp_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # None: the branch reads h as it is (olmo2)
+    mlp_norm: torch.Tensor | None
     qkv: FusedLinear
     o: FusedLinear
     gate_up: FusedLinear | None
@@ -704,6 +704,7 @@ class FusedLayer:
     window: int = 0
     softcap: float | None = None
     residual: float = 1.0  # the branches' outputs times this before the add (granite)
+    qk_full: bool = False  # q_norm/k_norm over all of q's (k's) heads at once (olmo2)
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
@@ -721,9 +722,9 @@ class FusedLayer:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
         layer = _QLayer(
-            _ptr(self.attn_norm), _ptr(self.mlp_norm), *lins, *(_opt(t) for t in norms),
+            _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), self.window or 0, self.softcap or 0.0,
-            self.residual,
+            self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip
         return layer, keep

@@ -140,8 +140,10 @@ class Adapter:
     lm_head: str = "lm_head"
     attn: str = "self_attn"
     mlp: str = "mlp"
-    attn_norm: str = "input_layernorm"
-    mlp_norm: str = "post_attention_layernorm"
+    # the norms the branches read (None: the branch reads the residual stream as it is, and
+    # only its output is normed: olmo2)
+    attn_norm: str | None = "input_layernorm"
+    mlp_norm: str | None = "post_attention_layernorm"
     q: str = "self_attn.q_proj"
     k: str = "self_attn.k_proj"
     v: str = "self_attn.v_proj"
@@ -154,6 +156,7 @@ class Adapter:
     # Where the family's optional parts are (None: it has none).
     q_norm: str | None = None  # per-head RMSNorm of q and k before rope (qwen3, gemma3)
     k_norm: str | None = None
+    qk_norm: str = "head"  # q_norm/k_norm span each head ("head") or all of q, all of k ("full")
     post_attn_norm: str | None = None  # sandwich norms on the branch outputs (gemma3)
     post_mlp_norm: str | None = None
     qkv: str | None = None  # q/k/v stored as one tensor, rows q then k then v (phi3)
@@ -250,11 +253,17 @@ class Adapter:
     @property
     def block_norms(self) -> tuple[str, ...]:
         """Every hidden-width norm of a block."""
-        optional = (self.post_attn_norm, self.post_mlp_norm)
-        return (self.attn_norm, self.mlp_norm, *(n for n in optional if n))
+        every = (self.attn_norm, self.mlp_norm, self.post_attn_norm, self.post_mlp_norm)
+        return tuple(n for n in every if n)
 
     @property
     def input_groups(self) -> tuple[InputGroup, ...]:
+        """Linears by the op that produces their input; a branch without an input norm
+        (olmo2) has no producer to fold a scale into, so its group is left out."""
+        return tuple(g for g in self._input_groups if g.producer)
+
+    @property
+    def _input_groups(self) -> tuple[InputGroup, ...]:
         """Fused checkpoint tensors (phi3) keep only the norm-fed groups: their v and up
         rows are a slice of one tensor, which no producer fold addresses."""
         if self.qkv or self.gate_up:
@@ -307,9 +316,10 @@ class Adapter:
     def cut_groups(self) -> tuple[CutGroup, ...]:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         fused = tuple(n for n in (self.qkv, self.gate_up) if n)
+        full = self.qk_norm == "full" and self.q_norm  # those norms span the heads' rows
         return (
-            CutGroup("heads", rows=(self.q,), cols=(self.o,)),
-            CutGroup("kv_heads", rows=(self.k, self.v), cols=()),
+            CutGroup("heads", rows=(self.q, *((self.q_norm,) if full else ())), cols=(self.o,)),
+            CutGroup("kv_heads", rows=(self.k, self.v, *((self.k_norm,) if full else ())), cols=()),
             CutGroup("mlp", rows=(self.gate, self.up), cols=(self.down,)),
             CutGroup(
                 "hidden",
@@ -457,6 +467,18 @@ ADAPTERS: dict[str, Adapter] = {
         k_norm=None,
         attn_softcap=True,
     ),
+    # olmo2: norms on the branch outputs only, q/k norms over all heads at once
+    "olmo2": replace(
+        LLAMA,
+        families=("olmo2",),
+        architecture="Olmo2ForCausalLM",
+        attn_norm=None,
+        mlp_norm=None,
+        post_attn_norm="post_attention_layernorm",
+        post_mlp_norm="post_feedforward_layernorm",
+        qk_norm="full",
+        **_QK_NORMS,
+    ),
     "qwen3_moe": replace(
         LLAMA,
         families=("qwen3_moe",),
@@ -551,9 +573,10 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
     quantized linear), with the shape config.json implies for it."""
     per_block = {n: (shape.hidden,) for n in adapter.block_norms}
     per_block.update(adapter.linear_shapes(shape))
-    for norm in (adapter.q_norm, adapter.k_norm):
+    full = adapter.qk_norm == "full"
+    for norm, heads in ((adapter.q_norm, shape.heads), (adapter.k_norm, shape.kv_heads)):
         if norm:
-            per_block[norm] = (shape.head_dim,)
+            per_block[norm] = (heads * shape.head_dim if full else shape.head_dim,)
     if adapter.experts:
         per_block[adapter.router] = (adapter.experts, shape.hidden)
     if adapter.shared_width:

@@ -39,8 +39,9 @@ class MoeSpec:
 class BlockSpec:
     norm: str  # "rms": x·w; "rms1p": x·(1+w) (gemma), both normalized in fp32
     eps: float
-    sandwich: bool  # the branch outputs are normed too, before the residual add (gemma3)
-    qk_norm: str  # "none", or "head": RMSNorm over each head of q and k, before rope
+    pre_norm: bool  # the branches read the residual normed (olmo2's read it as it is)
+    sandwich: bool  # the branch outputs are normed, before the residual add (gemma3, olmo2)
+    qk_norm: str  # RMSNorm of q and k before rope: "none", "head" (each head), "full" (olmo2)
     activation: str  # transformers' ACT2FN name: silu, gelu_pytorch_tanh
     biases: frozenset[str]  # the roles (ROLES) whose linears carry a bias
     fused_checkpoint: bool  # q/k/v and gate/up are stored as one tensor each (phi3)
@@ -110,8 +111,9 @@ def describe(config: dict, adapter) -> BlockSpec:
     return BlockSpec(
         norm=adapter.norm,
         eps=float(hf.rms_norm_eps),
+        pre_norm=adapter.attn_norm is not None,
         sandwich=adapter.post_attn_norm is not None,
-        qk_norm="head" if adapter.q_norm is not None else "none",
+        qk_norm=adapter.qk_norm if adapter.q_norm is not None else "none",
         activation=act,
         biases=frozenset(biases),
         fused_checkpoint=adapter.qkv is not None,

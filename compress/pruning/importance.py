@@ -120,8 +120,11 @@ def activation_importance(
         else:
             down = block.get_submodule(adapter.down)
             handles.append(down.register_forward_pre_hook(on_down(i)))
-        handles.append(block.get_submodule(adapter.attn_norm).register_forward_hook(on_norm(2 * i)))
-        mlp_norm = block.get_submodule(adapter.mlp_norm)
+        # hidden channels as the branches see them: their input norms' outputs, or where a
+        # branch reads the residual unnormed (olmo2) its output norm's, what it adds to it
+        attn_norm = block.get_submodule(adapter.attn_norm or adapter.post_attn_norm)
+        handles.append(attn_norm.register_forward_hook(on_norm(2 * i)))
+        mlp_norm = block.get_submodule(adapter.mlp_norm or adapter.post_mlp_norm)
         handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
         handles.append(block.register_forward_hook(on_block(i), with_kwargs=True))
     final = model.get_submodule(adapter.final_norm)

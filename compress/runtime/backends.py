@@ -153,6 +153,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 window,
                 cap,
                 w.spec.residual_scale,
+                w.spec.qk_norm == "full",
                 **norms,
                 moe=experts,
             )

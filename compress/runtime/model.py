@@ -54,8 +54,11 @@ class Rope:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, packed: bool):
-    """rms_norm; quantized in the same pass when the packed CPU linears read it."""
+def _norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, packed: bool):
+    """rms_norm (none without a weight: olmo2's branches read the residual as it is);
+    quantized in the same pass when the packed CPU linears read it."""
+    if weight is None:
+        return quantize_input(x) if packed else x
     return rms_norm_quantized(x, weight, eps) if packed else rms_norm(x, weight, eps)
 
 
@@ -125,8 +128,11 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     qkv = layer.qkv(_norm(h, layer.attn_norm, eps, packed))
     kv = s.kv_heads * s.head_dim
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
+    full = w.spec.qk_norm == "full"  # over all of q's heads at once (olmo2), else per head
+    if layer.q_norm is not None and full:
+        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
     q, k = q.reshape(t, s.heads, s.head_dim), k.reshape(t, s.kv_heads, s.head_dim)
-    if layer.q_norm is not None:
+    if layer.q_norm is not None and not full:
         q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
     return rope(q, positions), rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
 

@@ -46,7 +46,8 @@ RUNS = {
     "norm": _subset(("rms", "rms1p")),
     "eps": _any,
     "sandwich": _any,
-    "qk_norm": _subset(("none", "head")),
+    "pre_norm": _any,  # without: the branch reads the residual stream as it is
+    "qk_norm": _subset(("none", "head", "full")),
     "activation": _subset(tuple(ACTIVATIONS)),
     "biases": _any,  # any role may carry one
     "fused_checkpoint": _any,
@@ -134,8 +135,8 @@ class Layer:
     """One block; q/k/v and gate/up are fused into one linear each (one kernel call).
     Norm weights are the effective multipliers (gemma's 1 + w added at load)."""
 
-    attn_norm: torch.Tensor
-    mlp_norm: torch.Tensor
+    attn_norm: torch.Tensor | None  # None: the branch reads the residual unnormed (olmo2)
+    mlp_norm: torch.Tensor | None
     qkv: object
     o: object
     gate_up: object
@@ -169,8 +170,9 @@ class Layer:
         return n + (0 if self.moe is None else self.moe.active_params)
 
     def norms(self):
-        opt = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
-        return (self.attn_norm, self.mlp_norm, *(n for n in opt if n is not None))
+        every = (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm)
+        every += (self.post_attn_norm, self.post_mlp_norm)
+        return tuple(n for n in every if n is not None)
 
 
 @dataclass

@@ -48,6 +48,16 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
                           const float *vn, const Spans *sp, int heads, int D, float scale,
                           int window, float softcap, float *att);
 
+/* What a branch's linears read: h normed by `norm` and quantized, or (no norm: olmo2) h as
+ * it is, quantized; the residual h itself unchanged. */
+static void branch_input(const float *h, const float *norm, float eps, int B, int hidden,
+                         int hp, float *pad, int8_t *x8, float *dx, float *bs) {
+    if (norm)
+        llmp_rmsnorm_quant(h, norm, eps, B, hidden, hp, pad, x8, dx, bs);
+    else
+        quantize_rows_padded(h, B, hidden, hidden, hp, pad, x8, dx, bs);
+}
+
 /* Every block over h [B, hidden] (then, with `head`, the final norm and logits): B decode
  * rows (sp NULL: each at its own slot and position, attending through the cache), or a
  * prefill step's chunks (sp: each causal within itself, over its cached prefix).
@@ -75,7 +85,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
-        llmp_rmsnorm_quant(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        branch_input(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
         #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
         for (int b = 0; b < B; b++) {
@@ -84,8 +94,11 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
             memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
         }
-        if (L->q_norm) rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps, B >= PAR_ROWS);
-        if (L->k_norm) rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
+        if (L->q_norm) { /* over each head, or over all of a row's heads at once (olmo2) */
+            int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
+            rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, eps, B >= PAR_ROWS);
+            rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, eps, B >= PAR_ROWS);
+        }
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL) {
@@ -106,7 +119,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
-        llmp_rmsnorm_quant(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        branch_input(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
         if (L->moe) {
             if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
         } else {

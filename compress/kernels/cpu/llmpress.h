@@ -100,14 +100,16 @@ typedef struct {
  * biases, each layer's rope tables, sliding window, attention softcap and residual
  * multiplier. */
 typedef struct {
-    const float *attn_norm, *mlp_norm;
+    const float *attn_norm, *mlp_norm;          /* [hidden]; or NULL: the branch reads h (olmo2) */
     QLin qkv, o, gate_up, down; /* gate_up and down unused where moe is set */
-    const float *q_norm, *k_norm;               /* [D], per head before rope; or NULL */
+    const float *q_norm, *k_norm;               /* [D] per head, or (qk_full) over all heads
+                                                 * [heads * D], before rope; or NULL */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
     int window;                                 /* sliding window; 0: every key */
     float softcap;                              /* scores cap*tanh(s/cap) (gemma2); 0: none */
     float residual;                             /* branch outputs' multiplier (granite); else 1 */
+    int qk_full;                                /* q_norm/k_norm span all heads (olmo2) */
     const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
 } QLayer;
 
