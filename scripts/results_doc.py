@@ -2754,6 +2754,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families smollm3,llama3 --name families_smollm3",
         families,
     ),
+    (
+        "families_granite_olmo2.json",
+        "granite and olmo2 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families granite,olmo2,llama3 --name families_granite_olmo2 "
+        "--skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

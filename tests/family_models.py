@@ -6,7 +6,8 @@ Mistral's sliding window, qwen2's q/k/v biases with YaRN, qwen3's qk-norm with a
 upper layer, gemma3's (1+w) sandwich norms, scaled embedding, attention scalar, softcap
 and local/global rope, gemma2's softcapped attention scores, phi3's fused tensors with
 partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, attention,
-residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads.
+residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads
+(olmo3's with sliding layers and YaRN on its full ones only).
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -84,6 +85,25 @@ FAMILIES = {
         },
     ),
     "olmo2": ("Olmo2Config", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    "olmo3": (
+        "Olmo3Config",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "rope_parameters": {  # YaRN on the full layers only, as Olmo 3's long context
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 500000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 128,
+                },
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "gemma3_text": (
         "Gemma3TextConfig",
         {

@@ -429,6 +429,18 @@ _GEMMA3 = replace(
     **_QK_NORMS,
 )
 
+_OLMO2 = replace(
+    LLAMA,
+    families=("olmo2",),
+    architecture="Olmo2ForCausalLM",
+    attn_norm=None,
+    mlp_norm=None,
+    post_attn_norm="post_attention_layernorm",
+    post_mlp_norm="post_feedforward_layernorm",
+    qk_norm="full",
+    **_QK_NORMS,
+)
+
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
     "mistral": replace(
@@ -468,17 +480,9 @@ ADAPTERS: dict[str, Adapter] = {
         attn_softcap=True,
     ),
     # olmo2: norms on the branch outputs only, q/k norms over all heads at once
-    "olmo2": replace(
-        LLAMA,
-        families=("olmo2",),
-        architecture="Olmo2ForCausalLM",
-        attn_norm=None,
-        mlp_norm=None,
-        post_attn_norm="post_attention_layernorm",
-        post_mlp_norm="post_feedforward_layernorm",
-        qk_norm="full",
-        **_QK_NORMS,
-    ),
+    "olmo2": _OLMO2,
+    # olmo3: olmo2's block; 3 sliding : 1 full layers, rope per layer type (spec.py)
+    "olmo3": replace(_OLMO2, families=("olmo3",), architecture="Olmo3ForCausalLM"),
     "qwen3_moe": replace(
         LLAMA,
         families=("qwen3_moe",),
