@@ -9,7 +9,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   scaling, untied head; mistral and qwen3: a sliding window; gemma3: 5 local : 1 global
   layers, its scales; gemma2: 1 local : 1 global, its attention and final softcaps;
   smollm3: every 4th layer without rope; granite: its four multipliers; olmo2: norms on
-  the branch outputs only, q/k norms over all heads; phi3: fused tensors, LongRoPE);
+  the branch outputs only, q/k norms over all heads; olmo3: those with 3 sliding : 1
+  full layers, YaRN on the full ones; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated).
@@ -102,6 +103,19 @@ DENSE = {
         "tie_word_embeddings": True,
     },
     "olmo2": {},  # its output-only norms and whole-width q/k norms come with the class
+    "olmo3": {  # the class's 3 sliding : 1 full layers; YaRN on the full ones, as Olmo 3's
+        "layer_types": None,
+        "sliding_window": 512,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+            "full_attention": {
+                "rope_type": "yarn",
+                "rope_theta": 500000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 1024,
+            },
+        },
+    },
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {
