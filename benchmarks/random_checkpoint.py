@@ -53,6 +53,10 @@ SHAPES = {
     "smollm2-135m": Shape(
         "llama", 576, 30, 1536, 9, 3, 49152, True, config={"max_position_embeddings": 8192}
     ),
+    "qwen2.5-0.5b": Shape(  # a tied head of 151,936 rows: 28% of the weights
+        "qwen2", 896, 24, 4864, 14, 2, 151936, True, qkv_bias=True,
+        config={"rope_theta": 1000000.0, "max_position_embeddings": 32768},
+    ),
     "llama-3.2-1b": Shape(
         "llama", 2048, 16, 8192, 32, 8, 128256, True,
         config={"rope_theta": 500000.0, "rope_scaling": LLAMA3_ROPE,

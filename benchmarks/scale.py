@@ -1,8 +1,8 @@
 """Compression, eval and decode at the sizes users bring: peak memory and time.
 
 Checkpoints of real models' shapes with random bf16 weights (random_checkpoint.py:
-SmolLM2-135M, Llama-3.2-1B, Qwen2.5-7B, Llama-3-8B) are written tensor by tensor, then
-each command runs in its own process:
+SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B, Qwen2.5-7B, Llama-3-8B) are written tensor by
+tensor, then each command runs in its own process:
 - `llmpress compress --quant rtn|awq|gptq:w4g64` with few calibration samples;
 - `llmpress eval` of the rtn artifact against its original (twice: the second reads the
   original's cached figures);

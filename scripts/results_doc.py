@@ -2761,6 +2761,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "--skip-anchors",
         families,
     ),
+    (
+        "families_olmo3.json",
+        "olmo3 beside olmo2 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families olmo3,olmo2 --name families_olmo3 --skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",
