@@ -3,13 +3,12 @@
 The adapter says where the parts are (module names); the BlockSpec says what they compute:
 norms and where they sit, activation, biases, rope per layer, attention and embedding
 scales, the residual and logit multipliers, attention and logit softcapping, the
-sliding-window pattern, the head and the MLP
-kind. It is read from config.json through transformers' own config class, so class
-defaults and derived fields (gemma3's layer_types, nested rope_parameters, Phi-3's
-original context) are the ones transformers applies. Every consumer that implements
-blocks (the runtime, in torch, C and Triton) checks the whole description against what it
-implements and refuses the rest in one line; tests/test_families.py checks that no field
-goes unread.
+sliding-window pattern, the head and the MLP kind. It is read from config.json through
+transformers' own config class, so class defaults and derived fields (gemma3's
+layer_types, nested rope_parameters, Phi-3's original context) are the ones transformers
+applies. Every consumer that implements blocks (the runtime, in torch, C and Triton)
+checks the whole description against what it implements and refuses the rest in one
+line; tests/test_families.py checks that no field goes unread.
 """
 
 from __future__ import annotations
