@@ -159,13 +159,11 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
         )
     started = time.perf_counter()
     ckpt = source = distributed.first_then_rest(lambda: _source(model, output))
-    untied = not ckpt.adapter.spec(ckpt.config).tied
-    head_bytes = storage_dtype(recipe.dtype, ckpt.config, recipe.export).itemsize
     if recipe.targets:  # planned on the source's shapes: mixed's options, the lm_head
-        recipe = fit_targets(recipe, untied, _workspace(recipe, ckpt), log, head_bytes)
+        recipe = fit_targets(recipe, _workspace(recipe, ckpt), log)
         model_stages, stages, after = _split(recipe.build())
     else:
-        recipe = resolve_lm_head(recipe, untied, head_bytes)
+        recipe = resolve_lm_head(recipe)
     planned = ckpt.config
     for stage in model_stages:
         stage.preflight(planned)

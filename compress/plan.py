@@ -81,12 +81,12 @@ def _outlier_share(stage) -> float:
     return 0.05 if fraction is None else fraction
 
 
-def fit_targets(recipe: Recipe, untied: bool, ws: Workspace, log, head_bytes: int = 2) -> Recipe:
+def fit_targets(recipe: Recipe, ws: Workspace, log) -> Recipe:
     """`recipe` (with targets, lm_head not yet resolved) kept to what its target engines
     run: mixed precision offered only the schemes they all run at every width, and an
     `auto` lm_head left as stored where they refuse the quantized one. Anything else they
     refuse stays for `refuse_off_target`, which names it."""
-    resolved = resolve_lm_head(recipe, untied, head_bytes)
+    resolved = resolve_lm_head(recipe)
     stages = []
     for name, cfg in recipe.stages:
         if name == "mixed":

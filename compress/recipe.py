@@ -382,17 +382,17 @@ def _parse_ignore(ignore: Any) -> tuple[str, ...]:
 AUTO_LM_HEAD = "w8"  # benchmarks/lm_head.py: the smallest drift of the quantized heads
 
 
-def resolve_lm_head(recipe: Recipe, untied: bool, head_bytes: int = 2) -> Recipe:
+def resolve_lm_head(recipe: Recipe) -> Recipe:
     """`lm_head: auto` made concrete. When the recipe quantizes the blocks to 8 bits or
     fewer (no --bits budget, which the head would exceed) and the layout holds a quantized
-    head, the head is stored as int8 per channel if it is untied, or tied to an embedding
-    stored in 32 bits (`head_bytes` per weight): such a head is most of a small model's
-    decode bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 173 MB on the
-    default model, whose GGUF embedding converts to fp32). The embedding stays as stored
-    and the head becomes its own int8 copy. A tied 16-bit head stays tied: at Llama-3.2-1B's
-    shape its int8 copy decoded no faster and made the artifact 25% larger. Blocks with
-    zero points keep the head as stored: beside their groups a per-channel int8 head
-    leaves transformers no way to load the artifact (engines.transformers_route)."""
+    head, the head is stored as int8 per channel: it is most of a small model's decode
+    bytes (545 of 770 MB a step at Qwen2.5-0.5B's shape; 113 of 173 MB on the default
+    model, whose GGUF embedding converts to fp32). A tied head becomes an int8 copy of its
+    own and the embedding stays as stored for the input lookup: in bf16 too, the copy
+    decoded 1.29x faster at Qwen2.5-0.5B's shape and 1.51x at Llama-3.2-1B's, for an
+    artifact 25-28% larger (benchmarks/scale.py --heads w8). Blocks with zero points keep
+    the head as stored: beside their groups a per-channel int8 head leaves transformers
+    no way to load the artifact (engines.transformers_route)."""
     if recipe.lm_head != "auto":
         return recipe
     bits = [getattr(cfg, "scheme", None) for _, cfg in recipe.stages]
@@ -402,10 +402,7 @@ def resolve_lm_head(recipe: Recipe, untied: bool, head_bytes: int = 2) -> Recipe
     if any(b is not None and b.zero_point for b in bits):
         quantized = False
     holds = codec(recipe.export).holds_lm_head
-    streamed = untied or head_bytes > 2
-    return dataclasses.replace(
-        recipe, lm_head=AUTO_LM_HEAD if streamed and quantized and holds else None
-    )
+    return dataclasses.replace(recipe, lm_head=AUTO_LM_HEAD if quantized and holds else None)
 
 
 def _check_layout(export: str, dtype: str, lm_head: Any) -> None:

@@ -109,15 +109,14 @@ def test_disk_estimate_fits_the_artifact(artifacts, spec):
     and no more than that plus the margin: a disk that holds the artifact is not refused
     for a whole-model fp32 copy it never writes (CI had 395 MiB free, the check asked 577
     for a 169 MiB artifact)."""
-    from compress.pipeline import _source, _workspace, storage_dtype
+    from compress.pipeline import _source, _workspace
     from compress.plan import planned_disk
     from compress.recipe import resolve_lm_head
 
     path = artifacts[spec]
     ckpt = _source("default", path.parent / "elsewhere")
     recipe = parse_recipe({"stages": [parse_quant(spec)]})
-    width = storage_dtype(recipe.dtype, ckpt.config, recipe.export).itemsize
-    recipe = resolve_lm_head(recipe, untied=False, head_bytes=width)  # as compress does
+    recipe = resolve_lm_head(recipe)  # as compress does
     needed = planned_disk(recipe, recipe.build(), _workspace(recipe, ckpt))
     written = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     largest = max(

@@ -513,13 +513,11 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
 
 
-def test_the_default_lm_head_is_int8_where_it_is_streamed_in_32_or_untied(
-    models, wikitext, tmp_path
-):
-    """--lm-head auto: w8 for an untied head, and for a head tied to an fp32 embedding (its
-    own int8 copy; the embedding stays), when the blocks are quantized: either is most of a
-    small model's decode bytes otherwise. A head tied to a 16-bit embedding stays tied;
-    `none` keeps the head as stored."""
+def test_the_default_lm_head_is_int8_tied_or_not(models, wikitext, tmp_path):
+    """--lm-head auto: w8 for an untied head, and for a head tied to an fp32 or 16-bit
+    embedding (its own int8 copy; the embedding stays), when the blocks are quantized:
+    either is most of a small model's decode bytes otherwise. `none` keeps the head as
+    stored, and tied stays tied."""
     rtn = [parse_quant("rtn:w4g32")]
     untied = _compress(models["llama3"], tmp_path / "untied", rtn, wikitext)
     tied32 = _compress(models["gemma3_text"], tmp_path / "tied32", rtn, wikitext)
@@ -527,6 +525,7 @@ def test_the_default_lm_head_is_int8_where_it_is_streamed_in_32_or_untied(
     tied16 = compress(str(models["gemma3_text"]), bf16, tmp_path / "tied16", log=lambda _: None)
     recipe = parse_recipe({"stages": rtn, "lm_head": "none"})
     kept = compress(str(models["llama3"]), recipe, tmp_path / "kept", log=lambda _: None)
+    tied = compress(str(models["gemma3_text"]), recipe, tmp_path / "tied", log=lambda _: None)
 
     def head(path):
         names = {k for f in path.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()}  # noqa: SIM118
@@ -535,12 +534,12 @@ def test_the_default_lm_head_is_int8_where_it_is_streamed_in_32_or_untied(
     def config(path):
         return json.loads((path / "config.json").read_text())
 
-    for path in (untied, tied32):
+    for path in (untied, tied32, tied16):
         assert head(path) == ["weight_packed", "weight_scale", "weight_shape"]
         assert json.loads((path / "manifest.json").read_text())["recipe"]["lm_head"] == "w8"
         assert not config(path)["tie_word_embeddings"]
-    assert head(tied16) == [] and config(tied16)["tie_word_embeddings"]
     assert head(kept) == ["weight"]
+    assert head(tied) == [] and config(tied)["tie_word_embeddings"]
 
 
 @pytest.mark.parametrize("name", ["gemma3_text", "qwen3_moe"])
