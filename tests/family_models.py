@@ -7,7 +7,8 @@ upper layer, gemma3's (1+w) sandwich norms, scaled embedding, attention scalar, 
 and local/global rope, gemma2's softcapped attention scores, phi3's fused tensors with
 partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, attention,
 residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads
-(olmo3's with sliding layers and YaRN on its full ones only).
+(olmo3's with sliding layers and YaRN on its full ones only; exaone4's with per-head q/k
+norms and its full layer without rope).
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -99,6 +100,16 @@ FAMILIES = {
                     "original_max_position_embeddings": 128,
                 },
             },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    "exaone4": (
+        "Exaone4Config",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
             "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": 2,

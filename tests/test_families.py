@@ -111,12 +111,13 @@ def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
 
 
 # The one fact a family adds to another's description, dropped: gemma2's capped attention
-# scores (else gemma3's block without q/k norms), smollm3's layer without rope (llama's),
-# granite's residual and logit multipliers (its embedding and attention ones replace
-# facts llama has).
+# scores (else gemma3's block without q/k norms), smollm3's and exaone4's layers without
+# rope (llama's and olmo2's), granite's residual and logit multipliers (its embedding and
+# attention ones replace facts llama has).
 OWN_FACTS = {
     "gemma2": lambda s: {"attn_softcap": None},
     "smollm3": lambda s: {"rope": (s.rope[0],) * s.layers},
+    "exaone4": lambda s: {"rope": (s.rope[0],) * s.layers},  # its full layer rotated
     "granite residual": lambda s: {"residual_scale": 1.0},
     "granite logits": lambda s: {"logit_scale": 1.0},
     "granite embedding": lambda s: {"embed_scale": 1.0},

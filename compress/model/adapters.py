@@ -173,6 +173,8 @@ class Adapter:
     # key but transformers' Gemma3Attention never applies it)
     attn_softcap: bool = False
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
+    # with a sliding window, the full-attention layers rotate nothing (exaone4)
+    full_layers_without_rope: bool = False
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
@@ -483,6 +485,15 @@ ADAPTERS: dict[str, Adapter] = {
     "olmo2": _OLMO2,
     # olmo3: olmo2's block; 3 sliding : 1 full layers, rope per layer type (spec.py)
     "olmo3": replace(_OLMO2, families=("olmo3",), architecture="Olmo3ForCausalLM"),
+    # exaone4: olmo2's output-only norms with per-head q/k norms; with a sliding window
+    # (3 sliding : 1 full), the full layers without rope
+    "exaone4": replace(
+        _OLMO2,
+        families=("exaone4",),
+        architecture="Exaone4ForCausalLM",
+        qk_norm="head",
+        full_layers_without_rope=True,
+    ),
     "qwen3_moe": replace(
         LLAMA,
         families=("qwen3_moe",),

@@ -95,6 +95,10 @@ def describe(config: dict, adapter) -> BlockSpec:
     for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):
         if not rotates:  # SmolLM3's NoPE layers: 0 in no_rope_layers
             ropes[i] = replace(ropes[i], kind="none", params=())
+    if adapter.full_layers_without_rope and window is not None:  # exaone4's global layers
+        for i, t in enumerate(types):
+            if t == "full_attention":
+                ropes[i] = replace(ropes[i], kind="none", params=())
     biases = set(adapter.biased)
     for key, roles in adapter.bias_options:
         if getattr(hf, key, False):
