@@ -2767,6 +2767,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families olmo3,olmo2 --name families_olmo3 --skip-anchors",
         families,
     ),
+    (
+        "families_exaone4.json",
+        "exaone4 beside olmo2 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families exaone4,olmo2 --name families_exaone4 --skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",
