@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
 from compress.eval.reference import BlockwiseOriginal
-from compress.model.adapters import Widths
+from compress.model.adapters import ADAPTERS, Widths
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
@@ -63,6 +63,15 @@ def _compress(src, out, stages, wikitext):
 
 def test_every_blockspec_field_has_a_runtime_check():
     assert set(RUNS) == {f.name for f in dataclasses.fields(BlockSpec)}
+
+
+def test_every_supported_family_has_a_tiny_model_here():
+    """A family the adapters accept is one these tests run: its model_type among the tiny
+    models' (llama3 is llama's)."""
+    import transformers
+
+    tested = {getattr(transformers, cls)().model_type for cls, _ in FAMILIES.values()}
+    assert tested == set(ADAPTERS)
 
 
 @pytest.mark.parametrize("name", NAMES)
