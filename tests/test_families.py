@@ -492,15 +492,18 @@ def _recipe_file(tmp_path, stages):
     return path
 
 
-# every family on a GPU; under the interpreter the three that hold the rest's features
-TRITON_NAMES = NAMES if DEVICE == "cuda" else ["gemma3_text", "phi3", "qwen2_moe"]
+# every family on a GPU; under the interpreter those that hold the rest's features
+TRITON_NAMES = (
+    NAMES if DEVICE == "cuda" else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4"]
+)
 
 
 @pytest.mark.parametrize("name", TRITON_NAMES)
 def test_the_triton_backend_runs_the_description(w4, ids, name):
     """The GPU backend, compiled on a GPU or on CPU tensors under TRITON_INTERPRET=1:
     gemma3's scale, windows, sandwich and q/k norms, phi3's partial rotary, the experts
-    (qwen2_moe's shared one too). Its prefill and decode steps (Triton attention over a
+    (qwen2_moe's shared one too), granite's multipliers, exaone4's branches without input
+    norms and its full layer without rope. Its prefill and decode steps (Triton attention over a
     window shorter than the sequence) equal transformers' forward on the artifact's fp32
     weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
     prompt, steps = 10, 3
