@@ -318,10 +318,12 @@ class Adapter:
     def cut_groups(self) -> tuple[CutGroup, ...]:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         fused = tuple(n for n in (self.qkv, self.gate_up) if n)
-        full = self.qk_norm == "full" and self.q_norm  # those norms span the heads' rows
+        heads, kv_heads = (self.q,), (self.k, self.v)
+        if self.qk_norm == "full" and self.q_norm:  # those norms span the heads' rows
+            heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
         return (
-            CutGroup("heads", rows=(self.q, *((self.q_norm,) if full else ())), cols=(self.o,)),
-            CutGroup("kv_heads", rows=(self.k, self.v, *((self.k_norm,) if full else ())), cols=()),
+            CutGroup("heads", rows=heads, cols=(self.o,)),
+            CutGroup("kv_heads", rows=kv_heads, cols=()),
             CutGroup("mlp", rows=(self.gate, self.up), cols=(self.down,)),
             CutGroup(
                 "hidden",
