@@ -250,6 +250,13 @@ GGUF_FAMILIES = {
     ),
     "gemma2": ("GEMMA2", {"layer_types": None, "query_pre_attn_scalar": 256}),
     "phi3": ("PHI3", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    # the families transformers' GGUF reader has no entry for (compress/model/gguf_config.py);
+    # llama.cpp writes Olmo 3 as olmo2, and fixes SmolLM3's rope-less layers at every 4th
+    "granite": ("GRANITE", {}),
+    "olmo2": ("OLMO2", {}),
+    "olmo3": ("OLMO2", {}),
+    "smollm3": ("SMOLLM3", {"no_rope_layers": None, "num_hidden_layers": 4}),
+    "exaone4": ("EXAONE4", {}),
 }
 
 
@@ -298,11 +305,13 @@ def write_gguf(
     arch: str | None = None,
     extra: dict | None = None,
     stacked_experts: bool = True,
+    window_keys: bool = True,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
     as 1 + w, each layer's experts stacked, rope scaling as keys or tensors), with the
-    tokenizer of `tokenizer_gguf`."""
+    tokenizer of `tokenizer_gguf`. Without `window_keys`, an olmo3 or exaone4 window is
+    left for the reader to infer, as converters that do not write it leave it."""
     import gguf
     import numpy as np
 
@@ -318,9 +327,12 @@ def write_gguf(
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
+    if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     rope = cfg.rope_parameters
+    if "sliding_attention" in rope and cfg.model_type == "olmo3":
+        w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
     rope = rope.get("full_attention", rope)  # gemma3: the global layers' base
     w.add_rope_freq_base(rope["rope_theta"])
     head_dim_rope = int(head_dim * rope.get("partial_rotary_factor", 1.0))
@@ -330,6 +342,10 @@ def write_gguf(
     elif rope.get("rope_type") == "llama3":
         freqs = np.array(_llama3_freqs(rope, head_dim_rope), dtype=np.float32)
         w.add_tensor("rope_freqs.weight", freqs)
+    elif rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
     elif rope.get("rope_type") == "longrope":
         w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
         w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
@@ -345,6 +361,15 @@ def write_gguf(
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     if getattr(cfg, "sliding_window", None) and cfg.model_type in ("gemma2", "gemma3_text"):
         w.add_sliding_window(cfg.sliding_window)
+    windowed = window_keys and cfg.model_type in ("olmo3", "exaone4")
+    if windowed and getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)  # and which layers, as booleans
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    if cfg.model_type == "granite":  # llama.cpp's names for granite's four scalars
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
     if getattr(cfg, "attn_logit_softcapping", None):  # gemma2's, as llama.cpp writes them
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
@@ -382,8 +407,9 @@ def write_gguf(
             raise KeyError(f"no GGUF name for {name}")
         if target.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp stores it as [hidden]
             t = t.reshape(-1)
-        if enum == gguf.MODEL_ARCH.LLAMA and target.endswith(("attn_q.weight", "attn_k.weight")):
-            # llama.cpp's llama layout: each head's rotary halves interleaved
+        interleaved = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3)
+        if enum in interleaved and target.endswith(("attn_q.weight", "attn_k.weight")):
+            # llama.cpp's LlamaModel layout: each head's rotary halves interleaved
             heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
             t = t.swapaxes(1, 2).reshape(-1, *t.shape[3:])

@@ -57,14 +57,33 @@ def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
     assert (got.logits[0] - want).abs().max() < 1e-4
 
 
-def test_a_gguf_of_a_family_transformers_cannot_read_is_refused_with_the_way_round(tmp_path):
-    """SmolLM3 runs from its checkpoint, but transformers' GGUF reader has no smollm3
-    entry: its GGUF is refused in one line that names the alternative."""
+def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_path, monkeypatch):
+    """llama.cpp gives a 64-layer exaone4 (the 32B) a 4,096-token window on three layers
+    of four when its file states none, and then no rope on the fourth; so does llmpress
+    (the NoPE layers show at any length)."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    layer_types = ["full_attention" if i % 4 == 3 else "sliding_attention" for i in range(64)]
+    model = build_family(
+        "exaone4", vocab_size=1024, num_hidden_layers=64, sliding_window=4096,
+        layer_types=layer_types,
+    )  # fmt: skip
+    path = write_gguf(model, tmp_path / "e.gguf", default_gguf(), window_keys=False)
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(convert_gguf(path))), device="cpu"), 32, exact=True)
+    assert (got(ids).logits[0] - want).abs().max() < 1e-4
+
+
+def test_a_gguf_of_a_family_llmpress_cannot_run_is_refused_with_the_way_round(tmp_path):
+    """A GGUF of an architecture neither transformers' reader nor llmpress's reads
+    (Baichuan, whose tensors a llama's name map fills) is refused in one line that names
+    the alternative, before any tensor is read."""
     from compress.errors import LlmpressError
 
-    model = build_family("smollm3", vocab_size=1024)
-    path = write_gguf(model, tmp_path / "smollm3.gguf", default_gguf(), arch="SMOLLM3")
-    with pytest.raises(LlmpressError, match=r"'smollm3'.*Hugging Face folder or hub id") as e:
+    model = build_family("llama3", vocab_size=1024)
+    path = write_gguf(model, tmp_path / "baichuan.gguf", default_gguf(), arch="BAICHUAN")
+    with pytest.raises(LlmpressError, match=r"'baichuan'.*Hugging Face folder or hub id") as e:
         convert_gguf(path)
     assert "\n" not in str(e.value)
 

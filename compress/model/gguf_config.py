@@ -1,0 +1,141 @@
+"""Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
+
+llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3 and exaone4
+files that transformers cannot read. Their configs are built here from the header keys
+llama.cpp's converter writes, read the way llama.cpp's loader reads them: a key that is
+absent takes llama.cpp's default, not the transformers config class's, since it is
+llama.cpp's meaning the file was written for (a granite file with no attention scale means
+1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope scaling, which both
+readers leave to gguf_rope.py, is added by the caller.
+"""
+
+from __future__ import annotations
+
+from compress.errors import LlmpressError
+
+# GGUF architecture -> how its config is built (the family follows from the keys for
+# olmo2: a sliding window makes it Olmo 3)
+OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4")
+
+# llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
+# layers of four when the file states none; other depths get no window
+_EXAONE4_WINDOWED_DEPTH, _EXAONE4_WINDOW = 64, 4096
+
+
+def own_gguf_config(reader, arch: str, path_name: str):
+    """The transformers config of a GGUF file of `arch` (one of OWN_GGUF_ARCHS)."""
+    from transformers import AutoConfig
+
+    def get(key: str, default=None):
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is None:
+            return default
+        value = field.contents()
+        if isinstance(value, list) and key not in ("attention.sliding_window_pattern",):
+            raise LlmpressError(
+                f"{path_name} gives {arch}.{key} per layer, which llmpress does not read "
+                "for this family; compress the model's Hugging Face checkpoint instead"
+            )
+        return value
+
+    fields = _common(reader, get)
+    model_type, extra = _FAMILY[arch](get, fields, reader)
+    return AutoConfig.for_model(model_type, **fields, **extra)
+
+
+def _tensor_names(reader) -> set[str]:
+    return {t.name for t in reader.tensors}
+
+
+def _token_id(reader, key: str):
+    field = reader.fields.get(f"tokenizer.ggml.{key}")
+    return None if field is None else int(field.contents())
+
+
+def _common(reader, get) -> dict:
+    heads = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    embed = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    return {
+        "vocab_size": int(embed.shape[1]),  # ggml order: [hidden, vocab]
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)),
+        "max_position_embeddings": int(get("context_length")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
+        "bos_token_id": _token_id(reader, "bos_token_id"),
+        "eos_token_id": _token_id(reader, "eos_token_id"),
+        "pad_token_id": _token_id(reader, "padding_token_id"),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": float(get("rope.freq_base", 1e4)),
+        },
+    }
+
+
+def _granite(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama.cpp scales by a granite scalar only where the file states one (0 = absent)."""
+    names = _tensor_names(reader)
+    return "granite", {
+        "attention_multiplier": float(get("attention.scale", 0) or fields["head_dim"] ** -0.5),
+        "embedding_multiplier": float(get("embedding_scale", 0) or 1.0),
+        "residual_multiplier": float(get("residual_scale", 0) or 1.0),
+        "logits_scaling": float(get("logit_scale", 0) or 1.0),
+        "attention_bias": "blk.0.attn_q.bias" in names,
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+    }
+
+
+def _window_layers(get, layers: int, default_window: int | None) -> tuple[int | None, list]:
+    """(window, layer_types) as llama.cpp's loader reads them: the window key, then a
+    per-layer pattern (booleans: True = windowed) or a period whose last layer is full."""
+    window = get("attention.sliding_window", default_window)
+    if not window:
+        return None, ["full_attention"] * layers
+    pattern = get("attention.sliding_window_pattern", 4)
+    if isinstance(pattern, list):
+        windowed = [bool(p) for p in pattern]
+        if len(windowed) != layers:
+            raise LlmpressError(
+                f"the file's sliding-window pattern has {len(windowed)} entries for {layers} "
+                "layers: the file is damaged; re-download it"
+            )
+    else:
+        period = int(pattern)
+        windowed = [period == 0 or i % period < period - 1 for i in range(layers)]
+    return int(window), ["sliding_attention" if w else "full_attention" for w in windowed]
+
+
+def _olmo(get, fields: dict, reader) -> tuple[str, dict]:
+    """olmo2; with a window it is Olmo 3 (llama.cpp writes both as olmo2), whose windowed
+    layers rotate at their own base and without the full layers' scaling."""
+    window, layer_types = _window_layers(get, fields["num_hidden_layers"], None)
+    if window is None:
+        return "olmo2", {}
+    theta = fields["rope_parameters"]["rope_theta"]
+    swa_theta = float(get("rope.freq_base_swa", theta))
+    fields["rope_parameters"] = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": swa_theta},
+        "full_attention": {"rope_type": "default", "rope_theta": theta},
+    }
+    return "olmo3", {"sliding_window": window, "layer_types": layer_types}
+
+
+def _smollm3(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama.cpp fixes SmolLM3's layers without rope at every fourth; no key states it."""
+    return "smollm3", {"no_rope_layer_interval": 4, "use_sliding_window": False}
+
+
+def _exaone4(get, fields: dict, reader) -> tuple[str, dict]:
+    """With a window, the full layers have no rope (the config class's rule too)."""
+    layers = fields["num_hidden_layers"]
+    default = _EXAONE4_WINDOW if layers == _EXAONE4_WINDOWED_DEPTH else None
+    window, layer_types = _window_layers(get, layers, default)
+    return "exaone4", {"sliding_window": window, "layer_types": layer_types}
+
+
+_FAMILY = {"granite": _granite, "olmo2": _olmo, "smollm3": _smollm3, "exaone4": _exaone4}
