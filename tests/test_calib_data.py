@@ -113,3 +113,39 @@ def test_a_model_the_runtime_refuses_writes_its_text_with_transformers(
     assert said == [
         "generating calibration text with transformers (slower): the runtime cannot run this"
     ]
+
+
+def test_a_files_tokens_are_kept_exactly_and_rekeyed_by_its_bytes_and_tokenizer(
+    tokenizer, wikitext, fresh_cache, tmp_path, monkeypatch
+):
+    """The second read of a file comes from the cache (no tokenizing), equal to
+    tokenizing it; changed bytes, another field or another tokenizer tokenize again; a
+    damaged entry is tokenized again, never trusted."""
+    import tokenizers
+
+    from compress.calib_data import token_cache
+
+    text = tmp_path / "t.txt"
+    text.write_text(wikitext.joinpath("valid.txt").read_text()[:20000])
+    want = token_stream(tokenizer, read_texts(str(text)))
+    calls = []
+    real = token_cache.token_stream
+    monkeypatch.setattr(token_cache, "token_stream", lambda *a: calls.append(1) or real(*a))
+
+    def read(tok=tokenizer):
+        token_cache._memo.clear()  # as a new process would
+        return token_cache.source_stream(tok, str(text))
+
+    assert torch.equal(read(), want) and calls == [1]
+    got = read()
+    got[0] = -1  # what a caller holds is its own
+    assert torch.equal(read(), want) and calls == [1]
+    (entry,) = (fresh_cache / "tokens").glob("*.pt")
+    entry.write_bytes(b"damaged")
+    assert torch.equal(read(), want) and calls == [1, 1]
+    text.write_text(text.read_text() + " more words")
+    assert read().numel() > want.numel() and calls == [1, 1, 1]
+    other = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    other.backend_tokenizer.normalizer = tokenizers.normalizers.Lowercase()
+    lowered = read(other)
+    assert calls == [1, 1, 1, 1] and not torch.equal(lowered[: want.numel()], want)

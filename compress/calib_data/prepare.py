@@ -7,8 +7,9 @@ from collections.abc import Callable
 import torch
 
 from compress.calib_data.generated import self_generated
-from compress.calib_data.samples import calibration_samples, token_stream
-from compress.calib_data.sources import SELF, read_texts
+from compress.calib_data.samples import calibration_samples
+from compress.calib_data.sources import SELF
+from compress.calib_data.token_cache import source_stream
 
 
 def load_calibration(
@@ -20,5 +21,5 @@ def load_calibration(
         return self_generated(
             load_model, tokenizer, cfg.samples, cfg.length, cfg.seed, cache_key, writer
         )
-    stream = token_stream(tokenizer, read_texts(cfg.source, cfg.text_field))
+    stream = source_stream(tokenizer, cfg.source, cfg.text_field)
     return calibration_samples(stream, cfg.samples, cfg.length, cfg.seed)

@@ -8,8 +8,9 @@ from compress.artifact.dense import load_model
 from compress.artifact.manifest import read_manifest, write_manifest
 from compress.calib_data.cost import refuse_if_too_big, whole_model_bytes
 from compress.calib_data.generated import self_generated
-from compress.calib_data.samples import eval_windows, token_stream
-from compress.calib_data.sources import SELF, read_texts
+from compress.calib_data.samples import eval_windows
+from compress.calib_data.sources import SELF
+from compress.calib_data.token_cache import source_stream
 from compress.errors import LlmpressError, first_line
 from compress.eval.drift import Drift, measure_drift
 from compress.eval.reference import BlockwiseOriginal, Cached, cache_key, load_cached, save_cached
@@ -36,7 +37,7 @@ def windows_for(
             return load_model(base)
 
         return self_generated(whole, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key)
-    return eval_windows(token_stream(tokenizer, read_texts(data, text_field)), ctx, limit)
+    return eval_windows(source_stream(tokenizer, data, text_field), ctx, limit)
 
 
 def _candidates(ckpt, engine: str, kv: str | None, ctx: int, exact: bool) -> dict:

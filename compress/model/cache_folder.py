@@ -4,6 +4,8 @@ remembered hashes live under it."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from compress.errors import LlmpressError
@@ -19,3 +21,20 @@ def cache_dir() -> Path:
             "(or unset it to use ~/.cache/llmpress)"
         )
     return root
+
+
+def keep(store: Path, write: Callable) -> None:
+    """Put an entry at `store` in the cache: write(binary file) into a temporary file
+    beside it, then rename, so a reader never sees half an entry. A cache that cannot be
+    written is only slower (the entry is computed again next time)."""
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=store.parent, prefix=".tmp-")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, store)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)

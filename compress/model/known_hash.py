@@ -16,13 +16,11 @@ reads every byte (artifact/integrity.py).
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from compress.artifact.integrity import file_sha256
-from compress.model.cache_folder import cache_dir
+from compress.model.cache_folder import cache_dir, keep
 
 MIN_BYTES = 1 << 26  # smaller files are hashed again: cheap, and nothing left on disk
 RACY_NS = 2_000_000_000  # a file written this recently may change within its mtime tick
@@ -58,22 +56,6 @@ def known_sha256(path: Path) -> str:
     started = time.time_ns()
     digest = file_sha256(path)
     if started - key[2] > RACY_NS:  # written well before it was read: the hash is settled
-        _remember(store, digest)
+        keep(store, lambda f: f.write(digest.encode()))
         _memo[key] = digest
     return digest
-
-
-def _remember(store: Path, digest: str) -> None:
-    """Write the hash beside the others, atomically; a cache that cannot be written is
-    only slower (the hash is computed again next time)."""
-    try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=store.parent, prefix=".tmp-")
-    except OSError:
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(digest)
-        os.replace(tmp, store)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)

@@ -4,6 +4,7 @@ divide. Below both, so each reads the one count."""
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -65,8 +66,11 @@ def workload(ckpt, samples: int, length: int) -> Workload:
     )
 
 
+@functools.cache
 def matmul_rate(rows: int, width: int, seconds: float = 0.2) -> float:
-    """FLOP/s of a float32 [rows, width] × [width, width] product on this machine now."""
+    """FLOP/s of a float32 [rows, width] × [width, width] product on this machine, measured
+    once a process: a fifth of a second each time cost the Python API's repeated
+    compresses of a small model more than a seventh of their time."""
     a, b = torch.randn(rows, width), torch.randn(width, width)
     a @ b  # warm-up: threads started, memory touched
     return peak_rate(lambda: a @ b, 2 * rows * width * width, seconds)
