@@ -11,7 +11,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   smollm3: every 4th layer without rope; granite: its four multipliers; olmo2: norms on
   the branch outputs only, q/k norms over all heads; olmo3: those with 3 sliding : 1
   full layers, YaRN on the full ones; exaone4: olmo2's norms, per-head q/k norms, 3
-  sliding : 1 full layers, the full ones without rope; phi3: fused tensors, LongRoPE);
+  sliding : 1 full layers, the full ones without rope; glm4: sandwich norms, fused
+  gate/up, q/k/v biases, half of each head rotated in interleaved pairs; phi3: fused
+  tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated).
@@ -118,6 +120,7 @@ DENSE = {
         },
     },
     "exaone4": {"layer_types": None, "sliding_window": 512},  # 3 sliding : 1 full, NoPE
+    "glm4": {},  # its sandwich norms, fused gate/up, q/k/v biases and interleaved rope
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {

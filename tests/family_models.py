@@ -8,7 +8,8 @@ and local/global rope, gemma2's softcapped attention scores, phi3's fused tensor
 partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, attention,
 residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads
 (olmo3's with sliding layers and YaRN on its full ones only; exaone4's with per-head q/k
-norms and its full layer without rope).
+norms and its full layer without rope), glm4's sandwich norms under its own names, fused
+gate/up and half of each head rotated in interleaved pairs.
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -138,6 +139,19 @@ FAMILIES = {
             "attn_logit_softcapping": 0.5,  # small enough to bend these tiny scores
             "final_logit_softcapping": 3.0,
             "tie_word_embeddings": True,
+        },
+    ),
+    "glm4": (
+        "Glm4Config",
+        {  # half of each head rotated (its class default), in interleaved pairs
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
         },
     ),
     "phi3": (

@@ -147,6 +147,19 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
+def test_glm4s_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch):
+    """glm4 rotates each head's pairs (2i, 2i+1): the runtime loads q and k reordered into
+    the halves layout it rotates (adapter.rope_interleaved). Loaded as stored, the logits
+    leave transformers' (1.5 apart in one run)."""
+    want = _transformers_logits(models["glm4"], ids)
+    got = RuntimeLM(load_weights(resolve(str(models["glm4"])), device="cpu"), LENGTH, exact=True)
+    assert (got(ids).logits[0] - want).abs().max() < 1e-4
+    stored = dataclasses.replace(ADAPTERS["glm4"], rope_interleaved=False)
+    monkeypatch.setitem(ADAPTERS, "glm4", stored)
+    got = RuntimeLM(load_weights(resolve(str(models["glm4"])), device="cpu"), LENGTH, exact=True)
+    assert (got(ids).logits[0] - want).abs().max() > 1e-2
+
+
 def test_a_gemma3_config_s_attention_softcap_is_ignored_as_transformers_ignores_it(
     tmp_path, ids, tokenizer_dir
 ):
@@ -494,7 +507,9 @@ def _recipe_file(tmp_path, stages):
 
 # every family on a GPU; under the interpreter those that hold the rest's features
 TRITON_NAMES = (
-    NAMES if DEVICE == "cuda" else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4"]
+    NAMES
+    if DEVICE == "cuda"
+    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4"]
 )
 
 
@@ -503,7 +518,8 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     """The GPU backend, compiled on a GPU or on CPU tensors under TRITON_INTERPRET=1:
     gemma3's scale, windows, sandwich and q/k norms, phi3's partial rotary, the experts
     (qwen2_moe's shared one too), granite's multipliers, exaone4's branches without input
-    norms and its full layer without rope. Its prefill and decode steps (Triton attention over a
+    norms and its full layer without rope, glm4's q/k rows reordered from the stored words
+    for its interleaved rope. Its prefill and decode steps (Triton attention over a
     window shorter than the sequence) equal transformers' forward on the artifact's fp32
     weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
     prompt, steps = 10, 3

@@ -178,6 +178,10 @@ class Adapter:
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
+    # rope rotates each head's dimension pairs (2i, 2i+1), not (i, i + rotary/2) (glm4):
+    # the runtime loads q and k with their rows reordered into the halves layout
+    # (interleaved_rows), which leaves q·k as it was and every kernel as it is
+    rope_interleaved: bool = False
     # loaders take the head width as hidden / heads whatever head_dim says (phi3's config
     # checks its rope factors against it), so a pruned shape must keep that ratio
     head_width_from_widths: bool = False
@@ -267,11 +271,13 @@ class Adapter:
     @property
     def _input_groups(self) -> tuple[InputGroup, ...]:
         """Fused checkpoint tensors (phi3) keep only the norm-fed groups: their v and up
-        rows are a slice of one tensor, which no producer fold addresses."""
+        rows are a slice of one tensor, which no producer fold addresses (glm4's v is a
+        tensor of its own, so v → o stays)."""
         if self.qkv or self.gate_up:
             attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
             mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
-            return (InputGroup(self.attn_norm, attn), InputGroup(self.mlp_norm, mlp))
+            v_to_o = () if self.qkv else (InputGroup(self.v, (self.o,)),)  # v is its own
+            return (InputGroup(self.attn_norm, attn), *v_to_o, InputGroup(self.mlp_norm, mlp))
         if self.experts:  # the router reads the norm too: its columns take the scale, 16-bit
             gates_ups = tuple(
                 n for n in self.expert_linears if not n.endswith(self.expert_names[2])
@@ -527,6 +533,19 @@ ADAPTERS: dict[str, Adapter] = {
         expert="mlp.experts",
         shared_expert="mlp.shared_expert",
         shared_gate="mlp.shared_expert_gate",
+    ),
+    # glm4: gemma3's sandwich norms under its own names (x·w), gate/up stored as one
+    # tensor, biased q/k/v, half of each head rotated in interleaved pairs
+    "glm4": replace(
+        LLAMA,
+        families=("glm4",),
+        architecture="Glm4ForCausalLM",
+        post_attn_norm="post_self_attn_layernorm",
+        post_mlp_norm="post_mlp_layernorm",
+        gate_up="mlp.gate_up_proj",
+        bias_options=(("attention_bias", ("q", "k", "v")),),
+        rope_interleaved=True,
+        head_dim=128,
     ),
     "phi3": replace(
         LLAMA,

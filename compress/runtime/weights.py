@@ -9,7 +9,7 @@ lacks bf16 instructions, and fp32 keeps evaluation equal to transformers' fp32 o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -271,19 +271,39 @@ def _to_hugepages(weights: ModelWeights) -> None:
         weights.embed = weights.lm_head.weight
 
 
-def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"):
+def interleaved_rows(heads: int, head_dim: int, rotary: int) -> torch.Tensor:
+    """The row order that turns a projection whose rope rotates pairs (2i, 2i+1) (glm4)
+    into the halves layout (i, i + rotary/2) the runtime rotates, head by head (the
+    unrotated rest keeps its place). q and k reordered alike leave q·k as it was."""
+    one = torch.cat(
+        [torch.arange(0, rotary, 2), torch.arange(1, rotary, 2), torch.arange(rotary, head_dim)]
+    )
+    return (torch.arange(heads)[:, None] * head_dim + one).reshape(-1)
+
+
+def _rows(t: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
+    return t if t is None or rows is None else t.index_select(0, rows.to(t.device))
+
+
+def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c", rows=None):
+    """The runtime's linear for `prefix`; `rows`: its output rows in this order."""
     bias = tensors.get(f"{prefix}.bias")
-    bias = None if bias is None else bias.float()
+    bias = None if bias is None else _rows(bias.float(), rows)
     if prefix not in layers:
-        return DenseLinear(_dense(tensors[f"{prefix}.weight"], device), bias)
+        return DenseLinear(_dense(_rows(tensors[f"{prefix}.weight"], rows), device), bias)
     if kernels == "triton":  # the stored layout itself, where the GPU kernels read it
         stored = codec.device_tensors(prefix, tensors, layers[prefix])
-        if stored is not None:
+        if stored is not None:  # packed along the input: a row is an output's
             weight, scale, zp, group, bits, in_features = stored
-            on = (weight, scale, zp, bias)
+            on = (_rows(weight, rows), _rows(scale, rows), _rows(zp, rows), bias)
             weight, scale, zp, bias_d = (None if t is None else t.to(device) for t in on)
             return TritonQuantLinear(weight, scale, zp, group, bits, in_features, bias_d)
     s = codec.decode(prefix, tensors, layers[prefix])
+    if rows is not None:
+        s = replace(
+            s, q=_rows(s.q, rows), scale=_rows(s.scale, rows),
+            zero_point=_rows(s.zero_point, rows), outlier_weight=_rows(s.outlier_weight, rows),
+        )  # fmt: skip
     q, index, group, bits = s.q, s.outlier_index, s.group_size, s.scheme.bits
     if index is not None:  # those columns run in 16-bit: their int8 codes must add nothing
         q = q.clone()
@@ -331,8 +351,8 @@ def load_weights(
         p = adapter.block_prefix(i)
         tensors.hold(p)
 
-        def lin(name, p=p):
-            return _linear(f"{p}.{name}", tensors, codec, layers, fallbacks, device, kernels)
+        def lin(name, p=p, rows=None):
+            return _linear(f"{p}.{name}", tensors, codec, layers, fallbacks, device, kernels, rows)
 
         def opt(name, p=p):
             return norm(f"{p}.{name}") if name else None
@@ -359,11 +379,17 @@ def load_weights(
             gate_up, down = lin(adapter.gate_up), lin(adapter.down)
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
-        qkv = (
-            [lin(adapter.qkv)]
-            if adapter.qkv
-            else [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
-        )
+        if adapter.qkv:
+            qkv = [lin(adapter.qkv)]
+        elif adapter.rope_interleaved:  # q and k into the halves layout the runtime rotates
+            rotary = spec.rope[i].rotary_dim
+            qkv = [
+                lin(adapter.q, rows=interleaved_rows(shape.heads, shape.head_dim, rotary)),
+                lin(adapter.k, rows=interleaved_rows(shape.kv_heads, shape.head_dim, rotary)),
+                lin(adapter.v),
+            ]
+        else:
+            qkv = [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
         blocks.append(
             Layer(
                 attn_norm=opt(adapter.attn_norm),
