@@ -2773,6 +2773,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families exaone4,olmo2 --name families_exaone4 --skip-anchors",
         families,
     ),
+    (
+        "families_glm4.json",
+        "glm4 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families glm4,llama3 --name families_glm4 --skip-anchors",
+        families,
+    ),
+    (
+        "families_ernie4_5.json",
+        "ernie4_5 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families ernie4_5,llama3 --name families_ernie4_5 --skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

@@ -9,7 +9,8 @@ partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, atte
 residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads
 (olmo3's with sliding layers and YaRN on its full ones only; exaone4's with per-head q/k
 norms and its full layer without rope), glm4's sandwich norms under its own names, fused
-gate/up and half of each head rotated in interleaved pairs.
+gate/up and half of each head rotated in interleaved pairs, ernie4_5's biases on every
+linear with the whole head rotated so.
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -153,6 +154,10 @@ FAMILIES = {
             "bos_token_id": 1,
             "eos_token_id": 2,
         },
+    ),
+    "ernie4_5": (
+        "Ernie4_5Config",
+        {"use_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
     "phi3": (
         "Phi3Config",

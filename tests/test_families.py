@@ -147,16 +147,17 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-def test_glm4s_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch):
-    """glm4 rotates each head's pairs (2i, 2i+1): the runtime loads q and k reordered into
-    the halves layout it rotates (adapter.rope_interleaved). Loaded as stored, the logits
-    leave transformers' (1.5 apart in one run)."""
-    want = _transformers_logits(models["glm4"], ids)
-    got = RuntimeLM(load_weights(resolve(str(models["glm4"])), device="cpu"), LENGTH, exact=True)
+@pytest.mark.parametrize("name", ["glm4", "ernie4_5"])
+def test_an_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch, name):
+    """glm4 and ernie4_5 rotate each head's pairs (2i, 2i+1): the runtime loads q and k
+    reordered into the halves layout it rotates (adapter.rope_interleaved). Loaded as
+    stored, the logits leave transformers' (glm4's tiny model: 1.5 apart in one run)."""
+    want = _transformers_logits(models[name], ids)
+    got = RuntimeLM(load_weights(resolve(str(models[name])), device="cpu"), LENGTH, exact=True)
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
-    stored = dataclasses.replace(ADAPTERS["glm4"], rope_interleaved=False)
-    monkeypatch.setitem(ADAPTERS, "glm4", stored)
-    got = RuntimeLM(load_weights(resolve(str(models["glm4"])), device="cpu"), LENGTH, exact=True)
+    stored = dataclasses.replace(ADAPTERS[name], rope_interleaved=False)
+    monkeypatch.setitem(ADAPTERS, name, stored)
+    got = RuntimeLM(load_weights(resolve(str(models[name])), device="cpu"), LENGTH, exact=True)
     assert (got(ids).logits[0] - want).abs().max() > 1e-2
 
 

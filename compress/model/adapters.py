@@ -547,6 +547,16 @@ ADAPTERS: dict[str, Adapter] = {
         rope_interleaved=True,
         head_dim=128,
     ),
+    # ernie4_5 (ERNIE 4.5 dense): llama's block, every linear biased with use_bias, the
+    # whole head rotated in interleaved pairs (glm4's rope)
+    "ernie4_5": replace(
+        LLAMA,
+        families=("ernie4_5",),
+        architecture="Ernie4_5ForCausalLM",
+        bias_options=(("use_bias", ("q", "k", "v", "o", "gate", "up", "down")),),
+        rope_interleaved=True,
+        head_dim=128,
+    ),
     "phi3": replace(
         LLAMA,
         families=("phi3",),
