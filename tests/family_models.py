@@ -276,6 +276,17 @@ GGUF_FAMILIES = {
     "olmo3": ("OLMO2", {}),
     "smollm3": ("SMOLLM3", {"no_rope_layers": None, "num_hidden_layers": 4}),
     "exaone4": ("EXAONE4", {}),
+    "glm4": (  # a rotated width other than the class default's half: read from the file
+        "GLM4",
+        {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.25,
+            }
+        },
+    ),
+    "ernie4_5": ("ERNIE4_5", {}),
 }
 
 
@@ -349,6 +360,9 @@ def write_gguf(
     if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
+    if enum == gguf.MODEL_ARCH.GLM4:  # the rotated width: half of each head
+        partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
+        w.add_rope_dimension_count(int(head_dim * partial))
     rope = cfg.rope_parameters
     if "sliding_attention" in rope and cfg.model_type == "olmo3":
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
@@ -400,6 +414,8 @@ def write_gguf(
     kept = set(tokens)  # the tokenizer cut to the model's vocabulary: its first tokens and
     # the merges among them (a small vocabulary converts in a second, not in a minute)
     for key, field in fields.items():
+        if key in (extra or {}):  # the test's own value, written above
+            continue
         value = field.contents()
         if key == "tokenizer.ggml.merges":
             value = [m for m in value if {*m.split(" "), m.replace(" ", "")} <= kept]

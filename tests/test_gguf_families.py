@@ -75,6 +75,20 @@ def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
 
 
+def test_a_glm4_gguf_splits_text_as_llama_3_does(tmp_path, monkeypatch):
+    """llama.cpp names GLM-4's pre-tokenizer `glm4` and splits as llama 3 (digits in
+    threes); transformers has no split for that name, and would cut as GPT-2 does."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("glm4", vocab_size=1024)
+    extra = {"tokenizer.ggml.pre": "glm4"}
+    folder = convert_gguf(write_gguf(model, tmp_path / "g.gguf", default_gguf(), extra=extra))
+    from transformers import AutoTokenizer
+
+    split = AutoTokenizer.from_pretrained(folder).backend_tokenizer.pre_tokenizer
+    pieces = [p for p, _ in split.pre_tokenize_str("year 12345")]
+    assert pieces == ["year", "Ġ", "123", "45"]
+
+
 def test_a_gguf_of_a_family_llmpress_cannot_run_is_refused_with_the_way_round(tmp_path):
     """A GGUF of an architecture neither transformers' reader nor llmpress's reads
     (Baichuan, whose tensors a llama's name map fills) is refused in one line that names

@@ -17,7 +17,7 @@ from pathlib import Path
 from compress.artifact.target import OWNER, is_stale, mark_owner, publish_permissions
 from compress.errors import LlmpressError
 from compress.model.cache_folder import cache_dir
-from compress.model.gguf_config import OWN_GGUF_ARCHS, own_gguf_config
+from compress.model.gguf_config import OWN_GGUF_ARCHS, gguf_tokenizer, own_gguf_config
 from compress.model.gguf_rope import gguf_rope
 from compress.model.known_hash import known_sha256
 
@@ -40,6 +40,8 @@ SUPPORTED_GGUF_ARCHS = {
     "olmo2": "olmo2",
     "smollm3": "smollm3",
     "exaone4": "exaone4",
+    "glm4": "glm4",
+    "ernie4_5": "ernie4_5",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
@@ -188,18 +190,18 @@ def _mixtral_config(llama, reader):
 
 
 def _write_dequantized(path: Path, out: Path, arch: str) -> None:
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoTokenizer
 
     from compress.model.gguf_tensors import write_config, write_tensors
 
     print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
     config = gguf_config(path, arch)
     write_config(config, out, write_tensors(path, out, arch, config))
-    # AutoTokenizer reads the file's config first, which fails where transformers has no
-    # entry for the architecture; the tokenizer itself is built from the tokenizer keys
-    # alone (byte-level BPE or sentencepiece), whatever the architecture
-    loader = PreTrainedTokenizerFast if arch in OWN_GGUF_ARCHS else AutoTokenizer
-    loader.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(str(out))
+    if arch in OWN_GGUF_ARCHS:
+        tokenizer = gguf_tokenizer(path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer.save_pretrained(str(out))
 
 
 DEFAULT_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -1,7 +1,7 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
-llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3 and exaone4
-files that transformers cannot read. Their configs are built here from the header keys
+llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4, glm4
+and ernie4_5 files that transformers cannot read. Their configs are built here from the header keys
 llama.cpp's converter writes, read the way llama.cpp's loader reads them: a key that is
 absent takes llama.cpp's default, not the transformers config class's, since it is
 llama.cpp's meaning the file was written for (a granite file with no attention scale means
@@ -15,7 +15,7 @@ from compress.errors import LlmpressError
 
 # GGUF architecture -> how its config is built (the family follows from the keys for
 # olmo2: a sliding window makes it Olmo 3)
-OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4")
+OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5")
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
 # layers of four when the file states none; other depths get no window
@@ -138,4 +138,55 @@ def _exaone4(get, fields: dict, reader) -> tuple[str, dict]:
     return "exaone4", {"sliding_window": window, "layer_types": layer_types}
 
 
-_FAMILY = {"granite": _granite, "olmo2": _olmo, "smollm3": _smollm3, "exaone4": _exaone4}
+def _glm4(get, fields: dict, reader) -> tuple[str, dict]:
+    """The rotated width is `rope.dimension_count` (half of each head in GLM-4-0414); the
+    file keeps transformers' q/k rows (llama.cpp rotates consecutive pairs, as glm4 does)."""
+    rotated = int(get("rope.dimension_count", fields["head_dim"]))
+    fields["rope_parameters"]["partial_rotary_factor"] = rotated / fields["head_dim"]
+    return "glm4", {"attention_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
+
+
+def _ernie4_5(get, fields: dict, reader) -> tuple[str, dict]:
+    """use_bias gives every linear a bias; the file says so by holding them."""
+    return "ernie4_5", {"use_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
+
+
+_FAMILY = {
+    "granite": _granite,
+    "olmo2": _olmo,
+    "smollm3": _smollm3,
+    "exaone4": _exaone4,
+    "glm4": _glm4,
+    "ernie4_5": _ernie4_5,
+}
+
+
+def gguf_tokenizer(path):
+    """The tokenizer a GGUF file of one of OWN_GGUF_ARCHS describes, built from its
+    tokenizer keys alone (AutoTokenizer reads the file's config first, which fails on
+    these architectures). A pre-tokenizer name transformers has no split for but llama.cpp
+    treats as another's is given that one's (glm4: llama 3's); left unsplit, numbers and
+    spaces would be cut as GPT-2 cuts them, not as the model was trained."""
+    from gguf import GGUFReader
+    from tokenizers import Regex, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import gguf_tokenizer_mapping as known
+
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path.parent), gguf_file=path.name)
+    field = GGUFReader(str(path)).fields.get("tokenizer.ggml.pre")
+    pre = None if field is None else field.contents()
+    alias = _PRE_TOKENIZER_ALIASES.get(pre)
+    if alias is not None and pre not in known.GGUF_PRE_TOKENIZER_SPLITS:
+        split = known.GGUF_PRE_TOKENIZER_SPLITS[alias]
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    return tokenizer
+
+
+# llama.cpp's pre-tokenizer names -> the one whose split it uses (llama-vocab.cpp: glm4's
+# CHATGLM4 type splits as llama 3)
+_PRE_TOKENIZER_ALIASES = {"glm4": "llama3", "glm5": "llama3"}
