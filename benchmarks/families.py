@@ -13,7 +13,7 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   full layers, YaRN on the full ones; exaone4: olmo2's norms, per-head q/k norms, 3
   sliding : 1 full layers, the full ones without rope; glm4: sandwich norms, fused
   gate/up, q/k/v biases, half of each head rotated in interleaved pairs; ernie4_5: the
-  whole head rotated so, tied head; phi3: fused
+  whole head rotated so, tied head; glm: glm4 without the output norms; phi3: fused
   tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
@@ -123,6 +123,7 @@ DENSE = {
     "exaone4": {"layer_types": None, "sliding_window": 512},  # 3 sliding : 1 full, NoPE
     "glm4": {},  # its sandwich norms, fused gate/up, q/k/v biases and interleaved rope
     "ernie4_5": {},  # llama's block, the whole head rotated in interleaved pairs, tied head
+    "glm": {},  # glm4 without its output norms
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {

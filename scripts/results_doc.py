@@ -2785,6 +2785,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families ernie4_5,llama3 --name families_ernie4_5 --skip-anchors",
         families,
     ),
+    (
+        "families_glm.json",
+        "glm beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families glm,llama3 --name families_glm --skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

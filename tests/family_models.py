@@ -9,7 +9,8 @@ partial rotary LongRoPE, smollm3's layer without rope, granite's embedding, atte
 residual and logit multipliers, olmo2's output-only norms and q/k norms over all heads
 (olmo3's with sliding layers and YaRN on its full ones only; exaone4's with per-head q/k
 norms and its full layer without rope), glm4's sandwich norms under its own names, fused
-gate/up and half of each head rotated in interleaved pairs, ernie4_5's biases on every
+gate/up and half of each head rotated in interleaved pairs (glm's the same without the
+output norms), ernie4_5's biases on every
 linear with the whole head rotated so.
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
@@ -35,6 +36,18 @@ COMMON = {
     "max_position_embeddings": 512,
     "initializer_range": 0.08,
     "tie_word_embeddings": False,
+}
+
+# glm4's and glm's: half of each head rotated (their class default), in interleaved pairs
+_GLM = {
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+    },
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 FAMILIES = {
@@ -142,19 +155,8 @@ FAMILIES = {
             "tie_word_embeddings": True,
         },
     ),
-    "glm4": (
-        "Glm4Config",
-        {  # half of each head rotated (its class default), in interleaved pairs
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.5,
-            },
-            "pad_token_id": 0,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
-    ),
+    "glm4": ("Glm4Config", _GLM),
+    "glm": ("GlmConfig", _GLM),
     "ernie4_5": (
         "Ernie4_5Config",
         {"use_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},

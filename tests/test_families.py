@@ -147,7 +147,7 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["glm4", "ernie4_5"])
+@pytest.mark.parametrize("name", ["glm4", "glm", "ernie4_5"])
 def test_an_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch, name):
     """glm4 and ernie4_5 rotate each head's pairs (2i, 2i+1): the runtime loads q and k
     reordered into the halves layout it rotates (adapter.rope_interleaved). Loaded as

@@ -547,6 +547,16 @@ ADAPTERS: dict[str, Adapter] = {
         rope_interleaved=True,
         head_dim=128,
     ),
+    # glm (GLM-4-9B-chat-hf, GLM-Edge): glm4 without its two output norms
+    "glm": replace(
+        LLAMA,
+        families=("glm",),
+        architecture="GlmForCausalLM",
+        gate_up="mlp.gate_up_proj",
+        bias_options=(("attention_bias", ("q", "k", "v")),),
+        rope_interleaved=True,
+        head_dim=128,
+    ),
     # ernie4_5 (ERNIE 4.5 dense): llama's block, every linear biased with use_bias, the
     # whole head rotated in interleaved pairs (glm4's rope)
     "ernie4_5": replace(
