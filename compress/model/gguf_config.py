@@ -1,12 +1,12 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
-llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4, glm4
-and ernie4_5 files that transformers cannot read. Their configs are built here from the header keys
-llama.cpp's converter writes, read the way llama.cpp's loader reads them: a key that is
-absent takes llama.cpp's default, not the transformers config class's, since it is
-llama.cpp's meaning the file was written for (a granite file with no attention scale means
-1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope scaling, which both
-readers leave to gguf_rope.py, is added by the caller.
+llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
+glm4 and ernie4_5 files that transformers cannot read. Their configs are built here from
+the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
+loader's default, not the transformers config class's, since it is llama.cpp's meaning
+the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
+there, where GraniteConfig's default is 1.0). Rope scaling, which both readers leave to
+gguf_rope.py, is added by the caller.
 """
 
 from __future__ import annotations
@@ -131,7 +131,9 @@ def _smollm3(get, fields: dict, reader) -> tuple[str, dict]:
 
 
 def _exaone4(get, fields: dict, reader) -> tuple[str, dict]:
-    """With a window, the full layers have no rope (the config class's rule too)."""
+    """With a window, the full layers have no rope (the config class's rule too). A
+    window the file states is taken at any depth: the checkpoint it was converted from
+    had it (llama.cpp's loader windows only the 64-layer model)."""
     layers = fields["num_hidden_layers"]
     default = _EXAONE4_WINDOW if layers == _EXAONE4_WINDOWED_DEPTH else None
     window, layer_types = _window_layers(get, layers, default)
