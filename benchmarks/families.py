@@ -13,7 +13,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   full layers, YaRN on the full ones; exaone4: olmo2's norms, per-head q/k norms, 3
   sliding : 1 full layers, the full ones without rope; glm4: sandwich norms, fused
   gate/up, q/k/v biases, half of each head rotated in interleaved pairs; ernie4_5: the
-  whole head rotated so, tied head; glm: glm4 without the output norms; phi3: fused
+  whole head rotated so, tied head; glm: glm4 without the output norms; helium: llama's
+  block, no GQA, the whole head rotated in interleaved pairs; phi3: fused
   tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
@@ -124,6 +125,7 @@ DENSE = {
     "glm4": {},  # its sandwich norms, fused gate/up, q/k/v biases and interleaved rope
     "ernie4_5": {},  # llama's block, the whole head rotated in interleaved pairs, tied head
     "glm": {},  # glm4 without its output norms
+    "helium": {"num_attention_heads": 14, "num_key_value_heads": 14},  # no GQA (its class's)
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {

@@ -2791,6 +2791,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families glm,llama3 --name families_glm --skip-anchors",
         families,
     ),
+    (
+        "families_helium.json",
+        "helium beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families helium,llama3 --name families_helium --skip-anchors",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

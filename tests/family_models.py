@@ -11,7 +11,7 @@ residual and logit multipliers, olmo2's output-only norms and q/k norms over all
 norms and its full layer without rope), glm4's sandwich norms under its own names, fused
 gate/up and half of each head rotated in interleaved pairs (glm's the same without the
 output norms), ernie4_5's biases on every
-linear with the whole head rotated so.
+linear and helium's on q/k/v, each with the whole head rotated so.
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -157,6 +157,10 @@ FAMILIES = {
     ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
+    "helium": (
+        "HeliumConfig",
+        {"attention_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
     "ernie4_5": (
         "Ernie4_5Config",
         {"use_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},

@@ -147,7 +147,7 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["glm4", "glm", "ernie4_5"])
+@pytest.mark.parametrize("name", ["glm4", "glm", "ernie4_5", "helium"])
 def test_an_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch, name):
     """glm4 and ernie4_5 rotate each head's pairs (2i, 2i+1): the runtime loads q and k
     reordered into the halves layout it rotates (adapter.rope_interleaved). Loaded as
@@ -413,7 +413,8 @@ def test_the_cli_decodes_each_family(w4, name):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in MOE_FAMILIES])
 def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, name):
-    hidden = {"phi3": 0.5}.get(name, 0.25)  # phi3 keeps hidden / heads = head width
+    # phi3 and helium keep heads × head_dim = hidden
+    hidden = {"phi3": 0.5, "helium": 0.5}.get(name, 0.25)
     prune = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}}
     out = _compress(models[name], tmp_path / "pruned", [prune, parse_quant("rtn:w4g32")], wikitext)
     config = json.loads((out / "config.json").read_text())
@@ -483,7 +484,8 @@ def test_experts_and_expert_neurons_that_contribute_nothing_are_the_ones_removed
 
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
     cases = {
-        "phi3": ({"hidden": 0.25}, "head width as hidden / heads"),
+        "phi3": ({"hidden": 0.25}, "need heads × head_dim = hidden"),
+        "helium": ({"heads": 0.5}, "need heads × head_dim = hidden"),
         "llama3": ({"experts": 0.5}, "not a Mixture-of-Experts model"),
         "mixtral": ({"experts": 0.9}, "fewer than the 2 each token is routed to"),
     }

@@ -182,9 +182,10 @@ class Adapter:
     # the runtime loads q and k with their rows reordered into the halves layout
     # (interleaved_rows), which leaves q·k as it was and every kernel as it is
     rope_interleaved: bool = False
-    # loaders take the head width as hidden / heads whatever head_dim says (phi3's config
-    # checks its rope factors against it), so a pruned shape must keep that ratio
-    head_width_from_widths: bool = False
+    # loaders need heads × head_dim = hidden, so a pruned shape must keep it: phi3's take
+    # the head width as hidden / heads whatever head_dim says (its config checks its rope
+    # factors against it); helium's o_proj is [hidden, hidden]
+    heads_span_hidden: bool = False
     moe: MoeKeys | None = None  # Mixture-of-Experts families: where their config says so
     head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
     # Mixture-of-Experts: the router, the experts' module list and each expert's linears
@@ -557,6 +558,17 @@ ADAPTERS: dict[str, Adapter] = {
         rope_interleaved=True,
         head_dim=128,
     ),
+    # helium (Kyutai Helium 1): llama's block, q/k/v biased with attention_bias (o never),
+    # the whole head rotated in interleaved pairs
+    "helium": replace(
+        LLAMA,
+        families=("helium",),
+        architecture="HeliumForCausalLM",
+        bias_options=(("attention_bias", ("q", "k", "v")), ("mlp_bias", ("gate", "up", "down"))),
+        rope_interleaved=True,
+        heads_span_hidden=True,
+        head_dim=128,
+    ),
     # ernie4_5 (ERNIE 4.5 dense): llama's block, every linear biased with use_bias, the
     # whole head rotated in interleaved pairs (glm4's rope)
     "ernie4_5": replace(
@@ -574,7 +586,7 @@ ADAPTERS: dict[str, Adapter] = {
         qkv="self_attn.qkv_proj",
         gate_up="mlp.gate_up_proj",
         bias_options=(),
-        head_width_from_widths=True,
+        heads_span_hidden=True,
     ),
 }
 

@@ -234,13 +234,12 @@ def _compose(previous, kept: list[int]):
 
 
 def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
-    """A family whose loaders derive the head width from hidden / heads (phi3) must keep
-    that ratio."""
+    """A family whose loaders need heads × head_dim = hidden (phi3, helium) must keep it."""
     adapter = adapter_for(config)
-    if adapter.head_width_from_widths and shape.hidden != shape.heads * shape.head_dim:
+    if adapter.heads_span_hidden and shape.hidden != shape.heads * shape.head_dim:
         raise LlmpressError(
-            f"prune: {adapter.families[0]} loaders take the head width as hidden / heads, "
-            f"which this cut makes {shape.hidden}/{shape.heads} instead of {shape.head_dim}; "
-            "cut hidden and heads by the same fraction, or neither"
+            f"prune: {adapter.families[0]} loaders need heads × head_dim = hidden, which this "
+            f"cut makes {shape.heads} × {shape.head_dim} against {shape.hidden}; cut hidden "
+            "and heads by the same fraction, or neither"
         )
     return shape
