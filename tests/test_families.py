@@ -482,6 +482,17 @@ def test_experts_and_expert_neurons_that_contribute_nothing_are_the_ones_removed
         assert torch.equal(pruned[router], state[router][[0, 2]])
 
 
+def test_a_family_vllm_has_no_model_of_its_own_for_is_said_at_compress(models, tmp_path):
+    """smollm3 and helium would run in vLLM's Transformers backend, which the vLLM verdict
+    does not model: compress says so in a note, for them only."""
+    for name, said in (("helium", True), ("smollm3", True), ("glm4", False)):
+        lines = []
+        recipe = parse_recipe({"stages": [parse_quant("rtn:w4g32")]})
+        compress(str(models[name]), recipe, tmp_path / name, log=lines.append)
+        noted = [x for x in lines if x.startswith("note: vLLM has no model of its own")]
+        assert bool(noted) == said, (name, lines)
+
+
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
     cases = {
         "phi3": ({"hidden": 0.25}, "need heads × head_dim = hidden"),

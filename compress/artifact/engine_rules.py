@@ -55,6 +55,11 @@ UNKNOWN = r"no module or parameter named"
 HOST = r"cpu_gemm_wna16"
 DTYPE = r"not implemented for 'Float'"
 
+# Architectures llmpress runs that vLLM's registry has no model of its own for
+# (`model_executor/models/registry.py` `_TEXT_GENERATION_MODELS`, stored commit 0002bff0):
+# vLLM runs them through its Transformers backend, which these rules do not model
+NO_NATIVE_VLLM_MODEL = ("SmolLM3ForCausalLM", "HeliumForCausalLM")
+
 VOCAB_PADDING = 64  # ParallelLMHead's output width: the vocabulary padded to a multiple
 
 

@@ -21,6 +21,7 @@ from compress.artifact.engine_rules import (
     DTYPE,
     GPU,
     HOST,
+    NO_NATIVE_VLLM_MODEL,
     VLLM_VERSION,
     WNA16,
     Problem,
@@ -36,6 +37,7 @@ __all__ = [
     "engine_problems",
     "transformers_problems",
     "transformers_route",
+    "vllm_backend_note",
     "vllm_problems",
     "vllm_verdict",
 ]
@@ -88,6 +90,18 @@ def vllm_problems(config: dict, tensor_names: Iterable[str] = (), device: str = 
     and these tensor names, computing in its auto dtype on a host its kernels are built
     for; [] when every rule holds."""
     return vllm_verdict(config, tensor_names, device).texts()
+
+
+def vllm_backend_note(config: dict) -> str | None:
+    """A note for a model vLLM has no model of its own for: the verdict's rules are its
+    native loaders', and vLLM would run this one through its Transformers backend."""
+    arch = next(iter(config.get("architectures") or ()), None)
+    if arch not in NO_NATIVE_VLLM_MODEL:
+        return None
+    return (
+        f"vLLM has no model of its own for {arch}: it would run through vLLM's Transformers "
+        "backend, which llmpress's vLLM checks do not cover"
+    )
 
 
 def transformers_problems(config: dict) -> list[str]:
