@@ -131,7 +131,7 @@ def _drop_pages(reader) -> None:
 
 
 # architectures whose converter interleaves each q/k head's rotary halves (llama.cpp's
-# LlamaModel and its subclasses; olmo2 and exaone4 keep transformers' layout)
+# LlamaModel and its subclasses; olmo2, exaone4, glm4 and ernie4_5 keep transformers' layout)
 _INTERLEAVED_ROPE = ("llama", "granite", "smollm3")
 
 
