@@ -20,6 +20,7 @@ copied in so the CLI can decode.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -293,6 +294,7 @@ GGUF_FAMILIES = {
         },
     ),
     "ernie4_5": ("ERNIE4_5", {}),
+    "glm": ("CHATGLM", {}),  # llama.cpp's chatglm: GLM-4-9B-chat's files
 }
 
 
@@ -342,12 +344,15 @@ def write_gguf(
     extra: dict | None = None,
     stacked_experts: bool = True,
     window_keys: bool = True,
+    fuse_qkv: bool = False,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
     as 1 + w, each layer's experts stacked, rope scaling as keys or tensors), with the
     tokenizer of `tokenizer_gguf`. Without `window_keys`, an olmo3 or exaone4 window is
-    left for the reader to infer, as converters that do not write it leave it."""
+    left for the reader to infer, as converters that do not write it leave it. With
+    `fuse_qkv`, q, k and v go into one attn_qkv, rows q then k then v (ChatGLM's
+    query_key_value, llama.cpp's `--fuse-qkv`)."""
     import gguf
     import numpy as np
 
@@ -366,7 +371,7 @@ def write_gguf(
     if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if enum == gguf.MODEL_ARCH.GLM4:  # the rotated width: half of each head
+    if enum in (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM):  # the rotated width
         partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
         w.add_rope_dimension_count(int(head_dim * partial))
     rope = cfg.rope_parameters
@@ -430,6 +435,7 @@ def write_gguf(
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub)
+    fused: dict[str, dict] = {}  # attn_qkv name -> its parts so far
     for name, t in model.state_dict().items():
         t = t.float().numpy()
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -456,6 +462,14 @@ def write_gguf(
             t = t.swapaxes(1, 2).reshape(-1, *t.shape[3:])
         if cfg.model_type.startswith("gemma") and target.endswith("norm.weight"):
             t = t + 1.0  # llama.cpp multiplies by w; the (1 + w) is stored
+        part = re.match(r"^(blk\.\d+\.attn_)(q|k|v)(\.\w+)$", target)
+        if fuse_qkv and part:
+            parts = fused.setdefault(part[1] + "qkv" + part[3], {})
+            parts[part[2]] = t
+            if len(parts) == 3:
+                joined = np.concatenate([parts["q"], parts["k"], parts["v"]])
+                w.add_tensor(part[1] + "qkv" + part[3], np.ascontiguousarray(joined))
+            continue
         w.add_tensor(target, np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()

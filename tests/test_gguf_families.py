@@ -75,6 +75,26 @@ def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("name", ["glm", "llama3"])
+def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
+    """GLM-4-9B-chat's files hold q, k and v as one attn_qkv (its checkpoint's
+    query_key_value), as llama.cpp's `--fuse-qkv` writes any family's: each part is cut
+    from it by rows, and a llama's q and k parts de-interleaved after the cut."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    default_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    arch, settings = GGUF_FAMILIES.get(name, ("LLAMA", default_rope))
+    model = build_family(name, vocab_size=1024, **settings)
+    path = write_gguf(model, tmp_path / "f.gguf", default_gguf(), arch=arch, fuse_qkv=True)
+    import gguf
+
+    assert "blk.0.attn_qkv.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(convert_gguf(path))), device="cpu"), 32, exact=True)
+    assert (got(ids).logits[0] - want).abs().max() < 1e-4
+
+
 def test_a_glm4_gguf_splits_text_as_llama_3_does(tmp_path, monkeypatch):
     """llama.cpp names GLM-4's pre-tokenizer `glm4` and splits as llama 3 (digits in
     threes); transformers has no split for that name, and would cut as GPT-2 does."""

@@ -42,6 +42,7 @@ SUPPORTED_GGUF_ARCHS = {
     "exaone4": "exaone4",
     "glm4": "glm4",
     "ernie4_5": "ernie4_5",
+    "chatglm": "glm",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

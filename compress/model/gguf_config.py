@@ -1,7 +1,8 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4 and ernie4_5 files that transformers cannot read. Their configs are built here from
+glm4, ernie4_5 and chatglm (GLM-4-9B-chat's, read as glm) files that transformers cannot
+read. Their configs are built here from
 the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
 loader's default, not the transformers config class's, since it is llama.cpp's meaning
 the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -15,7 +16,7 @@ from compress.errors import LlmpressError
 
 # GGUF architecture -> how its config is built (the family follows from the keys for
 # olmo2: a sliding window makes it Olmo 3)
-OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5")
+OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm")
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
 # layers of four when the file states none; other depths get no window
@@ -148,6 +149,15 @@ def _glm4(get, fields: dict, reader) -> tuple[str, dict]:
     return "glm4", {"attention_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
 
 
+def _chatglm(get, fields: dict, reader) -> tuple[str, dict]:
+    """GLM-4-9B-chat (and the HF port's glm): glm's block. The converter writes q/k/v as
+    one attn_qkv from the original checkpoint, as three from the HF port (gguf_tensors
+    reads either), and its rotated width as `rope.dimension_count`."""
+    _glm4(get, fields, reader)  # the rotated width
+    biased = {"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & _tensor_names(reader)
+    return "glm", {"attention_bias": bool(biased)}
+
+
 def _ernie4_5(get, fields: dict, reader) -> tuple[str, dict]:
     """use_bias gives every linear a bias; the file says so by holding them."""
     return "ernie4_5", {"use_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
@@ -160,6 +170,7 @@ _FAMILY = {
     "exaone4": _exaone4,
     "glm4": _glm4,
     "ernie4_5": _ernie4_5,
+    "chatglm": _chatglm,
 }
 
 
@@ -190,5 +201,5 @@ def gguf_tokenizer(path):
 
 
 # llama.cpp's pre-tokenizer names -> the one whose split it uses (llama-vocab.cpp: glm4's
-# CHATGLM4 type splits as llama 3)
-_PRE_TOKENIZER_ALIASES = {"glm4": "llama3", "glm5": "llama3"}
+# and chatglm-bpe's CHATGLM4 type splits as llama 3)
+_PRE_TOKENIZER_ALIASES = {"glm4": "llama3", "glm5": "llama3", "chatglm-bpe": "llama3"}

@@ -10,6 +10,7 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - llama, granite, smollm3 (llama.cpp's "normal" rope): each q/k head's rotary halves
   were interleaved;
 - gemma2, gemma3: norms were stored as 1 + w;
+- q, k and v stored as one attn_qkv (ChatGLM; `--fuse-qkv`): cut apart by rows;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
@@ -74,7 +75,10 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
     shapes = checkpoint_shapes(config)
     expert_names = adapter_for(config.to_dict()).expert_names
     roles = dict(zip(expert_names, ("gate", "up", "down"), strict=True))
-    sources: dict[str, tuple[str, int | None]] = {}  # checkpoint name -> (GGUF name, expert)
+    # checkpoint name -> (GGUF name, expert, rows, part): rows (first, end) of a fused
+    # q/k/v, and the name of that part (attn_q, ...), whose layout is undone
+    sources: dict[str, tuple[str, int | None, tuple[int, int] | None, str]] = {}
+    fused_rows = _fused_qkv_rows(config)
     for name in shapes:
         expert = _EXPERT.match(name)
         if expert:
@@ -83,7 +87,7 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
             e, stacked = int(expert["e"]), f"blk.{block}.ffn_{proj}_exps.weight"
             single = f"blk.{block}.ffn_{proj}.{e}.weight"  # early Mixtral files: one each
             early = stacked not in tensors and single in tensors
-            sources[name] = (single, None) if early else (stacked, e)
+            sources[name] = (single, None, None, single) if early else (stacked, e, None, stacked)
             if sources[name][0] not in tensors:
                 raise LlmpressError(
                     f"{path.name} has no tensor for {name} (looked for {stacked} and "
@@ -91,19 +95,24 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
                 )
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        fused = _FUSED_QKV.sub(r"\1qkv\3", target or "")
+        role = _FUSED_QKV.match(target or "")
+        if target not in tensors and role and fused in tensors:  # q, k and v in one tensor
+            sources[name] = (fused, None, fused_rows[role[2]], target)
+            continue
         if target is None or target not in tensors:
             raise LlmpressError(
                 f"{path.name} has no tensor for {name} (looked for {target}): the file is "
                 "incomplete or of another model; re-download it"
             )
-        sources[name] = (target, None)
+        sources[name] = (target, None, None, target)
 
     def stored(name: str) -> tuple[str, torch.dtype]:
-        gguf_name, _ = sources[name]
+        gguf_name = sources[name][0]
         return _NATIVE.get(tensors[gguf_name].tensor_type.name, ("F32", torch.float32))
 
     def produce(name: str) -> torch.Tensor:
-        gguf_name, expert = sources[name]
+        gguf_name, expert, rows, part = sources[name]
         t = tensors[gguf_name]
         kind = t.tensor_type.name
         if kind in _NATIVE:
@@ -111,8 +120,10 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         else:
             raw = t.data[expert] if expert is not None else t.data
             data = dequantize(raw, t.tensor_type)
+        if rows is not None:  # its part of a fused q/k/v: rows of the [out, in] matrix
+            data = data.reshape(int(t.shape[-1]), -1)[rows[0] : rows[1]]
         w = torch.from_numpy(np.ascontiguousarray(data)).reshape(shapes[name])
-        w = _undo_layout(arch, gguf_name, w, config).to(stored(name)[1])
+        w = _undo_layout(arch, part, w, config).to(stored(name)[1])
         _drop_pages(reader)
         return w
 
@@ -120,6 +131,18 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
     write_produced(out, specs, produce, SHARD_BYTES)
     dtypes = {d for _, d, _ in specs if d != "F32"}
     return {"F16": "float16", "BF16": "bfloat16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
+
+
+# blk.N.attn_q/k/v.{weight,bias}: the parts llama.cpp's converters may store fused as
+# blk.N.attn_qkv (ChatGLM's query_key_value; `--fuse-qkv`), rows q, then k, then v
+_FUSED_QKV = re.compile(r"^(blk\.\d+\.attn_)(q|k|v)(\.(?:weight|bias))$")
+
+
+def _fused_qkv_rows(config) -> dict[str, tuple[int, int]]:
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    q, k = heads * head_dim, kv * head_dim
+    return {"q": (0, q), "k": (q, q + k), "v": (q + k, q + 2 * k)}
 
 
 def _drop_pages(reader) -> None:
