@@ -183,7 +183,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     )
     if not model_stages:  # after pruning the widths are known only once it has run
         warn_engines(planned_engine_problems(recipe, stages, ws), log)
-    note = vllm_backend_note(ckpt.config)
+    note = vllm_backend_note(ckpt.adapter.architecture)
     if note:
         log(f"note: {note}")
     tokenizer = load_tokenizer(ckpt)

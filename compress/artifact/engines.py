@@ -92,10 +92,9 @@ def vllm_problems(config: dict, tensor_names: Iterable[str] = (), device: str = 
     return vllm_verdict(config, tensor_names, device).texts()
 
 
-def vllm_backend_note(config: dict) -> str | None:
-    """A note for a model vLLM has no model of its own for: the verdict's rules are its
-    native loaders', and vLLM would run this one through its Transformers backend."""
-    arch = next(iter(config.get("architectures") or ()), None)
+def vllm_backend_note(arch: str) -> str | None:
+    """A note for an architecture vLLM has no model of its own for: the verdict's rules
+    are its native loaders', and vLLM would run this one through its Transformers backend."""
     if arch not in NO_NATIVE_VLLM_MODEL:
         return None
     return (

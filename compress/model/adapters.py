@@ -452,6 +452,16 @@ _OLMO2 = replace(
     **_QK_NORMS,
 )
 
+_GLM = replace(
+    LLAMA,
+    families=("glm",),
+    architecture="GlmForCausalLM",
+    gate_up="mlp.gate_up_proj",
+    bias_options=(("attention_bias", ("q", "k", "v")),),
+    rope_interleaved=True,
+    head_dim=128,
+)
+
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
     "mistral": replace(
@@ -535,28 +545,16 @@ ADAPTERS: dict[str, Adapter] = {
         shared_expert="mlp.shared_expert",
         shared_gate="mlp.shared_expert_gate",
     ),
-    # glm4: gemma3's sandwich norms under its own names (x·w), gate/up stored as one
-    # tensor, biased q/k/v, half of each head rotated in interleaved pairs
+    # glm (GLM-4-9B-chat-hf, GLM-Edge): llama's block with gate/up stored as one tensor,
+    # biased q/k/v, half of each head rotated in interleaved pairs
+    "glm": _GLM,
+    # glm4: glm's block with gemma3's sandwich norms under its own names (x·w)
     "glm4": replace(
-        LLAMA,
+        _GLM,
         families=("glm4",),
         architecture="Glm4ForCausalLM",
         post_attn_norm="post_self_attn_layernorm",
         post_mlp_norm="post_mlp_layernorm",
-        gate_up="mlp.gate_up_proj",
-        bias_options=(("attention_bias", ("q", "k", "v")),),
-        rope_interleaved=True,
-        head_dim=128,
-    ),
-    # glm (GLM-4-9B-chat-hf, GLM-Edge): glm4 without its two output norms
-    "glm": replace(
-        LLAMA,
-        families=("glm",),
-        architecture="GlmForCausalLM",
-        gate_up="mlp.gate_up_proj",
-        bias_options=(("attention_bias", ("q", "k", "v")),),
-        rope_interleaved=True,
-        head_dim=128,
     ),
     # helium (Kyutai Helium 1): llama's block, q/k/v biased with attention_bias (o never),
     # the whole head rotated in interleaved pairs

@@ -78,6 +78,17 @@ def _common(reader, get) -> dict:
     }
 
 
+def _q_biased(reader) -> bool:
+    """Whether the file holds q's bias, on its own or in a fused q/k/v."""
+    return bool({"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & _tensor_names(reader))
+
+
+def _rotated_width(get, fields: dict) -> None:
+    """Partial rotary from `rope.dimension_count` (half of each head in the GLMs)."""
+    rotated = int(get("rope.dimension_count", fields["head_dim"]))
+    fields["rope_parameters"]["partial_rotary_factor"] = rotated / fields["head_dim"]
+
+
 def _granite(get, fields: dict, reader) -> tuple[str, dict]:
     """llama.cpp scales by a granite scalar only where the file states one (0 = absent)."""
     names = _tensor_names(reader)
@@ -86,7 +97,7 @@ def _granite(get, fields: dict, reader) -> tuple[str, dict]:
         "embedding_multiplier": float(get("embedding_scale", 0) or 1.0),
         "residual_multiplier": float(get("residual_scale", 0) or 1.0),
         "logits_scaling": float(get("logit_scale", 0) or 1.0),
-        "attention_bias": "blk.0.attn_q.bias" in names,
+        "attention_bias": _q_biased(reader),
         "mlp_bias": "blk.0.ffn_up.bias" in names,
     }
 
@@ -142,25 +153,23 @@ def _exaone4(get, fields: dict, reader) -> tuple[str, dict]:
 
 
 def _glm4(get, fields: dict, reader) -> tuple[str, dict]:
-    """The rotated width is `rope.dimension_count` (half of each head in GLM-4-0414); the
-    file keeps transformers' q/k rows (llama.cpp rotates consecutive pairs, as glm4 does)."""
-    rotated = int(get("rope.dimension_count", fields["head_dim"]))
-    fields["rope_parameters"]["partial_rotary_factor"] = rotated / fields["head_dim"]
-    return "glm4", {"attention_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
+    """The file keeps transformers' q/k rows (llama.cpp rotates consecutive pairs, as
+    glm4 does)."""
+    _rotated_width(get, fields)
+    return "glm4", {"attention_bias": _q_biased(reader)}
 
 
 def _chatglm(get, fields: dict, reader) -> tuple[str, dict]:
     """GLM-4-9B-chat (and the HF port's glm): glm's block. The converter writes q/k/v as
     one attn_qkv from the original checkpoint, as three from the HF port (gguf_tensors
-    reads either), and its rotated width as `rope.dimension_count`."""
-    _glm4(get, fields, reader)  # the rotated width
-    biased = {"blk.0.attn_q.bias", "blk.0.attn_qkv.bias"} & _tensor_names(reader)
-    return "glm", {"attention_bias": bool(biased)}
+    reads either)."""
+    _rotated_width(get, fields)
+    return "glm", {"attention_bias": _q_biased(reader)}
 
 
 def _ernie4_5(get, fields: dict, reader) -> tuple[str, dict]:
     """use_bias gives every linear a bias; the file says so by holding them."""
-    return "ernie4_5", {"use_bias": "blk.0.attn_q.bias" in _tensor_names(reader)}
+    return "ernie4_5", {"use_bias": _q_biased(reader)}
 
 
 _FAMILY = {

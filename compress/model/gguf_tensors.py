@@ -95,10 +95,10 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
                 )
             continue
         target = names.get_name(name, try_suffixes=(".weight", ".bias"))
-        fused = _FUSED_QKV.sub(r"\1qkv\3", target or "")
-        role = _FUSED_QKV.match(target or "")
-        if target not in tensors and role and fused in tensors:  # q, k and v in one tensor
-            sources[name] = (fused, None, fused_rows[role[2]], target)
+        part = _FUSED_QKV.match(target or "")
+        fused = part and f"{part[1]}qkv{part[3]}"
+        if target not in tensors and fused in tensors:  # q, k and v in one tensor
+            sources[name] = (fused, None, fused_rows[part[2]], target)
             continue
         if target is None or target not in tensors:
             raise LlmpressError(
