@@ -2797,6 +2797,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families helium,llama3 --name families_helium --skip-anchors",
         families,
     ),
+    (
+        "families_olmoe.json",
+        "olmoe beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families olmoe,qwen3_moe --name families_olmoe --skip-anchors "
+        "--rounds 7",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

@@ -11,7 +11,9 @@ residual and logit multipliers, olmo2's output-only norms and q/k norms over all
 norms and its full layer without rope), glm4's sandwich norms under its own names, fused
 gate/up and half of each head rotated in interleaved pairs (glm's the same without the
 output norms), ernie4_5's biases on every
-linear and helium's on q/k/v, each with the whole head rotated so.
+linear and helium's on q/k/v, each with the whole head rotated so; the Mixture-of-Experts
+families' routing (renormalized or not), qwen2_moe's gated shared expert and olmoe's q/k
+norms over all heads.
 Norm weights and biases are drawn at random (transformers initializes them to ones or
 zeros, which would hide a skipped norm or bias), and the default model's tokenizer is
 copied in so the CLI can decode.
@@ -252,6 +254,17 @@ MOE_FAMILIES = {
             "shared_expert_intermediate_size": 192,
         },
     ),
+    # q/k norms over all heads, hidden wide in transformers: head_dim is hidden / heads
+    "olmoe": (
+        "OlmoeConfig",
+        {
+            "hidden_size": 128,
+            "head_dim": 32,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 128,
+        },
+    ),
 }
 FAMILIES.update(MOE_FAMILIES)
 
@@ -295,6 +308,7 @@ GGUF_FAMILIES = {
     ),
     "ernie4_5": ("ERNIE4_5", {}),
     "glm": ("CHATGLM", {}),  # llama.cpp's chatglm: GLM-4-9B-chat's files
+    "olmoe": ("OLMOE", {}),
 }
 
 

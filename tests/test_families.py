@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
+from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import ADAPTERS, Widths
 from compress.model.default import convert_gguf, default_gguf
@@ -217,8 +218,10 @@ def test_quantized_artifact_in_transformers_and_the_one_call_decoder(w4, ids, na
     served = model.prefill(tokens[: LENGTH - 1], cache, 0)[prompt - 1 :]
     # (measured max 2e-6, but gemma3 0.035 at 1 position in 60: prefill's and decode's
     # attention sum in different orders, and an int8 activation code can round the
-    # other way; its 8x embedding scale amplifies that)
-    assert (fused - served).abs().mean() < 1e-3
+    # other way; its 8x embedding scale amplifies that. olmoe's mean 1.7e-3: one code of
+    # layer 0's o input at position 38 (the attention 2.4e-7 apart) carried to every later
+    # position by that position's k and v; a wrong op gives 0.1 and more)
+    assert (fused - served).abs().mean() < 5e-3
     assert (fused.argmax(-1) == served.argmax(-1)).all()
     # and int8 activations stay close to the exact logits: the same next token almost always
     reference = want[prompt - 1 : LENGTH - 1]
@@ -413,8 +416,7 @@ def test_the_cli_decodes_each_family(w4, name):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in MOE_FAMILIES])
 def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, name):
-    # phi3 and helium keep heads × head_dim = hidden
-    hidden = {"phi3": 0.5, "helium": 0.5}.get(name, 0.25)
+    hidden = 0.5 if ADAPTERS[name].heads_span_hidden else 0.25  # phi3, helium: heads × head_dim
     prune = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}}
     out = _compress(models[name], tmp_path / "pruned", [prune, parse_quant("rtn:w4g32")], wikitext)
     config = json.loads((out / "config.json").read_text())
@@ -430,7 +432,8 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     """Whole experts and each expert's width are cut (with heads and hidden): the pruned
     repaired fp32 artifact is read by plain transformers and the runtime alike, and it
     quantizes."""
-    cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": 0.25, "multiple": 16}
+    hidden = 0.5 if ADAPTERS[name].heads_span_hidden else 0.25  # olmoe keeps heads × head_dim
+    cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}
     repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
     out = _compress(models[name], tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
     before = Widths.of(json.loads((models[name] / "config.json").read_text()))
@@ -491,6 +494,20 @@ def test_a_family_vllm_has_no_model_of_its_own_for_is_said_at_compress(models, t
         compress(str(models[name]), recipe, tmp_path / name, log=lines.append)
         noted = [x for x in lines if x.startswith("note: vLLM has no model of its own")]
         assert bool(noted) == said, (name, lines)
+
+
+def test_an_olmoe_whose_q_k_v_are_clipped_compresses_and_the_runtime_refuses_it(
+    tokenizer_dir, wikitext, tmp_path
+):
+    """OLMoE's clip_qkv (null in the published models) clamps q, k and v: transformers
+    computes it while compressing, and the runtime, which does not, says so in one line
+    rather than decode something else."""
+    src = write_family(tmp_path / "src", "olmoe", tokenizer_from=tokenizer_dir, clip_qkv=0.5)
+    out = _compress(src, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    assert json.loads((out / "config.json").read_text())["clip_qkv"] == 0.5
+    with pytest.raises(LlmpressError, match=r"qkv_clip 0\.5 \(q, k and v clamped\)") as e:
+        load_weights(resolve(str(out)), device="cpu")
+    assert "\n" not in str(e.value)
 
 
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):

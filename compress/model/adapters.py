@@ -523,6 +523,21 @@ ADAPTERS: dict[str, Adapter] = {
         expert="mlp.experts",
         **_QK_NORMS,
     ),
+    # olmoe: qwen3_moe's experts (softmax router, top-k renormalized with norm_topk_prob)
+    # under olmo2's q/k norms over all heads, in llama's pre-norm block; those norms are
+    # hidden wide in transformers, so heads x head_dim stays hidden
+    "olmoe": replace(
+        LLAMA,
+        families=("olmoe",),
+        architecture="OlmoeForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        moe=MoeKeys("num_experts", "intermediate_size", "norm_topk_prob"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        qk_norm="full",
+        heads_span_hidden=True,
+        **_QK_NORMS,
+    ),
     "mixtral": replace(
         LLAMA,
         families=("mixtral",),

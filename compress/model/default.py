@@ -43,6 +43,7 @@ SUPPORTED_GGUF_ARCHS = {
     "glm4": "glm4",
     "ernie4_5": "ernie4_5",
     "chatglm": "glm",
+    "olmoe": "olmoe",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -1,8 +1,8 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4, ernie4_5 and chatglm (GLM-4-9B-chat's, read as glm) files that transformers cannot
-read. Their configs are built here from
+glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm) and olmoe files that transformers
+cannot read. Their configs are built here from
 the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
 loader's default, not the transformers config class's, since it is llama.cpp's meaning
 the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -16,7 +16,9 @@ from compress.errors import LlmpressError
 
 # GGUF architecture -> how its config is built (the family follows from the keys for
 # olmo2: a sliding window makes it Olmo 3)
-OWN_GGUF_ARCHS = ("granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm")
+OWN_GGUF_ARCHS = (
+    "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
+)  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
 # layers of four when the file states none; other depths get no window
@@ -172,6 +174,24 @@ def _ernie4_5(get, fields: dict, reader) -> tuple[str, dict]:
     return "ernie4_5", {"use_bias": _q_biased(reader)}
 
 
+def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
+    """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
+    renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
+    file has no key for it."""
+    experts, used = get("expert_count"), get("expert_used_count")
+    if not experts or not used:
+        raise LlmpressError(
+            "the file's olmoe.expert_count or expert_used_count is missing: the file is "
+            "damaged; re-download it"
+        )
+    return "olmoe", {
+        "num_experts": int(experts),
+        "num_experts_per_tok": int(used),
+        "norm_topk_prob": False,
+        "attention_bias": _q_biased(reader),
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -180,6 +200,7 @@ _FAMILY = {
     "glm4": _glm4,
     "ernie4_5": _ernie4_5,
     "chatglm": _chatglm,
+    "olmoe": _olmoe,
 }
 
 

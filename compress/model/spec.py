@@ -54,6 +54,7 @@ class BlockSpec:
     windows: tuple[int | None, ...]  # per layer: keys within the last W positions, or all
     tied: bool  # the lm_head is the embedding matrix
     mlp: MoeSpec | None  # None: a dense gated MLP
+    qkv_clip: float | None = None  # q, k and v clamped to [-c, c] after their norms (olmoe)
 
     @property
     def layers(self) -> int:
@@ -130,4 +131,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         windows=windows,
         tied=bool(hf.tie_word_embeddings),
         mlp=adapter.moe(hf) if adapter.moe is not None else None,
+        qkv_clip=getattr(hf, "clip_qkv", None),
     )

@@ -62,6 +62,7 @@ RUNS = {
     "tied": _any,
     "mlp": lambda moe: None if moe is None or not moe.dense_layers else "dense layers among MoE",
     # a shared expert (qwen2_moe) runs in every path: MoeWeights.shared
+    "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
 }
 
 
