@@ -19,7 +19,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
-  heads).
+  heads; glm4_moe with sigmoid routing steered by a choice bias, scaled by 2.5, an
+  ungated shared expert of width 1024 and layer 0 dense, 4096 wide).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -149,6 +150,15 @@ MOE = {
 MOE_SETTINGS = {
     "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1024},
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
+    # glm4_moe: GLM-4.5-Air's routing (sigmoid scores steered by a choice bias,
+    # renormalized, times the published 2.5), one shared expert, per-head q/k norms, q/k/v
+    # biases, layer 0 dense and 4x an expert wide
+    "glm4_moe": {  # and the tiny model's routing, shared expert, norms and biases
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+    },
     # olmoe: OLMoE's routing (no renormalization) and q/k norms over all heads
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     "qwen2_moe": {  # and a shared expert twice as wide, as Qwen1.5-MoE's is 4 experts wide

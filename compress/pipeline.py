@@ -495,7 +495,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     for i in tqdm(range(ws.num_layers), desc="blocks", unit="block", disable=quiet):
         with clock("read blocks"):
             block = ws.store.block(i)
-        if hidden is not None and ws.store.spec.mlp is not None:
+        if hidden is not None and ws.adapter.layer(i).experts:  # not a dense layer
             with clock("expert routing"):
                 ws.experts[i] = route_calibration(block, hidden, rope)
         ctx = BlockContext(ws, i, block, hidden, rope, shard=shard)
@@ -547,11 +547,12 @@ def _activations(run: _Run, hidden: torch.Tensor) -> torch.Tensor:
     if device.type == "cpu":
         return hidden
     streams = 2 + any(st.needs_original for st in stages) + any(st.needs_reference for st in stages)
-    prefix = ws.adapter.block_prefix(0) + "."
-    block = 4 * sum(
-        math.prod(shape) for name, (_, shape, _) in ws.store.ckpt.tensors.items()
-        if name.startswith(prefix)
-    )  # fmt: skip
+    sizes: dict[str, int] = {}  # the largest block (an MoE model's first may be dense)
+    for name, (_, shape, _) in ws.store.ckpt.tensors.items():
+        if name.startswith(ws.adapter.blocks + "."):
+            index = name[len(ws.adapter.blocks) + 1 :].split(".", 1)[0]
+            sizes[index] = sizes.get(index, 0) + math.prod(shape)
+    block = 4 * max(sizes.values(), default=0)
     home = activation_home(device, streams * hidden.nbytes, block)
     if home != device:
         run.log(

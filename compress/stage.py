@@ -85,7 +85,7 @@ class Workspace:
         return [
             f"{self.adapter.block_prefix(i)}.{rel}"
             for i in blocks
-            for rel in self.adapter.block_linears
+            for rel in self.adapter.layer(i).block_linears
             if not self.ignored(f"{self.adapter.block_prefix(i)}.{rel}")
         ]
 
@@ -154,6 +154,11 @@ class BlockContext:
     @property
     def prefix(self) -> str:
         return self.ws.adapter.block_prefix(self.index)
+
+    @property
+    def adapter(self):
+        """This block's adapter (a dense layer of a Mixture-of-Experts model has no experts)."""
+        return self.ws.adapter.layer(self.index)
 
     def targets(self) -> list[str]:
         """Names relative to the block of the linears stages may compress here."""

@@ -2804,6 +2804,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "--rounds 7",
         families,
     ),
+    (
+        "families_glm4_moe.json",
+        "glm4_moe beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families glm4_moe,qwen3_moe --name families_glm4_moe "
+        "--skip-anchors --rounds 7",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

@@ -210,6 +210,9 @@ def build_family(name: str, seed: int = 0, **overrides):
                 p.copy_(offset + 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):  # steers the choice of experts
+                b.copy_(0.1 * torch.randn_like(b))
     return model
 
 
@@ -263,6 +266,28 @@ MOE_FAMILIES = {
             "num_experts": 4,
             "num_experts_per_tok": 2,
             "intermediate_size": 128,
+        },
+    ),
+    # sigmoid routing steered by its choice bias, renormalized and scaled, an ungated
+    # shared expert, per-head q/k norms, half of each head rotated; layer 0 dense
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        {
+            "hidden_size": 128,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True,
+            "use_qk_norm": True,
+            "attention_bias": True,
+            "n_group": 1,
+            "topk_group": 1,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
         },
     ),
 }

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from family_models import FAMILIES, MOE_FAMILIES, write_family
+from family_models import FAMILIES, MOE_FAMILIES, family_config, write_family
 from safetensors import safe_open
 from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
@@ -17,7 +17,7 @@ from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
 from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
-from compress.model.adapters import ADAPTERS, Widths
+from compress.model.adapters import ADAPTERS, Widths, adapter_for
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
@@ -30,6 +30,18 @@ from compress.runtime.model import Chunk, Model
 from compress.runtime.weights import RUNS, load_weights
 
 NAMES = list(FAMILIES)
+
+
+def _adapter(name: str):
+    """The bound adapter of the tiny `name` model (llama3 is llama's)."""
+    return adapter_for(family_config(name).to_dict())
+
+
+def _mixed(name: str) -> bool:
+    """The tiny model keeps dense MLPs beside its experts (glm4_moe's first layer)."""
+    return _adapter(name).mixed
+
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the Triton backend's
 LENGTH = 72  # past sliding windows (8), phi3's original context (32) and EXACT_ABOVE (64)
 
@@ -144,6 +156,30 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
     weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[fact](weights.spec))
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() > 1e-2
+
+
+ROUTING_FACTS = {  # glm4_moe's, each undone on the loaded experts
+    "sigmoid scores": {"sigmoid": False},
+    "choice bias": {"choice_bias": None},
+    "routed scale": {"scale": 1.0},
+    "ungated shared expert": {"shared": None},
+}
+
+
+@pytest.mark.parametrize("fact", ROUTING_FACTS)
+def test_dropping_a_routing_fact_shows(models, ids, fact):
+    """Each of glm4_moe's routing facts moves the tiny model's logits: the runtime's
+    agreement with transformers is not one the facts could miss."""
+    want = _transformers_logits(models["glm4_moe"], ids)
+    weights = load_weights(resolve(str(models["glm4_moe"])), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    for layer in weights.layers:
+        if layer.moe is not None:
+            for key, value in ROUTING_FACTS[fact].items():
+                setattr(layer.moe, key, value)
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() > 1e-2
 
@@ -357,16 +393,17 @@ def test_batched_expert_steps_in_one_call_equal_the_per_op_path(
         )
         for b in range(batch):
             m.prefill(tokens[b, :prompt], cache, b)
-        for layer in weights.layers:
+        for layer in moe_layers:
             layer.moe.reads.zero_()
         rows = [
             m.decode(tokens[:, t], cache, torch.arange(batch))
             for t in range(prompt, prompt + steps)
         ]
-        return torch.stack(rows), [layer.moe.reads.clone() for layer in weights.layers]
+        return torch.stack(rows), [layer.moe.reads.clone() for layer in moe_layers]
 
+    moe_layers = [layer for layer in weights.layers if layer.moe is not None]  # glm4_moe's 1
     if quant == "int8":  # the outlier pass is what this case exercises
-        experts = [x for layer in weights.layers for pair in layer.moe.experts for x in pair]
+        experts = [x for layer in moe_layers for pair in layer.moe.experts for x in pair]
         assert any(x.outlier_index is not None for x in experts)
     fused, fused_reads = run(model)
     fused_path = model.backend.fused
@@ -416,7 +453,7 @@ def test_the_cli_decodes_each_family(w4, name):
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n not in MOE_FAMILIES])
 def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, name):
-    hidden = 0.5 if ADAPTERS[name].heads_span_hidden else 0.25  # phi3, helium: heads × head_dim
+    hidden = 0.5 if _adapter(name).heads_span_hidden else 0.25  # phi3, helium: heads × head_dim
     prune = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}}
     out = _compress(models[name], tmp_path / "pruned", [prune, parse_quant("rtn:w4g32")], wikitext)
     config = json.loads((out / "config.json").read_text())
@@ -427,12 +464,12 @@ def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, na
     assert (got - want).abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("name", list(MOE_FAMILIES))
+@pytest.mark.parametrize("name", [n for n in MOE_FAMILIES if not _mixed(n)])
 def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_path, ids, name):
     """Whole experts and each expert's width are cut (with heads and hidden): the pruned
     repaired fp32 artifact is read by plain transformers and the runtime alike, and it
     quantizes."""
-    hidden = 0.5 if ADAPTERS[name].heads_span_hidden else 0.25  # olmoe keeps heads × head_dim
+    hidden = 0.5 if _adapter(name).heads_span_hidden else 0.25  # olmoe keeps heads × head_dim
     cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}
     repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
     out = _compress(models[name], tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
@@ -510,12 +547,60 @@ def test_an_olmoe_whose_q_k_v_are_clipped_compresses_and_the_runtime_refuses_it(
     assert "\n" not in str(e.value)
 
 
+def test_expert_groups_compress_and_the_runtime_refuses_them(tokenizer_dir, wikitext, tmp_path):
+    """glm4_moe's routing within expert groups (n_group > 1; 1 in the published models)
+    is computed while compressing; the runtime, which routes without groups, says so in
+    one line rather than choose other experts."""
+    src = write_family(tmp_path / "src", "glm4_moe", tokenizer_dir, n_group=2, topk_group=1)
+    out = _compress(src, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    with pytest.raises(LlmpressError, match=r"mlp expert groups \(2, 1\) is not supported") as e:
+        load_weights(resolve(str(out)), device="cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_a_glm4_moe_checkpoint_s_prediction_block_is_carried_into_the_artifact(
+    models, ids, wikitext, tmp_path
+):
+    """GLM-4.5 checkpoints hold a next-token-prediction block after the model's own (layer
+    46 of 46 for speculative decoding, which transformers' forward skips): compression
+    accepts it, carries it into the artifact as it is, and the model computes as without
+    it."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(models["glm4_moe"], src)
+    tensors = load_file(str(src / "model.safetensors"))
+    extra = {k.replace(".layers.1.", ".layers.2."): v + 1 for k, v in tensors.items()}
+    extra = {k: v for k, v in extra.items() if ".layers.2." in k}
+    extra["model.layers.2.eh_proj.weight"] = torch.randn(128, 256)  # its own projection
+    save_file({**tensors, **extra}, str(src / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    assert adapter_for(config).predictor_layers and config["num_hidden_layers"] == 2
+    out = _compress(src, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    written = {k: t for f in out.glob("*.safetensors") for k, t in load_file(str(f)).items()}
+    assert all(torch.equal(written[k], v) for k, v in extra.items())
+    without = _compress(
+        models["glm4_moe"], tmp_path / "plain", [parse_quant("rtn:w4g32")], wikitext
+    )
+    got, want = (
+        RuntimeLM(load_weights(resolve(str(p)), device="cpu"), LENGTH, exact=True)(ids).logits[0]
+        for p in (out, without)
+    )
+    assert torch.equal(got, want)
+    assert (_transformers_logits(out, ids) - got).abs().max() < 1e-3  # it opens beside them
+    (src / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    args = ["compress", str(src), "-o", str(tmp_path / "refused"), "--quant", "rtn:w4g32"]
+    code, _, err = run_cli(args)
+    assert code != 0 and "holds block 2 but config.json's num_hidden_layers is 2" in err, err
+
+
 def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tmp_path):
     cases = {
         "phi3": ({"hidden": 0.25}, "need heads × head_dim = hidden"),
         "helium": ({"heads": 0.5}, "need heads × head_dim = hidden"),
         "llama3": ({"experts": 0.5}, "not a Mixture-of-Experts model"),
         "mixtral": ({"experts": 0.9}, "fewer than the 2 each token is routed to"),
+        "glm4_moe": ({"experts": 0.5}, "keeps a dense MLP in layers [0] beside"),
     }
     for name, (targets, message) in cases.items():
         code, _, err = run_cli([
@@ -540,7 +625,7 @@ def _recipe_file(tmp_path, stages):
 TRITON_NAMES = (
     NAMES
     if DEVICE == "cuda"
-    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4"]
+    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe"]
 )
 
 

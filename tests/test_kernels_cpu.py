@@ -731,3 +731,44 @@ def test_the_kept_slice_buffer_is_written_inside_and_outside_inference_mode():
     t.start()
     t.join()
     assert not errors, errors
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+@pytest.mark.parametrize("biased", [False, True])
+def test_routing_in_c_equals_the_families_routing_in_torch(sigmoid, biased):
+    """The one-call decoder's routing (softmax or sigmoid scores, the choice steered by a
+    per-expert bias, weights renormalized or not, then scaled) chooses the experts and
+    weights compression's torch routing does."""
+    from compress.kernels.cpu import route
+    from compress.model.moe import route_scores
+
+    g = torch.Generator().manual_seed(3)
+    x, router = torch.randn(64, 96, generator=g), torch.randn(16, 96, generator=g) * 0.1
+    bias = torch.randn(16, generator=g) * 0.3 if biased else None
+    for renormalize, scale in ((False, 1.0), (True, 2.5)):
+        args = (4, renormalize, sigmoid, bias, scale)
+        weights, chosen = route(x, router, *args)
+        want_w, want_c = route_scores((x @ router.T).float(), *args)
+        # the same experts (the order aside), each with its weight
+        order, want_order = chosen.sort(-1), want_c.sort(-1)
+        assert torch.equal(order.values, want_order.values)
+        got = weights.gather(1, order.indices)
+        assert torch.allclose(got, want_w.gather(1, want_order.indices), atol=1e-6)
+        if biased:  # the bias changed the choice somewhere: a check that can fail
+            plain = route(x, router, 4, renormalize, sigmoid, None, scale)[1]
+            assert not torch.equal(plain.sort(-1).values, order.values)
+
+
+def test_expert_groups_limit_the_choice_to_the_best_groups():
+    """DeepSeek-style group-limited routing (compression's; the runtime refuses it): the
+    chosen experts lie in the topk_group groups whose best two scores sum highest."""
+    from compress.model.moe import route_scores
+
+    logits = torch.randn(256, 16, generator=torch.Generator().manual_seed(5))
+    weights, chosen = route_scores(logits, 3, True, True, None, 1.0, groups=(4, 2))
+    scores = torch.sigmoid(logits).view(256, 4, 4)
+    best = scores.topk(2, -1).values.sum(-1).topk(2, -1).indices.sort(-1).values
+    assert all(set((chosen[t] // 4).tolist()) <= set(best[t].tolist()) for t in range(256))
+    free = route_scores(logits, 3, True, True)[1]  # ungrouped, some choice lies elsewhere
+    assert any(not set((free[t] // 4).tolist()) <= set(best[t].tolist()) for t in range(256))
+    assert torch.allclose(weights.sum(-1), torch.ones(256))

@@ -178,17 +178,17 @@ def linears(config: dict) -> list[Linear]:
         adapter = LLAMA
     try:
         s = adapter.shape(config)
-        widths = {rel: (k, n) for rel, (n, k) in adapter.linear_shapes(s).items()}
         pad = VOCAB_PADDING
         head = Linear(adapter.lm_head, (adapter.lm_head,), s.hidden, -(-s.vocab // pad) * pad)
         layers = s.layers
     except (KeyError, TypeError, ZeroDivisionError):
-        widths, head, layers = {}, Linear(adapter.lm_head, (adapter.lm_head,), None, None), 0
-    fused = list(adapter.fused_linears)
-    alone = [(n,) for n in adapter.block_linears if not any(n in f for f in fused)]
+        s, head, layers = None, Linear(adapter.lm_head, (adapter.lm_head,), None, None), 0
     out = []
     for i in range(layers):
-        prefix = adapter.block_prefix(i)
+        prefix, block = adapter.block_prefix(i), adapter.layer(i)  # a dense layer among MoE
+        widths = {} if s is None else {r: (k, n) for r, (n, k) in block.linear_shapes(s).items()}
+        fused = list(block.fused_linears)
+        alone = [(n,) for n in block.block_linears if not any(n in f for f in fused)]
         for members in [*fused, *alone]:
             k = widths.get(members[0], (None, None))[0]
             n = sum(widths[m][1] for m in members) if widths else None

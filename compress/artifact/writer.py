@@ -89,7 +89,7 @@ def artifact_config(
     if layers:
         block_names: dict[str, list[str]] = {}
         for i in range(ws.num_layers):
-            for kind in ws.adapter.block_linears:
+            for kind in ws.adapter.layer(i).block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
         head = ws.adapter.lm_head
         ignore = unquantized if head in layers else [head, *unquantized]

@@ -245,18 +245,29 @@ def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def route(x: torch.Tensor, router: torch.Tensor, top_k: int, renormalize: bool):
+def route(
+    x: torch.Tensor,
+    router: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    sigmoid: bool = False,
+    choice_bias: torch.Tensor | None = None,
+    scale: float = 1.0,
+):
     """Routing of rows x [B, hidden] by an fp32 router [E, hidden], as the one-call decoder
-    routes: (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
+    routes (llmp_route: softmax or sigmoid scores, chosen with `choice_bias` added, weights
+    renormalized and scaled): (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
     x = x.float().contiguous()
     _check_f32(router, "router weight")
+    if choice_bias is not None:
+        _check_f32(choice_bias, "expert choice bias")
     b, e = x.shape[0], router.shape[0]
     logits = torch.empty(b, e)
     chosen = torch.empty(b, top_k, dtype=torch.int32)
     weights = torch.empty(b, top_k)
     library().llmp_route(
         _ptr(x), b, x.shape[1], _ptr(router), e, router.shape[1], top_k, int(renormalize),
-        _ptr(logits), _ptr(chosen), _ptr(weights),
+        int(sigmoid), _opt(choice_bias), float(scale), _ptr(logits), _ptr(chosen), _ptr(weights),
     )  # fmt: skip
     return weights, chosen.long()
 
@@ -645,7 +656,8 @@ class FusedLinear:
 class FusedExperts:
     """A Mixture-of-Experts MLP for the one-call decoder: the fp32 router [E, hidden],
     each expert's (gate_up, down), and `reads` (int64 [E]), which the C step adds 1 to for
-    each expert it reads; a shared expert's (gate_up, down) and its fp32 gate [1, hidden]."""
+    each expert it reads; a shared expert's (gate_up, down) and its fp32 gate [1, hidden]
+    (None: ungated); the routing's sigmoid scores, choice bias [E] and scale (route)."""
 
     router: torch.Tensor
     experts: list[tuple[FusedLinear, FusedLinear]]
@@ -654,6 +666,9 @@ class FusedExperts:
     reads: torch.Tensor
     shared: tuple[FusedLinear, FusedLinear] | None = None
     shared_gate: torch.Tensor | None = None
+    sigmoid: bool = False
+    choice_bias: torch.Tensor | None = None
+    scale: float = 1.0
 
     @property
     def inter(self) -> int:
@@ -675,13 +690,17 @@ class FusedExperts:
         )
         shared, gate = None, None
         if self.shared is not None:
-            _check_f32(self.shared_gate, "shared expert gate")
             shared = (_QLin * 2)(*(_qlin(x) for x in self.shared))
-            gate = _ptr(self.shared_gate)
+            if self.shared_gate is not None:
+                _check_f32(self.shared_gate, "shared expert gate")
+                gate = _ptr(self.shared_gate)
+        if self.choice_bias is not None:
+            _check_f32(self.choice_bias, "expert choice bias")
         moe = _QMoe(
             _ptr(self.router), ctypes.addressof(table), len(self.experts), self.top_k,
             int(self.renormalize), self.inter, _ptr(self.reads),
             None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
+            int(self.sigmoid), _opt(self.choice_bias), float(self.scale),
         )  # fmt: skip
         return moe, (table, shared)
 

@@ -200,11 +200,36 @@ class Adapter:
     # gate_proj/up_proj/down_proj) and the 16-bit [1, hidden] linear whose sigmoid gates
     # it; `shared_width` is bound from config.json
     shared_expert: str | None = None
-    shared_gate: str | None = None
+    shared_gate: str | None = None  # None beside a shared expert: it is not gated (glm4_moe)
     shared_width: int = 0
+    # a per-expert bias added to the router's scores to choose, not to weigh (the
+    # checkpoint's e_score_correction_bias, relative to the block), or None
+    choice_bias: str | None = None
+    # the config key that gives q and k their per-head norms (glm4_moe's use_qk_norm); the
+    # norms exist only where it is true (adapter_for drops them otherwise)
+    qk_norm_option: str | None = None
+    # the config attribute counting the next-token-prediction blocks a checkpoint holds
+    # after the model's own (GLM-4.5's MTP layer, for speculative decoding elsewhere):
+    # not the model's forward, so they are carried into the artifact as they are
+    predictor_layers: str | None = None
+    # the layers of a Mixture-of-Experts model that keep a dense MLP (gate_proj, up_proj,
+    # down_proj under `mlp`, as llama's), bound from config.json; `layer(i)` is block i's
+    dense_layers: tuple[int, ...] = ()
 
     def shape(self, config: dict) -> ModelShape:
         return ModelShape.of(config, self.head_dim)
+
+    def layer(self, i: int) -> Adapter:
+        """Block i's adapter: this one, or, for a layer a Mixture-of-Experts model keeps
+        dense, the same without experts (what every per-block property then describes)."""
+        if i not in self.dense_layers:
+            return self
+        return replace(self, experts=0, expert_width=0, shared_width=0, dense_layers=())
+
+    @property
+    def mixed(self) -> bool:
+        """Some layers dense, the others Mixture-of-Experts."""
+        return bool(self.dense_layers)
 
     def spec(self, config: dict):
         """What the blocks compute (compress/model/spec.py's BlockSpec)."""
@@ -290,7 +315,8 @@ class Adapter:
             norm_fed = (self.router, *gates_ups)
             if self.shared_width:  # its gate, 16-bit like the router, reads the norm too
                 sg, su, sd = self.shared_linears
-                norm_fed = (*norm_fed, self.shared_gate, sg, su)
+                gate = (self.shared_gate,) if self.shared_gate else ()
+                norm_fed = (*norm_fed, *gate, sg, su)
                 per_expert = (*per_expert, InputGroup(su, (sd,)))
             return (
                 InputGroup(self.attn_norm, (self.q, self.k, self.v)),
@@ -390,7 +416,7 @@ class Adapter:
         return [
             f"{self.block_prefix(i)}.{name}"
             for i in range(num_layers)
-            for name in self.block_linears
+            for name in self.layer(i).block_linears
         ]
 
 
@@ -403,19 +429,36 @@ class MoeKeys:
     width: str
     renormalize: str | None
     shared: str | None = None  # the shared expert's width
+    shared_count: str | None = None  # or how many experts wide it is (glm4_moe)
+    first_dense: str | None = None  # the number of first layers that keep a dense MLP
+    scoring: str = "softmax"  # or "sigmoid"
+    scale: str | None = None  # the weights' multiplier
+    groups: tuple[str, str] | None = None  # the group count and how many are chosen
 
     def __call__(self, hf) -> MoeSpec:
         layers = hf.num_hidden_layers
         dense = tuple(getattr(hf, "mlp_only_layers", None) or ())
         step = getattr(hf, "decoder_sparse_step", 1) or 1
         dense += tuple(i for i in range(layers) if (i + 1) % step and i not in dense)
+        if self.first_dense:
+            dense += tuple(i for i in range(getattr(hf, self.first_dense)) if i not in dense)
+        width = getattr(hf, self.width)
+        shared = getattr(hf, self.shared) if self.shared else 0
+        if self.shared_count:
+            shared = width * (getattr(hf, self.shared_count) or 0)
+        groups = (1, 1)
+        if self.groups:
+            groups = tuple(int(getattr(hf, k) or 1) for k in self.groups)
         return MoeSpec(
             experts=getattr(hf, self.count),
             top_k=hf.num_experts_per_tok,
-            intermediate=getattr(hf, self.width),
+            intermediate=width,
             renormalize=self.renormalize is None or bool(getattr(hf, self.renormalize)),
-            dense_layers=tuple(sorted(dense)),
-            shared=getattr(hf, self.shared) if self.shared else 0,
+            dense_layers=tuple(sorted(i for i in dense if i < layers)),
+            shared=shared,
+            scoring=self.scoring,
+            scale=float(getattr(hf, self.scale)) if self.scale else 1.0,
+            groups=groups,
         )
 
 
@@ -549,6 +592,33 @@ ADAPTERS: dict[str, Adapter] = {
         expert="block_sparse_moe.experts",
         expert_names=("w1", "w3", "w2"),
     ),
+    # glm4_moe (GLM-4.5, GLM-4.5-Air, GLM-4.6): glm's attention (biased q/k/v, half of each
+    # head rotated, here in halves) with optional per-head q/k norms; sigmoid routing
+    # steered by a choice bias, renormalized and scaled, an ungated shared expert, and its
+    # first layers dense
+    "glm4_moe": replace(
+        LLAMA,
+        families=("glm4_moe",),
+        architecture="Glm4MoeForCausalLM",
+        bias_options=(("attention_bias", ("q", "k", "v")),),
+        moe=MoeKeys(
+            "n_routed_experts",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            shared_count="n_shared_experts",
+            first_dense="first_k_dense_replace",
+            scoring="sigmoid",
+            scale="routed_scaling_factor",
+            groups=("n_group", "topk_group"),
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
+        choice_bias="mlp.gate.e_score_correction_bias",
+        qk_norm_option="use_qk_norm",
+        predictor_layers="num_mtp_layers",
+        **_QK_NORMS,
+    ),
     "qwen2_moe": replace(
         LLAMA,
         families=("qwen2_moe",),
@@ -652,6 +722,21 @@ def _positive_number(value: object) -> bool:
 def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
     """Each tensor name a checkpoint of `shape` holds in full (as `.weight`, unless a
     quantized linear), with the shape config.json implies for it."""
+    out = {
+        f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
+        f"{adapter.final_norm}.weight": (shape.hidden,),
+        f"{adapter.lm_head}.weight": (shape.vocab, shape.hidden),
+    }
+    for i in range(shape.layers):
+        block = adapter.layer(i)
+        for module, dims in _block_shapes(block, shape).items():
+            out[f"{adapter.block_prefix(i)}.{module}.weight"] = dims
+        if block.experts and adapter.choice_bias:
+            out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = (block.experts,)
+    return out
+
+
+def _block_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
     per_block = {n: (shape.hidden,) for n in adapter.block_norms}
     per_block.update(adapter.linear_shapes(shape))
     full = adapter.qk_norm == "full"
@@ -660,17 +745,9 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
             per_block[norm] = (heads * shape.head_dim if full else shape.head_dim,)
     if adapter.experts:
         per_block[adapter.router] = (adapter.experts, shape.hidden)
-    if adapter.shared_width:
+    if adapter.shared_width and adapter.shared_gate:
         per_block[adapter.shared_gate] = (1, shape.hidden)
-    out = {
-        f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
-        f"{adapter.final_norm}.weight": (shape.hidden,),
-        f"{adapter.lm_head}.weight": (shape.vocab, shape.hidden),
-    }
-    for i in range(shape.layers):
-        for module, dims in per_block.items():
-            out[f"{adapter.block_prefix(i)}.{module}.weight"] = dims
-    return out
+    return per_block
 
 
 def adapter_for(config: dict) -> Adapter:
@@ -678,10 +755,17 @@ def adapter_for(config: dict) -> Adapter:
     A Mixture-of-Experts adapter comes bound to the config's expert count and width."""
     model_type = config.get("model_type")
     adapter = ADAPTERS.get(model_type or "")
+    option = adapter.qk_norm_option if adapter is not None else None
+    if option and not getattr(_hf(config), option, False):
+        adapter = replace(adapter, q_norm=None, k_norm=None)
     if adapter is not None and adapter.moe is not None:
         moe = adapter.moe(_hf(config))
         adapter = replace(
-            adapter, experts=moe.experts, expert_width=moe.intermediate, shared_width=moe.shared
+            adapter,
+            experts=moe.experts,
+            expert_width=moe.intermediate,
+            shared_width=moe.shared,
+            dense_layers=moe.dense_layers,
         )
     if adapter is None:
         supported = ", ".join(sorted(ADAPTERS))

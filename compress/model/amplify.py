@@ -27,7 +27,7 @@ def amplify_checkpoint(ckpt: Checkpoint, out: Path, channels: list[int], factor:
     idx = torch.tensor(channels)
     for i in range(ckpt.num_layers):
         p = a.block_prefix(i)
-        for group in a.input_groups:
+        for group in a.layer(i).input_groups:
             if group.producer not in (a.attn_norm, a.mlp_norm):
                 continue
             tensors[f"{p}.{group.producer}.weight"][idx] *= factor

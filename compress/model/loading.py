@@ -26,6 +26,7 @@ from compress.model.adapters import (
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.known_hash import known_sha256
 from compress.model.safetensors_check import check_safetensors
+from compress.model.spec import hf_config
 from compress.model.text_part import is_multimodal, text_part
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -234,7 +235,10 @@ def _check_tensors(ckpt: Checkpoint, shape: ModelShape) -> None:
         for n in tensors
         if n.startswith(prefix) and (m := _BLOCK.match(n, len(prefix) - 1))
     }
-    extra = sorted(i for i in blocks if i >= shape.layers)
+    carried = 0  # next-token-prediction blocks after the model's own (GLM-4.5's MTP)
+    if adapter.predictor_layers:
+        carried = int(getattr(hf_config(ckpt.config), adapter.predictor_layers, 0) or 0)
+    extra = sorted(i for i in blocks if i >= shape.layers + carried)
     if extra:
         raise LlmpressError(
             f"{ckpt.path}: holds block {extra[0]} but config.json's num_hidden_layers is "

@@ -41,26 +41,65 @@ class Expert(nn.Module):
         return down(self.act(gate(x)) * up(x))
 
 
+def route_scores(
+    logits: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+    sigmoid: bool = False,
+    choice_bias: torch.Tensor | None = None,
+    scale: float = 1.0,
+    groups: tuple[int, int] = (1, 1),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] fp32, experts [T, k]) from router logits [T, E] fp32, as the
+    families route: scores are the softmax of the logits or each one's sigmoid (glm4_moe);
+    the top k of score plus `choice_bias` are chosen (e_score_correction_bias steers the
+    choice only), among the `groups[1]` of `groups[0]` expert groups whose best two score
+    highest; their scores, renormalized when asked, times `scale` are the weights."""
+    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+    choice = scores if choice_bias is None else scores + choice_bias
+    n_group, top_groups = groups
+    if n_group > 1:
+        grouped = choice.view(choice.shape[0], n_group, -1)
+        best = grouped.topk(2, -1).values.sum(-1).topk(top_groups, -1).indices
+        keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+        choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], 1), -torch.inf)
+    chosen = choice.topk(top_k, -1).indices
+    weights = scores.gather(1, chosen)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return (weights * scale if scale != 1.0 else weights), chosen
+
+
 class MoeMLP(nn.Module):
     def __init__(self, spec: BlockSpec, adapter, hidden: int):
         super().__init__()
         moe = spec.mlp
-        self.top_k, self.renormalize = moe.top_k, moe.renormalize
+        self.spec = moe
         self.router_name = adapter.router.rsplit(".", 1)[-1]
         self.add_module(self.router_name, nn.Linear(hidden, moe.experts, bias=False))
+        self.bias_path = None  # the choice bias, where the checkpoint keeps it (glm4_moe)
+        if adapter.choice_bias:
+            self.bias_path = adapter.choice_bias.removeprefix(adapter.mlp + ".")
+            owner, name = self, self.bias_path
+            while "." in name:  # e.g. gate.e_score_correction_bias: on the router itself
+                head, name = name.split(".", 1)
+                if not hasattr(owner, head):
+                    owner.add_module(head, nn.Module())
+                owner = getattr(owner, head)
+            owner.register_buffer(name, torch.zeros(moe.experts))
         self.experts = nn.ModuleList(
             Expert(adapter.expert_names, hidden, moe.intermediate, spec.activation)
             for _ in range(moe.experts)
         )
         self.shared_names = None  # a shared expert every token runs, gated by sigmoid
-        if moe.shared:  # (qwen2_moe): registered under the checkpoint's names
+        if moe.shared:  # (qwen2_moe) or not (glm4_moe): under the checkpoint's names
             names = ("gate_proj", "up_proj", "down_proj")
-            self.shared_names = tuple(
-                n.rsplit(".", 1)[-1] for n in (adapter.shared_expert, adapter.shared_gate)
-            )
-            expert, gate = self.shared_names
+            expert = adapter.shared_expert.rsplit(".", 1)[-1]
+            gate = adapter.shared_gate.rsplit(".", 1)[-1] if adapter.shared_gate else None
+            self.shared_names = (expert, gate)
             self.add_module(expert, Expert(names, hidden, moe.shared, spec.activation))
-            self.add_module(gate, nn.Linear(hidden, 1, bias=False))
+            if gate:
+                self.add_module(gate, nn.Linear(hidden, 1, bias=False))
         self.counts: torch.Tensor | None = None  # tokens routed to each expert, when counting
         # when scoring experts for pruning: Σ over routed tokens of ‖weight · output‖²
         self.contributions: torch.Tensor | None = None
@@ -69,9 +108,11 @@ class MoeMLP(nn.Module):
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert indices [T, k]) for tokens [T, hidden]."""
         logits = getattr(self, self.router_name)(flat).float()
-        weights, chosen = torch.softmax(logits, -1).topk(self.top_k, -1)
-        if self.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)
+        bias = self.get_buffer(self.bias_path).float() if self.bias_path else None
+        s = self.spec
+        weights, chosen = route_scores(
+            logits, s.top_k, s.renormalize, s.scoring == "sigmoid", bias, s.scale, s.groups
+        )
         return weights.to(flat.dtype), chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,8 +137,11 @@ class MoeMLP(nn.Module):
                 self.contributions[e] += y.double().square().sum()
             out.index_add_(0, rows, y)
         if self.shared_names is not None:
-            expert, gate = (getattr(self, n) for n in self.shared_names)
-            out = out + torch.sigmoid(gate(flat)) * expert(flat)
+            expert, gate = self.shared_names
+            shared = getattr(self, expert)(flat)
+            out = out + (
+                shared if gate is None else torch.sigmoid(getattr(self, gate)(flat)) * shared
+            )
         return out.reshape(x.shape)
 
 
@@ -130,15 +174,10 @@ def expert_record(per_block: dict[int, dict], moe) -> dict:
 
 
 def install_experts(model: nn.Module, adapter, spec: BlockSpec) -> None:
-    """Give every decoder layer of a transformers model (meta or real) a MoeMLP, named as
-    the checkpoint stores its experts."""
-    from compress.errors import LlmpressError
-
-    if spec.mlp.dense_layers:
-        raise LlmpressError(
-            f"{adapter.families[0]}: layers {list(spec.mlp.dense_layers)[:4]} keep a dense MLP "
-            "beside Mixture-of-Experts layers, which llmpress does not handle yet"
-        )
+    """Give every Mixture-of-Experts decoder layer of a transformers model (meta or real) a
+    MoeMLP, named as the checkpoint stores its experts; a layer the model keeps dense
+    (spec.mlp.dense_layers) keeps transformers' own MLP, whose linears are llama's."""
     hidden = model.config.hidden_size
     for i in range(model.config.num_hidden_layers):
-        install(model.get_submodule(adapter.block_prefix(i)), spec, adapter, hidden)
+        if i not in spec.mlp.dense_layers:
+            install(model.get_submodule(adapter.block_prefix(i)), spec, adapter, hidden)

@@ -31,7 +31,11 @@ class MoeSpec:
     renormalize: bool  # the top-k weights are rescaled to sum to 1
     dense_layers: tuple[int, ...] = ()  # layers that keep a dense MLP
     shared: int = 0  # width of a shared expert every token runs (0: none), its output
-    # times sigmoid(shared_gate · x) (qwen2_moe), added to the routed experts'
+    # times sigmoid(shared_gate · x) (qwen2_moe) or as it is (glm4_moe), added to the
+    # routed experts'
+    scoring: str = "softmax"  # the router's scores: softmax of the logits, or "sigmoid"s
+    scale: float = 1.0  # the chosen weights times this (glm4_moe's routed_scaling_factor)
+    groups: tuple[int, int] = (1, 1)  # (n_group, topk_group): chosen within the best groups
 
 
 @dataclass(frozen=True)

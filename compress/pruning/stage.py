@@ -123,6 +123,13 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
+        adapter = adapter_for(config)
+        if adapter.mixed:
+            raise LlmpressError(
+                f"prune: {adapter.families[0]} keeps a dense MLP in layers "
+                f"{list(adapter.dense_layers)[:4]} beside its Mixture-of-Experts layers, which "
+                "pruning does not cut yet; compress it without a prune stage"
+            )
         full = Shape.of(config)
         if full.heads % full.kv_heads:
             raise LlmpressError(

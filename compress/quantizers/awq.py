@@ -95,7 +95,7 @@ def _channel_map(ctx: BlockContext, group: InputGroup) -> _SharedChannels | None
     produced = ctx.sub(group.producer).weight.shape[0]
     if produced == width:
         return _SharedChannels(1, 1, width)
-    adapter = ctx.ws.adapter
+    adapter = ctx.adapter
     shape = adapter.shape(ctx.ws.config)
     heads, kv, head_dim = shape.heads, shape.kv_heads, shape.head_dim
     is_v_to_o = (group.producer, group.linears) == (adapter.v, (adapter.o,))
@@ -172,7 +172,7 @@ class AWQ(Described):
             if room > 0:
                 kept[rel].append(x[:room].clone())
 
-        adapter = ctx.ws.adapter
+        adapter = ctx.adapter
         first = sorted({_input_key(adapter, rel) for rel in adapter.block_linears})
         sums = {  # allocated before any chunk: a rank may hold no sample
             rel: torch.zeros(ctx.sub(rel).in_features, dtype=torch.float64, device=_device(ctx))
@@ -189,7 +189,7 @@ class AWQ(Described):
     def transform(self, ctx: BlockContext) -> None:
         targets = set(ctx.targets())
         start = time.perf_counter()
-        for group in ctx.ws.adapter.input_groups:
+        for group in ctx.adapter.input_groups:
             if not targets.intersection(group.linears):
                 continue
             channels = _channel_map(ctx, group)
@@ -206,7 +206,7 @@ class AWQ(Described):
 
     def _parent(self, ctx: BlockContext, group: InputGroup):
         """The module whose output measures a group's error, as a function of the group input."""
-        adapter = ctx.ws.adapter
+        adapter = ctx.adapter
         if group.producer == adapter.attn_norm:
             attn = ctx.sub(adapter.attn)
             kwargs = ctx.rope.kwargs(ctx.module)
@@ -287,7 +287,7 @@ class AWQ(Described):
         w = ctx.sub(rel).weight.detach()
         group = scheme.group_for(w.shape[1])
         clip: torch.Tensor | float = 1.0
-        adapter = ctx.ws.adapter
+        adapter = ctx.adapter
         # q/k errors act through the attention scores; AWQ found clipping them hurts
         if cfg.clip and rel not in (adapter.q, adapter.k):
             x = self._inputs.get(_input_key(adapter, rel))

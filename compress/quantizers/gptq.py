@@ -436,7 +436,7 @@ def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
     one H."""
     targets = ctx.targets()
     key = {rel: rel for rel in targets}
-    for group in ctx.ws.adapter.shared_inputs:
+    for group in ctx.adapter.shared_inputs:
         members = [rel for rel in group if rel in key]
         for rel in members:
             key[rel] = members[0]

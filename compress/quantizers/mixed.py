@@ -123,11 +123,11 @@ def stored_bits(
 def choice_units(adapter, layers: int, ignore) -> dict[str, list[str]]:
     """{unit: its linears}: each fused group of a block (adapter.fused_linears) is one
     unit, every other block linear its own; ignored linears are left out."""
-    fused = {rel: group for group in adapter.fused_linears for rel in group}
     units: dict[str, list[str]] = {}
     for i in range(layers):
-        prefix = adapter.block_prefix(i)
-        for rel in adapter.block_linears:
+        prefix, block = adapter.block_prefix(i), adapter.layer(i)
+        fused = {rel: group for group in block.fused_linears for rel in group}
+        for rel in block.block_linears:
             name = f"{prefix}.{rel}"
             if matches_ignore(name, ignore):
                 continue

@@ -115,11 +115,12 @@ def _experts(moe) -> FusedExperts | None:
         return None
     pairs = [(g.fused_form(), d.fused_form()) for g, d in moe.experts]
     fused = FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
+    fused.sigmoid, fused.choice_bias, fused.scale = moe.sigmoid, moe.choice_bias, moe.scale
     if moe.shared is not None:
         if not all(isinstance(x, QuantLinear) for x in moe.shared):
             return None
         fused.shared = tuple(x.fused_form() for x in moe.shared)
-        fused.shared_gate = moe.shared_gate.weight
+        fused.shared_gate = None if moe.shared_gate is None else moe.shared_gate.weight
     return fused
 
 

@@ -23,6 +23,7 @@ from compress.kernels.cpu import (
     sigmoid_gate,
 )
 from compress.kernels.cpu import rms_norm as cpu_rms_norm
+from compress.model.moe import route_scores
 from compress.model.rope import RopeSpec, tables
 from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
@@ -79,17 +80,15 @@ def _gated(gate_up, down, x, act: str, packed: bool, exact=None) -> torch.Tensor
 
 
 def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
-    """The Mixture-of-Experts MLP: softmax over the router logits (fp32), top-k, optional
-    renormalization; tokens grouped by expert, so each chosen expert's packed weights are
-    read once per step and an unchosen one not at all."""
+    """The Mixture-of-Experts MLP: the router's scores (fp32) and top-k, as the family
+    routes (compress/model/moe.py's route_scores); tokens grouped by expert, so each chosen
+    expert's packed weights are read once per step and an unchosen one not at all."""
     xf = x.x if isinstance(x, QuantizedInput) else x
+    routing = (moe.top_k, moe.renormalize, moe.sigmoid, moe.choice_bias, moe.scale)
     if xf.device.type == "cpu":  # the one-call decoder's routing, ties and rounding alike
-        weights, chosen = route(xf, moe.router.weight, moe.top_k, moe.renormalize)
+        weights, chosen = route(xf, moe.router.weight, *routing)
     else:
-        probs = torch.softmax(moe.router(xf).float(), -1)
-        weights, chosen = probs.topk(moe.top_k, -1)
-        if moe.renormalize:
-            weights = weights / weights.sum(-1, keepdim=True)
+        weights, chosen = route_scores(moe.router(xf).float(), *routing)
     out = torch.zeros(xf.shape[0], moe.experts[0][1].out_features, device=xf.device)
     for e in chosen.unique().tolist():
         rows, slot = torch.where(chosen == e)
@@ -98,7 +97,9 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
         moe.reads[e] += 1
         y = _gated(gate_up, down, xe, act, packed, exact=None if packed else True)
         out.index_add_(0, rows, y * weights[rows, slot, None])
-    if moe.shared is not None:  # every token, gated by sigmoid(shared_gate · x)
+    if moe.shared is not None and moe.shared_gate is None:  # every token, as it is
+        out = out + _gated(*moe.shared, x, act, packed)
+    elif moe.shared is not None:  # every token, gated by sigmoid(shared_gate · x)
         if xf.device.type == "cpu":  # the one-call decoder's dot product
             gate = sigmoid_gate(xf, moe.shared_gate.weight)
         else:

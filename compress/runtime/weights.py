@@ -60,8 +60,11 @@ RUNS = {
     "logit_softcap": _any,
     "windows": _any,
     "tied": _any,
-    "mlp": lambda moe: None if moe is None or not moe.dense_layers else "dense layers among MoE",
-    # a shared expert (qwen2_moe) runs in every path: MoeWeights.shared
+    # a layer's MLP, dense or MoE (Layer.moe), with any scores, choice bias, scale and shared
+    # expert (MoeWeights); experts chosen within groups only by compression's routing
+    "mlp": lambda moe: (
+        None if moe is None or moe.groups == (1, 1) else f"expert groups {moe.groups}"
+    ),
     "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
 }
 
@@ -89,6 +92,9 @@ class MoeWeights:
     reads: torch.Tensor = None  # int64 [E]: steps that read each expert (both paths add)
     shared: tuple[object, object] | None = None  # a shared expert's (gate_up, down)
     shared_gate: DenseLinear | None = None  # [1, hidden] fp32: sigmoid of it gates `shared`
+    sigmoid: bool = False  # the router's scores: sigmoids, not the softmax (glm4_moe)
+    choice_bias: torch.Tensor | None = None  # fp32 [E]: added to the scores to choose
+    scale: float = 1.0  # the chosen weights times this
 
     def __post_init__(self):
         if self.reads is None:
@@ -120,7 +126,9 @@ class MoeWeights:
 
     def linears_shared(self):
         """The shared expert's gate and linears (none without one)."""
-        return () if self.shared is None else (self.shared_gate, *self.shared)
+        if self.shared is None:
+            return ()
+        return self.shared if self.shared_gate is None else (self.shared_gate, *self.shared)
 
     @property
     def active_params(self) -> int:
@@ -359,7 +367,7 @@ def load_weights(
             return norm(f"{p}.{name}") if name else None
 
         moe = gate_up = down = None
-        if spec.mlp is not None:
+        if spec.mlp is not None and i not in spec.mlp.dense_layers:
             experts = [
                 (
                     fuse(
@@ -371,11 +379,16 @@ def load_weights(
             ]
             router = DenseLinear(tensors[f"{p}.{adapter.router}.weight"].to(device, torch.float32))
             moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
+            moe.sigmoid, moe.scale = spec.mlp.scoring == "sigmoid", spec.mlp.scale
+            if adapter.choice_bias:
+                bias = tensors[f"{p}.{adapter.choice_bias}"].reshape(-1)
+                moe.choice_bias = bias.to(device, torch.float32).contiguous()
             if spec.mlp.shared:
                 gate, up, down = (lin(n) for n in adapter.shared_linears)
                 moe.shared = (fuse([gate, up]), down)
-                weight = tensors[f"{p}.{adapter.shared_gate}.weight"]
-                moe.shared_gate = DenseLinear(weight.to(device, torch.float32))
+                if adapter.shared_gate:
+                    weight = tensors[f"{p}.{adapter.shared_gate}.weight"]
+                    moe.shared_gate = DenseLinear(weight.to(device, torch.float32))
         elif adapter.gate_up:
             gate_up, down = lin(adapter.gate_up), lin(adapter.down)
         else:

@@ -80,18 +80,23 @@ typedef struct {
     int split;           /* 8-bit: two-term activations (llmp_gemm_q8_split) */
 } QLin;
 
-/* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits, top_k,
- * optional renormalization of the chosen weights; then the rows routed to each chosen
- * expert gathered and run through its gate_up and down, so an expert's weights are read
- * once per step and an unchosen one not at all. */
+/* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits (or each
+ * one's sigmoid), top_k (chosen by score plus an optional per-expert bias), optional
+ * renormalization of the chosen weights, times `scale` (llmp_route); then the rows routed
+ * to each chosen expert gathered and run through its gate_up and down, so an expert's
+ * weights are read once per step and an unchosen one not at all. */
 typedef struct {
     const float *router;
     const QLin *experts; /* [2E]: gate_up of expert e at 2e, its down at 2e + 1 */
     int n_experts, top_k, renorm, inter;
     int64_t *reads;      /* [E]: steps that read each expert (the runtime's MBU) */
     const QLin *shared;  /* [2]: a shared expert's gate_up and down (qwen2_moe); or NULL */
-    const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x) */
+    const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x);
+                               * NULL: added as it is (glm4_moe's shared experts) */
     int shared_inter;
+    int sigmoid;              /* scores: each logit's sigmoid, not the softmax */
+    const float *choice_bias; /* [E] added to the scores to choose (NULL: none) */
+    float scale;              /* the weights times this (routed_scaling_factor) */
 } QMoe;
 
 /* One block. What differs between families arrives as data (compress/model/spec.py's
@@ -170,7 +175,7 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
-void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K, int renorm, float *logits, int32_t *choice, float *weight);
+void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K, int renorm, int sigmoid, const float *bias, float scale, float *logits, int32_t *choice, float *weight);
 
 /* ---- layers.c: whole steps of a layer stack */
 int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int E, int K, int I);

@@ -8,11 +8,15 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
         gate[b] = 1.f / (1.f + expf(-dot_f32(xf + (int64_t)b * ld, w, hidden)));
 }
 
-/* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: softmax over the logits,
- * the top K (ties: the lower index), their weights renormalized to sum to 1 when asked.
- * logits [B, E] is scratch; choice and weight [B, K] the result. */
+/* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: each expert's score is the
+ * softmax of the logits, or with `sigmoid` each logit's sigmoid (glm4_moe); the top K
+ * scores (ties: the lower index) are chosen, each plus bias[e] where a bias is given
+ * (e_score_correction_bias: it steers the choice, not the weights); the chosen scores,
+ * renormalized to sum to 1 when asked, times `scale`, are the weights. logits [B, E] is
+ * scratch; choice and weight [B, K] the result. */
 void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K,
-                int renorm, float *logits, int32_t *choice, float *weight) {
+                int renorm, int sigmoid, const float *bias, float scale, float *logits,
+                int32_t *choice, float *weight) {
     #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
     for (int64_t i = 0; i < (int64_t)B * E; i++)
         logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden);
@@ -20,20 +24,30 @@ void llmp_route(const float *xf, int B, int ld, const float *router, int E, int 
         float *p = logits + (int64_t)b * E, mx = p[0], sum = 0.f, chosen = 0.f;
         int32_t *c = choice + (int64_t)b * K;
         float *cw = weight + (int64_t)b * K;
-        for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
-        for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) p[e] = 1.f / (1.f + expf(-p[e]));
+        } else {
+            for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
+            for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
+            if (bias) /* the scores themselves, to add the bias to */
+                for (int e = 0; e < E; e++) p[e] /= sum;
+        }
         for (int k = 0; k < K; k++) { /* top K by repeated arg max */
             int best = -1;
+            float top = 0.f;
             for (int e = 0; e < E; e++) {
                 int taken = 0;
                 for (int j = 0; j < k; j++) taken |= c[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+                float s = bias ? p[e] + bias[e] : p[e];
+                if (!taken && (best < 0 || s > top)) best = e, top = s;
             }
             c[k] = best;
-            chosen += (cw[k] = p[best] / sum);
+            chosen += (cw[k] = sigmoid || bias ? p[best] : p[best] / sum);
         }
         if (renorm)
             for (int k = 0; k < K; k++) cw[k] /= chosen;
+        if (scale != 1.f)
+            for (int k = 0; k < K; k++) cw[k] *= scale;
     }
 }
 
@@ -67,7 +81,8 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     float *adx = apad + R * wp, *abs_ = adx + R * nbi;
     float *y = abs_ + R * nbi;
     int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
-    llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, logits, choice, cw);
+    llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, M->sigmoid, M->choice_bias,
+               M->scale, logits, choice, cw);
     int starts[E + 1], used[E], n_used = 0, n = 0;
     GemmJob jobs[E];
     for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
@@ -107,9 +122,10 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
         for (int d = 0; d < hidden; d++) o[d] += yr[d];
     }
     if (S == 0) return 0;
-    /* the shared expert, every row: gate * shared(x), rounded, then added (as torch) */
+    /* the shared expert, every row: gate * shared(x), rounded, then added (as torch); no
+     * gate (glm4_moe's shared experts): added as it is */
     float *gate = logits; /* routing is done: its B * E floats are free */
-    llmp_sigmoid_gate(xf, B, hp, M->shared_gate, hidden, gate);
+    if (M->shared_gate) llmp_sigmoid_gate(xf, B, hp, M->shared_gate, hidden, gate);
     memcpy(gx8, x8, (size_t)B * hp); /* qlin may requantize its input in place */
     memcpy(gpad, xf, (size_t)B * hp * sizeof(float));
     memcpy(gdx, dx, (size_t)B * nbh * sizeof(float));
@@ -117,7 +133,8 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     if (qlin(M->shared, gx8, gdx, gbs, B, gu, gpad, hp)) return -1;
     llmp_act_mul_quant(gu, B, S, sp, act, apad, ax8, adx, abs_);
     if (qlin(M->shared + 1, ax8, adx, abs_, B, y, apad, sp)) return -1;
-    for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
+    if (M->shared_gate)
+        for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
     for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += y[i];
     return 0;
 }
