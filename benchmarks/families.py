@@ -20,7 +20,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
   heads; glm4_moe with sigmoid routing steered by a choice bias, scaled by 2.5, an
-  ungated shared expert of width 1024 and layer 0 dense, 4096 wide).
+  ungated shared expert of width 1024 and layer 0 dense, 4096 wide; ernie4_5_moe with
+  softmax routing steered by a choice bias, the same shared expert and dense layer 0).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -156,6 +157,12 @@ MOE_SETTINGS = {
     "glm4_moe": {  # and the tiny model's routing, shared expert, norms and biases
         "n_routed_experts": 8,
         "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+    },
+    "ernie4_5_moe": {  # and the tiny model's routing, shared expert and rope
+        "moe_num_experts": 8,
+        "moe_k": 2,
         "moe_intermediate_size": 1024,
         "intermediate_size": 4096,
     },

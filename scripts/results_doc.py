@@ -2811,6 +2811,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "--skip-anchors --rounds 7",
         families,
     ),
+    (
+        "families_ernie4_5_moe.json",
+        "ernie4_5_moe beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families ernie4_5_moe,qwen3_moe --name families_ernie4_5_moe "
+        "--skip-anchors --rounds 7",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

@@ -210,9 +210,10 @@ def build_family(name: str, seed: int = 0, **overrides):
                 p.copy_(offset + 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))
-        for bname, b in model.named_buffers():
-            if bname.endswith("e_score_correction_bias"):  # steers the choice of experts
-                b.copy_(0.1 * torch.randn_like(b))
+        held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
+        for name_, t in held:
+            if name_.endswith("e_score_correction_bias"):  # steers the choice of experts
+                t.copy_(0.1 * torch.randn_like(t))
     return model
 
 
@@ -288,6 +289,21 @@ MOE_FAMILIES = {
             "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": 2,
+        },
+    ),
+    # softmax routing steered by its choice bias, always renormalized, an ungated shared
+    # expert, interleaved rope, tied head; layer 0 dense. No use_bias (none published):
+    # it also biases the output projection, which is refused
+    "ernie4_5_moe": (
+        "Ernie4_5_MoeConfig",
+        {
+            "hidden_size": 128,
+            "moe_num_experts": 4,
+            "moe_k": 2,
+            "moe_intermediate_size": 128,
+            "moe_num_shared_experts": 1,
+            "moe_layer_start_index": 1,
+            "tie_word_embeddings": True,
         },
     ),
 }

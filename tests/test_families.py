@@ -160,20 +160,22 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-ROUTING_FACTS = {  # glm4_moe's, each undone on the loaded experts
-    "sigmoid scores": {"sigmoid": False},
-    "choice bias": {"choice_bias": None},
-    "routed scale": {"scale": 1.0},
-    "ungated shared expert": {"shared": None},
+ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded experts
+    "glm4_moe sigmoid scores": {"sigmoid": False},
+    "glm4_moe choice bias": {"choice_bias": None},
+    "glm4_moe routed scale": {"scale": 1.0},
+    "glm4_moe ungated shared expert": {"shared": None},
+    "ernie4_5_moe choice bias": {"choice_bias": None},
 }
 
 
 @pytest.mark.parametrize("fact", ROUTING_FACTS)
 def test_dropping_a_routing_fact_shows(models, ids, fact):
-    """Each of glm4_moe's routing facts moves the tiny model's logits: the runtime's
-    agreement with transformers is not one the facts could miss."""
-    want = _transformers_logits(models["glm4_moe"], ids)
-    weights = load_weights(resolve(str(models["glm4_moe"])), device="cpu")
+    """Each routing fact moves its tiny model's logits: the runtime's agreement with
+    transformers is not one the facts could miss."""
+    name = fact.split()[0]
+    want = _transformers_logits(models[name], ids)
+    weights = load_weights(resolve(str(models[name])), device="cpu")
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
     for layer in weights.layers:
@@ -556,6 +558,16 @@ def test_expert_groups_compress_and_the_runtime_refuses_them(tokenizer_dir, wiki
     with pytest.raises(LlmpressError, match=r"mlp expert groups \(2, 1\) is not supported") as e:
         load_weights(resolve(str(out)), device="cpu")
     assert "\n" not in str(e.value)
+
+
+def test_an_output_projection_with_a_bias_is_refused_in_one_line(tokenizer_dir, tmp_path):
+    """ERNIE 4.5 MoE's use_bias (false in the published models) also biases lm_head, which
+    llmpress does not compute: refused before any work, not decoded without it."""
+    src = write_family(tmp_path / "src", "ernie4_5_moe", tokenizer_dir, use_bias=True)
+    code, _, err = run_cli(["compress", str(src), "-o", str(tmp_path / "w4"), "--quant", "w4g32"])
+    ours = [x for x in err.strip().splitlines() if not x.startswith("[transformers]")]
+    assert code != 0 and len(ours) == 1 and "has a bias (lm_head.bias)" in err, err
+    assert not (tmp_path / "w4").exists()
 
 
 def test_a_glm4_moe_checkpoint_s_prediction_block_is_carried_into_the_artifact(

@@ -203,8 +203,10 @@ class Adapter:
     shared_gate: str | None = None  # None beside a shared expert: it is not gated (glm4_moe)
     shared_width: int = 0
     # a per-expert bias added to the router's scores to choose, not to weigh (the
-    # checkpoint's e_score_correction_bias, relative to the block), or None
+    # checkpoint's e_score_correction_bias, relative to the block), or None; stored [E],
+    # or [1, E] with `choice_bias_2d` (ERNIE's moe_statics)
     choice_bias: str | None = None
+    choice_bias_2d: bool = False
     # the config key that gives q and k their per-head norms (glm4_moe's use_qk_norm); the
     # norms exist only where it is true (adapter_for drops them otherwise)
     qk_norm_option: str | None = None
@@ -431,6 +433,9 @@ class MoeKeys:
     shared: str | None = None  # the shared expert's width
     shared_count: str | None = None  # or how many experts wide it is (glm4_moe)
     first_dense: str | None = None  # the number of first layers that keep a dense MLP
+    # or the layers that hold experts: (first, last, every nth) keys (ERNIE's); the others
+    # keep a dense MLP
+    moe_span: tuple[str, str, str] | None = None
     scoring: str = "softmax"  # or "sigmoid"
     scale: str | None = None  # the weights' multiplier
     groups: tuple[str, str] | None = None  # the group count and how many are chosen
@@ -442,6 +447,11 @@ class MoeKeys:
         dense += tuple(i for i in range(layers) if (i + 1) % step and i not in dense)
         if self.first_dense:
             dense += tuple(i for i in range(getattr(hf, self.first_dense)) if i not in dense)
+        if self.moe_span:
+            first, last, every = (getattr(hf, k) for k in self.moe_span)
+            last = layers - 1 if last is None or last < 0 else last
+            moe = {i for i in range(first, last + 1) if (i + 1) % every == 0}
+            dense += tuple(i for i in range(layers) if i not in moe and i not in dense)
         width = getattr(hf, self.width)
         shared = getattr(hf, self.shared) if self.shared else 0
         if self.shared_count:
@@ -619,6 +629,29 @@ ADAPTERS: dict[str, Adapter] = {
         predictor_layers="num_mtp_layers",
         **_QK_NORMS,
     ),
+    # ernie4_5_moe (ERNIE-4.5-21B-A3B, 300B-A47B): ernie4_5's attention (every linear biased
+    # with use_bias, the whole head rotated in interleaved pairs); softmax routing steered
+    # by a choice bias, always renormalized; ungated shared experts; experts in the layers
+    # from moe_layer_start_index to moe_layer_end_index, every moe_layer_interval-th
+    "ernie4_5_moe": replace(
+        LLAMA,
+        families=("ernie4_5_moe",),
+        architecture="Ernie4_5_MoeForCausalLM",
+        bias_options=(("use_bias", ("q", "k", "v", "o", "gate", "up", "down")),),
+        rope_interleaved=True,
+        moe=MoeKeys(
+            "moe_num_experts",
+            "moe_intermediate_size",
+            None,
+            shared_count="moe_num_shared_experts",
+            moe_span=("moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval"),
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
+        choice_bias="mlp.moe_statics.e_score_correction_bias",
+        choice_bias_2d=True,
+    ),
     "qwen2_moe": replace(
         LLAMA,
         families=("qwen2_moe",),
@@ -732,7 +765,8 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
         for module, dims in _block_shapes(block, shape).items():
             out[f"{adapter.block_prefix(i)}.{module}.weight"] = dims
         if block.experts and adapter.choice_bias:
-            out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = (block.experts,)
+            dims = (1, block.experts) if adapter.choice_bias_2d else (block.experts,)
+            out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = dims
     return out
 
 

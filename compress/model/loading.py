@@ -235,6 +235,11 @@ def _check_tensors(ckpt: Checkpoint, shape: ModelShape) -> None:
         for n in tensors
         if n.startswith(prefix) and (m := _BLOCK.match(n, len(prefix) - 1))
     }
+    if f"{adapter.lm_head}.bias" in tensors:  # ERNIE 4.5 MoE's with use_bias (none published)
+        raise LlmpressError(
+            f"{ckpt.path}: its output projection has a bias ({adapter.lm_head}.bias), which "
+            "llmpress does not compute yet; open an issue with the model's config.json"
+        )
     carried = 0  # next-token-prediction blocks after the model's own (GLM-4.5's MTP)
     if adapter.predictor_layers:
         carried = int(getattr(hf_config(ckpt.config), adapter.predictor_layers, 0) or 0)

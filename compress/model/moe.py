@@ -86,7 +86,8 @@ class MoeMLP(nn.Module):
                 if not hasattr(owner, head):
                     owner.add_module(head, nn.Module())
                 owner = getattr(owner, head)
-            owner.register_buffer(name, torch.zeros(moe.experts))
+            shape = (1, moe.experts) if adapter.choice_bias_2d else (moe.experts,)
+            owner.register_buffer(name, torch.zeros(shape))
         self.experts = nn.ModuleList(
             Expert(adapter.expert_names, hidden, moe.intermediate, spec.activation)
             for _ in range(moe.experts)
@@ -108,7 +109,7 @@ class MoeMLP(nn.Module):
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert indices [T, k]) for tokens [T, hidden]."""
         logits = getattr(self, self.router_name)(flat).float()
-        bias = self.get_buffer(self.bias_path).float() if self.bias_path else None
+        bias = self.get_buffer(self.bias_path).float().reshape(-1) if self.bias_path else None
         s = self.spec
         weights, chosen = route_scores(
             logits, s.top_k, s.renormalize, s.scoring == "sigmoid", bias, s.scale, s.groups
