@@ -350,6 +350,8 @@ GGUF_FAMILIES = {
     "ernie4_5": ("ERNIE4_5", {}),
     "glm": ("CHATGLM", {}),  # llama.cpp's chatglm: GLM-4-9B-chat's files
     "olmoe": ("OLMOE", {}),
+    "glm4_moe": ("GLM4_MOE", {}),
+    "ernie4_5_moe": ("ERNIE4_5_MOE", {}),
 }
 
 
@@ -400,6 +402,7 @@ def write_gguf(
     stacked_experts: bool = True,
     window_keys: bool = True,
     fuse_qkv: bool = False,
+    nextn: int = 0,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
@@ -407,7 +410,9 @@ def write_gguf(
     tokenizer of `tokenizer_gguf`. Without `window_keys`, an olmo3 or exaone4 window is
     left for the reader to infer, as converters that do not write it leave it. With
     `fuse_qkv`, q, k and v go into one attn_qkv, rows q then k then v (ChatGLM's
-    query_key_value, llama.cpp's `--fuse-qkv`)."""
+    query_key_value, llama.cpp's `--fuse-qkv`). `nextn`: that many next-token-prediction
+    blocks after the model's (GLM-4.5's, counted in the block count, as llama.cpp's
+    converter writes them), each a copy of the last block plus its own projection."""
     import gguf
     import numpy as np
 
@@ -418,7 +423,9 @@ def write_gguf(
     w.add_name(f"tiny {cfg.model_type}")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_block_count(cfg.num_hidden_layers)
+    w.add_block_count(cfg.num_hidden_layers + nextn)
+    if nextn:
+        w.add_nextn_predict_layers(nextn)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
@@ -426,7 +433,7 @@ def write_gguf(
     if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if enum in (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM):  # the rotated width
+    if enum in (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE):
         partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
         w.add_rope_dimension_count(int(head_dim * partial))
     rope = cfg.rope_parameters
@@ -458,6 +465,19 @@ def write_gguf(
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    if cfg.model_type == "glm4_moe":  # llama.cpp's Glm4MoeModel keys
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+    if cfg.model_type == "ernie4_5_moe":  # beside the expert keys above (num_experts alias)
+        w.add_expert_shared_count(cfg.moe_num_shared_experts)
+        w.add_leading_dense_block_count(cfg.moe_layer_start_index)
+        w.add_interleave_moe_layer_step(cfg.moe_layer_interval)
     if getattr(cfg, "sliding_window", None) and cfg.model_type in ("gemma2", "gemma3_text"):
         w.add_sliding_window(cfg.sliding_window)
     windowed = window_keys and cfg.model_type in ("olmo3", "exaone4")
@@ -491,6 +511,7 @@ def write_gguf(
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub)
     fused: dict[str, dict] = {}  # attn_qkv name -> its parts so far
+    written: dict[str, object] = {}  # GGUF name -> array (the last block's copied for nextn)
     for name, t in model.state_dict().items():
         t = t.float().numpy()
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -504,9 +525,13 @@ def write_gguf(
         if name.endswith("experts.down_proj"):
             _add_experts(w, f"blk.{name.split('.')[2]}.ffn_down", t, stacked_experts)
             continue
-        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        lookup = name.replace(".gate.moe_statics.", ".moe_statics.")  # ERNIE's, as saved
+        lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)
+        target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
         if target is None:
             raise KeyError(f"no GGUF name for {name}")
+        if target.endswith("exp_probs_b.bias"):  # llama.cpp stores ERNIE's [1, E] as [E]
+            t = t.reshape(-1)
         if target.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp stores it as [hidden]
             t = t.reshape(-1)
         interleaved = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3)
@@ -526,6 +551,14 @@ def write_gguf(
                 w.add_tensor(part[1] + "qkv" + part[3], np.ascontiguousarray(joined))
             continue
         w.add_tensor(target, np.ascontiguousarray(t))
+        written[target] = t
+    last = f"blk.{cfg.num_hidden_layers - 1}."
+    for i in range(cfg.num_hidden_layers, cfg.num_hidden_layers + nextn):
+        for target, t in written.items():
+            if target.startswith(last):
+                w.add_tensor(target.replace(last, f"blk.{i}."), t + 1.0)
+        proj = np.ones((2 * cfg.hidden_size, cfg.hidden_size), np.float32)
+        w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", proj)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

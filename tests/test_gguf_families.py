@@ -1,6 +1,8 @@
 """GGUF files of the newer families, written by the gguf package from tiny seeded models as
 llama.cpp's converter names and lays them out, convert and run like the original."""
 
+import json
+
 import pytest
 import torch
 from family_models import GGUF_FAMILIES, GGUF_ROPE_CASES, build_family, write_gguf
@@ -38,6 +40,23 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     # head_dim (16 here, transformers' qwen3 default is 128) and the experts' width come
     # from the file: built at transformers' defaults, these models would not even load
     assert (got - want).abs().max() < 1e-4
+
+
+def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
+    """llama.cpp counts GLM-4.5's next-token-prediction block in the file's block count
+    (46 + 1 for GLM-4.5-Air): the converted model has the model's own blocks and computes
+    as transformers' does; the block, for speculative decoding, is not converted."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("glm4_moe", vocab_size=1024)
+    path = write_gguf(model, tmp_path / "glm4moe.gguf", default_gguf(), nextn=1)
+    folder = convert_gguf(path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["first_k_dense_replace"] == 1
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
 
 
 @pytest.mark.parametrize("name,layers", [("gemma2", 46), ("gemma3_text", 62)])

@@ -44,6 +44,8 @@ SUPPORTED_GGUF_ARCHS = {
     "ernie4_5": "ernie4_5",
     "chatglm": "glm",
     "olmoe": "olmoe",
+    "glm4moe": "glm4_moe",
+    "ernie4_5-moe": "ernie4_5_moe",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

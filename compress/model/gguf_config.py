@@ -1,8 +1,8 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm) and olmoe files that transformers
-cannot read. Their configs are built here from
+glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe and ernie4_5-moe
+files that transformers cannot read. Their configs are built here from
 the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
 loader's default, not the transformers config class's, since it is llama.cpp's meaning
 the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -18,6 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
+    "glm4moe", "ernie4_5-moe",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -178,17 +179,68 @@ def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
     renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
     file has no key for it."""
+    experts, used = _experts(get, "olmoe")
+    return "olmoe", {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "norm_topk_prob": False,
+        "attention_bias": _q_biased(reader),
+    }
+
+
+def _experts(get, path_key: str) -> tuple[int, int]:
     experts, used = get("expert_count"), get("expert_used_count")
     if not experts or not used:
         raise LlmpressError(
-            "the file's olmoe.expert_count or expert_used_count is missing: the file is "
+            f"the file's {path_key}.expert_count or expert_used_count is missing: the file is "
             "damaged; re-download it"
         )
-    return "olmoe", {
-        "num_experts": int(experts),
-        "num_experts_per_tok": int(used),
-        "norm_topk_prob": False,
+    return int(experts), int(used)
+
+
+def _glm4moe(get, fields: dict, reader) -> tuple[str, dict]:
+    """GLM-4.5: the block count includes the next-token-prediction blocks, which are not
+    converted (the converted checkpoint holds the model's own); llama.cpp's defaults for
+    absent keys: no dense layers, no scale, no renormalizing, sigmoid scores (the only
+    gating its graph runs for this family)."""
+    nextn = int(get("nextn_predict_layers", 0) or 0)
+    fields["num_hidden_layers"] -= nextn
+    if int(get("expert_gating_func", 2) or 2) != 2:
+        raise LlmpressError(
+            "the file's glm4moe.expert_gating_func is not sigmoid, which GLM-4.5 routes by: "
+            "compress the model's Hugging Face checkpoint instead"
+        )
+    _rotated_width(get, fields)
+    experts, used = _experts(get, "glm4moe")
+    return "glm4_moe", {
+        "n_routed_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(get("expert_feed_forward_length")),
+        "n_shared_experts": int(get("expert_shared_count", 0) or 0),
+        "first_k_dense_replace": int(get("leading_dense_block_count", 0) or 0),
+        "routed_scaling_factor": float(get("expert_weights_scale", 0) or 1.0),
+        "norm_topk_prob": bool(get("expert_weights_norm", False)),
+        "n_group": int(get("expert_group_count", 1) or 1),
+        "topk_group": int(get("expert_group_used_count", 1) or 1),
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in _tensor_names(reader),
         "attention_bias": _q_biased(reader),
+        "num_nextn_predict_layers": 0,
+    }
+
+
+def _ernie4_5_moe(get, fields: dict, reader) -> tuple[str, dict]:
+    """Experts from `leading_dense_block_count` on, every `interleave_moe_layer_step`-th
+    layer (llama.cpp's rule), to the last."""
+    experts, used = _experts(get, "ernie4_5-moe")
+    return "ernie4_5_moe", {
+        "moe_num_experts": experts,
+        "moe_k": used,
+        "moe_intermediate_size": int(get("expert_feed_forward_length")),
+        "moe_num_shared_experts": int(get("expert_shared_count", 0) or 0),
+        "moe_layer_start_index": int(get("leading_dense_block_count", 0) or 0),
+        "moe_layer_interval": int(get("interleave_moe_layer_step", 1) or 1),
+        "moe_layer_end_index": -1,
+        "use_bias": _q_biased(reader),
     }
 
 
@@ -201,6 +253,8 @@ _FAMILY = {
     "ernie4_5": _ernie4_5,
     "chatglm": _chatglm,
     "olmoe": _olmoe,
+    "glm4moe": _glm4moe,
+    "ernie4_5-moe": _ernie4_5_moe,
 }
 
 

@@ -94,7 +94,9 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
                     f"{single}): the file is incomplete or of another model; re-download it"
                 )
             continue
-        target = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        # a choice bias is written as <module>.e_score_correction.bias (llama.cpp's rename)
+        lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", name)
+        target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
         part = _FUSED_QKV.match(target or "")
         fused = part and f"{part[1]}qkv{part[3]}"
         if target not in tensors and fused in tensors:  # q, k and v in one tensor
