@@ -21,7 +21,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
   heads; glm4_moe with sigmoid routing steered by a choice bias, scaled by 2.5, an
   ungated shared expert of width 1024 and layer 0 dense, 4096 wide; ernie4_5_moe with
-  softmax routing steered by a choice bias, the same shared expert and dense layer 0).
+  softmax routing steered by a choice bias, the same shared expert and dense layer 0;
+  minimax_m2 with sigmoid routing steered by a choice bias, q/k norms over all heads and
+  half of each head rotated).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -165,6 +167,14 @@ MOE_SETTINGS = {
         "moe_k": 2,
         "moe_intermediate_size": 1024,
         "intermediate_size": 4096,
+    },
+    # minimax_m2: MiniMax-M2's sigmoid routing steered by a choice bias, q/k norms over all
+    # heads, half of each head rotated (its published 64 of 128)
+    "minimax_m2": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 1024,
+        "rotary_dim": 32,
     },
     # olmoe: OLMoE's routing (no renormalization) and q/k norms over all heads
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},

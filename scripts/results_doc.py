@@ -2818,6 +2818,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "--skip-anchors --rounds 7",
         families,
     ),
+    (
+        "families_minimax_m2.json",
+        "minimax_m2 beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families minimax_m2,qwen3_moe --name families_minimax_m2 "
+        "--skip-anchors --rounds 7",
+        families,
+    ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
         "eval_cache.json",

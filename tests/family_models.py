@@ -306,6 +306,20 @@ MOE_FAMILIES = {
             "tie_word_embeddings": True,
         },
     ),
+    # mixtral's names; sigmoid routing steered by its choice bias; q/k norms over all
+    # heads; a quarter of each head rotated (rotary_dim, as its checkpoints say it)
+    "minimax_m2": (
+        "MiniMaxM2Config",
+        {
+            "hidden_size": 128,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 128,
+            "rotary_dim": 4,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
 }
 FAMILIES.update(MOE_FAMILIES)
 

@@ -166,6 +166,8 @@ ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded ex
     "glm4_moe routed scale": {"scale": 1.0},
     "glm4_moe ungated shared expert": {"shared": None},
     "ernie4_5_moe choice bias": {"choice_bias": None},
+    "minimax_m2 choice bias": {"choice_bias": None},
+    "minimax_m2 sigmoid scores": {"sigmoid": False},
 }
 
 
@@ -486,6 +488,14 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     assert [r["stage"] for r in manifest["stages"]] == ["prune", "distill"]
     kept = manifest["stages"][0]["kept"]["experts"]
     assert all(len(layer) == before.experts // 2 for layer in kept)
+    bias = _adapter(name).choice_bias  # minimax_m2's: each kept expert keeps its own
+    if bias:
+        from safetensors.torch import load_file
+
+        was, now = (load_file(str(p / "model.safetensors")) for p in (models[name], out))
+        for i, experts in enumerate(kept):
+            key = f"model.layers.{i}.{bias}"
+            assert torch.equal(now[key], was[key][..., experts]), key
     quantized = _compress(out, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
     assert load_weights(resolve(str(quantized)), device="cpu").layers[0].moe is not None
 

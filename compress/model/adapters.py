@@ -602,6 +602,22 @@ ADAPTERS: dict[str, Adapter] = {
         expert="block_sparse_moe.experts",
         expert_names=("w1", "w3", "w2"),
     ),
+    # minimax_m2 (MiniMax-M2): mixtral's names, sigmoid routing steered by a choice bias
+    # (always renormalized), q/k norms over all heads (olmo2's), a partial rotary
+    "minimax_m2": replace(
+        LLAMA,
+        families=("minimax_m2",),
+        architecture="MiniMaxM2ForCausalLM",
+        bias_options=(),
+        moe=MoeKeys("num_local_experts", "intermediate_size", None, scoring="sigmoid"),
+        mlp="block_sparse_moe",
+        router="block_sparse_moe.gate",
+        expert="block_sparse_moe.experts",
+        expert_names=("w1", "w3", "w2"),
+        choice_bias="block_sparse_moe.e_score_correction_bias",
+        qk_norm="full",
+        **_QK_NORMS,
+    ),
     # glm4_moe (GLM-4.5, GLM-4.5-Air, GLM-4.6): glm's attention (biased q/k/v, half of each
     # head rotated, here in halves) with optional per-head q/k norms; sigmoid routing
     # steered by a choice bias, renormalized and scaled, an ungated shared expert, and its

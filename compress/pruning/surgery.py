@@ -126,6 +126,10 @@ def prune_state(
             if module == adapter.shared_gate and adapter.shared_width:
                 out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(1, hidden)
                 continue
+            if rel == adapter.choice_bias and keep.experts is not None:  # [E] or [1, E]
+                kept = torch.tensor(keep.experts[new], device="cpu")
+                out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(-1, kept)
+                continue
             if module == adapter.router and keep.experts is not None:
                 t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
                 out[f"{adapter.block_prefix(new)}.{rel}"] = t.index_select(1, hidden).contiguous()
