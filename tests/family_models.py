@@ -366,6 +366,7 @@ GGUF_FAMILIES = {
     "olmoe": ("OLMOE", {}),
     "glm4_moe": ("GLM4_MOE", {}),
     "ernie4_5_moe": ("ERNIE4_5_MOE", {}),
+    "minimax_m2": ("MINIMAXM2", {}),
 }
 
 
@@ -447,7 +448,8 @@ def write_gguf(
     if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    if enum in (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE):
+    partial = (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE)
+    if enum in (*partial, gguf.MODEL_ARCH.MINIMAXM2):  # the rotated width
         partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
         w.add_rope_dimension_count(int(head_dim * partial))
     rope = cfg.rope_parameters
@@ -488,6 +490,10 @@ def write_gguf(
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_weights_scale(cfg.routed_scaling_factor)
         w.add_expert_weights_norm(cfg.norm_topk_prob)
+    if cfg.model_type == "minimax_m2":  # beside the expert keys above (num_experts alias)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        if "{arch}.expert_gating_func" not in (extra or {}):  # from its scoring_func
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     if cfg.model_type == "ernie4_5_moe":  # beside the expert keys above (num_experts alias)
         w.add_expert_shared_count(cfg.moe_num_shared_experts)
         w.add_leading_dense_block_count(cfg.moe_layer_start_index)
@@ -506,8 +512,9 @@ def write_gguf(
     if getattr(cfg, "attn_logit_softcapping", None):  # gemma2's, as llama.cpp writes them
         w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    for key, value in (extra or {}).items():  # header keys a test adds (strings)
-        w.add_string(key.format(arch=gguf.MODEL_ARCH_NAMES[enum]), value)
+    for key, value in (extra or {}).items():  # header keys a test adds (strings, integers)
+        add = w.add_uint32 if isinstance(value, int) else w.add_string
+        add(key.format(arch=gguf.MODEL_ARCH_NAMES[enum]), value)
     reader = gguf.GGUFReader(str(tokenizer_gguf))
     fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
     tokens = fields["tokenizer.ggml.tokens"].contents()[: cfg.vocab_size]

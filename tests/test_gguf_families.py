@@ -59,6 +59,20 @@ def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
     assert (got.logits[0] - want).abs().max() < 1e-4
 
 
+def test_a_sigmoid_routed_family_s_gguf_with_other_gating_is_refused(tmp_path, monkeypatch):
+    """MiniMax-M2 routes by sigmoid scores: a file whose gating key says softmax is not
+    converted into a model that routes otherwise than the file says."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("minimax_m2", vocab_size=1024)
+    softmax = {"{arch}.expert_gating_func": 1}
+    path = write_gguf(model, tmp_path / "mm.gguf", default_gguf(), extra=softmax)
+    code, _, err = run_cli(["inspect", str(path)])
+    assert code != 0 and error_lines(err) == [
+        "error: the file's minimax-m2.expert_gating_func is not sigmoid, which this family "
+        "routes by: compress the model's Hugging Face checkpoint instead"
+    ], err
+
+
 @pytest.mark.parametrize("name,layers", [("gemma2", 46), ("gemma3_text", 62)])
 def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
     name, layers, tmp_path, monkeypatch

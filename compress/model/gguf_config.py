@@ -1,8 +1,8 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe and ernie4_5-moe
-files that transformers cannot read. Their configs are built here from
+glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe and
+minimax-m2 files that transformers cannot read. Their configs are built here from
 the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
 loader's default, not the transformers config class's, since it is llama.cpp's meaning
 the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -18,7 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe",
+    "glm4moe", "ernie4_5-moe", "minimax-m2",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -188,12 +188,19 @@ def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
-def _experts(get, path_key: str) -> tuple[int, int]:
+def _experts(get, arch: str, sigmoid: bool = False) -> tuple[int, int]:
+    """The expert count and how many a token uses. `sigmoid`: the family routes by sigmoid
+    scores, and a file whose gating key says another is refused (absent: sigmoid)."""
     experts, used = get("expert_count"), get("expert_used_count")
     if not experts or not used:
         raise LlmpressError(
-            f"the file's {path_key}.expert_count or expert_used_count is missing: the file is "
+            f"the file's {arch}.expert_count or expert_used_count is missing: the file is "
             "damaged; re-download it"
+        )
+    if sigmoid and int(get("expert_gating_func", 2) or 2) != 2:
+        raise LlmpressError(
+            f"the file's {arch}.expert_gating_func is not sigmoid, which this family routes "
+            "by: compress the model's Hugging Face checkpoint instead"
         )
     return int(experts), int(used)
 
@@ -203,15 +210,9 @@ def _glm4moe(get, fields: dict, reader) -> tuple[str, dict]:
     converted (the converted checkpoint holds the model's own); llama.cpp's defaults for
     absent keys: no dense layers, no scale, no renormalizing, sigmoid scores (the only
     gating its graph runs for this family)."""
-    nextn = int(get("nextn_predict_layers", 0) or 0)
-    fields["num_hidden_layers"] -= nextn
-    if int(get("expert_gating_func", 2) or 2) != 2:
-        raise LlmpressError(
-            "the file's glm4moe.expert_gating_func is not sigmoid, which GLM-4.5 routes by: "
-            "compress the model's Hugging Face checkpoint instead"
-        )
+    fields["num_hidden_layers"] -= int(get("nextn_predict_layers", 0) or 0)
     _rotated_width(get, fields)
-    experts, used = _experts(get, "glm4moe")
+    experts, used = _experts(get, "glm4moe", sigmoid=True)
     return "glm4_moe", {
         "n_routed_experts": experts,
         "num_experts_per_tok": used,
@@ -244,6 +245,15 @@ def _ernie4_5_moe(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _minimax_m2(get, fields: dict, reader) -> tuple[str, dict]:
+    """The rotated width from `rope.dimension_count` (MiniMax-M2's rotary_dim); sigmoid
+    scores, which the converter writes from the config's scoring_func."""
+    _rotated_width(get, fields)
+    experts, used = _experts(get, "minimax-m2", sigmoid=True)
+    fields["intermediate_size"] = int(get("expert_feed_forward_length"))
+    return "minimax_m2", {"num_local_experts": experts, "num_experts_per_tok": used}
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -255,6 +265,7 @@ _FAMILY = {
     "olmoe": _olmoe,
     "glm4moe": _glm4moe,
     "ernie4_5-moe": _ernie4_5_moe,
+    "minimax-m2": _minimax_m2,
 }
 
 
