@@ -570,6 +570,30 @@ def test_expert_groups_compress_and_the_runtime_refuses_them(tokenizer_dir, wiki
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize(
+    "name,dense",
+    [("qwen3_moe", {"mlp_only_layers": [0]}), ("qwen2_moe", {"decoder_sparse_step": 2})],
+)
+def test_qwen_moe_layers_kept_dense_compress_and_run(
+    tokenizer_dir, wikitext, tmp_path, ids, name, dense
+):
+    """qwen3_moe's mlp_only_layers and qwen2_moe's decoder_sparse_step keep some layers
+    dense (glm4_moe's path): the runtime computes transformers' logits, and the 4-bit
+    artifact opens in plain transformers and agrees with the runtime."""
+    src = write_family(tmp_path / "src", name, tokenizer_dir, **dense)
+    assert (
+        _adapter(name).mixed is False
+        and adapter_for(json.loads((src / "config.json").read_text())).mixed
+    )
+    weights = load_weights(resolve(str(src)), device="cpu")
+    assert [layer.moe is None for layer in weights.layers] == [True, False]
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+    out = _compress(src, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)(ids)
+    assert (got.logits[0] - _transformers_logits(out, ids)).abs().max() < 1e-3
+
+
 def test_an_output_projection_with_a_bias_is_refused_in_one_line(tokenizer_dir, tmp_path):
     """ERNIE 4.5 MoE's use_bias (false in the published models) also biases lm_head, which
     llmpress does not compute: refused before any work, not decoded without it."""
