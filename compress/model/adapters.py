@@ -805,23 +805,25 @@ def adapter_for(config: dict) -> Adapter:
     A Mixture-of-Experts adapter comes bound to the config's expert count and width."""
     model_type = config.get("model_type")
     adapter = ADAPTERS.get(model_type or "")
-    option = adapter.qk_norm_option if adapter is not None else None
-    if option and not getattr(_hf(config), option, False):
+    if adapter is None:
+        supported = ", ".join(sorted(ADAPTERS))
+        raise LlmpressError(
+            f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
+            "open an issue with the model's config.json"
+        )
+    if adapter.moe is None and adapter.qk_norm_option is None:
+        return adapter
+    hf = _hf(config)  # once: transformers' config object, its defaults filled in
+    if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
-    if adapter is not None and adapter.moe is not None:
-        moe = adapter.moe(_hf(config))
+    if adapter.moe is not None:
+        moe = adapter.moe(hf)
         adapter = replace(
             adapter,
             experts=moe.experts,
             expert_width=moe.intermediate,
             shared_width=moe.shared,
             dense_layers=moe.dense_layers,
-        )
-    if adapter is None:
-        supported = ", ".join(sorted(ADAPTERS))
-        raise LlmpressError(
-            f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
-            "open an issue with the model's config.json"
         )
     return adapter
 
