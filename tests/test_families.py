@@ -468,11 +468,11 @@ def test_pruning_then_quantizing_each_family(models, wikitext, tmp_path, ids, na
     assert (got - want).abs().max() < 1e-3
 
 
-@pytest.mark.parametrize("name", [n for n in MOE_FAMILIES if not _mixed(n)])
+@pytest.mark.parametrize("name", list(MOE_FAMILIES))
 def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_path, ids, name):
-    """Whole experts and each expert's width are cut (with heads and hidden): the pruned
-    repaired fp32 artifact is read by plain transformers and the runtime alike, and it
-    quantizes."""
+    """Whole experts and each expert's width are cut (with heads and hidden; a dense MLP
+    layer's width too, glm4_moe's and ernie4_5_moe's first): the pruned repaired fp32
+    artifact is read by plain transformers and the runtime alike, and it quantizes."""
     hidden = 0.5 if _adapter(name).heads_span_hidden else 0.25  # olmoe keeps heads × head_dim
     cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}
     repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
@@ -480,6 +480,10 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     before = Widths.of(json.loads((models[name] / "config.json").read_text()))
     after = Widths.of(json.loads((out / "config.json").read_text()))  # the family's own keys
     assert after.experts == before.experts // 2 and after.intermediate == 96
+    assert after.dense_intermediate == (96 if _mixed(name) else 0)
+    # a shared expert n experts wide (glm4_moe's, ernie4_5_moe's) is cut with them
+    assert after.shared == (96 * before.shared_experts if before.shared_experts else before.shared)
+    assert after.dense_layers == before.dense_layers
     want = _transformers_logits(out, ids)
     weights = load_weights(resolve(str(out)), device="cpu")
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
@@ -487,17 +491,22 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     manifest = json.loads((out / "manifest.json").read_text())
     assert [r["stage"] for r in manifest["stages"]] == ["prune", "distill"]
     kept = manifest["stages"][0]["kept"]["experts"]
-    assert all(len(layer) == before.experts // 2 for layer in kept)
+    dense = _adapter(name).dense_layers
+    assert [e is None for e in kept] == [i in dense for i in range(len(kept))]
+    assert all(len(layer) == before.experts // 2 for layer in kept if layer is not None)
     bias = _adapter(name).choice_bias  # minimax_m2's: each kept expert keeps its own
     if bias:
         from safetensors.torch import load_file
 
         was, now = (load_file(str(p / "model.safetensors")) for p in (models[name], out))
         for i, experts in enumerate(kept):
+            if experts is None:
+                continue
             key = f"model.layers.{i}.{bias}"
             assert torch.equal(now[key], was[key][..., experts]), key
     quantized = _compress(out, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
-    assert load_weights(resolve(str(quantized)), device="cpu").layers[0].moe is not None
+    layers = load_weights(resolve(str(quantized)), device="cpu").layers
+    assert [layer.moe is None for layer in layers] == [i in dense for i in range(len(layers))]
 
 
 def test_experts_and_expert_neurons_that_contribute_nothing_are_the_ones_removed(
@@ -532,6 +541,39 @@ def test_experts_and_expert_neurons_that_contribute_nothing_are_the_ones_removed
             assert torch.equal(pruned[expert.format(i, 0, role)], kept)
         router = f"model.layers.{i}.block_sparse_moe.gate.weight"
         assert torch.equal(pruned[router], state[router][[0, 2]])
+
+
+def test_dense_layer_and_shared_expert_neurons_that_contribute_nothing_are_the_ones_removed(
+    models, wikitext, tmp_path
+):
+    """glm4_moe's dense layer 0 and its layer 1's shared expert (one expert wide, so cut
+    with the experts) have their first 32 neurons writing nothing: cutting a quarter of the
+    MLP width removes exactly those, and the rest are the original slices."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "glm4_moe"
+    shutil.copytree(models["glm4_moe"], src)
+    (weights_file,) = src.glob("*.safetensors")
+    state = load_file(weights_file)
+    mlps = ("model.layers.0.mlp", "model.layers.1.mlp.shared_experts")
+    for mlp in mlps:
+        state[f"{mlp}.down_proj.weight"][:, :32] = 0
+    save_file(state, weights_file, metadata={"format": "pt"})
+    out = _compress(src, tmp_path / "pruned", [{"prune": {"mlp": 0.25, "multiple": 16}}], wikitext)
+    record = json.loads((out / "manifest.json").read_text())["stages"][0]
+    assert record["kept"]["shared"] == [None, list(range(32, 128))]
+    assert record["shape_after"]["dense_intermediate"] == record["shape_after"]["shared"] == 96
+    from compress.eval.report import plot_pruning  # the dense layer's scores, beside the experts'
+
+    plot_pruning(tmp_path / "pruning.png", record)
+    assert (tmp_path / "pruning.png").stat().st_size > 10_000
+    (pruned_file,) = out.glob("*.safetensors")
+    pruned = load_file(pruned_file)
+    for mlp in mlps:
+        for role, dim in (("gate_proj", 0), ("up_proj", 0), ("down_proj", 1)):
+            original = state[f"{mlp}.{role}.weight"]
+            kept = original[32:] if dim == 0 else original[:, 32:]
+            assert torch.equal(pruned[f"{mlp}.{role}.weight"], kept), (mlp, role)
 
 
 def test_a_family_vllm_has_no_model_of_its_own_for_is_said_at_compress(models, tmp_path):
@@ -594,6 +636,49 @@ def test_qwen_moe_layers_kept_dense_compress_and_run(
     assert (got.logits[0] - _transformers_logits(out, ids)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize(
+    "name,dense",
+    [
+        ("glm4_moe", {}),  # first_k_dense_replace: 1
+        ("ernie4_5_moe", {}),  # moe_layer_start_index: 1
+        ("qwen3_moe", {"mlp_only_layers": [1]}),
+    ],
+)
+def test_removing_expert_layers_keeps_the_dense_ones_where_the_config_says(
+    tokenizer_dir, wikitext, tmp_path, ids, name, dense
+):
+    """Of 4 layers, one dense, 2 are removed: never the dense one, and the keys that place
+    it are rewritten for the new depth, so plain transformers builds the pruned model as
+    the original with those layers deleted and computes the same logits (unrepaired)."""
+    from transformers import AutoModelForCausalLM
+
+    src = write_family(tmp_path / "src", name, tokenizer_dir, num_hidden_layers=4, **dense)
+    adapter = adapter_for(json.loads((src / "config.json").read_text()))
+    assert len(adapter.dense_layers) == 1
+    out = _compress(src, tmp_path / "pruned", [{"prune": {"layers": 2}}], wikitext)
+    kept = json.loads((out / "manifest.json").read_text())["stages"][0]["kept"]["layers"]
+    assert len(kept) == 2 and adapter.dense_layers[0] in kept
+    pruned = adapter_for(json.loads((out / "config.json").read_text()))
+    assert pruned.dense_layers == (kept.index(adapter.dense_layers[0]),)
+    original = AutoModelForCausalLM.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    blocks = original.get_submodule(adapter.blocks)
+    original.get_submodule(adapter.blocks.rpartition(".")[0]).layers = torch.nn.ModuleList(
+        [blocks[i] for i in kept]
+    )
+    original.config.num_hidden_layers = 2
+    with torch.no_grad():
+        want = original(ids).logits[0]
+    assert (_transformers_logits(out, ids) - want).abs().max() < 1e-4
+    weights = load_weights(resolve(str(out)), device="cpu")
+    assert [layer.moe is None for layer in weights.layers] == [
+        i in pruned.dense_layers for i in range(2)
+    ]
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-3
+
+
 def test_an_output_projection_with_a_bias_is_refused_in_one_line(tokenizer_dir, tmp_path):
     """ERNIE 4.5 MoE's use_bias (false in the published models) also biases lm_head, which
     llmpress does not compute: refused before any work, not decoded without it."""
@@ -646,7 +731,7 @@ def test_what_the_surgery_cannot_cut_is_refused_in_one_line(models, wikitext, tm
         "helium": ({"heads": 0.5}, "need heads × head_dim = hidden"),
         "llama3": ({"experts": 0.5}, "not a Mixture-of-Experts model"),
         "mixtral": ({"experts": 0.9}, "fewer than the 2 each token is routed to"),
-        "glm4_moe": ({"experts": 0.5}, "keeps a dense MLP in layers [0] beside"),
+        "glm4_moe": ({"layers": 1}, "keeps them all and at least one of its 1 Mixture"),
     }
     for name, (targets, message) in cases.items():
         code, _, err = run_cli([

@@ -196,9 +196,13 @@ def plot_pruning(path: Path, record: dict) -> None:
     b.set_title("Head importance (RMS contribution norm)")
     fig.colorbar(shown, ax=b, label="RMS ‖head output · W_o‖")
     c = axes[2]
-    mlp = torch.tensor(imp["mlp"])  # [layers, width], or [layers, experts, width]
-    mlp = mlp.reshape(-1, mlp.shape[-1]).sort(dim=1, descending=True).values.mean(0)
-    c.plot(mlp.numpy(), label="MLP neurons (mean)")
+    # per layer [width], or [experts, width]; a Mixture-of-Experts model's dense layers
+    # (GLM-4.5's first) hold a [width] of their own width among its [experts, width]
+    rows = [r for layer in imp["mlp"] for r in (layer if isinstance(layer[0], list) else [layer])]
+    for width in sorted({len(r) for r in rows}, reverse=True):
+        mlp = torch.tensor([r for r in rows if len(r) == width])
+        mlp = mlp.sort(dim=1, descending=True).values.mean(0)
+        c.plot(mlp.numpy(), label=f"MLP neurons of {width} (mean)")
     hidden = torch.tensor(imp["hidden"]).sort(descending=True).values
     c.plot(hidden.numpy(), label="hidden channels")
     after = record["shape_after"]

@@ -50,7 +50,11 @@ class CutGroup:
 class Widths:
     """The sizes pruning changes, and the parameter count they imply. In a
     Mixture-of-Experts model `intermediate` is each expert's width, `experts` how many a
-    layer holds and `top_k` how many a token uses (0 and 0 for a dense MLP)."""
+    layer holds and `top_k` how many a token uses (0 and 0 for a dense MLP); `shared` is
+    its shared expert's width, `shared_experts` how many experts wide that is where the
+    config says so (GLM-4.5's, ERNIE's: cut with theirs), and where it keeps a dense MLP
+    in some layers (GLM-4.5's first), `dense_layers` counts them and `dense_intermediate`
+    is their width."""
 
     hidden: int
     heads: int
@@ -60,6 +64,10 @@ class Widths:
     layers: int
     experts: int = field(default=0, kw_only=True)
     top_k: int = field(default=0, kw_only=True)
+    shared: int = field(default=0, kw_only=True)
+    shared_experts: int = field(default=0, kw_only=True)
+    dense_layers: int = field(default=0, kw_only=True)
+    dense_intermediate: int = field(default=0, kw_only=True)
 
     @classmethod
     def of(cls, config: dict) -> Widths:
@@ -67,19 +75,29 @@ class Widths:
         m = adapter.shape(config)
         if adapter.experts:
             moe = adapter.moe(_hf(config))
+            dense = len(moe.dense_layers)
+            wide = moe.shared // moe.intermediate if adapter.moe.shared_count else 0
             return Widths(
                 m.hidden, m.heads, m.kv_heads, m.head_dim, moe.intermediate, m.layers,
-                experts=moe.experts, top_k=moe.top_k,
+                experts=moe.experts, top_k=moe.top_k, shared=moe.shared, shared_experts=wide,
+                dense_layers=dense, dense_intermediate=m.intermediate if dense else 0,
             )  # fmt: skip
         return Widths(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
 
     def non_embedding_params(self) -> int:
         """Block weights plus the final norm: what pruning targets are measured against
-        (every expert and the router counted)."""
+        (every expert, the shared one and the router counted; a dense layer's MLP as it is)."""
         attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
         mlp = 3 * self.hidden * self.intermediate * max(self.experts, 1)
-        mlp += self.experts * self.hidden  # the router
-        return self.layers * (attn + mlp + 2 * self.hidden) + self.hidden
+        mlp += self.experts * self.hidden + 3 * self.hidden * self.shared  # router, shared
+        dense = 3 * self.hidden * self.dense_intermediate
+        blocks = self.layers * (attn + 2 * self.hidden)
+        return (
+            blocks
+            + (self.layers - self.dense_layers) * mlp
+            + self.dense_layers * dense
+            + self.hidden
+        )
 
     def apply(self, config: dict) -> dict:
         """`config` with these widths (head_dim written out: it no longer follows from hidden);
@@ -93,8 +111,9 @@ class Widths:
             "num_hidden_layers": self.layers,
         }
         keys = adapter_for(config).moe
+        if keys is None or self.dense_layers:  # the dense MLP's width
+            out["intermediate_size"] = self.dense_intermediate or self.intermediate
         if keys is None:
-            out["intermediate_size"] = self.intermediate
             return out
         aliases = type(_hf(config)).attribute_map  # e.g. num_experts is num_local_experts
         for key, value in ((keys.width, self.intermediate), (keys.count, self.experts)):
@@ -470,6 +489,26 @@ class MoeKeys:
             scale=float(getattr(hf, self.scale)) if self.scale else 1.0,
             groups=groups,
         )
+
+    def place_dense(self, config: dict, dense: list[int]) -> dict:
+        """`config` (at its new depth) with the keys that keep a dense MLP in layers `dense`
+        and experts in the others, read back to check that the family's keys can say so."""
+        layers = config["num_hidden_layers"]
+        moe = [i for i in range(layers) if i not in dense]
+        out = dict(config)
+        if hasattr(_hf(config), "mlp_only_layers"):  # qwen2_moe, qwen3_moe: any layers
+            out.update(mlp_only_layers=list(dense), decoder_sparse_step=1)
+        if self.first_dense:
+            out[self.first_dense] = len(dense)
+        if self.moe_span and moe:
+            first, last, every = self.moe_span
+            out.update({first: moe[0], last: moe[-1], every: 1})
+        if self(_hf(out)).dense_layers != tuple(dense):
+            raise LlmpressError(
+                f"prune.layers: this family's config cannot keep a dense MLP in layers {dense} "
+                f"of {layers}; remove fewer layers, or none"
+            )
+        return out
 
 
 LLAMA = Adapter(families=("llama",))

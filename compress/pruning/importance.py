@@ -5,7 +5,9 @@ hooks. Widths are scored by what a unit adds to the residual stream: the RMS ove
 of the norm of its contribution (for an MLP neuron, |activation| times the norm of its
 down-projection column; for a head, its slice of o_proj applied to its output). In a
 Mixture-of-Experts layer a neuron is scored within its expert, over the tokens routed to
-it, and an expert by the RMS over all tokens of its routing-weighted output. Hidden
+it, and an expert by the RMS over all tokens of its routing-weighted output (a shared
+expert's neurons as a dense MLP's, over every token). A dense
+layer of such a model (GLM-4.5's first) has its neurons scored as a dense MLP's. Hidden
 channels are scored by the RMS of every normalization's output in that channel, summed.
 Layers get block influence, 1 − cos(input, output), and, when layers are to be removed,
 the KL divergence of the model's output when that layer alone is skipped.
@@ -34,6 +36,11 @@ class Importance:
     tokens: int = 0
     method: str = "activation"
     experts: torch.Tensor | None = None  # [layers, experts]: MoE only
+    # [layers, dense width]: a Mixture-of-Experts model's dense MLP layers (GLM-4.5's first);
+    # their rows of `mlp` and `experts` are zero, the others' rows here
+    dense_mlp: torch.Tensor | None = None
+    dense: tuple[int, ...] = ()  # which layers those are
+    shared: torch.Tensor | None = None  # [layers, shared width]: the shared expert's neurons
 
     def to_manifest(self) -> dict:
         """Every score, rounded to 4 significant digits: small enough to keep, enough to plot."""
@@ -41,12 +48,23 @@ class Importance:
         def r(t):
             return None if t is None else [float(f"{v:.4g}") for v in t.flatten().tolist()]
 
+        def mlp(i, row):  # a dense layer of a Mixture-of-Experts model: its own width
+            if i in self.dense:
+                return r(self.dense_mlp[i])
+            return r(row) if row.dim() == 1 else [r(e) for e in row]
+
+        experts = self.experts
         out = {
             "method": self.method,
             "tokens": self.tokens,
             "heads": [r(row) for row in self.heads],
-            "mlp": [r(row) if row.dim() == 1 else [r(e) for e in row] for row in self.mlp],
-            "experts": None if self.experts is None else [r(row) for row in self.experts],
+            "mlp": [mlp(i, row) for i, row in enumerate(self.mlp)],
+            "experts": None
+            if experts is None
+            else [None if i in self.dense else r(row) for i, row in enumerate(experts)],
+            "shared": None
+            if self.shared is None
+            else [None if i in self.dense else r(row) for i, row in enumerate(self.shared)],
             "hidden": r(self.hidden),
             "layer_block_influence": r(self.layer_bi),
             "layer_removal_kl": r(self.layer_drift),
@@ -74,6 +92,9 @@ def activation_importance(
     head_sq = torch.zeros(n_layers, heads, dtype=torch.float64, device=dev)
     units = (widths.experts, widths.intermediate) if widths.experts else (widths.intermediate,)
     mlp_sq = torch.zeros(n_layers, *units, dtype=torch.float64, device=dev)
+    dense = adapter.dense_layers  # a Mixture-of-Experts model's dense layers, scored apart
+    dense_sq = torch.zeros(n_layers, widths.dense_intermediate, dtype=torch.float64, device=dev)
+    shared_sq = torch.zeros(n_layers, widths.shared, dtype=torch.float64, device=dev)
     hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64, device=dev)
     cos_sum = torch.zeros(n_layers, dtype=torch.float64, device=dev)
     handles = []
@@ -89,9 +110,11 @@ def activation_importance(
 
         return hook
 
-    def on_down(i, *expert):
+    def on_down(i, *expert, sums=None):
+        sums = sums if sums is not None else dense_sq if i in dense else mlp_sq
+
         def hook(_m, args):
-            mlp_sq[(i, *expert)] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
+            sums[(i, *expert)] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
 
         return hook
 
@@ -111,12 +134,15 @@ def activation_importance(
 
     for i, block in enumerate(layers):
         handles.append(block.get_submodule(adapter.o).register_forward_pre_hook(on_o(i)))
-        if widths.experts:
+        if widths.experts and i not in dense:
             for moe in moe_modules(block):
                 moe.contributions = torch.zeros(widths.experts, dtype=torch.float64, device=dev)
             for e in range(widths.experts):
                 down = block.get_submodule(adapter.expert_linear(e, "down"))
                 handles.append(down.register_forward_pre_hook(on_down(i, e)))
+            if widths.shared:
+                down = block.get_submodule(f"{adapter.shared_expert}.down_proj")
+                handles.append(down.register_forward_pre_hook(on_down(i, sums=shared_sq)))
         else:
             down = block.get_submodule(adapter.down)
             handles.append(down.register_forward_pre_hook(on_down(i)))
@@ -139,28 +165,50 @@ def activation_importance(
     finally:
         for h in handles:
             h.remove()
-    for total in (head_sq, mlp_sq, hidden_sq, cos_sum):  # float64: exact in any order
+    for total in (head_sq, mlp_sq, dense_sq, shared_sq, hidden_sq, cos_sum):  # float64: exact
         distributed.all_sum(total)
     tokens = samples.numel()
     experts = None
     if widths.experts:
         contributions = []
-        for block in layers:
+        for i, block in enumerate(layers):
+            if i in dense:
+                contributions.append(torch.zeros(widths.experts, dtype=torch.float64, device=dev))
+                continue
             (moe,) = moe_modules(block)
             contributions.append(distributed.all_sum(moe.contributions))
             moe.contributions = None
         experts = (torch.stack(contributions) / tokens).sqrt().float().cpu()
 
-    def down_norms(block):
+    def down_norms(i, block):
         if not widths.experts:
             return block.get_submodule(adapter.down).weight.norm(dim=0).double()
+        if i in dense:
+            return torch.zeros(units, dtype=torch.float64, device=dev)
         names = (adapter.expert_linear(e, "down") for e in range(widths.experts))
         return torch.stack([block.get_submodule(n).weight.norm(dim=0).double() for n in names])
 
-    down_norm = torch.stack([down_norms(block) for block in layers])
+    def column_norms(i, block, down, width, where):
+        if not where:
+            return torch.zeros(width, dtype=torch.float64, device=dev)
+        return block.get_submodule(down).weight.norm(dim=0).double()
+
+    def scores(sums, down, width, where) -> torch.Tensor:
+        norms = [column_norms(i, b, down, width, where(i)) for i, b in enumerate(layers)]
+        return ((sums / tokens).sqrt() * torch.stack(norms)).float().cpu()
+
+    down_norm = torch.stack([down_norms(i, block) for i, block in enumerate(layers)])
+    shared_down = f"{adapter.shared_expert}.down_proj"
     result = Importance(  # scores in host memory, where the plan is made
         heads=(head_sq / tokens).sqrt().float().cpu(),
         mlp=((mlp_sq / tokens).sqrt() * down_norm).float().cpu(),
+        dense_mlp=scores(dense_sq, adapter.down, widths.dense_intermediate, dense.__contains__)
+        if dense
+        else None,
+        dense=dense,
+        shared=scores(shared_sq, shared_down, widths.shared, lambda i: i not in dense)
+        if widths.shared
+        else None,
         hidden=(hidden_sq / tokens).sqrt().sum(0).float().cpu(),
         layer_bi=(1 - cos_sum / tokens).float().cpu(),
         tokens=tokens,
@@ -210,7 +258,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
 
 def random_importance(config: dict, seed: int, layers: int | None = None) -> Importance:
     """Scores drawn at random (seeded): the baseline an activation-based choice must beat."""
-    from compress.model.adapters import Widths
+    from compress.model.adapters import Widths, adapter_for
 
     gen = torch.Generator().manual_seed(seed)
     w = Widths.of(config)
@@ -220,6 +268,7 @@ def random_importance(config: dict, seed: int, layers: int | None = None) -> Imp
         return torch.rand(*shape, generator=gen, device="cpu")
 
     units = (w.experts, w.intermediate) if w.experts else (w.intermediate,)
+    dense = adapter_for(config).dense_layers
     return Importance(
         heads=rand(n, w.heads),
         mlp=rand(n, *units),
@@ -228,4 +277,7 @@ def random_importance(config: dict, seed: int, layers: int | None = None) -> Imp
         layer_drift=rand(n),
         method="random",
         experts=rand(n, w.experts) if w.experts else None,
+        dense_mlp=rand(n, w.dense_intermediate) if dense else None,
+        dense=dense,
+        shared=rand(n, w.shared) if w.shared else None,
     )

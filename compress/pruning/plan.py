@@ -1,7 +1,10 @@
 """From targets (`mlp: 0.25`, `heads: 0.33`, `hidden: 0.1`, `layers: 4`, `experts: 0.5`,
 `params: 0.7`) to the widths and depth of the pruned model, before any importance is
 computed. In a Mixture-of-Experts model `mlp` cuts each expert's width and `experts`
-removes whole experts (every layer the same count, at least top_k).
+removes whole experts (every layer the same count, at least top_k). Where such a model
+keeps a dense MLP in some layers (GLM-4.5's first), `mlp` cuts that width by the same
+fraction, and `layers` removes only its expert layers: the dense ones stay, and the keys
+that place them (first_k_dense_replace and the like) are rewritten for the new depth.
 
 Widths stay uniform across layers (every layer keeps the same number of heads and
 neurons) so that the result is a plain config.json that transformers loads. Hidden and
@@ -54,15 +57,26 @@ def target_shape(
     step = math.lcm(heads, multiple)
     if step > shape.hidden // 8:
         step = math.lcm(heads, 8)
+    intermediate = _round(shape.intermediate, 1 - cuts.get("mlp", 0.0), multiple)
     return Shape(
         hidden=_round(shape.hidden, 1 - cuts.get("hidden", 0.0), step),
         heads=heads,
         kv_heads=kv,
         head_dim=shape.head_dim,
-        intermediate=_round(shape.intermediate, 1 - cuts.get("mlp", 0.0), multiple),
+        intermediate=intermediate,
         layers=shape.layers - int(cuts.get("layers", 0)),
         experts=round(shape.experts * (1 - cuts.get("experts", 0.0))),
         top_k=shape.top_k,
+        # a shared expert n experts wide (GLM-4.5's) is cut with them; one of its own width
+        # (qwen2_moe's) keeps it: only the hidden width runs through it
+        shared=intermediate * shape.shared_experts if shape.shared_experts else shape.shared,
+        shared_experts=shape.shared_experts,
+        dense_layers=shape.dense_layers,  # never removed: see check_targets
+        dense_intermediate=(
+            _round(shape.dense_intermediate, 1 - cuts.get("mlp", 0.0), multiple)
+            if shape.dense_layers
+            else 0
+        ),
     )
 
 
@@ -83,7 +97,7 @@ def split_params(
         if "layers" in split:
             cuts["layers"] = round(shape.layers * frac)
         candidate = target_shape(shape, cuts, head_mode=head_mode, multiple=multiple)
-        if candidate.layers < 1 or candidate.experts < candidate.top_k:
+        if candidate.layers <= candidate.dense_layers or candidate.experts < candidate.top_k:
             break
         miss = abs(candidate.non_embedding_params() - target)
         if best is None or miss < best[0]:
@@ -116,6 +130,17 @@ def check_targets(cuts: dict, split: tuple[str, ...], head_mode: str, shape: Sha
                 f"the {shape.top_k} each token is routed to; remove at most "
                 f"{(shape.experts - shape.top_k) / shape.experts:.2f} of them"
             )
+    if (
+        shape is not None
+        and shape.dense_layers
+        and cuts.get("layers", 0) >= shape.layers - shape.dense_layers
+    ):
+        moe = shape.layers - shape.dense_layers
+        raise LlmpressError(
+            f"prune.layers: a model that keeps a dense MLP in {shape.dense_layers} of its "
+            f"layers keeps them all and at least one of its {moe} Mixture-of-Experts layers; "
+            f"remove at most {moe - 1}"
+        )
     if shape is not None and not 0 <= cuts.get("layers", 0) < shape.layers:
         raise LlmpressError(
             f"prune.layers: cannot remove {cuts['layers']} of {shape.layers} layers; "

@@ -7,6 +7,7 @@ Recipe form:
     - prune: {params: 0.7, split: [layers]}      # depth only
     - prune: {params: 0.7, importance: random}   # the baseline to beat
     - prune: {experts: 0.5, mlp: 0.25}           # MoE: half the experts, narrower ones
+                                                 # (and any dense MLP layers narrower)
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class Prune(Described):
     def summary(record: dict) -> str | None:
         a, n = record["shape_after"], record["non_embedding_params"]
         experts = f", experts {a['experts']}" if a.get("experts") else ""
+        if a.get("dense_layers"):
+            experts += f", dense MLP {a['dense_intermediate']} in {a['dense_layers']} layers"
         return (
             f"pruned: hidden {a['hidden']}, heads {a['heads']} (KV {a['kv_heads']}), "
             f"MLP {a['intermediate']}, layers {a['layers']}{experts}; non-embedding "
@@ -123,13 +126,6 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
-        adapter = adapter_for(config)
-        if adapter.mixed:
-            raise LlmpressError(
-                f"prune: {adapter.families[0]} keeps a dense MLP in layers "
-                f"{list(adapter.dense_layers)[:4]} beside its Mixture-of-Experts layers, which "
-                "pruning does not cut yet; compress it without a prune stage"
-            )
         full = Shape.of(config)
         if full.heads % full.kv_heads:
             raise LlmpressError(
@@ -187,7 +183,7 @@ class Prune(Described):
             config = pruned_config(ctx.config, shape, keep)
             state = {k: v.cpu() for k, v in ctx.model.state_dict().items()}
             state = prune_state(state, ctx.adapter, full, keep)
-            model = build_model(config, state, ctx.adapter).to(ctx.device)
+            model = build_model(config, state, adapter_for(config)).to(ctx.device)
             kl = 0.0
             if len(candidates) > 1:
                 kl = output_kl(ctx.model, model, samples[: c.drift_samples])
@@ -197,7 +193,7 @@ class Prune(Described):
                 best = (kl, shape, cuts, keep, config, model)
             del model, state
         _, target, cuts, keep, config, ctx.model = best
-        ctx.config = config
+        ctx.config, ctx.adapter = config, adapter_for(config)  # the dense layers' new indices
         ctx.layer_map = [ctx.layer_map[i] for i in keep.layers] if ctx.layer_map else keep.layers
         ctx.hidden_index = _compose(ctx.hidden_index, keep.hidden)
         before, after = full.non_embedding_params(), target.non_embedding_params()
@@ -207,6 +203,11 @@ class Prune(Described):
             f"(KV {full.kv_heads}→{target.kv_heads}), MLP {full.intermediate}→"
             f"{target.intermediate}, layers {full.layers}→{target.layers}"
             + (f", experts {full.experts}→{target.experts}" if full.experts else "")
+            + (
+                f", dense MLP {full.dense_intermediate}→{target.dense_intermediate}"
+                if full.dense_layers
+                else ""
+            )
         )
         return {
             "stage": "prune",
@@ -230,9 +231,12 @@ def output_kl(reference, model, samples: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum(-1).mean())
 
 
+MOE_ONLY = ("experts", "top_k", "shared", "shared_experts", "dense_layers", "dense_intermediate")
+
+
 def _shape_record(shape: Shape) -> dict:
-    """The manifest's shape: expert count and top-k only for a Mixture-of-Experts model."""
-    return {k: v for k, v in vars(shape).items() if shape.experts or k not in ("experts", "top_k")}
+    """The manifest's shape: the experts' sizes only for a Mixture-of-Experts model."""
+    return {k: v for k, v in vars(shape).items() if shape.experts or k not in MOE_ONLY}
 
 
 def _compose(previous, kept: list[int]):

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compress.model.adapters import adapter_for
 from compress.pruning.importance import Importance
 from compress.pruning.plan import Shape
 
@@ -23,9 +24,10 @@ class Keep:
     layers: list[int]
     heads: list[list[int]]
     kv_heads: list[list[int]]
-    mlp: list[list[int]] | list[list[list[int]]]
+    mlp: list[list[int]] | list[list[list[int]]]  # a dense layer's: list[int]
     hidden: list[int]
-    experts: list[list[int]] | None = None
+    experts: list[list[int] | None] | None = None  # None for a dense layer
+    shared: list[list[int] | None] | None = None  # a shared expert's neurons, where cut
 
     def to_manifest(self, full: Shape) -> dict:
         out: dict = {"layers": self.layers}
@@ -35,11 +37,20 @@ class Keep:
             out["kv_heads"] = self.kv_heads
         if len(self.hidden) < full.hidden:
             out["hidden"] = self.hidden
+        if self.shared is not None:
+            out["shared"] = self.shared
         if self.experts is not None:
-            if any(len(e) < full.experts for e in self.experts):
+            if any(e is not None and len(e) < full.experts for e in self.experts):
                 out["experts"] = self.experts
-            if any(len(m) < full.intermediate for per in self.mlp for m in per):
-                out["mlp_kept"] = [[len(m) for m in per] for per in self.mlp]
+            widths = [
+                len(per) if e is None else [len(m) for m in per]
+                for e, per in zip(self.experts, self.mlp, strict=True)
+            ]
+            if widths != [
+                full.dense_intermediate if e is None else [full.intermediate] * len(e)
+                for e in self.experts
+            ]:
+                out["mlp_kept"] = widths
         elif any(len(m) < full.intermediate for m in self.mlp):
             out["mlp_kept"] = [len(m) for m in self.mlp]
         return out
@@ -58,9 +69,11 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
     layer_score = imp.layer_drift if layer_metric == "drift" else imp.layer_bi
     if layer_score is None:
         layer_score = imp.layer_bi
+    layer_score = layer_score.clone()
+    layer_score[list(imp.dense)] = float("inf")  # a dense layer stays (plan.check_targets)
     layers = _top(layer_score, target.layers)
     group = full.heads // full.kv_heads
-    heads, kv_heads, mlp, experts = [], [], [], []
+    heads, kv_heads, mlp, experts, shared = [], [], [], [], []
     for i in layers:
         per_group = imp.heads[i].view(full.kv_heads, group)
         if head_mode == "kv_groups":
@@ -72,13 +85,22 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
             kept_q = [g * group + j for g in kept_kv for j in _top(per_group[g], per)]
         heads.append(kept_q)
         kv_heads.append(kept_kv)
-        if full.experts:  # the strongest experts, and each one's strongest neurons
+        cut_shared = target.shared < full.shared  # GLM-4.5's: as wide as n experts
+        shared.append(_top(imp.shared[i], target.shared) if cut_shared else None)
+        if i in imp.dense:  # a Mixture-of-Experts model's dense layer
+            experts.append(None)
+            shared[-1] = None
+            mlp.append(_top(imp.dense_mlp[i], target.dense_intermediate))
+        elif full.experts:  # the strongest experts, and each one's strongest neurons
             experts.append(_top(imp.experts[i], target.experts))
             mlp.append([_top(imp.mlp[i][e], target.intermediate) for e in experts[-1]])
         else:
             mlp.append(_top(imp.mlp[i], target.intermediate))
     hidden = _top(imp.hidden, target.hidden)
-    return Keep(layers, heads, kv_heads, mlp, hidden, experts if full.experts else None)
+    return Keep(
+        layers, heads, kv_heads, mlp, hidden, experts if full.experts else None,
+        shared if any(s is not None for s in shared) else None,
+    )  # fmt: skip
 
 
 def _units(index: list[int], size: int) -> torch.Tensor:
@@ -95,8 +117,9 @@ def prune_state(
     hidden = torch.tensor(keep.hidden, device="cpu")
     out: dict[str, torch.Tensor] = {}
     cut = {g.axis: g for g in adapter.cut_groups}
-    fused = adapter.fused_rows(full)
     for new, old in enumerate(keep.layers):
+        block = adapter.layer(old)  # a dense layer of a Mixture-of-Experts model: no experts
+        fused = block.fused_rows(full)
         src = adapter.block_prefix(old) + "."
         index = {
             "heads": _units(keep.heads[new], full.head_dim),
@@ -104,13 +127,13 @@ def prune_state(
             "mlp": torch.tensor(keep.mlp[new], device="cpu"),
             "hidden": hidden,
         }
-        experts = _expert_renames(adapter, keep, new) if keep.experts is not None else {}
+        experts = _expert_renames(adapter, keep, new) if block.experts else {}
         for name, tensor in state.items():
             if not name.startswith(src):
                 continue
             rel = name[len(src) :]
             module, _, leaf = rel.rpartition(".")
-            if keep.experts is not None and module.startswith(adapter.expert + "."):
+            if block.experts and module.startswith(adapter.expert + "."):
                 if module not in experts:  # a removed expert
                     continue
                 module, role, neurons = experts[module]
@@ -118,19 +141,22 @@ def prune_state(
                 t = tensor.index_select(0, rows).index_select(1, cols)
                 out[f"{adapter.block_prefix(new)}.{module}.{leaf}"] = t.contiguous()
                 continue
-            if adapter.shared_width and module.startswith(adapter.shared_expert + "."):
-                dim = 0 if module.endswith("down_proj") else 1  # only the hidden width is cut
-                t = tensor.index_select(dim, hidden).contiguous()
-                out[f"{adapter.block_prefix(new)}.{rel}"] = t
+            if block.shared_width and module.startswith(adapter.shared_expert + "."):
+                down = module.endswith("down_proj")
+                t = tensor.index_select(0 if down else 1, hidden)
+                if keep.shared is not None:  # its neurons too, where cut with the experts'
+                    kept = torch.tensor(keep.shared[new], device="cpu")
+                    t = t.index_select(1 if down else 0, kept)
+                out[f"{adapter.block_prefix(new)}.{rel}"] = t.contiguous()
                 continue
-            if module == adapter.shared_gate and adapter.shared_width:
+            if module == adapter.shared_gate and block.shared_width:
                 out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(1, hidden)
                 continue
-            if rel == adapter.choice_bias and keep.experts is not None:  # [E] or [1, E]
+            if rel == adapter.choice_bias and block.experts:  # [E] or [1, E]
                 kept = torch.tensor(keep.experts[new], device="cpu")
                 out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(-1, kept)
                 continue
-            if module == adapter.router and keep.experts is not None:
+            if module == adapter.router and block.experts:
                 t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
                 out[f"{adapter.block_prefix(new)}.{rel}"] = t.index_select(1, hidden).contiguous()
                 continue
@@ -203,4 +229,8 @@ def pruned_config(config: dict, target: Shape, keep: Keep) -> dict:
     for key, value in config.items():
         if isinstance(value, list) and len(value) == n and key != "architectures":
             new[key] = [value[i] for i in keep.layers]
+    adapter = adapter_for(config)
+    if adapter.mixed and len(keep.layers) < n:  # the dense layers, at their new indices
+        dense = [j for j, i in enumerate(keep.layers) if i in adapter.dense_layers]
+        new = adapter.moe.place_dense(new, dense)
     return new
