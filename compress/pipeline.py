@@ -357,11 +357,27 @@ def run_model_stages(
         shutil.rmtree(folder, ignore_errors=True)
     distributed.barrier()
     folder.mkdir(parents=True, exist_ok=True)
+    pruned, records = None, []
+    if _streams(stages[0], source):  # prune first: one block in memory, not the model
+        with clock(stages[0].name):
+            record, keep = stages[0].run_streamed(
+                BlockStore(source, device),
+                samples,
+                tokenizer,
+                folder / "pruned",
+                source.sha256,
+                log,
+            )
+        records.append(record)
+        pruned, stages = resolve(str(folder / "pruned")), stages[1:]
+        if not stages:
+            return pruned, records, {}
     with clock("load model"):
         teacher = load_model(source).to(device)
+        model = teacher if pruned is None else load_model(pruned).to(device)
     ctx = ModelContext(
         teacher=teacher,
-        model=teacher,
+        model=model,
         config=dict(source.config),
         adapter=source.adapter,
         tokenizer=tokenizer,
@@ -374,12 +390,14 @@ def run_model_stages(
         ignore=ignore,
         device=device,
     )
-    records = []
+    if pruned is not None:  # what later stages read of the pruning
+        ctx.config, ctx.adapter = dict(pruned.config), pruned.adapter
+        ctx.layer_map, ctx.hidden_index = keep.layers, torch.tensor(keep.hidden)
     for stage in stages:
         with clock(stage.name):
             records.append(stage.run(ctx))
     if not any(stage.changes_model for stage in stages):
-        return source, records, ctx.schemes
+        return pruned or source, records, ctx.schemes
     out = folder / "model"
     state = {k: v.contiguous().cpu() for k, v in ctx.model.state_dict().items()}
     teacher = ctx.model = ctx.teacher = None  # the device's memory goes back to the walk
@@ -387,6 +405,13 @@ def run_model_stages(
         _save_model(state, ctx.config, source, tokenizer, out)
     distributed.barrier()
     return resolve(str(out)), records, ctx.schemes
+
+
+def _streams(stage, source) -> bool:
+    """Whether a first model stage runs one block in memory at a time from the source:
+    pruning (pruning/streamed.py) a checkpoint as published (not a quantized artifact,
+    which a block read would not dequantize)."""
+    return hasattr(stage, "run_streamed") and not source.is_quantized
 
 
 def _save_model(state: dict, config: dict, source, tokenizer, out: Path) -> None:

@@ -576,6 +576,65 @@ def test_dense_layer_and_shared_expert_neurons_that_contribute_nothing_are_the_o
             assert torch.equal(pruned[f"{mlp}.{role}.weight"], kept), (mlp, role)
 
 
+@pytest.mark.parametrize(
+    "name,cut",
+    [
+        ("llama3", {"params": 0.6}),  # candidate splits, one removing a layer
+        ("gemma3_text", {"hidden": 0.25, "layers": 1}),  # a scaled embedding; softcapped logits
+        ("glm4_moe", {"params": 0.6}),  # dense layer, shared expert cut with the experts
+        ("qwen2_moe", {"experts": 0.5, "mlp": 0.25, "layers": 1}),  # a gated shared expert
+    ],
+)
+def test_pruning_block_by_block_is_pruning_the_model_in_memory(
+    models, tokenizer, wikitext, tmp_path, name, cut
+):
+    """compress prunes a checkpoint one block in memory at a time (scores, the
+    layer-removal and candidate KLs, the surgery); the in-memory stage (after another
+    whole-model stage) keeps the same units and writes the same tensors."""
+    from safetensors.torch import load_file
+
+    from compress.artifact.dense import load_model
+    from compress.calib_data import calibration_samples, read_texts, token_stream
+    from compress.model.blocks import BlockStore
+    from compress.pruning.stage import Prune, PruneConfig
+    from compress.stage import ModelContext
+
+    stream = token_stream(tokenizer, read_texts(str(wikitext / "valid.txt"))[:400])
+    samples = calibration_samples(stream, 6, 64, 0)
+    ckpt = resolve(str(models[name]))
+    stage = Prune(PruneConfig(**cut, multiple=16))
+    ctx = ModelContext(
+        teacher=None, model=load_model(ckpt), config=dict(ckpt.config), adapter=ckpt.adapter,
+        tokenizer=tokenizer, samples=samples, work_dir=None, log=lambda _: None,
+    )  # fmt: skip
+    want = stage.run(ctx)
+    out = tmp_path / "pruned"
+    got, keep = stage.run_streamed(
+        BlockStore(ckpt), samples, tokenizer, out, ckpt.sha256, lambda _: None
+    )
+    assert got["kept"] == want["kept"] and got["cuts"] == want["cuts"]
+    assert got["shape_after"] == want["shape_after"]
+    for a, b in zip(got["splits_tried"], want["splits_tried"], strict=True):
+        assert a["cuts"] == b["cuts"] and abs(a["kl"] - b["kl"]) < 1e-4, (a, b)
+    drift = got["importance"]["layer_removal_kl"], want["importance"]["layer_removal_kl"]
+    assert (drift[0] is None) == (drift[1] is None)
+    if drift[0] is not None:
+        assert torch.allclose(torch.tensor(drift[0]), torch.tensor(drift[1]), rtol=1e-3)
+    assert json.loads((out / "config.json").read_text()) == ctx.config
+    written = {}
+    for f in out.glob("*.safetensors"):
+        written.update(load_file(f))
+    state = ctx.model.state_dict()
+    if ctx.config.get("tie_word_embeddings"):
+        state.pop(f"{ctx.adapter.lm_head}.weight")
+    assert written.keys() == state.keys()
+    for k, v in written.items():
+        assert torch.allclose(v.float(), state[k], atol=1e-6), k
+    reloaded = resolve(str(out))
+    assert reloaded.sha256 == ckpt.sha256  # eval compares the artifact with the original
+    assert keep.layers == want["kept"]["layers"]
+
+
 def test_a_family_vllm_has_no_model_of_its_own_for_is_said_at_compress(models, tmp_path):
     """smollm3 and helium would run in vLLM's Transformers backend, which the vLLM verdict
     does not model: compress says so in a note, for them only."""

@@ -39,21 +39,32 @@ def chunk_samples(length: int, widest: int, device: torch.device | str) -> int:
     return max(1, min(CHUNK, THRESHOLD // (4 * length * widest)))
 
 
+def skeleton(config: dict, adapter=None) -> torch.nn.Module:
+    """The transformers model of `config` on the meta device, its experts' linears as
+    checkpoints name them: modules are materialized one at a time."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from compress.model.adapters import adapter_for
+
+    adapter = adapter or adapter_for(config)
+    hf = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
+    spec = adapter.spec(config)
+    hf._attn_implementation = attention_kernel(spec)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf)
+    if spec.mlp is not None:  # per-expert linears, as the checkpoint names them
+        install_experts(model, adapter, spec)
+    return model
+
+
 class BlockStore:
     def __init__(self, ckpt: Checkpoint, device: torch.device | str = "cpu"):
-        from transformers import AutoConfig, AutoModelForCausalLM
-
         self.ckpt = ckpt
         self.device = torch.device(device)  # where blocks are materialized
         self.adapter = ckpt.adapter
-        config = {k: v for k, v in ckpt.config.items() if k != "quantization_config"}
-        self.hf_config = AutoConfig.for_model(**config)
         self.spec = self.adapter.spec(ckpt.config)
-        self.hf_config._attn_implementation = attention_kernel(self.spec)
-        with torch.device("meta"):
-            self.skeleton = AutoModelForCausalLM.from_config(self.hf_config)
-        if self.spec.mlp is not None:  # per-expert linears, as the checkpoint names them
-            install_experts(self.skeleton, self.adapter, self.spec)
+        self.skeleton = skeleton(ckpt.config, self.adapter)
+        self.hf_config = self.skeleton.config
 
     @property
     def num_layers(self) -> int:

@@ -76,85 +76,150 @@ def _first(args, kwargs, key):
     return args[0] if args else kwargs[key]
 
 
+class Scores:
+    """The sums a scoring pass adds to, with the hooks that add them: attached to a whole
+    model's blocks at once (activation_importance) or to each block as it is read from the
+    checkpoint (pruning/streamed.py). Each block's weights are read while it is there."""
+
+    def __init__(self, widths, adapter, n_layers: int, hidden: int, dev):
+        self.w, self.adapter, self.dev, self.n = widths, adapter, dev, n_layers
+        self.dense = adapter.dense_layers  # a Mixture-of-Experts model's dense layers
+
+        def zeros(*shape):
+            return torch.zeros(*shape, dtype=torch.float64, device=dev)
+
+        w = widths
+        self.units = (w.experts, w.intermediate) if w.experts else (w.intermediate,)
+        self.head_sq, self.mlp_sq = zeros(n_layers, w.heads), zeros(n_layers, *self.units)
+        self.dense_sq, self.shared_sq = (
+            zeros(n_layers, w.dense_intermediate),
+            zeros(n_layers, w.shared),
+        )
+        self.hidden_sq, self.cos_sum = zeros(2 * n_layers + 1, hidden), zeros(n_layers)
+        self.down_norm, self.dense_norm = (
+            zeros(n_layers, *self.units),
+            zeros(n_layers, w.dense_intermediate),
+        )
+        self.shared_norm, self.contributions = zeros(n_layers, w.shared), zeros(n_layers, w.experts)
+
+    def attach(self, i: int, block) -> list:
+        """Hooks on block i (original index) that add its sums; returns their handles."""
+        from compress.model.moe import moe_modules
+
+        a, w, handles = self.adapter, self.w, []
+        weight = block.get_submodule(a.o).weight  # [hidden, heads*head_dim]
+        w_o = weight.view(weight.shape[0], w.heads, w.head_dim)
+
+        def on_o(_m, args):
+            x = args[0].reshape(-1, w.heads, w.head_dim)
+            contrib = torch.einsum("thd,ohd->tho", x, w_o)  # each head's share of o_proj's output
+            self.head_sq[i] += contrib.square().sum(dim=(0, 2)).double()
+
+        def on_down(sums, *expert):
+            def hook(_m, args):
+                x = args[0].reshape(-1, args[0].shape[-1])
+                sums[(i, *expert)] += x.square().sum(0).double()
+
+            return hook
+
+        def on_norm(slot):
+            def hook(_m, _args, out):
+                self.hidden_sq[slot] += out.reshape(-1, out.shape[-1]).square().sum(0).double()
+
+            return hook
+
+        def on_block(_m, args, kwargs, out):
+            x = _first(args, kwargs, "hidden_states")
+            y = out[0] if isinstance(out, tuple) else out
+            self.cos_sum[i] += torch.nn.functional.cosine_similarity(x, y, dim=-1).sum().double()
+
+        def on(path, hook):
+            handles.append(block.get_submodule(path).register_forward_pre_hook(hook))
+
+        on(a.o, on_o)
+        if w.experts and i not in self.dense:
+            for moe in moe_modules(block):
+                moe.contributions = torch.zeros(w.experts, dtype=torch.float64, device=self.dev)
+            for e in range(w.experts):
+                down = block.get_submodule(a.expert_linear(e, "down"))
+                on(a.expert_linear(e, "down"), on_down(self.mlp_sq, e))
+                self.down_norm[i, e] = down.weight.norm(dim=0).double()
+            if w.shared:
+                down = f"{a.shared_expert}.down_proj"
+                on(down, on_down(self.shared_sq))
+                self.shared_norm[i] = block.get_submodule(down).weight.norm(dim=0).double()
+        else:
+            sums, norms = (
+                (self.dense_sq, self.dense_norm)
+                if i in self.dense
+                else (self.mlp_sq, self.down_norm)
+            )
+            on(a.down, on_down(sums))
+            norms[i] = block.get_submodule(a.down).weight.norm(dim=0).double()
+        # hidden channels as the branches see them: their input norms' outputs, or where a
+        # branch reads the residual unnormed (olmo2) its output norm's, what it adds to it
+        attn_norm = block.get_submodule(a.attn_norm or a.post_attn_norm)
+        handles.append(attn_norm.register_forward_hook(on_norm(2 * i)))
+        mlp_norm = block.get_submodule(a.mlp_norm or a.post_mlp_norm)
+        handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
+        handles.append(block.register_forward_hook(on_block, with_kwargs=True))
+        return handles
+
+    def detach(self, i: int, block, handles: list) -> None:
+        """Remove block i's hooks and keep its experts' routed contributions."""
+        from compress.model.moe import moe_modules
+
+        for h in handles:
+            h.remove()
+        for moe in moe_modules(block) if self.w.experts and i not in self.dense else ():
+            self.contributions[i] = moe.contributions
+            moe.contributions = None
+
+    def final_norm(self, norm) -> object:
+        """The final norm's hook (its outputs score the hidden channels too)."""
+
+        def hook(_m, _args, out):
+            self.hidden_sq[2 * self.n] += out.reshape(-1, out.shape[-1]).square().sum(0).double()
+
+        return norm.register_forward_hook(hook)
+
+    def result(self, tokens: int) -> Importance:
+        """The scores, summed over the ranks (float64: exact in any order)."""
+        sums = (self.head_sq, self.mlp_sq, self.dense_sq, self.shared_sq, self.hidden_sq,
+                self.cos_sum, self.contributions)  # fmt: skip
+        for total in sums:
+            distributed.all_sum(total)
+
+        def rms(t):
+            return (t / tokens).sqrt()
+
+        w, dense = self.w, self.dense
+        return Importance(  # scores in host memory, where the plan is made
+            heads=rms(self.head_sq).float().cpu(),
+            mlp=(rms(self.mlp_sq) * self.down_norm).float().cpu(),
+            dense_mlp=(rms(self.dense_sq) * self.dense_norm).float().cpu() if dense else None,
+            dense=dense,
+            shared=(rms(self.shared_sq) * self.shared_norm).float().cpu() if w.shared else None,
+            hidden=rms(self.hidden_sq).sum(0).float().cpu(),
+            layer_bi=(1 - self.cos_sum / tokens).float().cpu(),
+            tokens=tokens,
+            experts=rms(self.contributions).float().cpu() if w.experts else None,
+        )
+
+
 @torch.no_grad()
 def activation_importance(
     model, adapter, samples: torch.Tensor, *, drift_samples: int = 0, chunk: int = 4, log=print
 ) -> Importance:
     """Score every unit of `model` on `samples` [n, length] (see the module docstring)."""
     from compress.model.adapters import Widths
-    from compress.model.moe import moe_modules
 
     cfg = model.config
-    widths = Widths.of(cfg.to_dict())
     layers = model.get_submodule(adapter.blocks)
-    n_layers, heads, head_dim = len(layers), widths.heads, widths.head_dim
     dev = next(model.parameters()).device  # sums kept where the model runs
-    head_sq = torch.zeros(n_layers, heads, dtype=torch.float64, device=dev)
-    units = (widths.experts, widths.intermediate) if widths.experts else (widths.intermediate,)
-    mlp_sq = torch.zeros(n_layers, *units, dtype=torch.float64, device=dev)
-    dense = adapter.dense_layers  # a Mixture-of-Experts model's dense layers, scored apart
-    dense_sq = torch.zeros(n_layers, widths.dense_intermediate, dtype=torch.float64, device=dev)
-    shared_sq = torch.zeros(n_layers, widths.shared, dtype=torch.float64, device=dev)
-    hidden_sq = torch.zeros(2 * n_layers + 1, cfg.hidden_size, dtype=torch.float64, device=dev)
-    cos_sum = torch.zeros(n_layers, dtype=torch.float64, device=dev)
-    handles = []
-
-    def on_o(i):
-        weight = layers[i].get_submodule(adapter.o).weight  # [hidden, heads*head_dim]
-        w = weight.view(weight.shape[0], heads, head_dim)
-
-        def hook(_m, args):
-            x = args[0].reshape(-1, heads, head_dim)
-            contrib = torch.einsum("thd,ohd->tho", x, w)  # each head's share of o_proj's output
-            head_sq[i] += contrib.square().sum(dim=(0, 2)).double()
-
-        return hook
-
-    def on_down(i, *expert, sums=None):
-        sums = sums if sums is not None else dense_sq if i in dense else mlp_sq
-
-        def hook(_m, args):
-            sums[(i, *expert)] += args[0].reshape(-1, args[0].shape[-1]).square().sum(0).double()
-
-        return hook
-
-    def on_norm(slot):
-        def hook(_m, _args, out):
-            hidden_sq[slot] += out.reshape(-1, out.shape[-1]).square().sum(0).double()
-
-        return hook
-
-    def on_block(i):
-        def hook(_m, args, kwargs, out):
-            x = _first(args, kwargs, "hidden_states")
-            y = out[0] if isinstance(out, tuple) else out
-            cos_sum[i] += torch.nn.functional.cosine_similarity(x, y, dim=-1).sum().double()
-
-        return hook
-
-    for i, block in enumerate(layers):
-        handles.append(block.get_submodule(adapter.o).register_forward_pre_hook(on_o(i)))
-        if widths.experts and i not in dense:
-            for moe in moe_modules(block):
-                moe.contributions = torch.zeros(widths.experts, dtype=torch.float64, device=dev)
-            for e in range(widths.experts):
-                down = block.get_submodule(adapter.expert_linear(e, "down"))
-                handles.append(down.register_forward_pre_hook(on_down(i, e)))
-            if widths.shared:
-                down = block.get_submodule(f"{adapter.shared_expert}.down_proj")
-                handles.append(down.register_forward_pre_hook(on_down(i, sums=shared_sq)))
-        else:
-            down = block.get_submodule(adapter.down)
-            handles.append(down.register_forward_pre_hook(on_down(i)))
-        # hidden channels as the branches see them: their input norms' outputs, or where a
-        # branch reads the residual unnormed (olmo2) its output norm's, what it adds to it
-        attn_norm = block.get_submodule(adapter.attn_norm or adapter.post_attn_norm)
-        handles.append(attn_norm.register_forward_hook(on_norm(2 * i)))
-        mlp_norm = block.get_submodule(adapter.mlp_norm or adapter.post_mlp_norm)
-        handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
-        handles.append(block.register_forward_hook(on_block(i), with_kwargs=True))
-    final = model.get_submodule(adapter.final_norm)
-    handles.append(final.register_forward_hook(on_norm(2 * n_layers)))
+    scores = Scores(Widths.of(cfg.to_dict()), adapter, len(layers), cfg.hidden_size, dev)
+    handles = [scores.attach(i, block) for i, block in enumerate(layers)]
+    final = scores.final_norm(model.get_submodule(adapter.final_norm))
     # under torchrun each rank runs whole chunks of its shard: the one process's forwards
     mine = samples[list(distributed.Shard.of(samples.shape[0], chunk).indices)]
     try:
@@ -163,57 +228,10 @@ def activation_importance(
         for lo in bar:
             model(input_ids=mine[lo : lo + chunk].to(dev), use_cache=False)
     finally:
-        for h in handles:
-            h.remove()
-    for total in (head_sq, mlp_sq, dense_sq, shared_sq, hidden_sq, cos_sum):  # float64: exact
-        distributed.all_sum(total)
-    tokens = samples.numel()
-    experts = None
-    if widths.experts:
-        contributions = []
-        for i, block in enumerate(layers):
-            if i in dense:
-                contributions.append(torch.zeros(widths.experts, dtype=torch.float64, device=dev))
-                continue
-            (moe,) = moe_modules(block)
-            contributions.append(distributed.all_sum(moe.contributions))
-            moe.contributions = None
-        experts = (torch.stack(contributions) / tokens).sqrt().float().cpu()
-
-    def down_norms(i, block):
-        if not widths.experts:
-            return block.get_submodule(adapter.down).weight.norm(dim=0).double()
-        if i in dense:
-            return torch.zeros(units, dtype=torch.float64, device=dev)
-        names = (adapter.expert_linear(e, "down") for e in range(widths.experts))
-        return torch.stack([block.get_submodule(n).weight.norm(dim=0).double() for n in names])
-
-    def column_norms(i, block, down, width, where):
-        if not where:
-            return torch.zeros(width, dtype=torch.float64, device=dev)
-        return block.get_submodule(down).weight.norm(dim=0).double()
-
-    def scores(sums, down, width, where) -> torch.Tensor:
-        norms = [column_norms(i, b, down, width, where(i)) for i, b in enumerate(layers)]
-        return ((sums / tokens).sqrt() * torch.stack(norms)).float().cpu()
-
-    down_norm = torch.stack([down_norms(i, block) for i, block in enumerate(layers)])
-    shared_down = f"{adapter.shared_expert}.down_proj"
-    result = Importance(  # scores in host memory, where the plan is made
-        heads=(head_sq / tokens).sqrt().float().cpu(),
-        mlp=((mlp_sq / tokens).sqrt() * down_norm).float().cpu(),
-        dense_mlp=scores(dense_sq, adapter.down, widths.dense_intermediate, dense.__contains__)
-        if dense
-        else None,
-        dense=dense,
-        shared=scores(shared_sq, shared_down, widths.shared, lambda i: i not in dense)
-        if widths.shared
-        else None,
-        hidden=(hidden_sq / tokens).sqrt().sum(0).float().cpu(),
-        layer_bi=(1 - cos_sum / tokens).float().cpu(),
-        tokens=tokens,
-        experts=experts,
-    )
+        for i, (block, hooks) in enumerate(zip(layers, handles, strict=True)):
+            scores.detach(i, block, hooks)
+        final.remove()
+    result = scores.result(samples.numel())
     if drift_samples:
         result.layer_drift = layer_removal_kl(model, adapter, samples[:drift_samples], log=log)
     return result
@@ -242,6 +260,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
         for h in handles:
             h.remove()
     from compress.model.blocks import Positions
+    from compress.runtime.model import final_logits  # the family's scale and softcap
 
     rope = Positions(adapter.spec(model.config.to_dict()), samples.shape[1])
     norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.lm_head)
@@ -251,7 +270,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
         for layer in layers[i + 1 :]:
             h = layer(h, **rope.kwargs(layer))
             h = h[0] if isinstance(h, tuple) else h
-        logp = torch.log_softmax(head(norm(h)).float(), -1)
+        logp = torch.log_softmax(final_logits(head(norm(h)).float(), rope.spec), -1)
         out[i] = float((base.exp() * (base - logp)).sum(-1).mean())
     return out
 

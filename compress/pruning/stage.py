@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
+from compress import distributed
 from compress.errors import LlmpressError
 from compress.model.adapters import adapter_for
 from compress.model.loading import build_model
 from compress.pruning.importance import activation_importance, random_importance
 from compress.pruning.plan import Shape, check_targets, split_params, target_shape
-from compress.pruning.surgery import choose, prune_state, pruned_config
+from compress.pruning.surgery import Keep, choose, prune_state, pruned_config
 from compress.stage import Described, Figure, ModelContext, register_stage
 
 
@@ -159,45 +160,80 @@ class Prune(Described):
         return self.plan(config)[1].apply(config)
 
     def run(self, ctx: ModelContext) -> dict:
-        c = self.config
-        started = time.perf_counter()
-        samples = ctx.samples[: c.samples] if c.samples else ctx.samples
-        splits = c.splits(Shape.of(ctx.config)) if c.params is not None else [()]
-        candidates = [self.plan(ctx.config, split or None) for split in splits]
-        full = candidates[0][0]
-        if c.importance == "random":
-            imp = random_importance(ctx.config, c.seed)
-        else:
-            deeper = any(shape.layers < full.layers for _, shape, _ in candidates)
-            ctx.log(f"prune: scoring units on {samples.shape[0]} × {samples.shape[1]} tokens")
-            imp = activation_importance(
-                ctx.model,
-                ctx.adapter,
-                samples,
-                drift_samples=c.drift_samples if deeper else 0,
-                log=ctx.log,
+        """Prune the model in memory (after another whole-model stage changed it)."""
+
+        def score(samples, drift):
+            return activation_importance(
+                ctx.model, ctx.adapter, samples, drift_samples=drift, log=ctx.log
             )
-        tried, best = [], None
-        for _, shape, cuts in candidates:
-            keep = choose(imp, full, shape, c.head_mode, c.layer_metric)
-            config = pruned_config(ctx.config, shape, keep)
-            state = {k: v.cpu() for k, v in ctx.model.state_dict().items()}
-            state = prune_state(state, ctx.adapter, full, keep)
-            model = build_model(config, state, adapter_for(config)).to(ctx.device)
-            kl = 0.0
-            if len(candidates) > 1:
-                kl = output_kl(ctx.model, model, samples[: c.drift_samples])
-                ctx.log(f"prune: split {'+'.join(k for k in cuts if cuts[k])}: KL {kl:.4f}")
-                tried.append({"cuts": cuts, "kl": round(kl, 5)})
-            if best is None or kl < best[0]:
-                best = (kl, shape, cuts, keep, config, model)
-            del model, state
-        _, target, cuts, keep, config, ctx.model = best
+
+        def kls(samples, full, candidates):
+            out = []
+            for config, keep in candidates:
+                model = self._build(ctx, full, keep, config)
+                out.append(output_kl(ctx.model, model, samples))
+                del model
+            return out
+
+        record, full, keep, config = self._prune(ctx.config, ctx.samples, ctx.log, score, kls)
+        ctx.model = self._build(ctx, full, keep, config)
         ctx.config, ctx.adapter = config, adapter_for(config)  # the dense layers' new indices
         ctx.layer_map = [ctx.layer_map[i] for i in keep.layers] if ctx.layer_map else keep.layers
         ctx.hidden_index = _compose(ctx.hidden_index, keep.hidden)
+        return record
+
+    @staticmethod
+    def _build(ctx: ModelContext, full: Shape, keep: Keep, config: dict):
+        state = {k: v.cpu() for k, v in ctx.model.state_dict().items()}
+        state = prune_state(state, ctx.adapter, full, keep)
+        return build_model(config, state, adapter_for(config)).to(ctx.device)
+
+    def run_streamed(self, store, samples, tokenizer, out, source_sha: str, log) -> tuple:
+        """Prune the checkpoint `store` reads into a checkpoint at `out`, one block in memory
+        at a time (pruning/streamed.py); returns the record and the units kept."""
+        from compress.pruning import streamed
+
+        def score(samples, drift):
+            return streamed.streamed_importance(store, samples, drift_samples=drift)
+
+        def kls(samples, full, candidates):
+            return streamed.candidate_kls(store, samples, full, candidates)
+
+        record, full, keep, config = self._prune(store.ckpt.config, samples, log, score, kls)
+        if distributed.is_writer():  # every rank chose the same: rank 0 writes it
+            streamed.write_pruned(store, full, keep, config, tokenizer, out, source_sha)
+        distributed.barrier()
+        return record, keep
+
+    def _prune(self, config: dict, samples, log, score, kls) -> tuple[dict, Shape, Keep, dict]:
+        """Score, choose the units of each candidate shape, keep the candidate that drifts
+        least (`kls`, when there are several): (record, full shape, kept units, config)."""
+        c = self.config
+        started = time.perf_counter()
+        samples = samples[: c.samples] if c.samples else samples
+        splits = c.splits(Shape.of(config)) if c.params is not None else [()]
+        candidates = [self.plan(config, split or None) for split in splits]
+        full = candidates[0][0]
+        if c.importance == "random":
+            imp = random_importance(config, c.seed)
+        else:
+            deeper = any(shape.layers < full.layers for _, shape, _ in candidates)
+            log(f"prune: scoring units on {samples.shape[0]} × {samples.shape[1]} tokens")
+            imp = score(samples, c.drift_samples if deeper else 0)
+        chosen = []
+        for _, shape, cuts in candidates:
+            keep = choose(imp, full, shape, c.head_mode, c.layer_metric)
+            chosen.append((shape, cuts, keep, pruned_config(config, shape, keep)))
+        tried, best = [], 0
+        if len(chosen) > 1:
+            drift = kls(samples[: c.drift_samples], full, [(cfg, k) for _, _, k, cfg in chosen])
+            for (_, cuts, _, _), kl in zip(chosen, drift, strict=True):
+                log(f"prune: split {'+'.join(k for k in cuts if cuts[k])}: KL {kl:.4f}")
+                tried.append({"cuts": cuts, "kl": round(kl, 5)})
+            best = min(range(len(drift)), key=drift.__getitem__)  # the first of equals
+        target, cuts, keep, pruned = chosen[best]
         before, after = full.non_embedding_params(), target.non_embedding_params()
-        ctx.log(
+        log(
             f"prune: {before:,} → {after:,} non-embedding parameters ({after / before:.1%}): "
             f"hidden {full.hidden}→{target.hidden}, heads {full.heads}→{target.heads} "
             f"(KV {full.kv_heads}→{target.kv_heads}), MLP {full.intermediate}→"
@@ -209,7 +245,7 @@ class Prune(Described):
                 else ""
             )
         )
-        return {
+        record = {
             "stage": "prune",
             "cuts": cuts,
             "splits_tried": tried,
@@ -220,6 +256,7 @@ class Prune(Described):
             "importance": imp.to_manifest(),
             "seconds": round(time.perf_counter() - started, 2),
         }
+        return record, full, keep, pruned
 
 
 @torch.no_grad()

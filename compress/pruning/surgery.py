@@ -114,79 +114,105 @@ def prune_state(
     state: dict[str, torch.Tensor], adapter, full: Shape, keep: Keep
 ) -> dict[str, torch.Tensor]:
     """The state dict of the pruned model (tied lm_head left out, as checkpoints store it)."""
-    hidden = torch.tensor(keep.hidden, device="cpu")
     out: dict[str, torch.Tensor] = {}
-    cut = {g.axis: g for g in adapter.cut_groups}
     for new, old in enumerate(keep.layers):
-        block = adapter.layer(old)  # a dense layer of a Mixture-of-Experts model: no experts
-        fused = block.fused_rows(full)
         src = adapter.block_prefix(old) + "."
-        index = {
-            "heads": _units(keep.heads[new], full.head_dim),
-            "kv_heads": _units(keep.kv_heads[new], full.head_dim),
-            "mlp": torch.tensor(keep.mlp[new], device="cpu"),
-            "hidden": hidden,
-        }
-        experts = _expert_renames(adapter, keep, new) if block.experts else {}
-        for name, tensor in state.items():
-            if not name.startswith(src):
-                continue
-            rel = name[len(src) :]
-            module, _, leaf = rel.rpartition(".")
-            if block.experts and module.startswith(adapter.expert + "."):
-                if module not in experts:  # a removed expert
-                    continue
-                module, role, neurons = experts[module]
-                rows, cols = (hidden, neurons) if role == "down" else (neurons, hidden)
-                t = tensor.index_select(0, rows).index_select(1, cols)
-                out[f"{adapter.block_prefix(new)}.{module}.{leaf}"] = t.contiguous()
-                continue
-            if block.shared_width and module.startswith(adapter.shared_expert + "."):
-                down = module.endswith("down_proj")
-                t = tensor.index_select(0 if down else 1, hidden)
-                if keep.shared is not None:  # its neurons too, where cut with the experts'
-                    kept = torch.tensor(keep.shared[new], device="cpu")
-                    t = t.index_select(1 if down else 0, kept)
-                out[f"{adapter.block_prefix(new)}.{rel}"] = t.contiguous()
-                continue
-            if module == adapter.shared_gate and block.shared_width:
-                out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(1, hidden)
-                continue
-            if rel == adapter.choice_bias and block.experts:  # [E] or [1, E]
-                kept = torch.tensor(keep.experts[new], device="cpu")
-                out[f"{adapter.block_prefix(new)}.{rel}"] = tensor.index_select(-1, kept)
-                continue
-            if module == adapter.router and block.experts:
-                t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
-                out[f"{adapter.block_prefix(new)}.{rel}"] = t.index_select(1, hidden).contiguous()
-                continue
-            t = tensor
-            if module in fused:  # each part's kept rows, at its offset in the tensor
-                rows = [index[axis] + start for axis, start in fused[module]]
-                t = t.index_select(0, torch.cat(rows))
-            for axis, rows_cols in cut.items():
-                if module in rows_cols.rows:
-                    t = t.index_select(0, index[axis])
-                elif module in rows_cols.cols and leaf == "weight":
-                    t = t.index_select(1, index[axis])
-            out[f"{adapter.block_prefix(new)}.{rel}"] = t.contiguous()
+        block = {n[len(src) :]: t for n, t in state.items() if n.startswith(src)}
+        out.update(prune_block(block, adapter, full, keep, new))
     head = f"{adapter.lm_head}.weight"
     embed = state[f"{adapter.embed}.weight"]
     tied = head not in state or state[head].data_ptr() == embed.data_ptr()
-    embed_scale, head_scale = _embedding_rescale(adapter, full.hidden, len(keep.hidden), tied)
     blocks = adapter.blocks + "."
-    for name, tensor in state.items():
-        if name.startswith(blocks) or name == head:
+    rest = {n: t for n, t in state.items() if not n.startswith(blocks) and n != head}
+    if not tied:
+        rest[head] = state[head]
+    out.update(prune_globals(rest, adapter, full, keep))
+    return out
+
+
+def prune_block(
+    tensors: dict[str, torch.Tensor], adapter, full: Shape, keep: Keep, new: int
+) -> dict[str, torch.Tensor]:
+    """Kept block `new`'s tensors, by their names in the pruned model, from the original
+    block's (`tensors`, named relative to the block)."""
+    old = keep.layers[new]
+    hidden = torch.tensor(keep.hidden, device="cpu")
+    out: dict[str, torch.Tensor] = {}
+    cut = {g.axis: g for g in adapter.cut_groups}
+    block = adapter.layer(old)  # a dense layer of a Mixture-of-Experts model: no experts
+    fused = block.fused_rows(full)
+    prefix = adapter.block_prefix(new)
+    index = {
+        "heads": _units(keep.heads[new], full.head_dim),
+        "kv_heads": _units(keep.kv_heads[new], full.head_dim),
+        "mlp": torch.tensor(keep.mlp[new], device="cpu"),
+        "hidden": hidden,
+    }
+    experts = _expert_renames(adapter, keep, new) if block.experts else {}
+    for rel, tensor in tensors.items():
+        module, _, leaf = rel.rpartition(".")
+        if block.experts and module.startswith(adapter.expert + "."):
+            if module not in experts:  # a removed expert
+                continue
+            module, role, neurons = experts[module]
+            rows, cols = (hidden, neurons) if role == "down" else (neurons, hidden)
+            t = tensor.index_select(0, rows).index_select(1, cols)
+            out[f"{prefix}.{module}.{leaf}"] = t.contiguous()
             continue
-        if name.startswith(adapter.embed + "."):
-            out[name] = (tensor.index_select(1, hidden) * embed_scale).contiguous()
+        if block.shared_width and module.startswith(adapter.shared_expert + "."):
+            down = module.endswith("down_proj")
+            t = tensor.index_select(0 if down else 1, hidden)
+            if keep.shared is not None:  # its neurons too, where cut with the experts'
+                kept = torch.tensor(keep.shared[new], device="cpu")
+                t = t.index_select(1 if down else 0, kept)
+            out[f"{prefix}.{rel}"] = t.contiguous()
+            continue
+        if module == adapter.shared_gate and block.shared_width:
+            out[f"{prefix}.{rel}"] = tensor.index_select(1, hidden)
+            continue
+        if rel == adapter.choice_bias and block.experts:  # [E] or [1, E]
+            kept = torch.tensor(keep.experts[new], device="cpu")
+            out[f"{prefix}.{rel}"] = tensor.index_select(-1, kept)
+            continue
+        if module == adapter.router and block.experts:
+            t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
+            out[f"{prefix}.{rel}"] = t.index_select(1, hidden).contiguous()
+            continue
+        t = tensor
+        if module in fused:  # each part's kept rows, at its offset in the tensor
+            rows = [index[axis] + start for axis, start in fused[module]]
+            t = t.index_select(0, torch.cat(rows))
+        for axis, rows_cols in cut.items():
+            if module in rows_cols.rows:
+                t = t.index_select(0, index[axis])
+            elif module in rows_cols.cols and leaf == "weight":
+                t = t.index_select(1, index[axis])
+        out[f"{prefix}.{rel}"] = t.contiguous()
+    return out
+
+
+def prune_globals(
+    tensors: dict[str, torch.Tensor], adapter, full: Shape, keep: Keep
+) -> dict[str, torch.Tensor]:
+    """The pruned model's tensors outside the blocks, from the original's (`tensors`: an
+    untied lm_head among them, a tied one not)."""
+    hidden = torch.tensor(keep.hidden, device="cpu")
+    head = f"{adapter.lm_head}.weight"
+    tied = head not in tensors
+    embed_scale, head_scale = _embedding_rescale(adapter, full.hidden, len(keep.hidden), tied)
+    out = {}
+    for name, tensor in tensors.items():
+        if name.startswith(adapter.embed + "."):  # rescaled in fp32 (a 16-bit table widened)
+            kept = tensor.index_select(1, hidden)
+            out[name] = kept if embed_scale == 1.0 else (kept.float() * embed_scale).contiguous()
         elif name.startswith(adapter.final_norm + "."):
             kept = tensor.index_select(0, hidden)
+            kept = kept if head_scale == 1.0 else kept.float()
             out[name] = _scale_norm(kept, head_scale, adapter.norm).contiguous()
+        elif name == head:
+            out[name] = tensor.index_select(1, hidden).contiguous()
         else:
             out[name] = tensor
-    if not tied:
-        out[head] = state[head].index_select(1, hidden).contiguous()
     return out
 
 
