@@ -26,7 +26,7 @@ SHARD_BYTES = 5 * 10**9
 class Shape:
     """The facts of a model's shape that decide bytes and compute."""
 
-    model_type: str  # llama or qwen2
+    model_type: str  # llama, qwen2 or qwen3_moe
     hidden: int
     layers: int
     intermediate: int
@@ -36,10 +36,14 @@ class Shape:
     tied: bool
     qkv_bias: bool = False
     config: dict = field(default_factory=dict)  # anything else config.json carries
+    head_width: int = 0  # head_dim where it is not hidden / heads
+    # qwen3_moe: `experts` of width `intermediate` in every layer, `top_k` a token
+    experts: int = 0
+    top_k: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_width or self.hidden // self.heads
 
 
 LLAMA3_ROPE = {
@@ -70,25 +74,35 @@ SHAPES = {
         "llama", 4096, 32, 14336, 32, 8, 128256, False,
         config={"rope_theta": 500000.0, "max_position_embeddings": 8192},
     ),
+    "qwen3-30b-a3b": Shape(  # 128 experts of 768, 8 a token; q/k norms per head
+        "qwen3_moe", 2048, 48, 768, 32, 4, 151936, False, head_width=128, experts=128,
+        top_k=8, config={"rope_theta": 1000000.0, "max_position_embeddings": 40960},
+    ),
 }  # fmt: skip
 
 
 def tensor_shapes(s: Shape) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint, in the order a hub checkpoint stores them."""
-    kv = s.kv_heads * s.head_dim
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s.vocab, s.hidden)}
     for i in range(s.layers):
         p = f"model.layers.{i}."
         out[p + "input_layernorm.weight"] = (s.hidden,)
-        for name, rows in (("q", s.hidden), ("k", kv), ("v", kv)):
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
             out[p + f"self_attn.{name}_proj.weight"] = (rows, s.hidden)
             if s.qkv_bias:
                 out[p + f"self_attn.{name}_proj.bias"] = (rows,)
-        out[p + "self_attn.o_proj.weight"] = (s.hidden, s.hidden)
+        if s.experts:
+            out[p + "self_attn.q_norm.weight"] = out[p + "self_attn.k_norm.weight"] = (s.head_dim,)
+        out[p + "self_attn.o_proj.weight"] = (s.hidden, q)
         out[p + "post_attention_layernorm.weight"] = (s.hidden,)
-        out[p + "mlp.gate_proj.weight"] = (s.intermediate, s.hidden)
-        out[p + "mlp.up_proj.weight"] = (s.intermediate, s.hidden)
-        out[p + "mlp.down_proj.weight"] = (s.hidden, s.intermediate)
+        mlps = [f"mlp.experts.{e}." for e in range(s.experts)] if s.experts else ["mlp."]
+        if s.experts:
+            out[p + "mlp.gate.weight"] = (s.experts, s.hidden)
+        for mlp in mlps:
+            out[p + mlp + "gate_proj.weight"] = (s.intermediate, s.hidden)
+            out[p + mlp + "up_proj.weight"] = (s.intermediate, s.hidden)
+            out[p + mlp + "down_proj.weight"] = (s.hidden, s.intermediate)
     out["model.norm.weight"] = (s.hidden,)
     if not s.tied:
         out["lm_head.weight"] = (s.vocab, s.hidden)
@@ -96,7 +110,17 @@ def tensor_shapes(s: Shape) -> dict[str, tuple[int, ...]]:
 
 
 def config_json(s: Shape) -> dict:
-    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[s.model_type]
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM"}[s.model_type]  # fmt: skip
+    moe = {
+        "num_experts": s.experts,
+        "num_experts_per_tok": s.top_k,
+        "moe_intermediate_size": s.intermediate,
+        "norm_topk_prob": True,
+        "head_dim": s.head_dim,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
     return {
         "architectures": [arch],
         "model_type": s.model_type,
@@ -113,6 +137,7 @@ def config_json(s: Shape) -> dict:
         "bos_token_id": 1,
         "eos_token_id": 2,
         **({"attention_bias": False, "mlp_bias": False} if s.model_type == "llama" else {}),
+        **(moe if s.experts else {}),
         **s.config,
     }
 
