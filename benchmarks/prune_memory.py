@@ -35,6 +35,7 @@ CUT = {"experts": 0.25}
 def drive(path: str, src: Path, out: Path, samples: int, length: int) -> None:
     """One prune, in this process: `streamed` (from the checkpoint) or `memory` (the whole
     model loaded, as the stage does after another model stage); writes the record."""
+    from compress.allocator import return_freed_memory
     from compress.artifact.dense import load_model
     from compress.calib_data import calibration_samples, read_texts, token_stream
     from compress.model.blocks import BlockStore
@@ -42,6 +43,7 @@ def drive(path: str, src: Path, out: Path, samples: int, length: int) -> None:
     from compress.pruning.stage import Prune, PruneConfig
     from compress.stage import ModelContext
 
+    return_freed_memory()  # as the CLI does for compress, on both paths
     ckpt = resolve(str(src))
     tokenizer = load_tokenizer(ckpt)
     ids = calibration_samples(

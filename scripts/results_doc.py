@@ -2003,6 +2003,36 @@ def lm_head(d: dict) -> list[str]:
     ]
 
 
+PRUNE_MEMORY = [
+    "layers", "parameters", "checkpoint GB", "block by block: peak GB", "s",
+    "whole model: peak GB", "s", "same units kept", "compress (prune + rtn:w4g64): peak GB", "s",
+]  # fmt: skip
+
+
+def prune_memory(d: dict) -> list[str]:
+    rows = []
+    for r in d["rows"]:
+        memory = r.get("memory")
+        rows.append([
+            r["layers"], f"{r['parameters'] / 1e9:.2f}B", r["checkpoint_gb"],
+            r["streamed"]["peak_rss_gb"], r["streamed"]["wall_s"],
+            memory["peak_rss_gb"] if memory else "not run",
+            memory["wall_s"] if memory else "",
+            {True: "yes", False: "**no**", None: ""}[r.get("same_units_kept")],
+            r["compress"]["peak_rss_gb"], r["compress"]["wall_s"],
+        ])  # fmt: skip
+    c = d["calibration"]
+    return [
+        f"{d['shape']}; the prune `{d['cut']}` on {c['samples']} × {c['length']} tokens of "
+        "WikiText-2 valid, each run in a process of its own (peak RSS sampled, GB; wall "
+        "seconds). Block by block is what `compress` does with a prune stage first; the "
+        "whole model in memory is the stage after another model stage (and every prune "
+        f"before this path). CPU: {d['rows'][0]['streamed']['cpu']}.",
+        "",
+        *table(PRUNE_MEMORY, rows),
+    ]
+
+
 # (results file, title, command that wrote it, renderer)
 def _machines(d: dict) -> str:
     """The CPU each step ran on: one name when every step shared it, else each with its steps."""
@@ -2824,6 +2854,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/families.py --families minimax_m2,qwen3_moe --name families_minimax_m2 "
         "--skip-anchors --rounds 7",
         families,
+    ),
+    (
+        "prune_memory.json",
+        "Pruning Mixture-of-Experts experts block by block: peak memory by depth",
+        "benchmarks/prune_memory.py --depths 2,4,8 --memory-depths 2",
+        prune_memory,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
