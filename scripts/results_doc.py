@@ -2857,7 +2857,7 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
     ),
     (
         "prune_memory.json",
-        "Pruning Mixture-of-Experts experts block by block: peak memory by depth",
+        "Pruning the experts of a Mixture-of-Experts model block by block: peak memory by depth",
         "benchmarks/prune_memory.py --depths 2,4,8 --memory-depths 2",
         prune_memory,
     ),

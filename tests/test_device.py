@@ -160,14 +160,14 @@ def test_stage_code_names_its_datas_device(tiny, calib_text, tmp_path, monkeypat
     recipe = parse_recipe({"stages": RECIPES[name], "calib": calib_text, "lm_head": "none"})
     plain = compress(str(tiny), recipe, tmp_path / "plain", log=lambda _: None)
     for entry in STAGES.values():
-        for method in ("calibrate", "transform", "run"):
+        for method in ("calibrate", "transform", "run", "run_streamed"):
             original = getattr(entry.factory, method, None)
             if original is None:
                 continue
 
-            def device_named(self, ctx, _original=original):
+            def device_named(self, *args, _original=original, **kwargs):
                 with _DeviceNamed():
-                    return _original(self, ctx)
+                    return _original(self, *args, **kwargs)
 
             monkeypatch.setattr(entry.factory, method, device_named)
     strict = compress(str(tiny), recipe, tmp_path / "strict", log=lambda _: None)

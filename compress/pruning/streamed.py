@@ -63,7 +63,7 @@ def streamed_importance(
     norm = store.module(adapter.final_norm)
     hook = scores.final_norm(norm)
     try:
-        norm(hidden)
+        norm(hidden.to(_device(norm)))  # the activations' home may be host memory
     finally:
         hook.remove()
     result = scores.result(samples.numel())
@@ -87,7 +87,8 @@ def candidate_kls(
     rope = store.position_embeddings(samples.shape[1])
     streams, models, ropes = [], [], []
     for config, keep in candidates:
-        streams.append(base.index_select(-1, torch.tensor(keep.hidden)))  # the kept channels
+        kept = torch.tensor(keep.hidden, device=base.device)  # the kept hidden channels
+        streams.append(base.index_select(-1, kept))
         models.append(skeleton(config))
         spec = adapter_for(config).spec(config)
         ropes.append(Positions(spec, samples.shape[1], rope.chunk))
