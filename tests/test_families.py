@@ -717,8 +717,10 @@ def test_removing_expert_layers_keeps_the_dense_ones_where_the_config_says(
     out = _compress(src, tmp_path / "pruned", [{"prune": {"layers": 2}}], wikitext)
     kept = json.loads((out / "manifest.json").read_text())["stages"][0]["kept"]["layers"]
     assert len(kept) == 2 and adapter.dense_layers[0] in kept
-    pruned = adapter_for(json.loads((out / "config.json").read_text()))
+    config = json.loads((out / "config.json").read_text())
+    pruned = adapter_for(config)
     assert pruned.dense_layers == (kept.index(adapter.dense_layers[0]),)
+    assert not config.get("num_nextn_predict_layers")  # glm4_moe's MTP block: not cut
     original = AutoModelForCausalLM.from_pretrained(
         src, dtype=torch.float32, attn_implementation="eager"
     ).eval()

@@ -256,6 +256,11 @@ def pruned_config(config: dict, target: Shape, keep: Keep) -> dict:
         if isinstance(value, list) and len(value) == n and key != "architectures":
             new[key] = [value[i] for i in keep.layers]
     adapter = adapter_for(config)
+    if adapter.predictor_layers:  # GLM-4.5's MTP block is not cut: the pruned model has none
+        from compress.model.spec import hf_config
+
+        key = type(hf_config(config)).attribute_map.get(adapter.predictor_layers)
+        new[key or adapter.predictor_layers] = 0
     if adapter.mixed and len(keep.layers) < n:  # the dense layers, at their new indices
         dense = [j for j, i in enumerate(keep.layers) if i in adapter.dense_layers]
         new = adapter.moe.place_dense(new, dense)
