@@ -23,7 +23,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   ungated shared expert of width 1024 and layer 0 dense, 4096 wide; ernie4_5_moe with
   softmax routing steered by a choice bias, the same shared expert and dense layer 0;
   minimax_m2 with sigmoid routing steered by a choice bias, q/k norms over all heads and
-  half of each head rotated).
+  half of each head rotated; dots1 with glm4_moe's routing, shared expert and dense layer
+  0 under qwen3's per-head q/k norms).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -167,6 +168,15 @@ MOE_SETTINGS = {
         "moe_k": 2,
         "moe_intermediate_size": 1024,
         "intermediate_size": 4096,
+    },
+    # dots1: glm4_moe's experts and dense layer 0 under qwen3's attention, every layer
+    # full as dots.llm1's (max_window_layers = its depth)
+    "dots1": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "max_window_layers": 16,
     },
     # minimax_m2: MiniMax-M2's sigmoid routing steered by a choice bias, q/k norms over all
     # heads, half of each head rotated (its published 64 of 128)

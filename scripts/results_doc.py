@@ -2856,6 +2856,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_dots1.json",
+        "dots1 beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families dots1,qwen3_moe --name families_dots1 --skip-anchors "
+        "--rounds 7",
+        families,
+    ),
+    (
         "prune_memory.json",
         "Pruning the experts of a Mixture-of-Experts model block by block: peak memory by depth",
         "benchmarks/prune_memory.py --depths 2,4,8 --memory-depths 2",

@@ -230,6 +230,24 @@ def write_family(folder: Path, name: str, tokenizer_from: Path | None = None, **
     return folder
 
 
+# DeepSeek-V3's routing as glm4_moe and dots1 keep it: sigmoid scores steered by a choice
+# bias, renormalized and scaled, an ungated shared expert; layer 0 dense
+_DEEPSEEK_V3_MOE = {
+    "hidden_size": 128,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "n_group": 1,
+    "topk_group": 1,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
 # Widths above the default group of 64, so every expert linear takes one scheme (a group
 # as wide as the input is written per-channel, which transformers' expert merge refuses
 # beside grouped siblings).
@@ -273,24 +291,10 @@ MOE_FAMILIES = {
     # shared expert, per-head q/k norms, half of each head rotated; layer 0 dense
     "glm4_moe": (
         "Glm4MoeConfig",
-        {
-            "hidden_size": 128,
-            "n_routed_experts": 4,
-            "num_experts_per_tok": 2,
-            "moe_intermediate_size": 128,
-            "n_shared_experts": 1,
-            "first_k_dense_replace": 1,
-            "routed_scaling_factor": 2.5,
-            "norm_topk_prob": True,
-            "use_qk_norm": True,
-            "attention_bias": True,
-            "n_group": 1,
-            "topk_group": 1,
-            "pad_token_id": 0,
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-        },
+        {**_DEEPSEEK_V3_MOE, "use_qk_norm": True, "attention_bias": True},
     ),
+    # glm4_moe's experts under qwen3's attention; layer 0 dense, layer 1 sliding
+    "dots1": ("Dots1Config", {**_DEEPSEEK_V3_MOE, "sliding_window": 8, "max_window_layers": 1}),
     # softmax routing steered by its choice bias, always renormalized, an ungated shared
     # expert, interleaved rope, tied head; layer 0 dense. No use_bias (none published):
     # it also biases the output projection, which is refused

@@ -516,6 +516,25 @@ LLAMA = Adapter(families=("llama",))
 _QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
 _ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
 _QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# DeepSeek-V3's experts, as glm4_moe and dots1 keep them: sigmoid scores, the choice
+# steered by a bias, groups, renormalized iff norm_topk_prob, scaled; ungated shared
+# experts n experts wide; the first layers dense
+_DEEPSEEK_V3_EXPERTS = {
+    "moe": MoeKeys(
+        "n_routed_experts",
+        "moe_intermediate_size",
+        "norm_topk_prob",
+        shared_count="n_shared_experts",
+        first_dense="first_k_dense_replace",
+        scoring="sigmoid",
+        scale="routed_scaling_factor",
+        groups=("n_group", "topk_group"),
+    ),
+    "router": "mlp.gate",
+    "expert": "mlp.experts",
+    "shared_expert": "mlp.shared_experts",
+    "choice_bias": "mlp.gate.e_score_correction_bias",
+}
 
 _GEMMA3 = replace(
     LLAMA,
@@ -666,22 +685,20 @@ ADAPTERS: dict[str, Adapter] = {
         families=("glm4_moe",),
         architecture="Glm4MoeForCausalLM",
         bias_options=(("attention_bias", ("q", "k", "v")),),
-        moe=MoeKeys(
-            "n_routed_experts",
-            "moe_intermediate_size",
-            "norm_topk_prob",
-            shared_count="n_shared_experts",
-            first_dense="first_k_dense_replace",
-            scoring="sigmoid",
-            scale="routed_scaling_factor",
-            groups=("n_group", "topk_group"),
-        ),
-        router="mlp.gate",
-        expert="mlp.experts",
-        shared_expert="mlp.shared_experts",
-        choice_bias="mlp.gate.e_score_correction_bias",
+        **_DEEPSEEK_V3_EXPERTS,
         qk_norm_option="use_qk_norm",
         predictor_layers="num_mtp_layers",
+        **_QK_NORMS,
+    ),
+    # dots1 (dots.llm1): qwen3's attention (per-head q/k norms, a sliding window past
+    # max_window_layers) with glm4_moe's experts (DeepSeek-V3's routing and shared experts,
+    # its first layers dense)
+    "dots1": replace(
+        LLAMA,
+        families=("dots1",),
+        architecture="Dots1ForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        **_DEEPSEEK_V3_EXPERTS,
         **_QK_NORMS,
     ),
     # ernie4_5_moe (ERNIE-4.5-21B-A3B, 300B-A47B): ernie4_5's attention (every linear biased
