@@ -371,6 +371,7 @@ GGUF_FAMILIES = {
     "glm4_moe": ("GLM4_MOE", {}),
     "ernie4_5_moe": ("ERNIE4_5_MOE", {}),
     "minimax_m2": ("MINIMAXM2", {}),
+    "dots1": ("DOTS1", {"sliding_window": None}),  # llama.cpp runs dots1 without a window
 }
 
 
@@ -485,7 +486,7 @@ def write_gguf(
             w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
-    if cfg.model_type == "glm4_moe":  # llama.cpp's Glm4MoeModel keys
+    if cfg.model_type in ("glm4_moe", "dots1"):  # llama.cpp's Glm4MoeModel, Dots1Model keys
         w.add_expert_count(cfg.n_routed_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)

@@ -47,6 +47,7 @@ SUPPORTED_GGUF_ARCHS = {
     "glm4moe": "glm4_moe",
     "ernie4_5-moe": "ernie4_5_moe",
     "minimax-m2": "minimax_m2",
+    "dots1": "dots1",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

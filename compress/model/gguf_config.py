@@ -1,8 +1,8 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe and
-minimax-m2 files that transformers cannot read. Their configs are built here from
+glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
+minimax-m2 and dots1 files that transformers cannot read. Their configs are built here from
 the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
 loader's default, not the transformers config class's, since it is llama.cpp's meaning
 the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -18,7 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe", "minimax-m2",
+    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -207,13 +207,33 @@ def _experts(get, arch: str, sigmoid: bool = False) -> tuple[int, int]:
 
 def _glm4moe(get, fields: dict, reader) -> tuple[str, dict]:
     """GLM-4.5: the block count includes the next-token-prediction blocks, which are not
-    converted (the converted checkpoint holds the model's own); llama.cpp's defaults for
-    absent keys: no dense layers, no scale, no renormalizing, sigmoid scores (the only
-    gating its graph runs for this family)."""
+    converted (the converted checkpoint holds the model's own)."""
     fields["num_hidden_layers"] -= int(get("nextn_predict_layers", 0) or 0)
     _rotated_width(get, fields)
-    experts, used = _experts(get, "glm4moe", sigmoid=True)
     return "glm4_moe", {
+        **_deepseek_v3_experts(get, "glm4moe"),
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in _tensor_names(reader),
+        "attention_bias": _q_biased(reader),
+        "num_nextn_predict_layers": 0,
+    }
+
+
+def _dots1(get, fields: dict, reader) -> tuple[str, dict]:
+    """dots.llm1: glm4moe's expert keys under qwen3's attention, every layer full (llama.cpp
+    runs no window for it)."""
+    return "dots1", {
+        **_deepseek_v3_experts(get, "dots1"),
+        "attention_bias": _q_biased(reader),
+        "sliding_window": None,
+    }
+
+
+def _deepseek_v3_experts(get, arch: str) -> dict:
+    """The config of DeepSeek-V3's experts as glm4moe and dots1 files state them;
+    llama.cpp's defaults for absent keys: no dense layers, no scale, no renormalizing,
+    sigmoid scores (the only gating its graphs run for these families)."""
+    experts, used = _experts(get, arch, sigmoid=True)
+    return {
         "n_routed_experts": experts,
         "num_experts_per_tok": used,
         "moe_intermediate_size": int(get("expert_feed_forward_length")),
@@ -223,9 +243,6 @@ def _glm4moe(get, fields: dict, reader) -> tuple[str, dict]:
         "norm_topk_prob": bool(get("expert_weights_norm", False)),
         "n_group": int(get("expert_group_count", 1) or 1),
         "topk_group": int(get("expert_group_used_count", 1) or 1),
-        "use_qk_norm": "blk.0.attn_q_norm.weight" in _tensor_names(reader),
-        "attention_bias": _q_biased(reader),
-        "num_nextn_predict_layers": 0,
     }
 
 
@@ -266,6 +283,7 @@ _FAMILY = {
     "glm4moe": _glm4moe,
     "ernie4_5-moe": _ernie4_5_moe,
     "minimax-m2": _minimax_m2,
+    "dots1": _dots1,
 }
 
 
