@@ -160,6 +160,17 @@ FAMILIES = {
     ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
+    # every bias key on: q/k/v (its default), o and the MLP
+    "seed_oss": (
+        "SeedOssConfig",
+        {
+            "attention_out_bias": True,
+            "mlp_bias": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "helium": (
         "HeliumConfig",
         {"attention_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
@@ -372,6 +383,7 @@ GGUF_FAMILIES = {
     "ernie4_5_moe": ("ERNIE4_5_MOE", {}),
     "minimax_m2": ("MINIMAXM2", {}),
     "dots1": ("DOTS1", {"sliding_window": None}),  # llama.cpp runs dots1 without a window
+    "seed_oss": ("SEED_OSS", {}),
 }
 
 

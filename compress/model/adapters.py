@@ -578,6 +578,19 @@ ADAPTERS: dict[str, Adapter] = {
     "mistral": replace(
         LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
     ),
+    # seed_oss (Seed-OSS-36B): llama's block; q/k/v biased by default, o and the MLP each
+    # by a key of their own
+    "seed_oss": replace(
+        LLAMA,
+        families=("seed_oss",),
+        architecture="SeedOssForCausalLM",
+        bias_options=(
+            ("attention_bias", ("q", "k", "v")),
+            ("attention_out_bias", ("o",)),
+            ("mlp_bias", ("gate", "up", "down")),
+        ),
+        head_dim=128,
+    ),
     # granite: llama's block with its embedding, attention, residual and logit scalars
     "granite": replace(
         LLAMA, families=("granite",), architecture="GraniteForCausalLM", multipliers=True

@@ -48,6 +48,7 @@ SUPPORTED_GGUF_ARCHS = {
     "ernie4_5-moe": "ernie4_5_moe",
     "minimax-m2": "minimax_m2",
     "dots1": "dots1",
+    "seed_oss": "seed_oss",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -2,10 +2,10 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2 and dots1 files that transformers cannot read. Their configs are built here from
-the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
-loader's default, not the transformers config class's, since it is llama.cpp's meaning
-the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
+minimax-m2, dots1 and seed_oss files that transformers cannot read. Their configs are
+built here from the header keys llama.cpp's converter writes. A key that is absent takes
+llama.cpp loader's default, not the transformers config class's, since it is llama.cpp's
+meaning the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
 there, where GraniteConfig's default is 1.0). Rope scaling, which both readers leave to
 gguf_rope.py, is added by the caller.
 """
@@ -18,7 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1",
+    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -175,6 +175,16 @@ def _ernie4_5(get, fields: dict, reader) -> tuple[str, dict]:
     return "ernie4_5", {"use_bias": _q_biased(reader)}
 
 
+def _seed_oss(get, fields: dict, reader) -> tuple[str, dict]:
+    """Its three bias keys, each said by the tensors the file holds."""
+    names = _tensor_names(reader)
+    return "seed_oss", {
+        "attention_bias": _q_biased(reader),
+        "attention_out_bias": "blk.0.attn_output.bias" in names,
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+    }
+
+
 def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
     renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
@@ -284,6 +294,7 @@ _FAMILY = {
     "ernie4_5-moe": _ernie4_5_moe,
     "minimax-m2": _minimax_m2,
     "dots1": _dots1,
+    "seed_oss": _seed_oss,
 }
 
 
