@@ -2856,6 +2856,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_seed_oss.json",
+        "seed_oss beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families seed_oss,llama3 --name families_seed_oss --skip-anchors",
+        families,
+    ),
+    (
         "families_dots1.json",
         "dots1 beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families dots1,qwen3_moe --name families_dots1 --skip-anchors "
