@@ -24,7 +24,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   softmax routing steered by a choice bias, the same shared expert and dense layer 0;
   minimax_m2 with sigmoid routing steered by a choice bias, q/k norms over all heads and
   half of each head rotated; dots1 with glm4_moe's routing, shared expert and dense layer
-  0 under qwen3's per-head q/k norms).
+  0 under qwen3's per-head q/k norms; flex_olmo with olmo2's output-only norms and q/k
+  norms over all heads around olmoe's experts).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -187,6 +188,8 @@ MOE_SETTINGS = {
         "intermediate_size": 1024,
         "rotary_dim": 32,
     },
+    # flex_olmo: olmo2's block with olmoe's experts, renormalized (FlexOlmo's norm_topk_prob)
+    "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     # olmoe: OLMoE's routing (no renormalization) and q/k norms over all heads
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     "qwen2_moe": {  # and a shared expert twice as wide, as Qwen1.5-MoE's is 4 experts wide

@@ -298,6 +298,20 @@ MOE_FAMILIES = {
             "intermediate_size": 128,
         },
     ),
+    # olmo2's block (output norms, q/k norms over all heads) with olmoe's experts
+    "flex_olmo": (
+        "FlexOlmoConfig",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 128,
+            "norm_topk_prob": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # sigmoid routing steered by its choice bias, renormalized and scaled, an ungated
     # shared expert, per-head q/k norms, half of each head rotated; layer 0 dense
     "glm4_moe": (

@@ -647,6 +647,16 @@ ADAPTERS: dict[str, Adapter] = {
         expert="mlp.experts",
         **_QK_NORMS,
     ),
+    # flex_olmo (FlexOlmo): olmo2's block (norms on the branch outputs only, q/k norms over
+    # all heads) with olmoe's experts
+    "flex_olmo": replace(
+        _OLMO2,
+        families=("flex_olmo",),
+        architecture="FlexOlmoForCausalLM",
+        moe=MoeKeys("num_experts", "intermediate_size", "norm_topk_prob"),
+        router="mlp.gate",
+        expert="mlp.experts",
+    ),
     # olmoe: qwen3_moe's experts (softmax router, top-k renormalized with norm_topk_prob)
     # under olmo2's q/k norms over all heads, in llama's pre-norm block; those norms are
     # hidden wide in transformers, so heads x head_dim stays hidden
