@@ -2862,6 +2862,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_flex_olmo.json",
+        "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "
+        "--skip-anchors --rounds 7",
+        families,
+    ),
+    (
         "families_dots1.json",
         "dots1 beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families dots1,qwen3_moe --name families_dots1 --skip-anchors "
