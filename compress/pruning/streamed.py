@@ -96,7 +96,8 @@ def candidate_kls(
                disable=not distributed.is_writer())  # fmt: skip
     for i in bar:
         block = store.block(i)
-        tensors = {k: v.detach() for k, v in block.state_dict().items()}
+        # cut in host memory, as the surgery's indices are (a block's copy on a GPU run)
+        tensors = {k: v.detach().cpu() for k, v in block.state_dict().items()}
         for c, (_, keep) in enumerate(candidates):
             if i not in keep.layers:
                 continue
