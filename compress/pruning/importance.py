@@ -5,15 +5,16 @@ hooks. Widths are scored by what a unit adds to the residual stream: the RMS ove
 of the norm of its contribution (for an MLP neuron, |activation| times the norm of its
 down-projection column; for a head, its slice of o_proj applied to its output). In a
 Mixture-of-Experts layer a neuron is scored within its expert, over the tokens routed to
-it, and an expert by the RMS over all tokens of its routing-weighted output (a shared
-expert's neurons as a dense MLP's, over every token). A dense
-layer of such a model (GLM-4.5's first) has its neurons scored as a dense MLP's. Hidden
-channels are scored by the RMS of every normalization's output in that channel, summed.
-Layers get block influence, 1 − cos(input, output), and, when layers are to be removed,
-the KL divergence of the model's output when that layer alone is skipped.
+it, and an expert by the RMS over all tokens of its routing-weighted output; a shared
+expert's neurons, and those of a dense layer of such a model (GLM-4.5's first), as a
+dense MLP's, over every token. Hidden channels are scored by the RMS of every
+normalization's output in that channel, summed. Layers get block influence,
+1 − cos(input, output), and, when layers are to be removed, the KL divergence of the
+model's output when that layer alone is skipped.
 
 Under torchrun the samples are sharded over the ranks and the sums added in float64, so
-every rank gets the one process's scores; the layer-removal KL runs whole on each.
+every rank gets the one process's scores; the layer-removal KL runs whole on each. The
+same hooks (Scores) score a whole model here and one block at a time in streamed.py.
 """
 
 from __future__ import annotations
