@@ -121,7 +121,8 @@ def main() -> None:
         rows.append(row)
     shutil.rmtree(args.work, ignore_errors=True)
     record = {
-        "command": " ".join(["python", "benchmarks/prune_memory.py", *sys.argv[1:]]),
+        "command": f"python benchmarks/prune_memory.py --depths {args.depths} --memory-depths "
+        f"{args.memory_depths}",  # the figures' arguments, not where this run kept its files
         "shape": "Qwen3-30B-A3B widths, random bf16 weights, at each depth",
         "cut": CUT,
         "calibration": {"samples": args.samples, "length": args.length},

@@ -110,10 +110,11 @@ def candidate_kls(
         base = run_block(block, base, rope)
         store.release(i)
     norm = store.module(adapter.final_norm)
-    reference = torch.log_softmax(_Head.of(store)(base, norm), -1)
+    stored = _global_tensors(store, head_only=True)  # read once: the head is vocabulary-sized
+    reference = torch.log_softmax(_Head(_head_weight(stored, adapter), store.spec)(base, norm), -1)
     kls = []
     for c, (config, keep) in enumerate(candidates):
-        tensors = prune_globals(_global_tensors(store, head_only=True), adapter, full, keep)
+        tensors = prune_globals(stored, adapter, full, keep)
         norm_c = _under(tensors, adapter.final_norm)
         norm_c = _materialize(models[c], adapter.final_norm, norm_c, store.device)
         head = _Head(_head_weight(tensors, adapter), adapter_for(config).spec(config))
