@@ -69,6 +69,29 @@ FAMILIES = {
         },
     ),
     "mistral": ("MistralConfig", {"sliding_window": 8}),
+    # YaRN with an original context of 16, so that Llama 4's query temperature steps up
+    # four times within the tests' 72 tokens (beta 0.3, Ministral 3's 0.1 made visible; at
+    # 0.5 the queries of this random model sharpen so that AWQ no longer beats RTN)
+    "ministral3": (
+        "Ministral3Config",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "max_position_embeddings": 512,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "llama_4_scaling_beta": 0.3,
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "qwen2": (
         "Qwen2Config",
         {
@@ -398,6 +421,7 @@ GGUF_FAMILIES = {
     "minimax_m2": ("MINIMAXM2", {}),
     "dots1": ("DOTS1", {"sliding_window": None}),  # llama.cpp runs dots1 without a window
     "seed_oss": ("SEED_OSS", {}),
+    "ministral3": ("MISTRAL3", {}),
 }
 
 
@@ -417,6 +441,12 @@ GGUF_ROPE_CASES = {
         "rope_type": "longrope", "rope_theta": 10000.0,
         "short_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
         "long_factor": [1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0]}}),
+    # llama.cpp writes Mistral Small 3.1/3.2's language model as mistral3 too, without
+    # Ministral 3's query temperature: a mistral model
+    "mistral3 YaRN (scaling keys)": ("mistral", "MISTRAL3", {
+        "sliding_window": None, "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 16, "beta_fast": 16.0, "beta_slow": 2.0}}),
 }  # fmt: skip
 
 
@@ -499,6 +529,12 @@ def write_gguf(
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
         w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        if "beta_fast" in rope:
+            w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        if cfg.model_type == "ministral3":  # llama.cpp's Ministral3Model keys
+            w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
+            w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
     elif rope.get("rope_type") == "longrope":
         w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
         w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
@@ -586,7 +622,10 @@ def write_gguf(
             t = t.reshape(-1)
         if target.endswith("ffn_gate_inp_shexp.weight"):  # llama.cpp stores it as [hidden]
             t = t.reshape(-1)
-        interleaved = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3)
+        interleaved = (
+            gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3,
+            gguf.MODEL_ARCH.MISTRAL3,
+        )  # fmt: skip
         if enum in interleaved and target.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp's LlamaModel layout: each head's rotary halves interleaved
             heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads
@@ -630,26 +669,53 @@ def _add_experts(writer, stem: str, t, stacked: bool) -> None:
         writer.add_tensor(f"{stem}.{e}.weight", np.ascontiguousarray(t[e]))
 
 
-def write_gemma3_multimodal(folder: Path, tokenizer_from: Path | None = None) -> Path:
-    """A tiny Gemma3ForConditionalGeneration (model_type gemma3: a vision tower and
-    projector beside the tiny gemma3_text model), saved as published checkpoints name it."""
+# the multimodal wrappers whose language model llmpress reads: model_type -> (config
+# class, model class, text family, vision config)
+MULTIMODAL = {
+    "gemma3": (
+        "Gemma3Config", "Gemma3ForConditionalGeneration", "gemma3_text",
+        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    ),
+    "mistral3": (
+        "Mistral3Config", "Mistral3ForConditionalGeneration", "ministral3",
+        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "head_dim": 16, "image_size": 28, "patch_size": 14},
+    ),
+}  # fmt: skip
+
+
+def write_multimodal(
+    folder: Path,
+    model_type: str,
+    tokenizer_from: Path | None = None,
+    text: str | None = None,
+    tied: bool = True,
+) -> Path:
+    """A tiny multimodal checkpoint of `model_type` (MULTIMODAL: a vision tower and
+    projector beside a tiny language model of the `text` family, its default unless
+    given), saved as published checkpoints name it; `tied`: the outer config's tying,
+    which transformers follows (untied, the lm_head is stored)."""
     import transformers
 
+    config_cls, model_cls, default_text, vision = MULTIMODAL[model_type]
     # no final softcap: published Gemma 3 has none, and Gemma3ForConditionalGeneration
     # would not apply one (only Gemma3ForCausalLM does)
-    text = family_config("gemma3_text", final_logit_softcapping=None).to_dict()
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
-    config = transformers.Gemma3Config(
-        text_config=text, vision_config=vision, mm_tokens_per_image=4
+    gemma = model_type == "gemma3"
+    overrides = {"final_logit_softcapping": None} if gemma else {}
+    text_cfg = family_config(text or default_text, **overrides).to_dict()
+    extra = {"mm_tokens_per_image": 4} if gemma else {}
+    config = getattr(transformers, config_cls)(
+        text_config=text_cfg, vision_config=vision, tie_word_embeddings=tied, **extra
     )
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight") and "language_model" in pname:
-                p.copy_(0.3 * torch.randn_like(p))
+                offset = 0.0 if gemma else 1.0
+                p.copy_(offset + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder)
     if tokenizer_from is not None:
         for f in tokenizer_from.iterdir():

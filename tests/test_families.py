@@ -911,24 +911,37 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
     assert replies[0].choices[0].text == replies[1].choices[0].text
 
 
-def test_the_text_part_of_a_multimodal_gemma3(tmp_path, ids, wikitext):
-    """A Gemma3ForConditionalGeneration checkpoint (Gemma 3 from 4B up): every command reads
-    its language model, and the artifact is a Gemma3ForCausalLM that plain transformers opens."""
-    from family_models import write_gemma3_multimodal
-    from transformers import Gemma3ForConditionalGeneration
+@pytest.mark.parametrize(
+    ("wrapper", "text", "tied"),
+    [("gemma3", None, True), ("mistral3", "ministral3", True), ("mistral3", "mistral", False)],
+)
+def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapper, text, tied):
+    """A Gemma3ForConditionalGeneration checkpoint (Gemma 3 from 4B up) or a
+    Mistral3ForConditionalGeneration one (Ministral 3, its head tied; Mistral Small
+    3.1/3.2, its head stored): every command reads its language model, and the artifact
+    is that family's ForCausalLM, which plain transformers opens."""
+    import transformers
+    from family_models import MULTIMODAL, write_multimodal
 
-    src = write_gemma3_multimodal(tmp_path / "mm", tokenizer_from=convert_gguf(default_gguf()))
+    src = write_multimodal(
+        tmp_path / "mm", wrapper, convert_gguf(default_gguf()), text=text, tied=tied
+    )
+    outer = MULTIMODAL[wrapper][1]
+    text = text or MULTIMODAL[wrapper][2]
+    arch = ADAPTERS[text].architecture
     names = list(safe_open(str(src / "model.safetensors"), "pt").keys())
-    assert any(n.startswith("language_model.model.") for n in names)
-    assert any(n.startswith("vision_tower.") for n in names)
-    full = Gemma3ForConditionalGeneration.from_pretrained(
+    assert any(n.startswith(("language_model.model.", "model.language_model.")) for n in names)
+    assert any("vision_tower." in n for n in names)
+    full = getattr(transformers, outer).from_pretrained(
         src, dtype=torch.float32, attn_implementation="eager"
     )
     with torch.no_grad():
         want = full.eval()(input_ids=ids).logits[0]
     ckpt = resolve(str(src))
-    assert ckpt.config["model_type"] == "gemma3_text"
-    assert ckpt.text_part_of == "Gemma3ForConditionalGeneration"
+    assert ckpt.config["model_type"] == text
+    assert ckpt.text_part_of == outer
+    assert ckpt.config["tie_word_embeddings"] is tied
+    assert ("lm_head.weight" in ckpt.tensors) is not tied
     assert not any(n.startswith(("vision_tower", "multi_modal")) for n in ckpt.tensors)
     got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
@@ -937,15 +950,26 @@ def test_the_text_part_of_a_multimodal_gemma3(tmp_path, ids, wikitext):
     out = tmp_path / "w4"
     code, stdout, stderr = run_cli(["compress", str(src), "-o", str(out), "--quant", "rtn:w4g32"])
     assert code == 0, stderr
-    assert "Gemma3ForConditionalGeneration" in stdout + stderr and "vision" in stdout + stderr
+    assert outer in stdout + stderr and "vision" in stdout + stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["source"]["text_part_of"] == "Gemma3ForConditionalGeneration"
+    assert manifest["source"]["text_part_of"] == outer
     assert manifest["source"]["sha256"] == ckpt.sha256
     config = json.loads((out / "config.json").read_text())
-    assert config["architectures"] == ["Gemma3ForCausalLM"]
+    assert config["architectures"] == [arch]
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
     assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3
+
+
+def test_a_multimodal_checkpoint_of_an_unsupported_text_family_is_refused(tmp_path):
+    """Its language model's family is named in one line, before anything is converted."""
+    folder = tmp_path / "mm"
+    folder.mkdir()
+    config = {"model_type": "mistral3", "text_config": {"model_type": "falcon"}}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "model.safetensors").write_bytes(b"")
+    with pytest.raises(LlmpressError, match="falcon model, a family llmpress does not support"):
+        resolve(str(folder))
 
 
 def test_a_16bit_embedding_is_looked_up_inside_the_one_call_step(models, wikitext, tmp_path, ids):

@@ -729,6 +729,7 @@ class FusedLayer:
     post_attn_norm: torch.Tensor | None = None
     post_mlp_norm: torch.Tensor | None = None
     moe: FusedExperts | None = None
+    q_scale: torch.Tensor | None = None  # [max_len]: queries times this after rope (Llama 4)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -736,13 +737,14 @@ class FusedLayer:
             raise ValueError("a layer has either gate_up and down or experts")
         lins = (_qlin(x) for x in (self.qkv, self.o, self.gate_up, self.down))
         norms = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
-        for t in (self.attn_norm, self.mlp_norm, self.cos, self.sin, *norms):
+        for t in (self.attn_norm, self.mlp_norm, self.cos, self.sin, self.q_scale, *norms):
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
-            _ptr(self.cos), _ptr(self.sin), self.window or 0, self.softcap or 0.0,
+            _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), self.window or 0,
+            self.softcap or 0.0,
             self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip

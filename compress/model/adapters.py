@@ -578,6 +578,12 @@ ADAPTERS: dict[str, Adapter] = {
     "mistral": replace(
         LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
     ),
+    # ministral3 (Ministral 3, the language model of Mistral 3 checkpoints): mistral's
+    # block with YaRN and Llama 4's query temperature past the original context
+    # (rope_parameters' llama_4_scaling_beta: model/rope.py query_scales)
+    "ministral3": replace(
+        LLAMA, families=("ministral3",), architecture="Ministral3ForCausalLM", bias_options=()
+    ),
     # seed_oss (Seed-OSS-36B): llama's block; q/k/v biased by default, o and the MLP each
     # by a key of their own
     "seed_oss": replace(

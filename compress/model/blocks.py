@@ -162,7 +162,10 @@ def _block_kwargs(
         hidden = (k > q) | (k <= q - window) if windowed else k > q
         mask = torch.zeros(length, length).masked_fill(hidden, float("-inf"))
         mask = mask[None, None].to(device)
-    return {"position_embeddings": rotary, "attention_mask": mask}
+    kwargs = {"position_embeddings": rotary, "attention_mask": mask}
+    if "llama_4_scaling_beta" in dict(rope.params):  # ministral3's attention reads positions
+        kwargs["position_ids"] = torch.arange(length, device=device)[None]
+    return kwargs
 
 
 def _device(block: torch.nn.Module) -> torch.device:

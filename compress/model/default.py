@@ -49,6 +49,7 @@ SUPPORTED_GGUF_ARCHS = {
     "minimax-m2": "minimax_m2",
     "dots1": "dots1",
     "seed_oss": "seed_oss",
+    "mistral3": "ministral3",  # or mistral: Mistral Small 3.1/3.2's language model
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -2,7 +2,7 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1 and seed_oss files that transformers cannot read. Their configs are
+minimax-m2, dots1, seed_oss and mistral3 files that transformers cannot read. Their configs are
 built here from the header keys llama.cpp's converter writes. A key that is absent takes
 llama.cpp loader's default, not the transformers config class's, since it is llama.cpp's
 meaning the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
@@ -18,7 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss",
+    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -185,6 +185,24 @@ def _seed_oss(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _mistral3(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama.cpp's mistral3: Ministral 3, and the language model of Mistral Small 3.1/3.2
+    (llama's block either way). Ministral 3's file sets `attention.temperature_scale`, Llama
+    4's query temperature, which steps at YaRN's original context (llama.cpp's
+    n_ctx_orig_yarn; transformers' rope_parameters), so it needs that context too."""
+    beta = get("attention.temperature_scale")
+    if not beta:
+        return "mistral", {}
+    if get("rope.scaling.original_context_length") is None:
+        raise LlmpressError(
+            "this mistral3 GGUF sets a query temperature (attention.temperature_scale) but no "
+            "original context for it (rope.scaling.original_context_length); compress the "
+            "model's Hugging Face checkpoint instead"
+        )
+    fields["rope_parameters"]["llama_4_scaling_beta"] = float(beta)
+    return "ministral3", {}
+
+
 def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
     renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
@@ -295,6 +313,7 @@ _FAMILY = {
     "minimax-m2": _minimax_m2,
     "dots1": _dots1,
     "seed_oss": _seed_oss,
+    "mistral3": _mistral3,
 }
 
 

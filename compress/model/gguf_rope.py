@@ -76,6 +76,22 @@ def _tensor(reader, name):
     return None if not found else [float(v) for v in found[0].data.reshape(-1)]
 
 
+def _yarn_keys(reader, arch: str) -> dict:
+    """YaRN's band edges and, from `yarn_log_mul` (DeepSeek's and Ministral 3's
+    mscale_all_dim), its attention factor mscale(factor, 1) / mscale(factor, log_mul), as
+    llama.cpp computes it (llama-context.cpp, which takes mscale as 1): without it the
+    factor would be mscale(factor, 1), 1.28 at Ministral 3's 16 where theirs is 1."""
+    keys = {}
+    for key, name in (("beta_fast", "beta_fast"), ("beta_slow", "beta_slow")):
+        value = _field(reader, f"{arch}.rope.scaling.yarn_{key}")
+        if value is not None:
+            keys[name] = float(value)
+    log_mul = _field(reader, f"{arch}.rope.scaling.yarn_log_multiplier")
+    if log_mul:
+        keys.update(mscale=1.0, mscale_all_dim=float(log_mul))
+    return keys
+
+
 def gguf_rope(reader, arch: str, config, path_name: str) -> dict:
     """The config fields the file's rope scaling sets ({} without one): rope_parameters in
     the config's own form (gemma3: the global layers' entry; the local ones keep theirs),
@@ -117,7 +133,8 @@ def gguf_rope(reader, arch: str, config, path_name: str) -> dict:
         found = {"rope_type": "linear", "factor": float(factor)}
     elif kind == "yarn" and factor and original:
         found = {"rope_type": "yarn", "factor": float(factor),
-                 "original_max_position_embeddings": int(original)}  # fmt: skip
+                 "original_max_position_embeddings": int(original),
+                 **_yarn_keys(reader, arch)}  # fmt: skip
     else:
         raise LlmpressError(
             f"{path_name} uses rope scaling {kind!r}, which llmpress cannot read from a GGUF "

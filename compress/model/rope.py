@@ -128,6 +128,19 @@ def _longrope(spec: RopeSpec, context: int, orig: int) -> tuple[torch.Tensor, fl
     return inv, float(factor_attn)
 
 
+def query_scales(spec: RopeSpec, length: int, device="cpu") -> torch.Tensor | None:
+    """Llama 4's attention temperature, as Ministral 3 keeps it (rope_parameters'
+    `llama_4_scaling_beta`): the query at position p times 1 + beta * log(1 + floor(p /
+    original context)), [length] fp32, applied after rope. None where every position's is
+    1 (no beta, or a context within the original one): nothing to compute."""
+    beta = spec.get("llama_4_scaling_beta")
+    orig = spec.get("original_max_position_embeddings", spec.max_positions)
+    if not beta or length <= orig:
+        return None
+    steps = torch.floor(torch.arange(length, dtype=torch.float64) / orig)
+    return (1 + beta * torch.log1p(steps)).float().to(device)
+
+
 def tables(spec: RopeSpec, length: int, device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, rotary_dim/2] in fp32 (angles formed in float64), the attention
     factor applied."""

@@ -1,14 +1,17 @@
 """The text part of a multimodal checkpoint, made once into a cached text-only folder.
 
-Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`): a
-vision tower and projector beside a `gemma3_text` language model whose config sits in
+Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`), and
+Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
+`Mistral3ForConditionalGeneration` (`mistral3`): a vision tower and projector beside a
+language model (`gemma3_text`; `mistral` or `ministral3`) whose config sits in
 `text_config` and whose tensors are prefixed `language_model.model.` (as published) or
 `model.language_model.` (as some transformers versions save). llmpress compresses and
 runs text, so every command reads the language model alone, as the text family names it,
-with the source's tokenizer: the artifact is a `Gemma3ForCausalLM` that transformers and
-vLLM open as such. The folder is written file by file (memory bounded by one shard),
-keyed by the source's files (name, size, mtime) so a second run reuses it, and records
-the source's weight hash, which eval's base check compares.
+with the source's tokenizer: the artifact is a `Gemma3ForCausalLM` (`MistralForCausalLM`,
+`Ministral3ForCausalLM`) that transformers and vLLM open as such. The folder is written
+file by file (memory bounded by one shard), keyed by the source's files (name, size,
+mtime) so a second run reuses it, and records the source's weight hash, which eval's base
+check compares.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import shutil
 from pathlib import Path
 
 from compress.errors import LlmpressError
+from compress.model.adapters import ADAPTERS
 from compress.model.default import cache_dir, publish_conversion
 
-# model_type of the multimodal config -> (model_type, architecture) of its text part
-MULTIMODAL = {"gemma3": ("gemma3_text", "Gemma3ForCausalLM")}
+# model_type of the multimodal config -> its text part's model_type where text_config
+# names none (transformers' default text config of that class)
+MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral"}
 # tensor name prefixes of the language model -> the text model's own
 TEXT_PREFIXES = (
     ("language_model.model.", "model."),
@@ -53,21 +58,34 @@ def text_name(name: str) -> str | None:
     return None
 
 
-def text_config(config: dict) -> dict:
+def text_config(config: dict, has_head: bool | None = None) -> dict:
     """The language model's config.json: text_config as its own model type, with what the
-    outer config states for the whole model (dtype, tying) where text_config is silent."""
-    model_type, arch = MULTIMODAL[config["model_type"]]
+    outer config states for the whole model (dtype, tying) where text_config is silent.
+    `has_head` (whether the checkpoint holds an lm_head) decides the tying where given:
+    the two configs disagree in published files (Mistral3Config ties by default, where
+    Mistral Small 3.1's text_config says untied and its lm_head is stored), and the
+    tensors are what the model was trained with."""
     text = dict(config["text_config"])
+    model_type = text.get("model_type") or MULTIMODAL[config["model_type"]]
+    if model_type not in ADAPTERS:
+        raise LlmpressError(
+            f"the language model of this {config['model_type']} checkpoint is a {model_type} "
+            f"model, a family llmpress does not support (it reads {', '.join(ADAPTERS)})"
+        )
+    arch = ADAPTERS[model_type].architecture
     for key in ("tie_word_embeddings", "dtype", "torch_dtype", "transformers_version"):
         if key not in text and key in config:
             text[key] = config[key]
     text.update(model_type=model_type, architectures=[arch])
+    if has_head is not None:
+        text["tie_word_embeddings"] = not has_head
     return text
 
 
 def text_part(path: Path, config: dict, files: list[Path], weights_sha256) -> Path:
     """The cached text-only folder of the multimodal checkpoint at `path` (its safetensors
     `files`); `weights_sha256(files)` hashes the source's weights as a Checkpoint does."""
+    text_config(config)  # a language model of a family llmpress lacks: refused before work
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
     key.update(str(path.resolve()).encode())
     for f in files:
@@ -104,7 +122,8 @@ def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
     if len(set(weight_map.values())) > 1:
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps(text_config(config), indent=2))
+    text = text_config(config, has_head="lm_head.weight" in weight_map)
+    (out / "config.json").write_text(json.dumps(text, indent=2))
     for pattern in KEPT_FILES:
         for f in path.glob(pattern):
             if f.is_file():

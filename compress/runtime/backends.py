@@ -157,6 +157,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 w.spec.qk_norm == "full",
                 **norms,
                 moe=experts,
+                q_scale=r.q_scale,
             )
         )
     s = w.shape

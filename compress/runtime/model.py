@@ -24,7 +24,7 @@ from compress.kernels.cpu import (
 )
 from compress.kernels.cpu import rms_norm as cpu_rms_norm
 from compress.model.moe import route_scores
-from compress.model.rope import RopeSpec, tables
+from compress.model.rope import RopeSpec, query_scales, tables
 from compress.runtime.backends import backend_for
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights, MoeWeights
@@ -44,6 +44,7 @@ class Rope:
     def __init__(self, spec: RopeSpec, max_len: int, device="cpu"):
         self.cos, self.sin = tables(spec, max_len, device)
         self.rotary = spec.rotary_dim
+        self.q_scale = query_scales(spec, max_len, device)  # None: every query's is 1
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [T, heads, hd] at positions [T]."""
@@ -135,7 +136,10 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     q, k = q.reshape(t, s.heads, s.head_dim), k.reshape(t, s.kv_heads, s.head_dim)
     if layer.q_norm is not None and not full:
         q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
-    return rope(q, positions), rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
+    q = rope(q, positions)
+    if rope.q_scale is not None:  # Llama 4's temperature past the original context
+        q = q * rope.q_scale[positions][:, None, None]
+    return q, rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
 
 
 def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:

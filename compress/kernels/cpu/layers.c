@@ -100,6 +100,11 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, eps, B >= PAR_ROWS);
         }
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
+        if (L->q_scale)
+            for (int b = 0; b < B; b++) {
+                float f = L->q_scale[positions[b]], *qb = q + (int64_t)b * heads * D;
+                for (int i = 0; i < heads * D; i++) qb[i] *= f;
+            }
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL) {
             if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,

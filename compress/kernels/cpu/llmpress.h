@@ -111,6 +111,8 @@ typedef struct {
                                                  * [heads * D], before rope; or NULL */
     const float *post_attn_norm, *post_mlp_norm; /* [hidden], on branch outputs; or NULL */
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
+    const float *q_scale;                       /* [max_len]: each query times this after rope
+                                                 * (Llama 4's temperature); or NULL */
     int window;                                 /* sliding window; 0: every key */
     float softcap;                              /* scores cap*tanh(s/cap) (gemma2); 0: none */
     float residual;                             /* branch outputs' multiplier (granite); else 1 */
