@@ -2862,6 +2862,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_ministral3.json",
+        "ministral3 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families ministral3,llama3 --name families_ministral3 "
+        "--skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "
