@@ -78,6 +78,7 @@ def source_info(ckpt: Checkpoint) -> dict:
         "bytes": sum(f.stat().st_size for f in ckpt.files),
         "license": source_license(ckpt),
         **({"text_part_of": ckpt.text_part_of} if ckpt.text_part_of else {}),
+        **({"dequantized_from": ckpt.dequantized_from} if ckpt.dequantized_from else {}),
     }
 
 
@@ -177,6 +178,8 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     part = ckpt.text_part_of
     if part:
         log(f"{model} is a {part}: compressing its language model; the vision part is left out")
+    if ckpt.dequantized_from:
+        log(f"{model} is stored in FP8: compressing the dense model its weights stand for")
     log(
         f"compressing {model} ({ckpt.config['model_type']}, {ckpt.num_layers} blocks): "
         f"{recipe.label()}" + ("" if device.type == "cpu" else f", on {describe(device)}")

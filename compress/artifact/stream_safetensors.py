@@ -20,7 +20,9 @@ import torch
 from compress.model.safetensors_check import check_safetensors
 
 _CHUNK = 16 << 20
-DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "I32": 4, "I8": 1, "U8": 1, "I64": 8}
+# safetensors dtype -> bytes per element (the float8 ones: FP8 checkpoints, fp8_source.py)
+DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
+          "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}  # fmt: skip
 
 
 def _entries(parts: list[Path]) -> list[tuple[str, dict, Path, int]]:

@@ -7,6 +7,7 @@ ordinary safetensors folder under the cache and reused, keyed by the file's hash
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -111,6 +112,18 @@ def convert_gguf(path: Path) -> Path:
         )
     origin = {"path": str(path), "file": path.name, "sha256": digest}
     return publish_conversion(target, lambda tmp: _write_dequantized(path, tmp, arch), origin)
+
+
+def conversion_target(kind: str, path: Path, config: dict, files: list[Path]) -> Path:
+    """The cache folder a conversion of `kind` of the checkpoint at `path` goes to, keyed
+    by its config and its files (name, size, mtime), so that a changed file is converted
+    again and an unchanged one is not."""
+    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    key.update(str(path.resolve()).encode())
+    for f in files:
+        st = f.stat()
+        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return cache_dir() / f"{kind}-{key.hexdigest()[:16]}"
 
 
 def publish_conversion(target: Path, write, origin: dict) -> Path:

@@ -24,6 +24,8 @@ from compress.model.adapters import (
     dense_shapes,
 )
 from compress.model.default import convert_gguf, default_gguf
+from compress.model.fp8_source import dense_folder as fp8_dense_folder
+from compress.model.fp8_source import is_fp8
 from compress.model.known_hash import known_sha256
 from compress.model.safetensors_check import check_safetensors
 from compress.model.spec import hf_config
@@ -60,10 +62,21 @@ class Checkpoint:
         return weights_sha256(self.files)
 
     @cached_property
+    def origin(self) -> dict:
+        """What a folder llmpress made from the user's checkpoint records of it (a GGUF
+        conversion, a multimodal text part, an FP8 checkpoint's dense weights); {} else."""
+        origin = self.path / "llmpress_source.json"
+        return json.loads(origin.read_text()) if origin.is_file() else {}
+
+    @property
     def text_part_of(self) -> str | None:
         """The multimodal architecture whose language model this folder holds (text_part)."""
-        origin = self.path / "llmpress_source.json"
-        return json.loads(origin.read_text()).get("text_part_of") if origin.is_file() else None
+        return self.origin.get("text_part_of")
+
+    @property
+    def dequantized_from(self) -> str | None:
+        """The storage its weights were read from ("fp8": fp8_source.py), or None."""
+        return self.origin.get("dequantized_from")
 
     @cached_property
     def tensors(self) -> dict[str, tuple[Path, tuple[int, ...], str]]:
@@ -120,8 +133,15 @@ def _open_folder(path: Path, source: str) -> Checkpoint:
     config = _read_json(config_path, "re-download it")
     if not isinstance(config, dict):
         raise LlmpressError(f"{config_path} is not a JSON object of settings; re-download it")
+    hash_of, carried = weights_sha256, {}
+    if is_fp8(config):  # the dense model it stands for, as a folder made once
+        path = fp8_dense_folder(path, config, _weight_files(path)[0], weights_sha256)
+        config = _read_json(path / "config.json", "remove it from the cache and rerun")
+        origin = json.loads((path / "llmpress_source.json").read_text())
+        hash_of = lambda _files: origin["sha256"]  # noqa: E731 - the FP8 files', not the copy's
+        carried = {"dequantized_from": origin["dequantized_from"]}
     if is_multimodal(config):  # its language model, as a text-only folder made once
-        path = text_part(path, config, _weight_files(path)[0], weights_sha256)
+        path = text_part(path, config, _weight_files(path)[0], hash_of, carried)
         config = _read_json(path / "config.json", "remove it from the cache and rerun")
     adapter = adapter_for(config)
     shape = check_config(config, str(config_path))

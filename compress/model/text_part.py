@@ -16,14 +16,13 @@ check compares.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
 
 from compress.errors import LlmpressError
 from compress.model.adapters import ADAPTERS
-from compress.model.default import cache_dir, publish_conversion
+from compress.model.default import conversion_target, publish_conversion
 
 # model_type of the multimodal config -> its text part's model_type where text_config
 # names none (transformers' default text config of that class)
@@ -82,22 +81,22 @@ def text_config(config: dict, has_head: bool | None = None) -> dict:
     return text
 
 
-def text_part(path: Path, config: dict, files: list[Path], weights_sha256) -> Path:
+def text_part(
+    path: Path, config: dict, files: list[Path], weights_sha256, carried: dict | None = None
+) -> Path:
     """The cached text-only folder of the multimodal checkpoint at `path` (its safetensors
-    `files`); `weights_sha256(files)` hashes the source's weights as a Checkpoint does."""
+    `files`); `weights_sha256(files)` hashes the source's weights as a Checkpoint does;
+    `carried`: what the folder `path` itself was made from (an FP8 checkpoint), recorded
+    too."""
     text_config(config)  # a language model of a family llmpress lacks: refused before work
-    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    key.update(str(path.resolve()).encode())
-    for f in files:
-        st = f.stat()
-        key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    target = cache_dir() / f"text-{key.hexdigest()[:16]}"
+    target = conversion_target("text", path, config, files)
     if (target / "config.json").is_file():
         return target
     origin = {
         "path": str(path),
         "text_part_of": (config.get("architectures") or [config["model_type"]])[0],
         "sha256": weights_sha256(files),
+        **(carried or {}),
     }
     return publish_conversion(target, lambda tmp: _write(path, config, files, tmp), origin)
 

@@ -1,0 +1,175 @@
+"""An FP8 checkpoint as the dense one it stands for, made once into a cached folder.
+
+Several families are published in FP8 first or only: MiniMax-M2, Qwen3's `-FP8` releases,
+Ministral 3, GLM-4.5's. Their config.json says `quant_method: fp8`; each quantized linear
+stores `weight` as float8 (e4m3) beside `weight_scale_inv` (fp32): one scale per block of
+`weight_block_size` (128 x 128 in DeepSeek-V3's format), per row, or per tensor (Mistral's,
+whose static `activation_scale`s serve FP8 activations). The weight is the float8 value
+times its block's scale, so every command reads the checkpoint as that dense model,
+written once in the config's 16-bit dtype (bfloat16, as transformers' and vLLM's own
+dequantization computes it) with the scales and activation scales left out: the original
+eval compares against is the weights as published, run with full-precision activations.
+Tensor by tensor, so memory is one tensor whatever the model's size; the folder is keyed
+by the source's files (name, size, mtime) and records the source's weight hash.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from compress.artifact.stream_safetensors import DTYPES, write_produced
+from compress.errors import LlmpressError
+from compress.model.default import conversion_target, publish_conversion
+
+SHARD_BYTES = 5 * 10**9
+_FP8 = {"F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+_DTYPES = {"bfloat16": ("BF16", torch.bfloat16), "float16": ("F16", torch.float16),
+           "float32": ("F32", torch.float32)}  # fmt: skip
+# tensors the dense model has no use for: the weights' scales (applied here) and static
+# activation scales (the dense model's activations are not quantized)
+_DROPPED = ("weight_scale_inv", "input_scale", "activation_scale")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+
+
+def is_fp8(config: dict) -> bool:
+    qc = config.get("quantization_config")
+    return isinstance(qc, dict) and qc.get("quant_method") == "fp8"
+
+
+def dense_config(config: dict) -> dict:
+    """config.json of the dense model: the same, without its quantization_config."""
+    return {k: v for k, v in config.items() if k != "quantization_config"}
+
+
+def dequantize(w8: torch.Tensor, scale: torch.Tensor, block=None) -> torch.Tensor:
+    """fp32 weights of float8 `w8` [..., N, K] and its scales: one per tensor, per row
+    ([N] or [N, 1]), or per block of `block` [bn, bk] (a grid [ceil(N/bn), ceil(K/bk)],
+    edge blocks partial). Without `block`, the grid must divide the weight: a 64-row
+    weight in blocks of 48 has a 2-row grid, as it would in blocks of 32."""
+    w = w8.float()
+    s = scale.float()
+    if s.numel() == 1:
+        return w * s.reshape(())
+    n, k = w.shape[-2:]
+    if s.shape[-1] == 1 or s.dim() == w.dim() - 1:  # per row
+        return w * s.reshape(*s.shape[: w.dim() - 2], n, 1)
+    rows, cols = s.shape[-2:]
+    if block is not None:
+        bn, bk = (int(b) for b in block)
+    elif n % rows == 0 and k % cols == 0:
+        bn, bk = n // rows, k // cols
+    else:
+        bn = bk = 0
+    if not bn or not bk or -(-n // bn) != rows or -(-k // bk) != cols:
+        raise ValueError(
+            f"scales {list(s.shape)} do not fit a {[n, k]} weight in blocks of "
+            f"{list(block) if block else 'any size'}"
+        )
+    grid = s.repeat_interleave(bn, -2)[..., :n, :].repeat_interleave(bk, -1)[..., :k]
+    return w * grid
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def dense_folder(path: Path, config: dict, files: list[Path], weights_sha256, log=_say) -> Path:
+    """The cached dense folder of the FP8 checkpoint at `path` (its safetensors `files`);
+    `weights_sha256(files)` hashes the source's weights as a Checkpoint does."""
+    target = conversion_target("fp8", path, config, files)
+    if (target / "config.json").is_file():
+        return target
+    specs, where = _plan(path, config, files)
+    need = sum(DTYPES[d] * _numel(s) for _, d, s in specs)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(target.parent).free
+    if free < need * 1.05:
+        raise LlmpressError(
+            f"{path} is an FP8 checkpoint, read as the dense model it stands for: that needs "
+            f"{need / 1e9:.1f} GB in {target.parent} and {free / 1e9:.1f} GB are free; free "
+            "space there or point LLMPRESS_CACHE at a larger disk"
+        )
+    log(f"{path} is stored in FP8: writing its dense weights once ({need / 1e9:.1f} GB)")
+    origin = {"path": str(path), "dequantized_from": "fp8", "sha256": weights_sha256(files)}
+    write = lambda tmp: _write(path, config, specs, where, tmp, log)  # noqa: E731
+    return publish_conversion(target, write, origin)
+
+
+def _plan(path: Path, config: dict, files: list[Path]):
+    """(name, dtype, shape) of every tensor the dense folder holds, and each one's
+    (file, scale name or None); refused in one line where a float8 weight has no scale."""
+    from safetensors import safe_open
+
+    dense = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    out_dtype = _DTYPES.get(dense, _DTYPES["bfloat16"])[0]
+    specs, where = [], {}
+    for f in files:
+        with safe_open(str(f), "pt") as src:
+            names = list(src.keys())
+            held = set(names)
+            for name in names:
+                if name.endswith(_DROPPED):
+                    continue
+                sl = src.get_slice(name)
+                dtype, shape = sl.get_dtype(), list(sl.get_shape())
+                scale = None
+                if dtype in _FP8:
+                    scale = f"{name}_scale_inv"
+                    if scale not in held:
+                        raise LlmpressError(
+                            f"{path}: {name} is stored in {dtype} without {scale} beside it "
+                            f"in {f.name}; re-download the checkpoint"
+                        )
+                    dtype = out_dtype
+                specs.append((name, dtype, shape))
+                where[name] = (f, scale, dtype)
+    return specs, where
+
+
+def _write(path: Path, config: dict, specs, where, out: Path, log) -> None:
+    from safetensors import safe_open
+
+    handles: dict[Path, object] = {}
+    start, done, total = time.perf_counter(), 0, len(specs)
+    dtypes = {d: t for d, t in ((v[0], v[1]) for v in _DTYPES.values())}
+    block = config["quantization_config"].get("weight_block_size")
+
+    def produce(name: str) -> torch.Tensor:
+        nonlocal done
+        f, scale, dtype = where[name]
+        if f not in handles:
+            handles.clear()  # one file open at a time, in the order they are read
+            handles[f] = safe_open(str(f), "pt")
+        src = handles[f]
+        t = src.get_tensor(name)
+        if scale is not None:
+            try:
+                t = dequantize(t, src.get_tensor(scale), block).to(dtypes[dtype])
+            except ValueError as e:
+                raise LlmpressError(f"{path}: {name}'s {e}; re-download the checkpoint") from None
+        done += 1
+        if done % 200 == 0 or done == total:
+            spent = time.perf_counter() - start
+            log(f"FP8 to dense: {done}/{total} tensors ({spent:.0f} s, "
+                f"ETA {spent / done * (total - done):.0f} s)")  # fmt: skip
+        return t.contiguous()
+
+    write_produced(out, specs, produce, SHARD_BYTES)
+    handles.clear()
+    (out / "config.json").write_text(json.dumps(dense_config(config), indent=2))
+    skip = {"config.json", "model.safetensors.index.json"}
+    for f in path.iterdir():  # the tokenizer and the rest, not other copies of the weights
+        if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES and f.name not in skip:
+            shutil.copy2(f, out / f.name)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
