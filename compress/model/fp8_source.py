@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from compress.artifact.stream_safetensors import DTYPES, write_produced
 from compress.errors import LlmpressError
 from compress.model.default import conversion_target, publish_conversion
 
@@ -84,6 +83,8 @@ def dense_folder(path: Path, config: dict, files: list[Path], weights_sha256, lo
     target = conversion_target("fp8", path, config, files)
     if (target / "config.json").is_file():
         return target
+    from compress.artifact.stream_safetensors import DTYPES  # it imports model/: not above
+
     specs, where = _plan(path, config, files)
     need = sum(DTYPES[d] * _numel(s) for _, d, s in specs)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +134,8 @@ def _plan(path: Path, config: dict, files: list[Path]):
 
 def _write(path: Path, config: dict, specs, where, out: Path, log) -> None:
     from safetensors import safe_open
+
+    from compress.artifact.stream_safetensors import write_produced
 
     handles: dict[Path, object] = {}
     start, done, total = time.perf_counter(), 0, len(specs)
