@@ -42,7 +42,15 @@ def _quantize(w: torch.Tensor, block: list[int] | None):
     return codes, scale
 
 
-def _write_fp8(model, folder, tokenizer, block, dtype="float32", activation_scales=False):
+def _write_fp8(
+    model,
+    folder,
+    tokenizer,
+    block,
+    dtype="float32",
+    activation_scales=False,
+    scale_name="_scale_inv",
+):
     """The tiny model as an FP8 checkpoint: every block linear float8 with its scales (the
     embedding, norms and head stay as they are, as published FP8 checkpoints keep them);
     returns the dense state dict those codes stand for (each code times its scale)."""
@@ -52,9 +60,10 @@ def _write_fp8(model, folder, tokenizer, block, dtype="float32", activation_scal
         t = t.float().contiguous()
         if name.endswith(tuple(f"{p}.weight" for p in LINEARS)):
             codes, scale = _quantize(t, block)
-            tensors[name], tensors[f"{name}_scale_inv"] = codes, scale
-            if activation_scales:  # Mistral's static FP8 activations: unused when dense
-                tensors[name.replace(".weight", ".activation_scale")] = torch.tensor(0.5)
+            tensors[name], tensors[f"{name}{scale_name}"] = codes, scale
+            if activation_scales:  # static FP8 activations' scales: unused when dense
+                which = ".input_scale" if scale_name == "_scale" else ".activation_scale"
+                tensors[name.replace(".weight", which)] = torch.tensor(0.5)
             if block is None:
                 dense[name] = codes.float() * scale
             else:  # each code times its own block's scale, element by element
@@ -121,23 +130,27 @@ def test_a_block_scaled_fp8_checkpoint_runs_as_transformers_dequantizes_it(
     assert manifest["source"]["sha256"] == ckpt.sha256
 
 
-@pytest.mark.parametrize("block", [None, [48, 48]])
+@pytest.mark.parametrize(
+    ("block", "scale_name"), [(None, "_scale_inv"), (None, "_scale"), ([48, 48], "_scale_inv")]
+)
 def test_per_tensor_and_partial_block_scales_give_each_code_times_its_scale(
-    tmp_path, ids, monkeypatch, block, tokenizer
+    tmp_path, ids, monkeypatch, block, scale_name, tokenizer
 ):
-    """Ministral 3's per-tensor scales (with static activation scales, which the dense model
-    drops), and blocks that do not divide the weight (64 and 128 wide, blocks of 48): the
-    model read equals transformers' forward of each code times its own scale."""
+    """Per-tensor scales with static activation scales, which the dense model drops
+    (Mistral's `weight_scale_inv` and `activation_scale`; AutoFP8's `weight_scale` and
+    `input_scale`), and blocks that do not divide the weight (64 and 128 wide, blocks of
+    48): the model read equals transformers' forward of each code times its own scale."""
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     model = build_family("llama3")
-    dense = _write_fp8(model, tmp_path / "fp8", tokenizer, block, activation_scales=block is None)
+    static = block is None
+    dense = _write_fp8(model, tmp_path / "fp8", tokenizer, block, "float32", static, scale_name)
     model.load_state_dict(dense)
     with torch.no_grad():
         want = model(ids).logits[0]
     ckpt = resolve(str(tmp_path / "fp8"))
-    assert not any(n.endswith(("scale_inv", "activation_scale")) for n in ckpt.tensors)
+    assert not any(n.endswith(("scale_inv", "_scale")) for n in ckpt.tensors)
     got = RuntimeLM(load_weights(ckpt, device="cpu"), 48, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
     assert isinstance(AutoModelForCausalLM.from_pretrained(ckpt.path), torch.nn.Module)

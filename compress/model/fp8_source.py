@@ -4,8 +4,10 @@ Several families are published in FP8 first or only: MiniMax-M2, Qwen3's `-FP8` 
 Ministral 3, GLM-4.5's. Their config.json says `quant_method: fp8`; each quantized linear
 stores `weight` as float8 (e4m3) beside `weight_scale_inv` (fp32): one scale per block of
 `weight_block_size` (128 x 128 in DeepSeek-V3's format), per row, or per tensor (Mistral's,
-whose static `activation_scale`s serve FP8 activations). The weight is the float8 value
-times its block's scale, so every command reads the checkpoint as that dense model,
+whose static `activation_scale`s serve FP8 activations); AutoFP8's checkpoints name it
+`weight_scale` (per tensor, beside a static `input_scale`). Either name multiplies: the
+weight is the float8 value times its block's scale, so every command reads the checkpoint
+as that dense model,
 written once in the config's 16-bit dtype (bfloat16, as transformers' and vLLM's own
 dequantization computes it) with the scales and activation scales left out: the original
 eval compares against is the weights as published, run with full-precision activations.
@@ -37,7 +39,7 @@ _DTYPES = {"bfloat16": ("BF16", torch.bfloat16), "float16": ("F16", torch.float1
            "float32": ("F32", torch.float32)}  # fmt: skip
 # tensors the dense model has no use for: the weights' scales (applied here) and static
 # activation scales (the dense model's activations are not quantized)
-_DROPPED = ("weight_scale_inv", "input_scale", "activation_scale")
+_DROPPED = ("weight_scale_inv", "weight_scale", "input_scale", "activation_scale")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
@@ -120,12 +122,12 @@ def _plan(path: Path, config: dict, files: list[Path]):
             if name.endswith(_DROPPED):
                 continue
             dtype, scale = info["dtype"], None
-            if dtype in _FP8:
-                scale = header.get(f"{name}_scale_inv")
+            if dtype in _FP8:  # its scale, by either name (both multiply the codes)
+                scale = header.get(f"{name}_scale_inv") or header.get(f"{name}_scale")
                 if scale is None:
                     raise LlmpressError(
-                        f"{path}: {name} is stored in {dtype} without {name}_scale_inv beside "
-                        f"it in {f.name}; re-download the checkpoint"
+                        f"{path}: {name} is stored in {dtype} without {name}_scale_inv (or "
+                        f"{name}_scale) beside it in {f.name}; re-download the checkpoint"
                     )
                 dtype = out_dtype
             specs.append((name, dtype, list(info["shape"])))
