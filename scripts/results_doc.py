@@ -2033,6 +2033,32 @@ def prune_memory(d: dict) -> list[str]:
     ]
 
 
+FP8_SOURCE = [
+    "layers", "FP8 checkpoint GB", "dense GB written", "conversion: peak GB", "s",
+    "written = codes × scales", "compress (rtn:w4g64) from it: peak GB", "s",
+]  # fmt: skip
+
+
+def fp8_source(d: dict) -> list[str]:
+    rows = []
+    for r in d["rows"]:
+        c = r.get("compress")
+        rows.append([
+            r["depth"], r["fp8_gb"], r["dense_gb"], r["convert"]["peak_rss_gb"],
+            r["convert"]["wall_s"], "yes" if r["dense_equals_codes_times_scales"] else "**no**",
+            c["peak_rss_gb"] if c else "not run", c["wall_s"] if c else "",
+        ])  # fmt: skip
+    return [
+        f"{d['shape']}'s widths at each depth, random bf16 weights stored as FP8 (each block "
+        "linear float8 e4m3 with a scale per 128 × 128 block; embedding, norms and head "
+        "bf16), read by `llmpress inspect` in a process of its own with an empty cache (the "
+        "one-time conversion to the dense bf16 weights; peak RSS sampled, GB; wall "
+        f"seconds), then `compress` from it. CPU: {d['cpu']}.",
+        "",
+        *table(FP8_SOURCE, rows),
+    ]
+
+
 # (results file, title, command that wrote it, renderer)
 def _machines(d: dict) -> str:
     """The CPU each step ran on: one name when every step shared it, else each with its steps."""
@@ -2887,6 +2913,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Pruning the experts of a Mixture-of-Experts model block by block: peak memory by depth",
         "benchmarks/prune_memory.py --depths 2,4,8 --memory-depths 2",
         prune_memory,
+    ),
+    (
+        "fp8_source.json",
+        "Reading an FP8 checkpoint as its dense model: peak memory by depth",
+        "benchmarks/fp8_source.py --depths 4,16",
+        fp8_source,
     ),
     ("lm_head.json", "Quantizing the output projection", "benchmarks/lm_head.py", lm_head),
     (
