@@ -15,7 +15,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   gate/up, q/k/v biases, half of each head rotated in interleaved pairs; ernie4_5: the
   whole head rotated so, tied head; glm: glm4 without the output norms; helium: llama's
   block, no GQA, the whole head rotated in interleaved pairs; seed_oss: llama's block,
-  q/k/v biases; ministral3: mistral's block, YaRN; phi3: fused tensors, LongRoPE);
+  q/k/v biases; ministral3: mistral's block, YaRN; hunyuan_v1_dense: per-head q/k norms
+  after rope, NTK-alpha rope; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -134,6 +135,16 @@ DENSE = {
     "glm": {},  # glm4 without its output norms
     "helium": {"num_attention_heads": 14, "num_key_value_heads": 14},  # no GQA (its class's)
     "seed_oss": {"attention_out_bias": False, "mlp_bias": False},  # Seed-OSS-36B's: q/k/v only
+    # Hunyuan-7B's NTK-alpha rope (alpha 1000: the base times 1000^(64/62)); its per-head
+    # q/k norms after rope come with the class
+    "hunyuan_v1_dense": {
+        "rope_parameters": {
+            "rope_type": "dynamic",
+            "rope_theta": 10000.0,
+            "alpha": 1000.0,
+            "factor": 1.0,
+        },
+    },
     # Ministral 3's class rope: YaRN 16x over 16,384 tokens, Llama 4's query temperature
     # (beta 0.1) past them, so not at these lengths (the tests run it at 16 tokens)
     "ministral3": {"rope_parameters": None, "max_position_embeddings": 262144},

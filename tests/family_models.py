@@ -181,6 +181,19 @@ FAMILIES = {
             "tie_word_embeddings": True,
         },
     ),
+    # Hunyuan's NTK-alpha rope (the checkpoints' "dynamic" with an alpha: a fixed base)
+    # and its q/k norms after rope
+    "hunyuan_v1_dense": (
+        "HunYuanDenseV1Config",
+        {
+            "rope_parameters": {
+                "rope_type": "dynamic",
+                "rope_theta": 10000.0,
+                "alpha": 1000.0,
+                "factor": 1.0,
+            },
+        },
+    ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
     # every bias key on: q/k/v (its default), o and the MLP

@@ -730,6 +730,7 @@ class FusedLayer:
     post_mlp_norm: torch.Tensor | None = None
     moe: FusedExperts | None = None
     q_scale: torch.Tensor | None = None  # [max_len]: queries times this after rope (Llama 4)
+    qk_after_rope: bool = False  # q_norm/k_norm (per head) follow rope (hunyuan)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -743,8 +744,8 @@ class FusedLayer:
         keep = [] if self.moe is None else list(self.moe.native())
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
-            _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), self.window or 0,
-            self.softcap or 0.0,
+            _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
+            self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if keep else None,
         )  # fmt: skip

@@ -176,6 +176,7 @@ class Adapter:
     q_norm: str | None = None  # per-head RMSNorm of q and k before rope (qwen3, gemma3)
     k_norm: str | None = None
     qk_norm: str = "head"  # q_norm/k_norm span each head ("head") or all of q, all of k ("full")
+    qk_norm_after_rope: bool = False  # q and k normed after rope, not before (hunyuan)
     post_attn_norm: str | None = None  # sandwich norms on the branch outputs (gemma3)
     post_mlp_norm: str | None = None
     qkv: str | None = None  # q/k/v stored as one tensor, rows q then k then v (phi3)
@@ -618,6 +619,16 @@ ADAPTERS: dict[str, Adapter] = {
         bias_options=_ATTENTION_BIAS,
         **_QK_NORMS,
         head_dim=128,
+    ),
+    # hunyuan_v1_dense (Hunyuan 0.5B-7B): qwen3's per-head q/k norms under other names,
+    # applied after rope; NTK-alpha rope (rope.py)
+    "hunyuan_v1_dense": replace(
+        LLAMA,
+        families=("hunyuan_v1_dense",),
+        architecture="HunYuanDenseV1ForCausalLM",
+        q_norm="self_attn.query_layernorm",
+        k_norm="self_attn.key_layernorm",
+        qk_norm_after_rope=True,
     ),
     "gemma3_text": _GEMMA3,
     # gemma2: gemma3's sandwich norms, scaled embedding and attention scalar, without its

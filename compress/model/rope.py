@@ -64,6 +64,9 @@ def inverse_frequencies(spec: RopeSpec, context: int) -> tuple[torch.Tensor, flo
     d = spec.rotary_dim
     base = 1.0 / spec.theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     orig = spec.get("original_max_position_embeddings", spec.max_positions)
+    if spec.kind == "dynamic" and spec.get("alpha"):  # Hunyuan's NTK-alpha: a fixed base
+        theta = spec.theta * spec.get("alpha") ** (d / (d - 2))
+        return 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d), 1.0
     if spec.kind in ("default", "dynamic"):  # dynamic equals default within the context
         return base, 1.0
     if spec.kind == "none":

@@ -59,6 +59,7 @@ class BlockSpec:
     tied: bool  # the lm_head is the embedding matrix
     mlp: MoeSpec | None  # None: a dense gated MLP
     qkv_clip: float | None = None  # q, k and v clamped to [-c, c] after their norms (olmoe)
+    qk_norm_after_rope: bool = False  # the q/k norms follow rope instead (hunyuan)
 
     @property
     def layers(self) -> int:
@@ -136,4 +137,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         tied=bool(hf.tie_word_embeddings),
         mlp=adapter.moe(hf) if adapter.moe is not None else None,
         qkv_clip=getattr(hf, "clip_qkv", None),
+        qk_norm_after_rope=adapter.qk_norm_after_rope and adapter.q_norm is not None,
     )

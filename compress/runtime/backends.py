@@ -158,6 +158,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 **norms,
                 moe=experts,
                 q_scale=r.q_scale,
+                qk_after_rope=w.spec.qk_norm_after_rope,
             )
         )
     s = w.shape

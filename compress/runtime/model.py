@@ -134,8 +134,15 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     if layer.q_norm is not None and full:
         q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
     q, k = q.reshape(t, s.heads, s.head_dim), k.reshape(t, s.kv_heads, s.head_dim)
-    if layer.q_norm is not None and not full:
+    after = w.spec.qk_norm_after_rope  # hunyuan's: rope first, then the per-head norms
+    if layer.q_norm is not None and not full and not after:
         q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+    if after:
+        q = rms_norm(rope(q, positions), layer.q_norm, eps)
+        k = rms_norm(rope(k, positions), layer.k_norm, eps)
+        if rope.q_scale is not None:
+            q = q * rope.q_scale[positions][:, None, None]
+        return q, k, v.reshape(t, s.kv_heads, s.head_dim)
     q = rope(q, positions)
     if rope.q_scale is not None:  # Llama 4's temperature past the original context
         q = q * rope.q_scale[positions][:, None, None]

@@ -66,6 +66,7 @@ RUNS = {
         None if moe is None or moe.groups == (1, 1) else f"expert groups {moe.groups}"
     ),
     "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
+    "qk_norm_after_rope": _any,  # the torch path and the one-call decoder both order them
 }
 
 

@@ -94,18 +94,22 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
             memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
         }
-        if (L->q_norm) { /* over each head, or over all of a row's heads at once (olmo2) */
+        if (L->q_norm && !L->qk_after_rope) { /* over each head, or all of a row's (olmo2) */
             int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
             rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, eps, B >= PAR_ROWS);
             rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, eps, B >= PAR_ROWS);
         }
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
+        llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
+        if (L->q_norm && L->qk_after_rope) { /* hunyuan: per head, after rope */
+            rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps, B >= PAR_ROWS);
+            rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
+        }
         if (L->q_scale)
             for (int b = 0; b < B; b++) {
                 float f = L->q_scale[positions[b]], *qb = q + (int64_t)b * heads * D;
                 for (int i = 0; i < heads * D; i++) qb[i] *= f;
             }
-        llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (sp == NULL) {
             if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
                                       L->softcap, att))

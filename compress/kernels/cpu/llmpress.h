@@ -113,6 +113,7 @@ typedef struct {
     const float *cos, *sin;                     /* this layer's rope tables [max_len, R/2] */
     const float *q_scale;                       /* [max_len]: each query times this after rope
                                                  * (Llama 4's temperature); or NULL */
+    int qk_after_rope;                          /* q_norm/k_norm (per head) follow rope (hunyuan) */
     int window;                                 /* sliding window; 0: every key */
     float softcap;                              /* scores cap*tanh(s/cap) (gemma2); 0: none */
     float residual;                             /* branch outputs' multiplier (granite); else 1 */
