@@ -435,6 +435,7 @@ GGUF_FAMILIES = {
     "dots1": ("DOTS1", {"sliding_window": None}),  # llama.cpp runs dots1 without a window
     "seed_oss": ("SEED_OSS", {}),
     "ministral3": ("MISTRAL3", {}),
+    "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
 }
 
 
@@ -530,7 +531,10 @@ def write_gguf(
     if "sliding_attention" in rope and cfg.model_type == "olmo3":
         w.add_rope_freq_base_swa(rope["sliding_attention"]["rope_theta"])
     rope = rope.get("full_attention", rope)  # gemma3: the global layers' base
-    w.add_rope_freq_base(rope["rope_theta"])
+    theta = rope["rope_theta"]
+    if rope.get("rope_type") == "dynamic" and rope.get("alpha"):  # llama.cpp's HunYuanModel
+        theta *= rope["alpha"] ** (head_dim / (head_dim - 2))  # writes the base alpha gives
+    w.add_rope_freq_base(theta)
     head_dim_rope = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

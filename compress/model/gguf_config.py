@@ -2,12 +2,12 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss and mistral3 files that transformers cannot read. Their configs are
-built here from the header keys llama.cpp's converter writes. A key that is absent takes
-llama.cpp loader's default, not the transformers config class's, since it is llama.cpp's
-meaning the file was written for (a granite file with no attention scale means 1/sqrt(head_dim)
-there, where GraniteConfig's default is 1.0). Rope scaling, which both readers leave to
-gguf_rope.py, is added by the caller.
+minimax-m2, dots1, seed_oss, mistral3 and hunyuan-dense files that transformers cannot
+read. Their configs are built here from the header keys llama.cpp's converter writes. A
+key that is absent takes llama.cpp loader's default, not the transformers config class's,
+since it is llama.cpp's meaning the file was written for (a granite file with no attention
+scale means 1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope scaling,
+which both readers leave to gguf_rope.py, is added by the caller.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from compress.errors import LlmpressError
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3",
+    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -203,6 +203,16 @@ def _mistral3(get, fields: dict, reader) -> tuple[str, dict]:
     return "ministral3", {}
 
 
+def _hunyuan_dense(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama.cpp writes Hunyuan's NTK-alpha rope as the base it gives (theta * alpha^(d /
+    (d - 2))), with no scaling: the default rope at that base is the same rotation. Its
+    per-head q/k norms follow rope in the family; biases are said by the tensors held."""
+    return "hunyuan_v1_dense", {
+        "attention_bias": _q_biased(reader),
+        "mlp_bias": "blk.0.ffn_up.bias" in _tensor_names(reader),
+    }
+
+
 def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
     renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
@@ -314,6 +324,7 @@ _FAMILY = {
     "dots1": _dots1,
     "seed_oss": _seed_oss,
     "mistral3": _mistral3,
+    "hunyuan-dense": _hunyuan_dense,
 }
 
 
