@@ -26,7 +26,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   minimax_m2 with sigmoid routing steered by a choice bias, q/k norms over all heads and
   half of each head rotated; dots1 with glm4_moe's routing, shared expert and dense layer
   0 under qwen3's per-head q/k norms; flex_olmo with olmo2's output-only norms and q/k
-  norms over all heads around olmoe's experts).
+  norms over all heads around olmoe's experts; hunyuan_v1_moe with softmax routing,
+  renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -204,6 +205,9 @@ MOE_SETTINGS = {
     },
     # flex_olmo: olmo2's block with olmoe's experts, renormalized (FlexOlmo's norm_topk_prob)
     "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
+    # hunyuan_v1_moe: Hunyuan-A13B's softmax routing, renormalized, an ungated shared MLP as
+    # wide as an expert, q/k norms after rope and its NTK-alpha rope (the tiny model's)
+    "hunyuan_v1_moe": {"num_experts": 8, "moe_topk": 2, "intermediate_size": 1024},
     # olmoe: OLMoE's routing (no renormalization) and q/k norms over all heads
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     "qwen2_moe": {  # and a shared expert twice as wide, as Qwen1.5-MoE's is 4 experts wide

@@ -323,6 +323,22 @@ MOE_FAMILIES = {
             "shared_expert_intermediate_size": 192,
         },
     ),
+    # hunyuan_v1_dense's attention and rope; softmax routing, renormalized; an ungated
+    # shared MLP as wide as each expert
+    "hunyuan_v1_moe": (
+        "HunYuanMoEV1Config",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "moe_topk": 2,
+            "rope_parameters": {
+                "rope_type": "dynamic",
+                "rope_theta": 10000.0,
+                "alpha": 1000.0,
+                "factor": 1.0,
+            },
+        },
+    ),
     # q/k norms over all heads, hidden wide in transformers: head_dim is hidden / heads
     "olmoe": (
         "OlmoeConfig",

@@ -442,6 +442,20 @@ class Adapter:
         ]
 
 
+def _per_model(hf, key: str) -> int:
+    """A count the config may give per layer (Hunyuan's moe_topk, num_experts): one value
+    for every layer, or refused in one line."""
+    value = getattr(hf, key)
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise LlmpressError(
+                f"config.json gives {key} per layer ({sorted(set(value))}): llmpress runs one "
+                "value for every layer"
+            )
+        value = value[0]
+    return int(value)
+
+
 @dataclass(frozen=True)
 class MoeKeys:
     """Where a family's config keeps its Mixture-of-Experts facts; called on transformers'
@@ -451,7 +465,9 @@ class MoeKeys:
     width: str
     renormalize: str | None
     shared: str | None = None  # the shared expert's width
-    shared_count: str | None = None  # or how many experts wide it is (glm4_moe)
+    # or how many experts wide it is: a key (glm4_moe), or the count itself (hunyuan's one,
+    # which its config states only by giving it the experts' width key)
+    shared_count: str | int | None = None
     first_dense: str | None = None  # the number of first layers that keep a dense MLP
     # or the layers that hold experts: (first, last, every nth) keys (ERNIE's); the others
     # keep a dense MLP
@@ -475,13 +491,14 @@ class MoeKeys:
         width = getattr(hf, self.width)
         shared = getattr(hf, self.shared) if self.shared else 0
         if self.shared_count:
-            shared = width * (getattr(hf, self.shared_count) or 0)
+            count = self.shared_count
+            shared = width * ((count if isinstance(count, int) else getattr(hf, count)) or 0)
         groups = (1, 1)
         if self.groups:
             groups = tuple(int(getattr(hf, k) or 1) for k in self.groups)
         return MoeSpec(
-            experts=getattr(hf, self.count),
-            top_k=hf.num_experts_per_tok,
+            experts=_per_model(hf, self.count),
+            top_k=_per_model(hf, "num_experts_per_tok"),
             intermediate=width,
             renormalize=self.renormalize is None or bool(getattr(hf, self.renormalize)),
             dense_layers=tuple(sorted(i for i in dense if i < layers)),
@@ -763,6 +780,21 @@ ADAPTERS: dict[str, Adapter] = {
         shared_expert="mlp.shared_experts",
         choice_bias="mlp.moe_statics.e_score_correction_bias",
         choice_bias_2d=True,
+    ),
+    # hunyuan_v1_moe (Hunyuan-A13B): hunyuan_v1_dense's attention over softmax-routed,
+    # renormalized experts and an ungated shared MLP, each as wide as intermediate_size (so
+    # cut with the experts, as glm4_moe's)
+    "hunyuan_v1_moe": replace(
+        LLAMA,
+        families=("hunyuan_v1_moe",),
+        architecture="HunYuanMoEV1ForCausalLM",
+        q_norm="self_attn.query_layernorm",
+        k_norm="self_attn.key_layernorm",
+        qk_norm_after_rope=True,
+        moe=MoeKeys("num_experts", "intermediate_size", None, shared_count=1),
+        router="mlp.gate.wg",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_mlp",
     ),
     "qwen2_moe": replace(
         LLAMA,

@@ -75,17 +75,14 @@ class MoeMLP(nn.Module):
         super().__init__()
         moe = spec.mlp
         self.spec = moe
-        self.router_name = adapter.router.rsplit(".", 1)[-1]
-        self.add_module(self.router_name, nn.Linear(hidden, moe.experts, bias=False))
+        # the router where the checkpoint keeps it (Hunyuan's inside a module: gate.wg)
+        self.router_path = adapter.router.removeprefix(adapter.mlp + ".")
+        owner, name = self._owner(self.router_path)
+        owner.add_module(name, nn.Linear(hidden, moe.experts, bias=False))
         self.bias_path = None  # the choice bias, where the checkpoint keeps it (glm4_moe)
         if adapter.choice_bias:
             self.bias_path = adapter.choice_bias.removeprefix(adapter.mlp + ".")
-            owner, name = self, self.bias_path
-            while "." in name:  # e.g. gate.e_score_correction_bias: on the router itself
-                head, name = name.split(".", 1)
-                if not hasattr(owner, head):
-                    owner.add_module(head, nn.Module())
-                owner = getattr(owner, head)
+            owner, name = self._owner(self.bias_path)  # e.g. on the router itself
             shape = (1, moe.experts) if adapter.choice_bias_2d else (moe.experts,)
             owner.register_buffer(name, torch.zeros(shape))
         self.experts = nn.ModuleList(
@@ -106,9 +103,19 @@ class MoeMLP(nn.Module):
         self.contributions: torch.Tensor | None = None
         self.all_tokens: set[int] = set()  # experts calibrated on every token
 
+    def _owner(self, path: str) -> tuple[nn.Module, str]:
+        """The module that holds `path`'s last name (made empty on the way), and that name."""
+        owner = self
+        *heads, name = path.split(".")
+        for head in heads:
+            if not hasattr(owner, head):
+                owner.add_module(head, nn.Module())
+            owner = getattr(owner, head)
+        return owner, name
+
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert indices [T, k]) for tokens [T, hidden]."""
-        logits = getattr(self, self.router_name)(flat).float()
+        logits = self.get_submodule(self.router_path)(flat).float()
         bias = self.get_buffer(self.bias_path).float().reshape(-1) if self.bias_path else None
         s = self.spec
         weights, chosen = route_scores(
