@@ -534,6 +534,12 @@ LLAMA = Adapter(families=("llama",))
 _QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
 _ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
 _QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# Hunyuan's: per head under their own names, after rope
+_HUNYUAN_ATTENTION = {
+    "q_norm": "self_attn.query_layernorm",
+    "k_norm": "self_attn.key_layernorm",
+    "qk_norm_after_rope": True,
+}
 # DeepSeek-V3's experts, as glm4_moe and dots1 keep them: sigmoid scores, the choice
 # steered by a bias, groups, renormalized iff norm_topk_prob, scaled; ungated shared
 # experts n experts wide; the first layers dense
@@ -643,9 +649,7 @@ ADAPTERS: dict[str, Adapter] = {
         LLAMA,
         families=("hunyuan_v1_dense",),
         architecture="HunYuanDenseV1ForCausalLM",
-        q_norm="self_attn.query_layernorm",
-        k_norm="self_attn.key_layernorm",
-        qk_norm_after_rope=True,
+        **_HUNYUAN_ATTENTION,
     ),
     "gemma3_text": _GEMMA3,
     # gemma2: gemma3's sandwich norms, scaled embedding and attention scalar, without its
@@ -788,9 +792,7 @@ ADAPTERS: dict[str, Adapter] = {
         LLAMA,
         families=("hunyuan_v1_moe",),
         architecture="HunYuanMoEV1ForCausalLM",
-        q_norm="self_attn.query_layernorm",
-        k_norm="self_attn.key_layernorm",
-        qk_norm_after_rope=True,
+        **_HUNYUAN_ATTENTION,
         moe=MoeKeys("num_experts", "intermediate_size", None, shared_count=1),
         router="mlp.gate.wg",
         expert="mlp.experts",
