@@ -452,6 +452,7 @@ GGUF_FAMILIES = {
     "seed_oss": ("SEED_OSS", {}),
     "ministral3": ("MISTRAL3", {}),
     "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
+    "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
 
 
@@ -594,6 +595,11 @@ def write_gguf(
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         if "{arch}.expert_gating_func" not in (extra or {}):  # from its scoring_func
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if cfg.model_type == "hunyuan_v1_moe":  # llama.cpp's HunYuanMoEModel keys
+        w.add_expert_feed_forward_length(cfg.intermediate_size)
+        w.add_expert_shared_feed_forward_length(cfg.intermediate_size)
+        if "{arch}.expert_shared_count" not in (extra or {}):
+            w.add_expert_shared_count(1)
     if cfg.model_type == "ernie4_5_moe":  # beside the expert keys above (num_experts alias)
         w.add_expert_shared_count(cfg.moe_num_shared_experts)
         w.add_leading_dense_block_count(cfg.moe_layer_start_index)

@@ -73,6 +73,20 @@ def test_a_sigmoid_routed_family_s_gguf_with_other_gating_is_refused(tmp_path, m
     ], err
 
 
+def test_a_hunyuan_moe_gguf_whose_shared_expert_is_wider_is_refused(tmp_path, monkeypatch):
+    """The family's shared MLP is one expert wide (transformers gives both one key): a file
+    whose shared expert is two is not converted into a model that computes another."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("hunyuan_v1_moe", vocab_size=1024)
+    two = {"{arch}.expert_shared_count": 2}
+    path = write_gguf(model, tmp_path / "hy.gguf", default_gguf(), extra=two)
+    code, _, err = run_cli(["inspect", str(path)])
+    assert code != 0 and error_lines(err) == [
+        "error: the file's shared expert (2 of width 128) is not one as wide as each expert "
+        "(128), which this family computes: compress the model's Hugging Face checkpoint instead"
+    ], err
+
+
 @pytest.mark.parametrize("name,layers", [("gemma2", 46), ("gemma3_text", 62)])
 def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
     name, layers, tmp_path, monkeypatch

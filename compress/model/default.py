@@ -52,6 +52,7 @@ SUPPORTED_GGUF_ARCHS = {
     "seed_oss": "seed_oss",
     "mistral3": "ministral3",  # or mistral: Mistral Small 3.1/3.2's language model
     "hunyuan-dense": "hunyuan_v1_dense",
+    "hunyuan-moe": "hunyuan_v1_moe",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

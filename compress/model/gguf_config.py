@@ -2,12 +2,13 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss, mistral3 and hunyuan-dense files that transformers cannot
-read. Their configs are built here from the header keys llama.cpp's converter writes. A
-key that is absent takes llama.cpp loader's default, not the transformers config class's,
-since it is llama.cpp's meaning the file was written for (a granite file with no attention
-scale means 1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope scaling,
-which both readers leave to gguf_rope.py, is added by the caller.
+minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense and hunyuan-moe files that
+transformers cannot read. Their configs are built here from the header keys llama.cpp's
+converter writes. A key that is absent takes llama.cpp loader's default, not the
+transformers config class's, since it is llama.cpp's meaning the file was written for (a
+granite file with no attention scale means 1/sqrt(head_dim) there, where GraniteConfig's
+default is 1.0). Rope scaling, which both readers leave to gguf_rope.py, is added by the
+caller.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from compress.errors import LlmpressError
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
+    "hunyuan-moe",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -213,6 +215,24 @@ def _hunyuan_dense(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _hunyuan_moe(get, fields: dict, reader) -> tuple[str, dict]:
+    """hunyuan-dense's attention and base over experts: `expert_feed_forward_length` is an
+    expert's width, which the family's shared MLP shares (transformers' HunYuanMoEV1 gives
+    both `intermediate_size`); a file whose shared width or count says otherwise is refused."""
+    experts, used = _experts(get, "hunyuan-moe")
+    width = int(get("expert_feed_forward_length") or fields["intermediate_size"])
+    shared = int(get("expert_shared_feed_forward_length") or width)
+    if shared != width or int(get("expert_shared_count", 1) or 1) != 1:
+        raise LlmpressError(
+            f"the file's shared expert ({get('expert_shared_count', 1)} of width {shared}) is "
+            f"not one as wide as each expert ({width}), which this family computes: compress "
+            "the model's Hugging Face checkpoint instead"
+        )
+    _, extra = _hunyuan_dense(get, fields, reader)
+    fields["intermediate_size"] = width
+    return "hunyuan_v1_moe", {**extra, "num_experts": experts, "moe_topk": used}
+
+
 def _olmoe(get, fields: dict, reader) -> tuple[str, dict]:
     """feed_forward_length is each expert's width; llama.cpp's olmoe graph never
     renormalizes the chosen experts' weights (OLMoE's norm_topk_prob is false), and the
@@ -325,6 +345,7 @@ _FAMILY = {
     "seed_oss": _seed_oss,
     "mistral3": _mistral3,
     "hunyuan-dense": _hunyuan_dense,
+    "hunyuan-moe": _hunyuan_moe,
 }
 
 
