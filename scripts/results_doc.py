@@ -2888,6 +2888,20 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_hunyuan_v1_dense.json",
+        "hunyuan_v1_dense beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families hunyuan_v1_dense,llama3 --name "
+        "families_hunyuan_v1_dense --skip-anchors",
+        families,
+    ),
+    (
+        "families_hunyuan_v1_moe.json",
+        "hunyuan_v1_moe beside qwen3_moe at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families hunyuan_v1_moe,qwen3_moe --name "
+        "families_hunyuan_v1_moe --skip-anchors --rounds 7",
+        families,
+    ),
+    (
         "families_ministral3.json",
         "ministral3 beside llama3 at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families ministral3,llama3 --name families_ministral3 "
