@@ -28,6 +28,9 @@ def _quantize(w: torch.Tensor, block: list[int] | None):
     if block is None:
         scale = w.abs().max() / E4M3_MAX
         return (w / scale).to(torch.float8_e4m3fn), scale.reshape(())
+    if block == "row":
+        scale = w.abs().amax(1, keepdim=True) / E4M3_MAX
+        return (w / scale).to(torch.float8_e4m3fn), scale
     (n, k), (bn, bk) = w.shape, block
     rows, cols = -(-n // bn), -(-k // bk)
     scale = torch.empty(rows, cols)
@@ -64,7 +67,7 @@ def _write_fp8(
             if activation_scales:  # static FP8 activations' scales: unused when dense
                 which = ".input_scale" if scale_name == "_scale" else ".activation_scale"
                 tensors[name.replace(".weight", which)] = torch.tensor(0.5)
-            if block is None:
+            if block is None or block == "row":
                 dense[name] = codes.float() * scale
             else:  # each code times its own block's scale, element by element
                 bn, bk = block
@@ -82,6 +85,14 @@ def _write_fp8(
         "activation_scheme": "static" if activation_scales else "dynamic",
         "weight_block_size": block,
     }
+    if block == "row":  # compressed-tensors' float-quantized form (RedHat's FP8-dynamic)
+        config["quantization_config"] = {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}},
+            "ignore": ["lm_head"],
+        }  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     for f in tokenizer.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")):
@@ -131,15 +142,17 @@ def test_a_block_scaled_fp8_checkpoint_runs_as_transformers_dequantizes_it(
 
 
 @pytest.mark.parametrize(
-    ("block", "scale_name"), [(None, "_scale_inv"), (None, "_scale"), ([48, 48], "_scale_inv")]
+    ("block", "scale_name"),
+    [(None, "_scale_inv"), (None, "_scale"), ([48, 48], "_scale_inv"), ("row", "_scale")],
 )
 def test_per_tensor_and_partial_block_scales_give_each_code_times_its_scale(
     tmp_path, ids, monkeypatch, block, scale_name, tokenizer
 ):
     """Per-tensor scales with static activation scales, which the dense model drops
     (Mistral's `weight_scale_inv` and `activation_scale`; AutoFP8's `weight_scale` and
-    `input_scale`), and blocks that do not divide the weight (64 and 128 wide, blocks of
-    48): the model read equals transformers' forward of each code times its own scale."""
+    `input_scale`), blocks that do not divide the weight (64 and 128 wide, blocks of 48),
+    and compressed-tensors' float-quantized rows: the model read equals transformers'
+    forward of each code times its own scale."""
     from transformers import AutoModelForCausalLM
 
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))

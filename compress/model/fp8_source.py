@@ -5,14 +5,15 @@ Ministral 3, GLM-4.5's. Their config.json says `quant_method: fp8`; each quantiz
 stores `weight` as float8 (e4m3) beside `weight_scale_inv` (fp32): one scale per block of
 `weight_block_size` (128 x 128 in DeepSeek-V3's format), per row, or per tensor (Mistral's,
 whose static `activation_scale`s serve FP8 activations); AutoFP8's checkpoints name it
-`weight_scale` (per tensor, beside a static `input_scale`). Either name multiplies: the
+`weight_scale` (per tensor, beside a static `input_scale`), and so do compressed-tensors'
+float-quantized checkpoints (per row: RedHat's FP8-dynamic). Either name multiplies: the
 weight is the float8 value times its block's scale, so every command reads the checkpoint
-as that dense model,
-written once in the config's 16-bit dtype (bfloat16, as transformers' and vLLM's own
-dequantization computes it) with the scales and activation scales left out: the original
-eval compares against is the weights as published, run with full-precision activations.
-Tensor by tensor, so memory is one tensor whatever the model's size; the folder is keyed
-by the source's files (name, size, mtime) and records the source's weight hash.
+as that dense model, written once in the config's 16-bit dtype (bfloat16, as transformers'
+and vLLM's own dequantization computes it) with the scales, activation scales and FP8 KV
+cache scales left out: the original eval compares against is the weights as published,
+run with full-precision activations. Tensor by tensor, so memory is one tensor whatever
+the model's size; the folder is keyed by the source's files (name, size, mtime) and
+records the source's weight hash.
 """
 
 from __future__ import annotations
@@ -31,21 +32,30 @@ from compress.model.safetensors_check import check_safetensors
 
 SHARD_BYTES = 5 * 10**9
 _FP8 = ("F8_E4M3", "F8_E5M2")
+_INTEGER = {"I64", "I32", "I16", "I8", "U8", "BOOL"}
 _TORCH = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
           "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}  # fmt: skip
 _DTYPES = {"bfloat16": ("BF16", torch.bfloat16), "float16": ("F16", torch.float16),
            "float32": ("F32", torch.float32)}  # fmt: skip
-# tensors the dense model has no use for: the weights' scales (applied here) and static
-# activation scales (the dense model's activations are not quantized)
-_DROPPED = ("weight_scale_inv", "weight_scale", "input_scale", "activation_scale")
+# tensors the dense model has no use for: the weights' scales (applied here), static
+# activation scales and an FP8 KV cache's (the dense model quantizes neither)
+_DROPPED = ("weight_scale_inv", "weight_scale", "input_scale", "activation_scale",
+            ".k_scale", ".v_scale", ".kv_scale")  # fmt: skip
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def is_fp8(config: dict) -> bool:
-    qc = config.get("quantization_config")
-    return isinstance(qc, dict) and qc.get("quant_method") == "fp8"
+def is_fp8(config: dict, files: list[Path]) -> bool:
+    """Whether the checkpoint is quantized to float8 alone: its config says quantized, its
+    files hold float8 tensors and no integer ones (an integer-coded checkpoint, llmpress's
+    artifacts among them, is its codec's to read). Told by the tensors, not the config's
+    method name: `fp8` checkpoints and compressed-tensors' float-quantized ones (per row,
+    `weight_scale`) are the same float8 codes times scales."""
+    if not isinstance(config.get("quantization_config"), dict):
+        return False
+    dtypes = {info["dtype"] for f in files for info in _header(f)[0].values()}
+    return bool(dtypes & set(_FP8)) and not dtypes & _INTEGER
 
 
 def dense_config(config: dict) -> dict:
@@ -161,7 +171,7 @@ def _write(path: Path, config: dict, specs, where, out: Path, log) -> None:
 
     start, done, total = time.perf_counter(), 0, len(specs)
     dtypes = {d: t for d, t in ((v[0], v[1]) for v in _DTYPES.values())}
-    block = config["quantization_config"].get("weight_block_size")
+    block = config["quantization_config"].get("weight_block_size")  # else told by the grid
 
     def produce(name: str) -> torch.Tensor:
         nonlocal done
