@@ -721,6 +721,21 @@ MULTIMODAL = {
         {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
          "num_attention_heads": 2, "head_dim": 16, "image_size": 28, "patch_size": 14},
     ),
+    "llava": (
+        "LlavaConfig", "LlavaForConditionalGeneration", "llama3",
+        {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    ),
+    "llava_next": (
+        "LlavaNextConfig", "LlavaNextForConditionalGeneration", "llama3",
+        {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    ),
+    "llava_onevision": (
+        "LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", "qwen2",
+        {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    ),
 }  # fmt: skip
 
 

@@ -1,9 +1,11 @@
 """The text part of a multimodal checkpoint, made once into a cached text-only folder.
 
-Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`), and
+Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`),
 Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
-`Mistral3ForConditionalGeneration` (`mistral3`): a vision tower and projector beside a
-language model (`gemma3_text`; `mistral` or `ministral3`) whose config sits in
+`Mistral3ForConditionalGeneration` (`mistral3`), the LLaVA family and Pixtral as
+`Llava*ForConditionalGeneration` (`llava`, `llava_next`, `llava_onevision`): a vision tower
+and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`; llama,
+mistral, qwen2, ...) whose config sits in
 `text_config` and whose tensors are prefixed `language_model.model.` (as published) or
 `model.language_model.` (as some transformers versions save). llmpress compresses and
 runs text, so every command reads the language model alone, as the text family names it,
@@ -26,7 +28,13 @@ from compress.model.default import conversion_target, publish_conversion
 
 # model_type of the multimodal config -> its text part's model_type where text_config
 # names none (transformers' default text config of that class)
-MULTIMODAL = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+MULTIMODAL = {
+    "gemma3": "gemma3_text",
+    "mistral3": "mistral",
+    "llava": "llama",  # LLaVA-1.5, Pixtral-12B (mistral text)
+    "llava_next": "llama",  # LLaVA-NeXT (llama, mistral or qwen2 text)
+    "llava_onevision": "qwen2",  # LLaVA-OneVision
+}
 # tensor name prefixes of the language model -> the text model's own
 TEXT_PREFIXES = (
     ("language_model.model.", "model."),
