@@ -137,16 +137,12 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     after = w.spec.qk_norm_after_rope  # hunyuan's: rope first, then the per-head norms
     if layer.q_norm is not None and not full and not after:
         q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+    q, k = rope(q, positions), rope(k, positions)
     if after:
-        q = rms_norm(rope(q, positions), layer.q_norm, eps)
-        k = rms_norm(rope(k, positions), layer.k_norm, eps)
-        if rope.q_scale is not None:
-            q = q * rope.q_scale[positions][:, None, None]
-        return q, k, v.reshape(t, s.kv_heads, s.head_dim)
-    q = rope(q, positions)
+        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
     if rope.q_scale is not None:  # Llama 4's temperature past the original context
         q = q * rope.q_scale[positions][:, None, None]
-    return q, rope(k, positions), v.reshape(t, s.kv_heads, s.head_dim)
+    return q, k, v.reshape(t, s.kv_heads, s.head_dim)
 
 
 def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
