@@ -180,6 +180,17 @@ def test_the_dense_copy_keeps_the_checkpoint_s_16_bit_dtype(tmp_path, monkeypatc
     assert dtypes["model.embed_tokens.weight"] == "F32"
 
 
+def test_inspect_json_of_an_fp8_checkpoint_prints_only_json(tmp_path, monkeypatch, tokenizer):
+    """The one-time conversion reports its progress on stderr: `inspect --json`'s stdout
+    stays one JSON document even on the first read."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    _write_fp8(build_family("llama3"), tmp_path / "fp8", tokenizer, [32, 32])
+    code, out, err = run_cli(["inspect", str(tmp_path / "fp8"), "--json"])
+    assert code == 0, err
+    assert "FP8" in err and "FP8" not in out
+    json.loads(out)  # the manifest (none for a source checkpoint: null), and nothing else
+
+
 def test_a_float8_weight_without_its_scale_is_refused_in_one_line(tmp_path, monkeypatch, tokenizer):
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     src = tmp_path / "fp8"

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -217,7 +218,9 @@ def _write_dequantized(path: Path, out: Path, arch: str) -> None:
 
     from compress.model.gguf_tensors import write_config, write_tensors
 
-    print(f"converting {path.name} to safetensors (once; cached in {out.parent})", flush=True)
+    # on stderr: stdout may be a result someone parses (`inspect --json`)
+    print(f"converting {path.name} to safetensors (once; cached in {out.parent})",
+          file=sys.stderr, flush=True)  # fmt: skip
     config = gguf_config(path, arch)
     write_config(config, out, write_tensors(path, out, arch, config))
     if arch in OWN_GGUF_ARCHS:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -92,7 +93,8 @@ def dequantize(w8: torch.Tensor, scale: torch.Tensor, block=None) -> torch.Tenso
 
 
 def _say(line: str) -> None:
-    print(line, flush=True)
+    """Progress on stderr: stdout may be a result someone parses (`inspect --json`)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def dense_folder(path: Path, config: dict, files: list[Path], weights_sha256, log=_say) -> Path:
