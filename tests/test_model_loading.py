@@ -128,6 +128,32 @@ def test_hub_id_offline_fails_at_once(monkeypatch, tmp_path):
     assert time.monotonic() - t0 < 10
 
 
+def test_a_hub_download_takes_the_hugging_face_weights_alone(monkeypatch, tmp_path):
+    """Of a Mistral repository's files (Mistral Small 3.1's, by name), the download keeps
+    the config, the shards and the tokenizer, and leaves out the weights' second copy in
+    Mistral's own format: the selection huggingface_hub applies to the patterns given."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    from compress.model import loading
+
+    repo = ["config.json", "consolidated.safetensors", "generation_config.json", "params.json",
+            "model-00001-of-00010.safetensors", "model.safetensors.index.json",
+            "tekken.json", "tokenizer.json", "tokenizer_config.json", "README.md"]  # fmt: skip
+    asked = {}
+
+    def snapshot(repo_id, allow_patterns=None, ignore_patterns=None, **kwargs):
+        asked[repo_id] = list(filter_repo_objects(repo, allow_patterns=allow_patterns,
+                                                  ignore_patterns=ignore_patterns))  # fmt: skip
+        return str(tmp_path)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    assert loading._download("mistralai/Mistral-Small-3.1-24B-Instruct-2503") == tmp_path
+    kept = asked["mistralai/Mistral-Small-3.1-24B-Instruct-2503"]
+    assert "consolidated.safetensors" not in kept
+    assert {"config.json", "model-00001-of-00010.safetensors", "tokenizer.json"} <= set(kept)
+
+
 def test_not_a_model(tmp_path):
     with pytest.raises(LlmpressError, match="no such model folder or file"):
         resolve(str(tmp_path / "nothing-here"))

@@ -33,6 +33,10 @@ from compress.model.text_part import is_multimodal, text_config, text_part
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
+# Mistral's repositories hold their weights twice: in Hugging Face's shards, which llmpress
+# reads, and once more in their own format (consolidated.safetensors, 48 GB for Mistral
+# Small 3.1), which it would download for nothing
+_HUB_SKIPPED = ["consolidated*"]
 
 
 @dataclass
@@ -297,7 +301,14 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES, local_files_only=True))
+        return Path(
+            snapshot_download(
+                repo_id,
+                allow_patterns=_HUB_FILES,
+                ignore_patterns=_HUB_SKIPPED,
+                local_files_only=True,
+            )
+        )
     except Exception:  # not in the local hub cache: fall through to a download
         pass
     if not _hub_reachable():
@@ -307,7 +318,9 @@ def _download(repo_id: str) -> Path:
             "local model folder"
         )
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+        return Path(
+            snapshot_download(repo_id, allow_patterns=_HUB_FILES, ignore_patterns=_HUB_SKIPPED)
+        )
     except Exception as e:
         raise LlmpressError(f"cannot download {repo_id!r} from the Hugging Face Hub: {e}") from e
 
