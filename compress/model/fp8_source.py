@@ -19,6 +19,7 @@ records the source's weight hash.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import struct
 import sys
@@ -55,8 +56,13 @@ def is_fp8(config: dict, files: list[Path]) -> bool:
     `weight_scale`) are the same float8 codes times scales."""
     if not isinstance(config.get("quantization_config"), dict):
         return False
-    dtypes = {info["dtype"] for f in files for info in _header(f)[0].values()}
-    return bool(dtypes & set(_FP8)) and not dtypes & _INTEGER
+    float8 = False
+    for f in files:  # an artifact's first file already holds its integer codes: stop there
+        dtypes = {info["dtype"] for info in _header(f)[0].values()}
+        if dtypes & _INTEGER:
+            return False
+        float8 = float8 or bool(dtypes & set(_FP8))
+    return float8
 
 
 def dense_config(config: dict) -> dict:
@@ -106,7 +112,7 @@ def dense_folder(path: Path, config: dict, files: list[Path], weights_sha256, lo
     from compress.artifact.stream_safetensors import DTYPES  # it imports model/: not above
 
     specs, where = _plan(path, config, files)
-    need = sum(DTYPES[d] * _numel(s) for _, d, s in specs)
+    need = sum(DTYPES[d] * math.prod(s) for _, d, s in specs)
     target.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(target.parent).free
     if free < need * 1.05:
@@ -172,7 +178,7 @@ def _write(path: Path, config: dict, specs, where, out: Path, log) -> None:
     from compress.artifact.stream_safetensors import write_produced
 
     start, done, total = time.perf_counter(), 0, len(specs)
-    dtypes = {d: t for d, t in ((v[0], v[1]) for v in _DTYPES.values())}
+    dtypes = dict(_DTYPES.values())  # "BF16" -> torch.bfloat16
     block = config["quantization_config"].get("weight_block_size")  # else told by the grid
 
     def produce(name: str) -> torch.Tensor:
@@ -197,10 +203,3 @@ def _write(path: Path, config: dict, specs, where, out: Path, log) -> None:
     for f in path.iterdir():  # the tokenizer and the rest, not other copies of the weights
         if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES and f.name not in skip:
             shutil.copy2(f, out / f.name)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

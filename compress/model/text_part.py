@@ -95,8 +95,8 @@ def text_part(
     """The cached text-only folder of the multimodal checkpoint at `path` (its safetensors
     `files`); `weights_sha256(files)` hashes the source's weights as a Checkpoint does;
     `carried`: what the folder `path` itself was made from (an FP8 checkpoint), recorded
-    too."""
-    text_config(config)  # a language model of a family llmpress lacks: refused before work
+    too. A language model of a family llmpress lacks is refused by the caller first
+    (loading.py, before any FP8 conversion)."""
     target = conversion_target("text", path, config, files)
     if (target / "config.json").is_file():
         return target
