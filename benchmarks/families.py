@@ -16,7 +16,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   whole head rotated so, tied head; glm: glm4 without the output norms; helium: llama's
   block, no GQA, the whole head rotated in interleaved pairs; seed_oss: llama's block,
   q/k/v biases; ministral3: mistral's block, YaRN; hunyuan_v1_dense: per-head q/k norms
-  after rope, NTK-alpha rope; phi3: fused tensors, LongRoPE);
+  after rope, NTK-alpha rope; cohere: one LayerNorm feeding attention and MLP in
+  parallel, interleaved rope, logit scale, tied head; cohere2: those with 3 sliding : 1
+  full layers, the full ones without rope; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -145,6 +147,15 @@ DENSE = {
             "alpha": 1000.0,
             "factor": 1.0,
         },
+    },
+    # Command R's logit scale and tied head; Command R7B's (0.25), its class's 3 sliding :
+    # 1 full layers, the full ones without rope
+    "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True},
+    "cohere2": {
+        "layer_types": None,
+        "sliding_window": 512,
+        "logit_scale": 0.25,
+        "tie_word_embeddings": True,
     },
     # Ministral 3's class rope: YaRN 16x over 16,384 tokens, Llama 4's query temperature
     # (beta 0.1) past them, so not at these lengths (the tests run it at 16 tokens)

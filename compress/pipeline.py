@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from compress import distributed
 from compress.artifact.dense import load_model
-from compress.artifact.engines import engine_problems, transformers_route, vllm_backend_note
+from compress.artifact.engines import engine_problems, transformers_route, vllm_note
 from compress.artifact.formats import DEFAULT, codec
 from compress.artifact.manifest import build_manifest, write_manifest
 from compress.artifact.target import check_not_source, check_output, claim, clean_stale
@@ -186,7 +186,7 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     )
     if not model_stages:  # after pruning the widths are known only once it has run
         warn_engines(planned_engine_problems(recipe, stages, ws), log)
-    note = vllm_backend_note(ckpt.adapter.architecture)
+    note = vllm_note(ckpt.adapter.architecture)
     if note:
         log(f"note: {note}")
     tokenizer = load_tokenizer(ckpt)

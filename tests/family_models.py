@@ -194,6 +194,23 @@ FAMILIES = {
             },
         },
     ),
+    # cohere's parallel block under one LayerNorm, interleaved rope and logit scale; cohere2's
+    # sliding layer beside a full one without rope
+    "cohere": (
+        "CohereConfig",
+        {"logit_scale": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    "cohere2": (
+        "Cohere2Config",
+        {
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "logit_scale": 0.5,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
     # every bias key on: q/k/v (its default), o and the MLP
@@ -451,6 +468,13 @@ GGUF_FAMILIES = {
     "dots1": ("DOTS1", {"sliding_window": None}),  # llama.cpp runs dots1 without a window
     "seed_oss": ("SEED_OSS", {}),
     "ministral3": ("MISTRAL3", {}),
+    # llama.cpp's command-r and cohere2 have no head of their own (tied, as Cohere's are);
+    # its converter writes cohere2's window, not its pattern: the default, 4
+    "cohere": ("COMMAND_R", {"tie_word_embeddings": True}),
+    "cohere2": (
+        "COHERE2",
+        {"layer_types": None, "num_hidden_layers": 4, "tie_word_embeddings": True},
+    ),
     "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
     "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
@@ -574,7 +598,11 @@ def write_gguf(
         w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
         w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], np.float32))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.model_type in ("cohere", "cohere2"):  # llama.cpp's CommandR2Model, Cohere2Model
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
+        w.add_logit_scale(cfg.logit_scale)
+    else:
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -604,7 +632,8 @@ def write_gguf(
         w.add_expert_shared_count(cfg.moe_num_shared_experts)
         w.add_leading_dense_block_count(cfg.moe_layer_start_index)
         w.add_interleave_moe_layer_step(cfg.moe_layer_interval)
-    if getattr(cfg, "sliding_window", None) and cfg.model_type in ("gemma2", "gemma3_text"):
+    window_only = ("gemma2", "gemma3_text", "cohere2")
+    if getattr(cfg, "sliding_window", None) and cfg.model_type in window_only:
         w.add_sliding_window(cfg.sliding_window)
     windowed = window_keys and cfg.model_type in ("olmo3", "exaone4")
     if windowed and getattr(cfg, "sliding_window", None):

@@ -135,7 +135,8 @@ def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
 # The one fact a family adds to another's description, dropped: gemma2's capped attention
 # scores (else gemma3's block without q/k norms), smollm3's and exaone4's layers without
 # rope (llama's and olmo2's), granite's residual and logit multipliers (its embedding and
-# attention ones replace facts llama has).
+# attention ones replace facts llama has), cohere's parallel block, LayerNorm and logit
+# scale, cohere2's full layer without rope.
 OWN_FACTS = {
     "gemma2": lambda s: {"attn_softcap": None},
     "smollm3": lambda s: {"rope": (s.rope[0],) * s.layers},
@@ -144,6 +145,10 @@ OWN_FACTS = {
     "granite logits": lambda s: {"logit_scale": 1.0},
     "granite embedding": lambda s: {"embed_scale": 1.0},
     "granite attention": lambda s: {"attn_scale": 16**-0.5},
+    "cohere parallel": lambda s: {"parallel": False},
+    "cohere layernorm": lambda s: {"norm": "rms"},
+    "cohere logits": lambda s: {"logit_scale": 1.0},
+    "cohere2": lambda s: {"rope": (s.rope[0],) * s.layers},  # its full layer rotated
 }
 
 
@@ -188,7 +193,7 @@ def test_dropping_a_routing_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("name", ["glm4", "glm", "ernie4_5", "helium"])
+@pytest.mark.parametrize("name", ["glm4", "glm", "ernie4_5", "helium", "cohere"])
 def test_an_interleaved_rope_shows_where_its_rows_are_not_reordered(models, ids, monkeypatch, name):
     """glm4 and ernie4_5 rotate each head's pairs (2i, 2i+1): the runtime loads q and k
     reordered into the halves layout it rotates (adapter.rope_interleaved). Loaded as
@@ -642,15 +647,23 @@ def test_pruning_block_by_block_is_pruning_the_model_in_memory(
     assert keep.layers == want["kept"]["layers"]
 
 
-def test_a_family_vllm_has_no_model_of_its_own_for_is_said_at_compress(models, tmp_path):
+def test_where_vllm_runs_a_family_otherwise_is_said_at_compress(models, tmp_path):
     """smollm3 and helium would run in vLLM's Transformers backend, which the vLLM verdict
-    does not model: compress says so in a note, for them only."""
-    for name, said in (("helium", True), ("smollm3", True), ("glm4", False)):
+    does not model, and vLLM's cohere2 multiplies by the embedding whatever lm_head the
+    artifact holds: compress says so in a note, for them only."""
+    said = {
+        "helium": "vLLM has no model of its own",
+        "smollm3": "vLLM has no model of its own",
+        "cohere2": "vLLM's Cohere2ForCausalLM computes the logits with the embedding",
+        "glm4": None,
+    }
+    for name, note in said.items():
         lines = []
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g32")]})
         compress(str(models[name]), recipe, tmp_path / name, log=lines.append)
-        noted = [x for x in lines if x.startswith("note: vLLM has no model of its own")]
-        assert bool(noted) == said, (name, lines)
+        noted = [x for x in lines if x.startswith("note: vLLM")]
+        assert noted == ([] if note is None else noted[:1]), (name, lines)
+        assert note is None or noted[0].startswith(f"note: {note}"), (name, lines)
 
 
 def test_an_olmoe_whose_q_k_v_are_clipped_compresses_and_the_runtime_refuses_it(
@@ -824,7 +837,7 @@ def _recipe_file(tmp_path, stages):
 TRITON_NAMES = (
     NAMES
     if DEVICE == "cuda"
-    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe"]
+    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe", "cohere2"]
 )
 
 

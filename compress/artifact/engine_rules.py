@@ -60,6 +60,10 @@ DTYPE = r"not implemented for 'Float'"
 # vLLM runs them through its Transformers backend, which these rules do not model
 NO_NATIVE_VLLM_MODEL = ("SmolLM3ForCausalLM", "HeliumForCausalLM")
 
+# Architectures whose vLLM model computes the logits with the embedding and skips any
+# lm_head tensor (`commandr.py`: "lm_head is not used in vllm as it is tied")
+VLLM_HEAD_IS_EMBEDDING = ("CohereForCausalLM", "Cohere2ForCausalLM")
+
 VOCAB_PADDING = 64  # ParallelLMHead's output width: the vocabulary padded to a multiple
 
 

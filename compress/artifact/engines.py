@@ -22,6 +22,7 @@ from compress.artifact.engine_rules import (
     GPU,
     HOST,
     NO_NATIVE_VLLM_MODEL,
+    VLLM_HEAD_IS_EMBEDDING,
     VLLM_VERSION,
     WNA16,
     Problem,
@@ -37,7 +38,7 @@ __all__ = [
     "engine_problems",
     "transformers_problems",
     "transformers_route",
-    "vllm_backend_note",
+    "vllm_note",
     "vllm_problems",
     "vllm_verdict",
 ]
@@ -92,9 +93,16 @@ def vllm_problems(config: dict, tensor_names: Iterable[str] = (), device: str = 
     return vllm_verdict(config, tensor_names, device).texts()
 
 
-def vllm_backend_note(arch: str) -> str | None:
-    """A note for an architecture vLLM has no model of its own for: the verdict's rules
-    are its native loaders', and vLLM would run this one through its Transformers backend."""
+def vllm_note(arch: str) -> str | None:
+    """Where vLLM runs an architecture otherwise than the verdict's rules model: one it has
+    no model of its own for (its Transformers backend), or one whose model ignores the
+    artifact's lm_head."""
+    if arch in VLLM_HEAD_IS_EMBEDDING:
+        return (
+            f"vLLM's {arch} computes the logits with the embedding and skips lm_head: an "
+            "artifact's own head (--lm-head w8, the default) is run by llmpress and "
+            "transformers, while vLLM multiplies by the 16-bit embedding"
+        )
     if arch not in NO_NATIVE_VLLM_MODEL:
         return None
     return (

@@ -139,15 +139,19 @@ def _quantized_buffers(m: int, kp: int):
     )
 
 
-def rms_norm_quantized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> QuantizedInput:
-    """rms_norm(x) * weight, in fp32 and quantized for the packed linears, in one call."""
+def rms_norm_quantized(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, center: bool = False
+) -> QuantizedInput:
+    """rms_norm(x) * weight (`center`: of x less its mean, a LayerNorm), in fp32 and
+    quantized for the packed linears, in one call."""
     x = x.contiguous()
     m, k = x.shape
     kp = math.ceil(k / 32) * 32
     out, x8, dx, bsum = _quantized_buffers(m, kp)
     library().llmp_rmsnorm_quant(
-        _ptr(x), _ptr(weight), eps, m, k, kp, _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
-    )
+        _ptr(x), _ptr(weight), eps, int(center), m, k, kp, _ptr(out), _ptr(x8), _ptr(dx),
+        _ptr(bsum),
+    )  # fmt: skip
     return QuantizedInput(out[:, :k], x8, dx, bsum)
 
 
@@ -210,13 +214,14 @@ def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms, top_k=No
     return tokens
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension (fp32), the one-call decoder's own arithmetic, so
-    the per-op path and the one-call path round alike."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, center: bool = False):
+    """RMSNorm over the last dimension (fp32; `center`: of x less its mean, a LayerNorm
+    without a bias), the one-call decoder's own arithmetic, so the per-op path and the
+    one-call path round alike."""
     out = x.float().contiguous().clone()
     _check_f32(weight, "norm weight")
     d = out.shape[-1]
-    library().llmp_rms_rows(_ptr(out), out.numel() // d, d, _ptr(weight), eps)
+    library().llmp_rms_rows(_ptr(out), out.numel() // d, d, _ptr(weight), eps, int(center))
     return out
 
 
@@ -731,6 +736,8 @@ class FusedLayer:
     moe: FusedExperts | None = None
     q_scale: torch.Tensor | None = None  # [max_len]: queries times this after rope (Llama 4)
     qk_after_rope: bool = False  # q_norm/k_norm (per head) follow rope (hunyuan)
+    center: bool = False  # the branch (and final) norms are LayerNorms (cohere)
+    parallel: bool = False  # the MLP reads the block's input, as attention does (cohere)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -747,7 +754,7 @@ class FusedLayer:
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
             self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
-            ctypes.addressof(keep[0]) if keep else None,
+            ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.parallel),
         )  # fmt: skip
         return layer, keep
 

@@ -182,7 +182,15 @@ class Adapter:
     qkv: str | None = None  # q/k/v stored as one tensor, rows q then k then v (phi3)
     gate_up: str | None = None  # gate/up stored as one tensor, gate rows first (phi3)
     # Facts the BlockSpec (compress/model/spec.py) reads with the config.
-    norm: str = "rms"  # "rms": x·w; "rms1p": x·(1+w)
+    norm: str = "rms"  # "rms": x·w; "rms1p": x·(1+w); "layer": mean subtracted, then x·w
+    norm_eps: str = "rms_norm_eps"  # the config key of the norms' epsilon
+    # attention and MLP read one norm's output, both added to the residual (cohere): the
+    # block has no mlp_norm
+    parallel: bool = False
+    logit_scale: str | None = None  # the config key whose value multiplies the logits
+    # config keys the family reads that llmpress does not implement: (key, what it turns
+    # on); a config with one of them true is refused in one line (adapter_for)
+    refused_options: tuple[tuple[str, str], ...] = ()
     biased: tuple[str, ...] = ()  # roles whose linears always carry a bias
     bias_options: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("attention_bias", ("q", "k", "v", "o")),
@@ -202,6 +210,9 @@ class Adapter:
     # the runtime loads q and k with their rows reordered into the halves layout
     # (interleaved_rows), which leaves q·k as it was and every kernel as it is
     rope_interleaved: bool = False
+    # transformers' layer takes its cos/sin with each frequency twice in a row (cohere's),
+    # not in two halves as llama's (glm's interleaves the halves itself)
+    rope_tables_in_pairs: bool = False
     # loaders need heads × head_dim = hidden, so a pruned shape must keep it: phi3's take
     # the head width as hidden / heads whatever head_dim says (its config checks its rope
     # factors against it); helium's o_proj is [hidden, hidden]
@@ -302,7 +313,8 @@ class Adapter:
             )
             shared = (self.shared_linears[:2],) if self.shared_width else ()
             return (attn, *pairs, *shared)
-        return (attn, (self.gate_up,) if self.gate_up else (self.gate, self.up))
+        mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+        return ((*attn, *mlp),) if self.parallel else (attn, mlp)
 
     @property
     def block_norms(self) -> tuple[str, ...]:
@@ -345,6 +357,12 @@ class Adapter:
                 InputGroup(self.v, (self.o,)),
                 InputGroup(self.mlp_norm, norm_fed),
                 *per_expert,
+            )
+        if self.parallel:  # one norm feeds both branches
+            return (
+                InputGroup(self.attn_norm, (self.q, self.k, self.v, self.gate, self.up)),
+                InputGroup(self.v, (self.o,)),
+                InputGroup(self.up, (self.down,)),
             )
         return (
             InputGroup(self.attn_norm, (self.q, self.k, self.v)),
@@ -597,6 +615,23 @@ _GLM = replace(
     head_dim=128,
 )
 
+# cohere (Command R, Aya Expanse): one LayerNorm without a bias feeding attention and MLP
+# in parallel, rope over interleaved pairs, the logits times the config's logit_scale
+_COHERE = replace(
+    LLAMA,
+    families=("cohere",),
+    architecture="CohereForCausalLM",
+    mlp_norm=None,
+    norm="layer",
+    norm_eps="layer_norm_eps",
+    parallel=True,
+    logit_scale="logit_scale",
+    rope_interleaved=True,
+    rope_tables_in_pairs=True,
+    bias_options=(("attention_bias", ("q", "k", "v", "o")),),
+    refused_options=(("use_qk_norm", "per-head LayerNorms of q and k"),),
+)
+
 ADAPTERS: dict[str, Adapter] = {
     "llama": LLAMA,
     "mistral": replace(
@@ -674,6 +709,16 @@ ADAPTERS: dict[str, Adapter] = {
         architecture="Exaone4ForCausalLM",
         qk_norm="head",
         full_layers_without_rope=True,
+    ),
+    "cohere": _COHERE,
+    # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
+    # ones without rope
+    "cohere2": replace(
+        _COHERE,
+        families=("cohere2",),
+        architecture="Cohere2ForCausalLM",
+        full_layers_without_rope=True,
+        refused_options=(),
     ),
     "qwen3_moe": replace(
         LLAMA,
@@ -941,9 +986,15 @@ def adapter_for(config: dict) -> Adapter:
             f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
             "open an issue with the model's config.json"
         )
-    if adapter.moe is None and adapter.qk_norm_option is None:
+    if adapter.moe is None and adapter.qk_norm_option is None and not adapter.refused_options:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
+    for key, what in adapter.refused_options:
+        if getattr(hf, key, False):
+            raise LlmpressError(
+                f"{model_type}: {key} ({what}) is not supported yet; open an issue with the "
+                "model's config.json"
+            )
     if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
     if adapter.moe is not None:

@@ -101,7 +101,8 @@ class BlockStore:
 
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
-        return Positions(self.spec, length, chunk_samples(length, widest, self.device))
+        chunk = chunk_samples(length, widest, self.device)
+        return Positions(self.spec, length, chunk, self.adapter.rope_tables_in_pairs)
 
 
 def _widest(hf, spec: BlockSpec) -> int:
@@ -137,12 +138,14 @@ class Positions:
     spec: BlockSpec
     length: int
     chunk: int = CHUNK  # samples a forward takes at once (chunk_samples)
+    pairs: bool = False  # the layer takes cos/sin per interleaved pair (the adapter's
+    # rope_tables_in_pairs), not in two halves
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = block.self_attn.layer_idx
         eager = attention_kernel(self.spec) == "eager"
         rope, window = self.spec.rope[i], self.spec.windows[i]
-        return _block_kwargs(rope, window, self.length, _device(block), eager)
+        return _block_kwargs(rope, window, self.length, _device(block), eager, self.pairs)
 
     def prefix(self, length: int) -> Positions:
         return replace(self, length=length)
@@ -150,11 +153,20 @@ class Positions:
 
 @lru_cache(maxsize=16)
 def _block_kwargs(
-    rope: RopeSpec, window: int | None, length: int, device, eager: bool = False
+    rope: RopeSpec,
+    window: int | None,
+    length: int,
+    device,
+    eager: bool = False,
+    pairs: bool = False,
 ) -> dict:
-    """`eager`: the mask even where it is plain causal (SDPA is causal without one)."""
+    """`eager`: the mask even where it is plain causal (SDPA is causal without one).
+    `pairs`: each frequency's cos/sin twice in a row (Positions.pairs)."""
     cos, sin = tables(rope, length, device)
-    rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
+    if pairs:
+        rotary = (cos.repeat_interleave(2, -1)[None], sin.repeat_interleave(2, -1)[None])
+    else:
+        rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
     mask = None  # plain causal attention
     windowed = window is not None and length > window
     if windowed or eager:

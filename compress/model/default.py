@@ -54,6 +54,8 @@ SUPPORTED_GGUF_ARCHS = {
     "mistral3": "ministral3",  # or mistral: Mistral Small 3.1/3.2's language model
     "hunyuan-dense": "hunyuan_v1_dense",
     "hunyuan-moe": "hunyuan_v1_moe",
+    "command-r": "cohere",
+    "cohere2": "cohere2",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -2,7 +2,8 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense and hunyuan-moe files that
+minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r and cohere2
+files that
 transformers cannot read. Their configs are built here from the header keys llama.cpp's
 converter writes. A key that is absent takes llama.cpp loader's default, not the
 transformers config class's, since it is llama.cpp's meaning the file was written for (a
@@ -20,7 +21,7 @@ from compress.errors import LlmpressError
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
-    "hunyuan-moe",
+    "hunyuan-moe", "command-r", "cohere2",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -71,7 +72,7 @@ def _common(reader, get) -> dict:
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(get("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 0)),  # 0: LayerNorms
         "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
         "bos_token_id": _token_id(reader, "bos_token_id"),
         "eos_token_id": _token_id(reader, "eos_token_id"),
@@ -329,6 +330,45 @@ def _minimax_m2(get, fields: dict, reader) -> tuple[str, dict]:
     return "minimax_m2", {"num_local_experts": experts, "num_experts_per_tok": used}
 
 
+def _cohere_keys(get, fields: dict) -> dict:
+    """Cohere's LayerNorm epsilon and logit scale (llama.cpp scales by none when the file
+    states none). The file keeps transformers' q/k rows: llama.cpp rotates consecutive
+    pairs, as cohere does."""
+    fields.pop("rms_norm_eps")
+    return {
+        "layer_norm_eps": float(get("attention.layer_norm_epsilon")),
+        "logit_scale": float(get("logit_scale", 0) or 1.0),
+    }
+
+
+def _command_r(get, fields: dict, reader) -> tuple[str, dict]:
+    """Command R, Aya: q/k LayerNorms where the file holds them (Command R+; refused by
+    the adapter in one line)."""
+    names = _tensor_names(reader)
+    return "cohere", {
+        **_cohere_keys(get, fields),
+        "use_qk_norm": "blk.0.attn_q_norm.weight" in names,
+        "attention_bias": _q_biased(reader),
+    }
+
+
+def _cohere2(get, fields: dict, reader) -> tuple[str, dict]:
+    """Command R7B, Command A: llama.cpp reads its window as required and its pattern as
+    4 (3 sliding, then 1 full) unless the file states one; its converter drops the
+    checkpoints' all-zero biases."""
+    window, layer_types = _window_layers(get, fields["num_hidden_layers"], None)
+    if window is None:
+        raise LlmpressError(
+            "the cohere2 file states no sliding window (llama.cpp requires one): it is "
+            "damaged or of another model; re-download it"
+        )
+    return "cohere2", {
+        **_cohere_keys(get, fields),
+        "sliding_window": window,
+        "layer_types": layer_types,
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -346,6 +386,8 @@ _FAMILY = {
     "mistral3": _mistral3,
     "hunyuan-dense": _hunyuan_dense,
     "hunyuan-moe": _hunyuan_moe,
+    "command-r": _command_r,
+    "cohere2": _cohere2,
 }
 
 

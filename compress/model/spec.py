@@ -40,7 +40,9 @@ class MoeSpec:
 
 @dataclass(frozen=True)
 class BlockSpec:
-    norm: str  # "rms": x·w; "rms1p": x·(1+w) (gemma), both normalized in fp32
+    # "rms": x·w; "rms1p": x·(1+w) (gemma); "layer": the mean subtracted first, then x·w
+    # (cohere's LayerNorm without a bias); each normalized in fp32
+    norm: str
     eps: float
     pre_norm: bool  # the branches read the residual normed (olmo2's read it as it is)
     sandwich: bool  # the branch outputs are normed, before the residual add (gemma3, olmo2)
@@ -60,6 +62,8 @@ class BlockSpec:
     mlp: MoeSpec | None  # None: a dense gated MLP
     qkv_clip: float | None = None  # q, k and v clamped to [-c, c] after their norms (olmoe)
     qk_norm_after_rope: bool = False  # the q/k norms follow rope instead (hunyuan)
+    # attention and MLP read the same normed input and both add to the residual (cohere)
+    parallel: bool = False
 
     @property
     def layers(self) -> int:
@@ -113,13 +117,14 @@ def describe(config: dict, adapter) -> BlockSpec:
     scalar = getattr(hf, "query_pre_attn_scalar", None) if adapter.query_pre_attn_scalar else None
     attn_scale = float((scalar or head_dim) ** -0.5)
     embed_scale = float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0
-    residual_scale = logit_scale = 1.0
+    residual_scale = 1.0
+    logit_scale = getattr(hf, adapter.logit_scale) if adapter.logit_scale else 1.0
     if adapter.multipliers:  # granite's four config scalars, in place of the derived ones
         attn_scale, embed_scale = float(hf.attention_multiplier), float(hf.embedding_multiplier)
         residual_scale, logit_scale = float(hf.residual_multiplier), 1.0 / hf.logits_scaling
     return BlockSpec(
         norm=adapter.norm,
-        eps=float(hf.rms_norm_eps),
+        eps=float(getattr(hf, adapter.norm_eps)),
         pre_norm=adapter.attn_norm is not None,
         sandwich=adapter.post_attn_norm is not None,
         qk_norm=adapter.qk_norm if adapter.q_norm is not None else "none",
@@ -138,4 +143,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         mlp=adapter.moe(hf) if adapter.moe is not None else None,
         qkv_clip=getattr(hf, "clip_qkv", None),
         qk_norm_after_rope=adapter.qk_norm_after_rope and adapter.q_norm is not None,
+        parallel=adapter.parallel,
     )

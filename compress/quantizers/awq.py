@@ -210,6 +210,9 @@ class AWQ(Described):
         if group.producer == adapter.attn_norm:
             attn = ctx.sub(adapter.attn)
             kwargs = ctx.rope.kwargs(ctx.module)
+            if adapter.parallel:  # the norm feeds the MLP too: both branches' sum
+                mlp = ctx.sub(adapter.mlp)
+                return lambda x: attn(hidden_states=x, **kwargs)[0] + mlp(x)
             return lambda x: attn(hidden_states=x, **kwargs)[0]
         if group.producer == adapter.mlp_norm:
             return ctx.sub(adapter.mlp)

@@ -159,6 +159,8 @@ def _fused_decoder(w: ModelWeights, ropes):
                 moe=experts,
                 q_scale=r.q_scale,
                 qk_after_rope=w.spec.qk_norm_after_rope,
+                center=w.spec.norm == "layer",
+                parallel=w.spec.parallel,
             )
         )
     s = w.shape

@@ -30,10 +30,13 @@ from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """On CPU the C kernels' own norm, so the per-op and one-call paths round alike."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, center=False) -> torch.Tensor:
+    """On CPU the C kernels' own norm, so the per-op and one-call paths round alike.
+    `center`: x less its mean first (a LayerNorm without a bias, spec.norm "layer")."""
     if x.device.type == "cpu" and x.numel():
-        return cpu_rms_norm(x, weight, eps)
+        return cpu_rms_norm(x, weight, eps, center)
+    if center:
+        x = x - x.mean(-1, keepdim=True)
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
@@ -56,12 +59,15 @@ class Rope:
         return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
 
 
-def _norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, packed: bool):
-    """rms_norm (none without a weight: olmo2's branches read the residual as it is);
-    quantized in the same pass when the packed CPU linears read it."""
+def _norm(x: torch.Tensor, weight: torch.Tensor | None, spec, packed: bool):
+    """The branch-input norm spec.norm names (none without a weight: olmo2's branches read
+    the residual as it is); quantized in the same pass when the packed CPU linears read it."""
     if weight is None:
         return quantize_input(x) if packed else x
-    return rms_norm_quantized(x, weight, eps) if packed else rms_norm(x, weight, eps)
+    center = spec.norm == "layer"
+    if packed:
+        return rms_norm_quantized(x, weight, spec.eps, center)
+    return rms_norm(x, weight, spec.eps, center)
 
 
 ACT = {
@@ -111,7 +117,7 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
 
 def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.Tensor:
     spec = w.spec
-    x = _norm(h, layer.mlp_norm, spec.eps, packed)
+    x = _norm(h, layer.mlp_norm, spec, packed)
     if layer.moe is not None:
         out = _experts(layer.moe, x, spec.activation, packed)
     else:
@@ -127,7 +133,7 @@ def _attn_out(layer: Layer, att: torch.Tensor, eps: float, packed: bool) -> torc
 def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     s, eps = w.shape, w.spec.eps
     t = h.shape[0]
-    qkv = layer.qkv(_norm(h, layer.attn_norm, eps, packed))
+    qkv = layer.qkv(_norm(h, layer.attn_norm, w.spec, packed))
     kv = s.kv_heads * s.head_dim
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
     full = w.spec.qk_norm == "full"  # over all of q's heads at once (olmo2), else per head
@@ -148,6 +154,14 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
 def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
     """The residual add, the branch's output times `scale` (granite's residual multiplier)."""
     return h + branch if scale == 1.0 else h + branch * scale
+
+
+def _block_end(layer: Layer, h, att, w: ModelWeights, packed: bool) -> torch.Tensor:
+    """The block's output from its input h and attention's `att`: attention's branch added,
+    then the MLP's on that sum, or (spec.parallel) on h itself."""
+    spec = w.spec
+    after = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
+    return _add(after, _mlp(layer, h if spec.parallel else after, w, packed), spec.residual_scale)
 
 
 def final_logits(logits: torch.Tensor, spec) -> torch.Tensor:
@@ -247,7 +261,7 @@ class Model:
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self._capped(
-            self.w.lm_head(_norm(h, self.w.norm, self.w.spec.eps, self._packed(len(h))))
+            self.w.lm_head(_norm(h, self.w.norm, self.w.spec, self._packed(len(h))))
         )
 
     def _capped(self, logits: torch.Tensor) -> torch.Tensor:
@@ -360,8 +374,7 @@ class Model:
                 prefill_attention(
                     q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap
                 )
-            h = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
-            h = _add(h, _mlp(layer, h, self.w, packed), spec.residual_scale)
+            h = _block_end(layer, h, att, self.w, packed)
         return h
 
     @torch.inference_mode()
@@ -422,6 +435,5 @@ class Model:
                     spec.attn_softcap,
                 )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)
-                h = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
-                h = _add(h, _mlp(layer, h, self.w, packed), spec.residual_scale)
+                h = _block_end(layer, h, att, self.w, packed)
         return self._logits(h)

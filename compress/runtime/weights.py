@@ -43,7 +43,7 @@ def _rope(ropes) -> str | None:
 # a check returning None, or what it cannot run. tests/test_families.py checks that every
 # field has one, so a new field cannot go unread.
 RUNS = {
-    "norm": _subset(("rms", "rms1p")),
+    "norm": _subset(("rms", "rms1p", "layer")),
     "eps": _any,
     "sandwich": _any,
     "pre_norm": _any,  # without: the branch reads the residual stream as it is
@@ -67,6 +67,7 @@ RUNS = {
     ),
     "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
     "qk_norm_after_rope": _any,  # the torch path and the one-call decoder both order them
+    "parallel": _any,  # Layer.mlp_norm is then the attention's norm, read before attention
 }
 
 
@@ -408,7 +409,8 @@ def load_weights(
         blocks.append(
             Layer(
                 attn_norm=opt(adapter.attn_norm),
-                mlp_norm=opt(adapter.mlp_norm),
+                # parallel (cohere): the MLP norms the block's input with attention's norm
+                mlp_norm=opt(adapter.attn_norm if spec.parallel else adapter.mlp_norm),
                 qkv=fuse(qkv) if len(qkv) > 1 else qkv[0],
                 o=lin(adapter.o),
                 gate_up=gate_up,

@@ -9,18 +9,30 @@
 #define act_mul act_mul_ref
 #endif
 
-/* out[m] = x[m] * rsqrt(mean(x[m]^2) + eps) * w, written to `out` [M, Kp] (zero padded to
- * Kp) and quantized into x8/dx/bsum. */
-void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int M, int K, int Kp,
-                        float *out, int8_t *x8, float *dx, float *bsum) {
+/* o = x * rsqrt(mean(x^2) + eps) * w over K values; with `center`, x less its mean
+ * (LayerNorm without a bias, cohere's: the variance is the centered mean square).
+ * o may be x. */
+static void norm_row(const float *x, float *o, int K, const float *w, float eps, int center) {
+    float mean = 0.f;
+    if (center) {
+        double s = 0.0;
+        for (int k = 0; k < K; k++) s += x[k];
+        mean = (float)(s / K);
+    }
+    double ss = 0.0;
+    for (int k = 0; k < K; k++) ss += (double)(x[k] - mean) * (x[k] - mean);
+    float r = 1.f / sqrtf((float)(ss / K) + eps);
+    for (int k = 0; k < K; k++) o[k] = (x[k] - mean) * r * w[k];
+}
+
+/* out[m] = the norm of x[m] (norm_row), written to `out` [M, Kp] (zero padded to Kp) and
+ * quantized into x8/dx/bsum. */
+void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int center, int M, int K,
+                        int Kp, float *out, int8_t *x8, float *dx, float *bsum) {
     #pragma omp parallel for schedule(static) if (M > 4)
     for (int m = 0; m < M; m++) {
-        const float *xr = x + (int64_t)m * K;
         float *o = out + (int64_t)m * Kp;
-        double ss = 0.0;
-        for (int k = 0; k < K; k++) ss += (double)xr[k] * xr[k];
-        float r = 1.f / sqrtf((float)(ss / K) + eps);
-        for (int k = 0; k < K; k++) o[k] = xr[k] * r * w[k];
+        norm_row(x + (int64_t)m * K, o, K, w, eps, center);
         for (int k = K; k < Kp; k++) o[k] = 0.f;
         quantize_row(o, Kp, x8 + (int64_t)m * Kp, dx + (int64_t)m * (Kp / 32), bsum + (int64_t)m * (Kp / 32));
     }
@@ -65,17 +77,11 @@ void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const flo
  * prefill step's: q/k norms have a row per head, so a decode step's count is no guide). */
 void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par) {
     #pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) {
-        float *v = x + r * D;
-        double ss = 0.0;
-        for (int d = 0; d < D; d++) ss += (double)v[d] * v[d];
-        float inv = 1.f / sqrtf((float)(ss / D) + eps);
-        for (int d = 0; d < D; d++) v[d] = v[d] * inv * w[d];
-    }
+    for (int64_t r = 0; r < rows; r++) norm_row(x + r * D, x + r * D, D, w, eps, 0);
 }
 
-void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps) {
-    rms_rows(x, rows, D, w, eps, 0);
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int center) {
+    for (int64_t r = 0; r < rows; r++) norm_row(x + r * D, x + r * D, D, w, eps, center);
 }
 
 

@@ -50,10 +50,10 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
 
 /* What a branch's linears read: h normed by `norm` and quantized, or (no norm: olmo2) h as
  * it is, quantized; the residual h itself unchanged. */
-static void branch_input(const float *h, const float *norm, float eps, int B, int hidden,
-                         int hp, float *pad, int8_t *x8, float *dx, float *bs) {
+static void branch_input(const float *h, const float *norm, float eps, int center, int B,
+                         int hidden, int hp, float *pad, int8_t *x8, float *dx, float *bs) {
     if (norm)
-        llmp_rmsnorm_quant(h, norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        llmp_rmsnorm_quant(h, norm, eps, center, B, hidden, hp, pad, x8, dx, bs);
     else
         quantize_rows_padded(h, B, hidden, hidden, hp, pad, x8, dx, bs);
 }
@@ -85,7 +85,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
-        branch_input(h, L->attn_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
         #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
         for (int b = 0; b < B; b++) {
@@ -127,8 +127,11 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
         if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
+        if (L->parallel) /* the MLP's input from h before attention's output joins it */
+            branch_input(h, L->mlp_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
-        branch_input(h, L->mlp_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+        if (!L->parallel)
+            branch_input(h, L->mlp_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         if (L->moe) {
             if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
         } else {
@@ -142,7 +145,8 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     if (l < n_layers) return -1;
     if (head == NULL) return 0;
     /* the final norm and a packed head: h stays the last block's output */
-    llmp_rmsnorm_quant(h, final_norm, eps, B, hidden, hp, pad, x8, dx, bs);
+    llmp_rmsnorm_quant(h, final_norm, eps, layers[n_layers - 1].center, B, hidden, hp, pad, x8,
+                       dx, bs);
     return qlin(head, x8, dx, bs, B, logits, pad, hp);
 }
 
