@@ -2909,6 +2909,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_cohere.json",
+        "cohere and cohere2 beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families cohere2,cohere,llama3 --name families_cohere "
+        "--skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "

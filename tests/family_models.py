@@ -765,6 +765,11 @@ MULTIMODAL = {
         {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
          "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
     ),
+    "aya_vision": (
+        "AyaVisionConfig", "AyaVisionForConditionalGeneration", "cohere2",
+        {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+    ),
 }  # fmt: skip
 
 

@@ -940,6 +940,7 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
         ("llava", "mistral", False),  # Pixtral-12B's
         ("llava_next", "qwen2", False),
         ("llava_onevision", None, False),
+        ("aya_vision", None, True),
     ],
 )
 def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapper, text, tied):

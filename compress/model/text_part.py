@@ -3,9 +3,10 @@
 Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3`),
 Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
 `Mistral3ForConditionalGeneration` (`mistral3`), the LLaVA family and Pixtral as
-`Llava*ForConditionalGeneration` (`llava`, `llava_next`, `llava_onevision`): a vision tower
-and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`; llama,
-mistral, qwen2, ...) whose config sits in
+`Llava*ForConditionalGeneration` (`llava`, `llava_next`, `llava_onevision`), Aya Vision as
+`AyaVisionForConditionalGeneration` (`aya_vision`): a vision tower and projector beside a
+language model (`gemma3_text`; `mistral` or `ministral3`; llama, mistral, qwen2, ...;
+`cohere2`) whose config sits in
 `text_config` and whose tensors are prefixed `language_model.model.` (as published) or
 `model.language_model.` (as some transformers versions save). llmpress compresses and
 runs text, so every command reads the language model alone, as the text family names it,
@@ -34,6 +35,7 @@ MULTIMODAL = {
     "llava": "llama",  # LLaVA-1.5, Pixtral-12B (mistral text)
     "llava_next": "llama",  # LLaVA-NeXT (llama, mistral or qwen2 text)
     "llava_onevision": "qwen2",  # LLaVA-OneVision
+    "aya_vision": "cohere2",  # Aya Vision 8B, 32B
 }
 # tensor name prefixes of the language model -> the text model's own
 TEXT_PREFIXES = (
