@@ -194,11 +194,18 @@ FAMILIES = {
             },
         },
     ),
-    # cohere's parallel block under one LayerNorm, interleaved rope and logit scale; cohere2's
-    # sliding layer beside a full one without rope
+    # cohere's parallel block under one LayerNorm, interleaved rope and logit scale, with
+    # Command R+'s per-head q/k LayerNorms; cohere2's sliding layer beside a full one
+    # without rope
     "cohere": (
         "CohereConfig",
-        {"logit_scale": 0.5, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+        {
+            "logit_scale": 0.5,
+            "use_qk_norm": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
     ),
     "cohere2": (
         "Cohere2Config",

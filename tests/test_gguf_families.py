@@ -87,21 +87,6 @@ def test_a_hunyuan_moe_gguf_whose_shared_expert_is_wider_is_refused(tmp_path, mo
     ], err
 
 
-def test_a_command_r_plus_gguf_with_q_k_norms_is_refused_in_one_line(tmp_path, monkeypatch):
-    """Command R+ normalizes q and k per head with LayerNorms llmpress does not compute:
-    its file (attn_q_norm tensors) and its checkpoint (use_qk_norm) are refused alike."""
-    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
-    model = build_family("cohere", vocab_size=1024, use_qk_norm=True, tie_word_embeddings=True)
-    path = write_gguf(model, tmp_path / "r-plus.gguf", default_gguf())
-    model.save_pretrained(tmp_path / "r-plus")
-    for source in (path, tmp_path / "r-plus"):
-        code, _, err = run_cli(["inspect", str(source)])
-        assert code != 0 and error_lines(err) == [
-            "error: cohere: use_qk_norm (per-head LayerNorms of q and k) is not supported yet; "
-            "open an issue with the model's config.json"
-        ], err
-
-
 @pytest.mark.parametrize("name,layers", [("gemma2", 46), ("gemma3_text", 62)])
 def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
     name, layers, tmp_path, monkeypatch

@@ -217,11 +217,13 @@ def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms, top_k=No
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, center: bool = False):
     """RMSNorm over the last dimension (fp32; `center`: of x less its mean, a LayerNorm
     without a bias), the one-call decoder's own arithmetic, so the per-op path and the
-    one-call path round alike."""
+    one-call path round alike. A weight of several rows of that width: row r of x takes
+    weight row r % rows (x [T, heads, D] with one per head)."""
     out = x.float().contiguous().clone()
     _check_f32(weight, "norm weight")
     d = out.shape[-1]
-    library().llmp_rms_rows(_ptr(out), out.numel() // d, d, _ptr(weight), eps, int(center))
+    wrows = weight.numel() // d
+    library().llmp_rms_rows(_ptr(out), out.numel() // d, d, _ptr(weight), wrows, eps, int(center))
     return out
 
 
@@ -736,8 +738,9 @@ class FusedLayer:
     moe: FusedExperts | None = None
     q_scale: torch.Tensor | None = None  # [max_len]: queries times this after rope (Llama 4)
     qk_after_rope: bool = False  # q_norm/k_norm (per head) follow rope (hunyuan)
-    center: bool = False  # the branch (and final) norms are LayerNorms (cohere)
+    center: bool = False  # the layer's (and the final) norms are LayerNorms (cohere)
     parallel: bool = False  # the MLP reads the block's input, as attention does (cohere)
+    qk_each: bool = False  # q_norm/k_norm hold a weight row per head (cohere)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -754,7 +757,8 @@ class FusedLayer:
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
             self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
-            ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.parallel),
+            ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.qk_each),
+            int(self.parallel),
         )  # fmt: skip
         return layer, keep
 

@@ -175,7 +175,9 @@ class Adapter:
     # Where the family's optional parts are (None: it has none).
     q_norm: str | None = None  # per-head RMSNorm of q and k before rope (qwen3, gemma3)
     k_norm: str | None = None
-    qk_norm: str = "head"  # q_norm/k_norm span each head ("head") or all of q, all of k ("full")
+    # q_norm/k_norm span each head ("head"), all of q, all of k ("full"), or each head with
+    # a weight row of its own ("each_head": [heads, head_dim], cohere)
+    qk_norm: str = "head"
     qk_norm_after_rope: bool = False  # q and k normed after rope, not before (hunyuan)
     post_attn_norm: str | None = None  # sandwich norms on the branch outputs (gemma3)
     post_mlp_norm: str | None = None
@@ -188,9 +190,6 @@ class Adapter:
     # block has no mlp_norm
     parallel: bool = False
     logit_scale: str | None = None  # the config key whose value multiplies the logits
-    # config keys the family reads that llmpress does not implement: (key, what it turns
-    # on); a config with one of them true is refused in one line (adapter_for)
-    refused_options: tuple[tuple[str, str], ...] = ()
     biased: tuple[str, ...] = ()  # roles whose linears always carry a bias
     bias_options: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("attention_bias", ("q", "k", "v", "o")),
@@ -392,7 +391,7 @@ class Adapter:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         fused = tuple(n for n in (self.qkv, self.gate_up) if n)
         heads, kv_heads = (self.q,), (self.k, self.v)
-        if self.qk_norm == "full" and self.q_norm:  # those norms span the heads' rows
+        if self.qk_norm in ("full", "each_head") and self.q_norm:  # they span the heads' rows
             heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
         return (
             CutGroup("heads", rows=heads, cols=(self.o,)),
@@ -629,7 +628,11 @@ _COHERE = replace(
     rope_interleaved=True,
     rope_tables_in_pairs=True,
     bias_options=(("attention_bias", ("q", "k", "v", "o")),),
-    refused_options=(("use_qk_norm", "per-head LayerNorms of q and k"),),
+    # Command R+'s per-head LayerNorms of q and k, each head its own weights
+    q_norm="self_attn.q_norm",
+    k_norm="self_attn.k_norm",
+    qk_norm="each_head",
+    qk_norm_option="use_qk_norm",
 )
 
 ADAPTERS: dict[str, Adapter] = {
@@ -718,7 +721,6 @@ ADAPTERS: dict[str, Adapter] = {
         families=("cohere2",),
         architecture="Cohere2ForCausalLM",
         full_layers_without_rope=True,
-        refused_options=(),
     ),
     "qwen3_moe": replace(
         LLAMA,
@@ -964,10 +966,13 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
 def _block_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
     per_block = {n: (shape.hidden,) for n in adapter.block_norms}
     per_block.update(adapter.linear_shapes(shape))
-    full = adapter.qk_norm == "full"
+    kind = adapter.qk_norm
     for norm, heads in ((adapter.q_norm, shape.heads), (adapter.k_norm, shape.kv_heads)):
         if norm:
-            per_block[norm] = (heads * shape.head_dim if full else shape.head_dim,)
+            per_block[norm] = {
+                "full": (heads * shape.head_dim,),
+                "each_head": (heads, shape.head_dim),
+            }.get(kind, (shape.head_dim,))
     if adapter.experts:
         per_block[adapter.router] = (adapter.experts, shape.hidden)
     if adapter.shared_width and adapter.shared_gate:
@@ -986,15 +991,9 @@ def adapter_for(config: dict) -> Adapter:
             f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
             "open an issue with the model's config.json"
         )
-    if adapter.moe is None and adapter.qk_norm_option is None and not adapter.refused_options:
+    if adapter.moe is None and adapter.qk_norm_option is None:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
-    for key, what in adapter.refused_options:
-        if getattr(hf, key, False):
-            raise LlmpressError(
-                f"{model_type}: {key} ({what}) is not supported yet; open an issue with the "
-                "model's config.json"
-            )
     if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
     if adapter.moe is not None:

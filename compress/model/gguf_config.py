@@ -342,8 +342,7 @@ def _cohere_keys(get, fields: dict) -> dict:
 
 
 def _command_r(get, fields: dict, reader) -> tuple[str, dict]:
-    """Command R, Aya: q/k LayerNorms where the file holds them (Command R+; refused by
-    the adapter in one line)."""
+    """Command R, Aya: per-head q/k LayerNorms where the file holds them (Command R+)."""
     names = _tensor_names(reader)
     return "cohere", {
         **_cohere_keys(get, fields),

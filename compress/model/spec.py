@@ -46,7 +46,9 @@ class BlockSpec:
     eps: float
     pre_norm: bool  # the branches read the residual normed (olmo2's read it as it is)
     sandwich: bool  # the branch outputs are normed, before the residual add (gemma3, olmo2)
-    qk_norm: str  # RMSNorm of q and k before rope: "none", "head" (each head), "full" (olmo2)
+    # norms of q and k before rope: "none", "head" (each head, one weight), "full" (all heads
+    # at once: olmo2), "each_head" (each head with its own weight row: cohere's LayerNorms)
+    qk_norm: str
     activation: str  # transformers' ACT2FN name: silu, gelu_pytorch_tanh
     biases: frozenset[str]  # the roles (ROLES) whose linears carry a bias
     fused_checkpoint: bool  # q/k/v and gate/up are stored as one tensor each (phi3)

@@ -179,6 +179,8 @@ def prune_block(
             out[f"{prefix}.{rel}"] = t.index_select(1, hidden).contiguous()
             continue
         t = tensor
+        if module in (adapter.q_norm, adapter.k_norm) and t.dim() == 2:  # [heads, head_dim]
+            t = t.reshape(-1)  # (cohere's): cut as the heads' rows, then shaped back
         if module in fused:  # each part's kept rows, at its offset in the tensor
             rows = [index[axis] + start for axis, start in fused[module]]
             t = t.index_select(0, torch.cat(rows))
@@ -187,6 +189,8 @@ def prune_block(
                 t = t.index_select(0, index[axis])
             elif module in rows_cols.cols and leaf == "weight":
                 t = t.index_select(1, index[axis])
+        if t.dim() != tensor.dim():
+            t = t.reshape(-1, tensor.shape[-1])
         out[f"{prefix}.{rel}"] = t.contiguous()
     return out
 

@@ -161,6 +161,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 qk_after_rope=w.spec.qk_norm_after_rope,
                 center=w.spec.norm == "layer",
                 parallel=w.spec.parallel,
+                qk_each=w.spec.qk_norm == "each_head",
             )
         )
     s = w.shape

@@ -32,12 +32,14 @@ from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, center=False) -> torch.Tensor:
     """On CPU the C kernels' own norm, so the per-op and one-call paths round alike.
-    `center`: x less its mean first (a LayerNorm without a bias, spec.norm "layer")."""
+    `center`: x less its mean first (a LayerNorm without a bias, spec.norm "layer"). A
+    weight of several rows of x's width (q [T, heads, D] and one per head: cohere's q/k
+    norms) gives each head its own."""
     if x.device.type == "cpu" and x.numel():
         return cpu_rms_norm(x, weight, eps, center)
     if center:
         x = x - x.mean(-1, keepdim=True)
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.view(-1, x.shape[-1])
 
 
 class Rope:
@@ -122,30 +124,39 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
         out = _experts(layer.moe, x, spec.activation, packed)
     else:
         out = _gated(layer.gate_up, layer.down, x, spec.activation, packed)
-    return out if layer.post_mlp_norm is None else rms_norm(out, layer.post_mlp_norm, spec.eps)
+    if layer.post_mlp_norm is None:
+        return out
+    return rms_norm(out, layer.post_mlp_norm, spec.eps, spec.norm == "layer")
 
 
-def _attn_out(layer: Layer, att: torch.Tensor, eps: float, packed: bool) -> torch.Tensor:
+def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tensor:
     out = layer.o(quantize_input(att) if packed else att)
-    return out if layer.post_attn_norm is None else rms_norm(out, layer.post_attn_norm, eps)
+    if layer.post_attn_norm is None:
+        return out
+    return rms_norm(out, layer.post_attn_norm, spec.eps, spec.norm == "layer")
 
 
 def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
-    s, eps = w.shape, w.spec.eps
+    s, spec = w.shape, w.spec
     t = h.shape[0]
-    qkv = layer.qkv(_norm(h, layer.attn_norm, w.spec, packed))
+    qkv = layer.qkv(_norm(h, layer.attn_norm, spec, packed))
     kv = s.kv_heads * s.head_dim
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
-    full = w.spec.qk_norm == "full"  # over all of q's heads at once (olmo2), else per head
+
+    def normed(q, k):  # the q/k norms, of the family's kind
+        c = spec.norm == "layer"
+        return rms_norm(q, layer.q_norm, spec.eps, c), rms_norm(k, layer.k_norm, spec.eps, c)
+
+    full = spec.qk_norm == "full"  # over all of q's heads at once (olmo2), else per head
     if layer.q_norm is not None and full:
-        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+        q, k = normed(q, k)
     q, k = q.reshape(t, s.heads, s.head_dim), k.reshape(t, s.kv_heads, s.head_dim)
-    after = w.spec.qk_norm_after_rope  # hunyuan's: rope first, then the per-head norms
+    after = spec.qk_norm_after_rope  # hunyuan's: rope first, then the per-head norms
     if layer.q_norm is not None and not full and not after:
-        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+        q, k = normed(q, k)
     q, k = rope(q, positions), rope(k, positions)
     if after:
-        q, k = rms_norm(q, layer.q_norm, eps), rms_norm(k, layer.k_norm, eps)
+        q, k = normed(q, k)
     if rope.q_scale is not None:  # Llama 4's temperature past the original context
         q = q * rope.q_scale[positions][:, None, None]
     return q, k, v.reshape(t, s.kv_heads, s.head_dim)
@@ -160,7 +171,7 @@ def _block_end(layer: Layer, h, att, w: ModelWeights, packed: bool) -> torch.Ten
     """The block's output from its input h and attention's `att`: attention's branch added,
     then the MLP's on that sum, or (spec.parallel) on h itself."""
     spec = w.spec
-    after = _add(h, _attn_out(layer, att, spec.eps, packed), spec.residual_scale)
+    after = _add(h, _attn_out(layer, att, spec, packed), spec.residual_scale)
     return _add(after, _mlp(layer, h if spec.parallel else after, w, packed), spec.residual_scale)
 
 

@@ -47,7 +47,7 @@ RUNS = {
     "eps": _any,
     "sandwich": _any,
     "pre_norm": _any,  # without: the branch reads the residual stream as it is
-    "qk_norm": _subset(("none", "head", "full")),
+    "qk_norm": _subset(("none", "head", "full", "each_head")),
     "activation": _subset(tuple(ACTIVATIONS)),
     "biases": _any,  # any role may carry one
     "fused_checkpoint": _any,
@@ -352,10 +352,13 @@ def load_weights(
     fallbacks: list[str] = []
     offset = 1.0 if spec.norm == "rms1p" else 0.0
 
-    def norm(name):
+    def norm(name, rows=None):
+        """A norm's effective weight, flat (cohere's [heads, head_dim] q/k norms too);
+        `rows`: its values in this order (a q/k norm beside reordered q/k rows)."""
         if name is None:
             return None
-        return (tensors[f"{name}.weight"].float() + offset).to(device).contiguous()
+        w = (tensors[f"{name}.weight"].float() + offset).reshape(-1)
+        return _rows(w, rows).to(device).contiguous()
 
     blocks = []
     for i in range(shape.layers):
@@ -365,8 +368,16 @@ def load_weights(
         def lin(name, p=p, rows=None):
             return _linear(f"{p}.{name}", tensors, codec, layers, fallbacks, device, kernels, rows)
 
-        def opt(name, p=p):
-            return norm(f"{p}.{name}") if name else None
+        def opt(name, p=p, rows=None):
+            return norm(f"{p}.{name}", rows) if name else None
+
+        def qk_norm(name, i=i, p=p):
+            """Reordered as q and k rows are where rope rotates pairs (cohere's)."""
+            if not name or not adapter.rope_interleaved:
+                return opt(name)
+            width = tensors[f"{p}.{name}.weight"].numel()
+            d = shape.head_dim
+            return opt(name, rows=interleaved_rows(width // d, d, spec.rope[i].rotary_dim))
 
         moe = gate_up = down = None
         if spec.mlp is not None and i not in spec.mlp.dense_layers:
@@ -416,8 +427,8 @@ def load_weights(
                 gate_up=gate_up,
                 down=down,
                 moe=moe,
-                q_norm=opt(adapter.q_norm),
-                k_norm=opt(adapter.k_norm),
+                q_norm=qk_norm(adapter.q_norm),
+                k_norm=qk_norm(adapter.k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),
                 post_mlp_norm=opt(adapter.post_mlp_norm),
             )

@@ -73,15 +73,20 @@ void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const flo
     }
 }
 
-/* x [rows, D] <- rmsnorm(x) * w, row by row, in place; over the threads when `par` (a
- * prefill step's: q/k norms have a row per head, so a decode step's count is no guide). */
-void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par) {
+/* x [rows, D] <- the norm of each row (norm_row; `center`: a LayerNorm), in place; row r
+ * takes weight row r % wrows of w [wrows, D] (wrows 1: one weight; a head count: each head
+ * its own, cohere's q/k norms); over the threads when `par` (a prefill step's: q/k norms
+ * have a row per head, so a decode step's count is no guide). */
+void rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center,
+              int par) {
     #pragma omp parallel for schedule(static) if (par)
-    for (int64_t r = 0; r < rows; r++) norm_row(x + r * D, x + r * D, D, w, eps, 0);
+    for (int64_t r = 0; r < rows; r++)
+        norm_row(x + r * D, x + r * D, D, w + (r % wrows) * D, eps, center);
 }
 
-void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int center) {
-    for (int64_t r = 0; r < rows; r++) norm_row(x + r * D, x + r * D, D, w, eps, center);
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps,
+                   int center) {
+    rms_rows(x, rows, D, w, wrows, eps, center, 0);
 }
 
 

@@ -155,7 +155,7 @@ static inline float dot_f32(const float *a, const float *b, int D) { return dot_
 HIDDEN void quantize_row(const float *xr, int K, int8_t *qr, float *dr, float *bs);
 
 /* elementwise.c */
-HIDDEN void rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int par);
+HIDDEN void rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center, int par);
 HIDDEN void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
                                  int8_t *x8, float *dx, float *bs);
 HIDDEN void add_rows(float *h, float *x, int64_t n, float s, int par);

@@ -94,16 +94,18 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
             memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
         }
-        if (L->q_norm && !L->qk_after_rope) { /* over each head, or all of a row's (olmo2) */
-            int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
-            rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, eps, B >= PAR_ROWS);
-            rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, eps, B >= PAR_ROWS);
+        /* q/k norms: over each head (one weight, or each head's own), or all of a row's */
+        int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
+        int qr = L->qk_each ? heads : 1, kr = L->qk_each ? kv_heads : 1, c = L->center;
+        if (L->q_norm && !L->qk_after_rope) { /* before rope (olmo2's: a row's heads at once) */
+            rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, qr, eps, c, B >= PAR_ROWS);
+            rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, kr, eps, c, B >= PAR_ROWS);
         }
         llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
         llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
         if (L->q_norm && L->qk_after_rope) { /* hunyuan: per head, after rope */
-            rms_rows(q, (int64_t)B * heads, D, L->q_norm, eps, B >= PAR_ROWS);
-            rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, eps, B >= PAR_ROWS);
+            rms_rows(q, (int64_t)B * heads, D, L->q_norm, qr, eps, c, B >= PAR_ROWS);
+            rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, kr, eps, c, B >= PAR_ROWS);
         }
         if (L->q_scale)
             for (int b = 0; b < B; b++) {
@@ -126,7 +128,8 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         }
         quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
-        if (L->post_attn_norm) rms_rows(tmp, B, hidden, L->post_attn_norm, eps, B >= PAR_ROWS);
+        if (L->post_attn_norm)
+            rms_rows(tmp, B, hidden, L->post_attn_norm, 1, eps, L->center, B >= PAR_ROWS);
         if (L->parallel) /* the MLP's input from h before attention's output joins it */
             branch_input(h, L->mlp_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
@@ -139,7 +142,8 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         }
-        if (L->post_mlp_norm) rms_rows(tmp, B, hidden, L->post_mlp_norm, eps, B >= PAR_ROWS);
+        if (L->post_mlp_norm)
+            rms_rows(tmp, B, hidden, L->post_mlp_norm, 1, eps, L->center, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
     }
     if (l < n_layers) return -1;

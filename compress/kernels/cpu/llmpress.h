@@ -119,9 +119,11 @@ typedef struct {
     float residual;                             /* branch outputs' multiplier (granite); else 1 */
     int qk_full;                                /* q_norm/k_norm span all heads (olmo2) */
     const QMoe *moe;                            /* experts in place of the dense MLP; or NULL */
-    int center;                                 /* attn_norm/mlp_norm (and the final norm,
-                                                 * the last layer's) subtract the mean first:
-                                                 * LayerNorm without a bias (cohere) */
+    int center;                                 /* every norm of the layer (and the final
+                                                 * norm, the last layer's) subtracts the mean
+                                                 * first: LayerNorm without a bias (cohere) */
+    int qk_each;                                /* q_norm/k_norm hold a weight row per head
+                                                 * ([heads * D], each head its own: cohere) */
     int parallel;                               /* the MLP reads the block's input, as
                                                  * attention does (cohere) */
 } QLayer;
@@ -175,7 +177,7 @@ void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int
 void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int center, int M, int K, int Kp, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t, int T, int heads, int D, int R);
-void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, float eps, int center);
+void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center);
 
 /* ---- decode_attention.c and prefill_attention.c */
 int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float softcap, float *out);
