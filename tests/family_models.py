@@ -218,6 +218,11 @@ FAMILIES = {
             "eos_token_id": 2,
         },
     ),
+    # arcee's MLP without a gate (relu², its class default), with mlp biases
+    "arcee": (
+        "ArceeConfig",
+        {"mlp_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
     # every bias key on: q/k/v (its default), o and the MLP
@@ -478,6 +483,7 @@ GGUF_FAMILIES = {
     # llama.cpp's command-r and cohere2 have no head of their own (tied, as Cohere's are);
     # its converter writes cohere2's window, not its pattern: the default, 4
     "cohere": ("COMMAND_R", {"tie_word_embeddings": True}),
+    "arcee": ("ARCEE", {}),
     "cohere2": (
         "COHERE2",
         {"layer_types": None, "num_hidden_layers": 4, "tie_word_embeddings": True},
@@ -699,7 +705,7 @@ def write_gguf(
             t = t.reshape(-1)
         interleaved = (
             gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3,
-            gguf.MODEL_ARCH.MISTRAL3,
+            gguf.MODEL_ARCH.MISTRAL3, gguf.MODEL_ARCH.ARCEE,
         )  # fmt: skip
         if enum in interleaved and target.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp's LlamaModel layout: each head's rotary halves interleaved

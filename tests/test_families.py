@@ -136,7 +136,7 @@ def test_dropping_any_fact_of_the_description_shows(models, ids, fact):
 # scores (else gemma3's block without q/k norms), smollm3's and exaone4's layers without
 # rope (llama's and olmo2's), granite's residual and logit multipliers (its embedding and
 # attention ones replace facts llama has), cohere's parallel block, LayerNorm and logit
-# scale, cohere2's full layer without rope.
+# scale, cohere2's full layer without rope, arcee's relu² MLP without a gate.
 OWN_FACTS = {
     "gemma2": lambda s: {"attn_softcap": None},
     "smollm3": lambda s: {"rope": (s.rope[0],) * s.layers},
@@ -149,6 +149,7 @@ OWN_FACTS = {
     "cohere layernorm": lambda s: {"norm": "rms"},
     "cohere logits": lambda s: {"logit_scale": 1.0},
     "cohere2": lambda s: {"rope": (s.rope[0],) * s.layers},  # its full layer rotated
+    "arcee": lambda s: {"activation": "silu"},  # its relu² (an MLP without a gate)
 }
 
 

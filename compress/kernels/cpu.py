@@ -159,7 +159,11 @@ _C = api()  # cpu/llmpress.h: its structs and constants
 _KVC, _PChunk, _QLin, _QMoe, _QLayer, _DecodeCtx = (
     _C.structs[n] for n in ("KVC", "PChunk", "QLin", "QMoe", "QLayer", "DecodeCtx")
 )
-ACTIVATIONS = {"silu": _C.constants["ACT_SILU"], "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"]}
+ACTIVATIONS = {
+    "silu": _C.constants["ACT_SILU"],
+    "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"],
+    "relu2": _C.constants["ACT_RELU2"],
+}
 
 
 def act_mul_quantized(gate_up: torch.Tensor, act: str = "silu") -> QuantizedInput:
@@ -171,6 +175,18 @@ def act_mul_quantized(gate_up: torch.Tensor, act: str = "silu") -> QuantizedInpu
     out, x8, dx, bsum = _quantized_buffers(m, ip)
     library().llmp_act_mul_quant(
         _ptr(gate_up), m, i, ip, ACTIVATIONS[act], _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
+    )
+    return QuantizedInput(out[:, :i], x8, dx, bsum)
+
+
+def act_quantized(up: torch.Tensor, act: str) -> QuantizedInput:
+    """act(up) of an MLP without a gate, quantized, in one call."""
+    up = up.contiguous()
+    m, i = up.shape
+    ip = math.ceil(i / 32) * 32
+    out, x8, dx, bsum = _quantized_buffers(m, ip)
+    library().llmp_act_quant(
+        _ptr(up), m, i, ip, ACTIVATIONS[act], _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
     )
     return QuantizedInput(out[:, :i], x8, dx, bsum)
 
@@ -741,6 +757,7 @@ class FusedLayer:
     center: bool = False  # the layer's (and the final) norms are LayerNorms (cohere)
     parallel: bool = False  # the MLP reads the block's input, as attention does (cohere)
     qk_each: bool = False  # q_norm/k_norm hold a weight row per head (cohere)
+    ungated: bool = False  # the MLP is down(act(up(x))), gate_up holding up alone (arcee)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -758,7 +775,7 @@ class FusedLayer:
             self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.qk_each),
-            int(self.parallel),
+            int(self.parallel), int(self.ungated),
         )  # fmt: skip
         return layer, keep
 

@@ -167,7 +167,7 @@ class Adapter:
     k: str = "self_attn.k_proj"
     v: str = "self_attn.v_proj"
     o: str = "self_attn.o_proj"
-    gate: str = "mlp.gate_proj"
+    gate: str | None = "mlp.gate_proj"  # None: the MLP is down(act(up(x))), not gated (arcee)
     up: str = "mlp.up_proj"
     down: str = "mlp.down_proj"
     # Modules whose buffers are computed from the config, not stored in a checkpoint.
@@ -274,13 +274,20 @@ class Adapter:
         return getattr(self, role)
 
     @property
+    def mlp_inputs(self) -> tuple[str, ...]:
+        """The dense MLP's linears that read its input: gate and up, a fused gate_up, or up
+        alone (an MLP without a gate)."""
+        if self.gate_up:
+            return (self.gate_up,)
+        return (self.gate, self.up) if self.gate else (self.up,)
+
+    @property
     def block_linears(self) -> tuple[str, ...]:
         """Every linear in a block, in execution order (as the checkpoint stores them)."""
         attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
         if self.experts:
             return (*attn, self.o, *self.expert_linears, *self.shared_linears)
-        mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
-        return (*attn, self.o, *mlp, self.down)
+        return (*attn, self.o, *self.mlp_inputs, self.down)
 
     @property
     def shared_linears(self) -> tuple[str, ...]:
@@ -312,7 +319,7 @@ class Adapter:
             )
             shared = (self.shared_linears[:2],) if self.shared_width else ()
             return (attn, *pairs, *shared)
-        mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+        mlp = self.mlp_inputs
         return ((*attn, *mlp),) if self.parallel else (attn, mlp)
 
     @property
@@ -334,7 +341,7 @@ class Adapter:
         tensor of its own, so v → o stays)."""
         if self.qkv or self.gate_up:
             attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
-            mlp = (self.gate_up,) if self.gate_up else (self.gate, self.up)
+            mlp = self.mlp_inputs
             v_to_o = () if self.qkv else (InputGroup(self.v, (self.o,)),)  # v is its own
             return (InputGroup(self.attn_norm, attn), *v_to_o, InputGroup(self.mlp_norm, mlp))
         if self.experts:  # the router reads the norm too: its columns take the scale, 16-bit
@@ -357,17 +364,20 @@ class Adapter:
                 InputGroup(self.mlp_norm, norm_fed),
                 *per_expert,
             )
+        # up -> down folds a scale only through act(gate) * up, linear in up: an MLP
+        # without a gate has none to fold it through
+        up_down = (InputGroup(self.up, (self.down,)),) if self.gate else ()
         if self.parallel:  # one norm feeds both branches
             return (
-                InputGroup(self.attn_norm, (self.q, self.k, self.v, self.gate, self.up)),
+                InputGroup(self.attn_norm, (self.q, self.k, self.v, *self.mlp_inputs)),
                 InputGroup(self.v, (self.o,)),
-                InputGroup(self.up, (self.down,)),
+                *up_down,
             )
         return (
             InputGroup(self.attn_norm, (self.q, self.k, self.v)),
             InputGroup(self.v, (self.o,)),
-            InputGroup(self.mlp_norm, (self.gate, self.up)),
-            InputGroup(self.up, (self.down,)),
+            InputGroup(self.mlp_norm, self.mlp_inputs),
+            *up_down,
         )
 
     @property
@@ -382,7 +392,7 @@ class Adapter:
             groups.append(self.expert_linears)
             if self.shared_width:  # the shared expert's gate_up_proj
                 groups.append(self.shared_linears[:2])
-        elif not self.gate_up:
+        elif not self.gate_up and self.gate:
             groups.append((self.gate, self.up))
         return tuple(groups)
 
@@ -390,17 +400,18 @@ class Adapter:
     def cut_groups(self) -> tuple[CutGroup, ...]:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         fused = tuple(n for n in (self.qkv, self.gate_up) if n)
+        gate_up = tuple(n for n in (self.gate, self.up) if n)  # (up alone without a gate)
         heads, kv_heads = (self.q,), (self.k, self.v)
         if self.qk_norm in ("full", "each_head") and self.q_norm:  # they span the heads' rows
             heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
         return (
             CutGroup("heads", rows=heads, cols=(self.o,)),
             CutGroup("kv_heads", rows=kv_heads, cols=()),
-            CutGroup("mlp", rows=(self.gate, self.up), cols=(self.down,)),
+            CutGroup("mlp", rows=gate_up, cols=(self.down,)),
             CutGroup(
                 "hidden",
                 rows=(self.o, self.down, *self.block_norms),
-                cols=(self.q, self.k, self.v, self.gate, self.up, *fused),
+                cols=(self.q, self.k, self.v, *gate_up, *fused),
             ),
         )
 
@@ -428,12 +439,13 @@ class Adapter:
             self.k: (kv, hidden),
             self.v: (kv, hidden),
             self.o: (hidden, q),
-            self.gate: (inter, hidden),
             self.up: (inter, hidden),
             self.down: (hidden, inter),
         }
         if self.qkv:
             every[self.qkv] = (q + 2 * kv, hidden)
+        if self.gate:
+            every[self.gate] = (inter, hidden)
         if self.gate_up:
             every[self.gate_up] = (2 * inter, hidden)
         width = self.expert_width
@@ -614,6 +626,9 @@ _GLM = replace(
     head_dim=128,
 )
 
+# arcee (AFM-4.5B): llama's block with an MLP without a gate, down(relu(up(x))²)
+_ARCEE = replace(LLAMA, families=("arcee",), architecture="ArceeForCausalLM", gate=None)
+
 # cohere (Command R, Aya Expanse): one LayerNorm without a bias feeding attention and MLP
 # in parallel, rope over interleaved pairs, the logits times the config's logit_scale
 _COHERE = replace(
@@ -713,6 +728,7 @@ ADAPTERS: dict[str, Adapter] = {
         qk_norm="head",
         full_layers_without_rope=True,
     ),
+    "arcee": _ARCEE,
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
     # ones without rope

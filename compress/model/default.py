@@ -56,6 +56,7 @@ SUPPORTED_GGUF_ARCHS = {
     "hunyuan-moe": "hunyuan_v1_moe",
     "command-r": "cohere",
     "cohere2": "cohere2",
+    "arcee": "arcee",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -2,8 +2,8 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r and cohere2
-files that
+minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2 and
+arcee files that
 transformers cannot read. Their configs are built here from the header keys llama.cpp's
 converter writes. A key that is absent takes llama.cpp loader's default, not the
 transformers config class's, since it is llama.cpp's meaning the file was written for (a
@@ -21,7 +21,7 @@ from compress.errors import LlmpressError
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
-    "hunyuan-moe", "command-r", "cohere2",
+    "hunyuan-moe", "command-r", "cohere2", "arcee",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -368,6 +368,13 @@ def _cohere2(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _arcee(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama's keys (its converter is LlamaModel's, q/k interleaved); an MLP without a
+    gate."""
+    names = _tensor_names(reader)
+    return "arcee", {"attention_bias": _q_biased(reader), "mlp_bias": "blk.0.ffn_up.bias" in names}
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -387,6 +394,7 @@ _FAMILY = {
     "hunyuan-moe": _hunyuan_moe,
     "command-r": _command_r,
     "cohere2": _cohere2,
+    "arcee": _arcee,
 }
 
 

@@ -7,7 +7,7 @@ back in the layout checkpoints of its family use, and appended to the output (sh
 
 What llama.cpp's converter changed, undone here (as transformers' reader does):
 - names: the gguf package's own map between checkpoint and GGUF names;
-- llama, granite, smollm3, mistral3 (llama.cpp's "normal" rope): each q/k head's
+- llama, granite, smollm3, mistral3, arcee (llama.cpp's "normal" rope): each q/k head's
   rotary halves were interleaved;
 - gemma2, gemma3: norms were stored as 1 + w;
 - q, k and v stored as one attn_qkv (ChatGLM; `--fuse-qkv`): cut apart by rows;
@@ -157,7 +157,7 @@ def _drop_pages(reader) -> None:
 
 # architectures whose converter interleaves each q/k head's rotary halves (llama.cpp's
 # LlamaModel and its subclasses; olmo2, exaone4, glm4 and ernie4_5 keep transformers' layout)
-_INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3")
+_INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3", "arcee")
 
 
 def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:

@@ -66,6 +66,8 @@ class BlockSpec:
     qk_norm_after_rope: bool = False  # the q/k norms follow rope instead (hunyuan)
     # attention and MLP read the same normed input and both add to the residual (cohere)
     parallel: bool = False
+    # the dense MLP is down(act(gate) · up); without a gate, down(act(up)) (arcee)
+    gated_mlp: bool = True
 
     @property
     def layers(self) -> int:
@@ -146,4 +148,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         qkv_clip=getattr(hf, "clip_qkv", None),
         qk_norm_after_rope=adapter.qk_norm_after_rope and adapter.q_norm is not None,
         parallel=adapter.parallel,
+        gated_mlp=adapter.gate is not None or adapter.gate_up is not None,
     )

@@ -162,12 +162,13 @@ def _fused_decoder(w: ModelWeights, ropes):
                 center=w.spec.norm == "layer",
                 parallel=w.spec.parallel,
                 qk_each=w.spec.qk_norm == "each_head",
+                ungated=not w.spec.gated_mlp,
             )
         )
-    s = w.shape
-    dense = [layer.gate_up.out_features // 2 for layer in w.layers if layer.moe is None]
+    s, spec = w.shape, w.spec
+    halves = 2 if spec.gated_mlp else 1  # gate_up holds gate and up, or up alone
+    dense = [layer.gate_up.out_features // halves for layer in w.layers if layer.moe is None]
     inter = max(dense, default=0)
-    spec = w.spec
     head = (w.norm, w.lm_head.fused_form()) if isinstance(w.lm_head, QuantLinear) else None
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,

@@ -15,6 +15,7 @@ from compress.kernels.cpu import (
     EXACT_ABOVE,
     QuantizedInput,
     act_mul_quantized,
+    act_quantized,
     prefill_attention,
     quantize_input,
     rms_norm_quantized,
@@ -75,6 +76,7 @@ def _norm(x: torch.Tensor, weight: torch.Tensor | None, spec, packed: bool):
 ACT = {
     "silu": torch.nn.functional.silu,
     "gelu_pytorch_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+    "relu2": lambda g: torch.relu(g).square(),
 }
 
 
@@ -86,6 +88,12 @@ def _gated(gate_up, down, x, act: str, packed: bool, exact=None) -> torch.Tensor
         return down(act_mul_quantized(gu, act))
     gate, up = gu.chunk(2, dim=-1)
     return down(ACT[act](gate) * up, exact)
+
+
+def _ungated(up, down, x, act: str, packed: bool) -> torch.Tensor:
+    """down(act(up(x))): an MLP without a gate (arcee)."""
+    u = up(x)
+    return down(act_quantized(u, act)) if packed else down(ACT[act](u))
 
 
 def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
@@ -122,6 +130,8 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
     x = _norm(h, layer.mlp_norm, spec, packed)
     if layer.moe is not None:
         out = _experts(layer.moe, x, spec.activation, packed)
+    elif not spec.gated_mlp:
+        out = _ungated(layer.gate_up, layer.down, x, spec.activation, packed)
     else:
         out = _gated(layer.gate_up, layer.down, x, spec.activation, packed)
     if layer.post_mlp_norm is None:

@@ -68,6 +68,7 @@ RUNS = {
     "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
     "qk_norm_after_rope": _any,  # the torch path and the one-call decoder both order them
     "parallel": _any,  # Layer.mlp_norm is then the attention's norm, read before attention
+    "gated_mlp": _any,  # without a gate, Layer.gate_up holds up alone
 }
 
 
@@ -404,6 +405,8 @@ def load_weights(
                     moe.shared_gate = DenseLinear(weight.to(device, torch.float32))
         elif adapter.gate_up:
             gate_up, down = lin(adapter.gate_up), lin(adapter.down)
+        elif adapter.gate is None:  # an MLP without a gate: "gate_up" is up alone
+            gate_up, down = lin(adapter.up), lin(adapter.down)
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
         if adapter.qkv:

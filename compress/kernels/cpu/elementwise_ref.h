@@ -9,10 +9,16 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
 }
 
+static inline float act_value(float g, int act) {
+    if (act == ACT_SILU) return g / (1.f + expf(-g));
+    if (act == ACT_GELU_TANH) return gelu_tanh(g);
+    float r = g > 0.f ? g : 0.f; /* ACT_RELU2 */
+    return r * r;
+}
+
 /* o[i] = act(g[i]) * u[i] for i..I. */
 INLINE void act_mul_from(const float *g, const float *u, int i, int I, int act, float *o) {
-    for (; i < I; i++)
-        o[i] = (act == ACT_SILU ? g[i] / (1.f + expf(-g[i])) : gelu_tanh(g[i])) * u[i];
+    for (; i < I; i++) o[i] = act_value(g[i], act) * u[i];
 }
 
 INLINE void act_mul_ref(const float *g, const float *u, int I, int act, float *o) {

@@ -139,7 +139,10 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             if (moe_mlp(L->moe, B, hidden, act, pad, x8, dx, bs, tmp, moe_work)) break;
         } else {
             if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
-            llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
+            if (L->ungated)
+                llmp_act_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
+            else
+                llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;
         }
         if (L->post_mlp_norm)

@@ -39,8 +39,9 @@
 
 #include <stdint.h>
 
-/* Activations of the MLP's gate (llmp_act_mul_quant, the layers' `act`). */
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+/* Activations of the MLP's gate (llmp_act_mul_quant), or of its up projection where it
+ * has no gate (llmp_act_quant): the layers' `act`. ACT_RELU2: relu(x)^2. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_RELU2 = 2 };
 
 /* The KV cache as compress/runtime/kv_cache.py allocates it: a pool of blocks of `block`
  * tokens, every pooled array [layers, kv_heads, n_blocks, ...], contiguous; position p of a
@@ -126,6 +127,8 @@ typedef struct {
                                                  * ([heads * D], each head its own: cohere) */
     int parallel;                               /* the MLP reads the block's input, as
                                                  * attention does (cohere) */
+    int ungated;                                /* the MLP is down(act(up(x))): gate_up holds
+                                                 * up alone (arcee) */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -176,6 +179,7 @@ void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int
 /* ---- elementwise.c */
 void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int center, int M, int K, int Kp, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
+void llmp_act_quant(const float *u, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t, int T, int heads, int D, int R);
 void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center);
 
