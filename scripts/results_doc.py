@@ -2916,6 +2916,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_arcee.json",
+        "arcee beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families arcee,llama3 --name families_arcee --skip-anchors",
+        families,
+    ),
+    (
+        "families_apertus.json",
+        "apertus beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families apertus,llama3 --name families_apertus --skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "

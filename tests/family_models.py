@@ -223,6 +223,8 @@ FAMILIES = {
         "ArceeConfig",
         {"mlp_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    # apertus's xIELU MLP without a gate and per-head q/k norms
+    "apertus": ("ApertusConfig", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
     # every bias key on: q/k/v (its default), o and the MLP
@@ -286,6 +288,8 @@ def build_family(name: str, seed: int = 0, **overrides):
                 p.copy_(offset + 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))
+            elif pname.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # apertus's xIELU
+                p.copy_(p + 0.3 * torch.randn_like(p))
         held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
         for name_, t in held:
             if name_.endswith("e_score_correction_bias"):  # steers the choice of experts

@@ -163,6 +163,7 @@ ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
     "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"],
     "relu2": _C.constants["ACT_RELU2"],
+    "xielu": _C.constants["ACT_XIELU"],
 }
 
 
@@ -179,15 +180,19 @@ def act_mul_quantized(gate_up: torch.Tensor, act: str = "silu") -> QuantizedInpu
     return QuantizedInput(out[:, :i], x8, dx, bsum)
 
 
-def act_quantized(up: torch.Tensor, act: str) -> QuantizedInput:
-    """act(up) of an MLP without a gate, quantized, in one call."""
+def act_quantized(up: torch.Tensor, act: str, params=None) -> QuantizedInput:
+    """act(up) of an MLP without a gate, quantized, in one call; `params`: xIELU's
+    (fp32 [4], llmpress.h)."""
+    if act == "xielu" and (params is None or params.numel() != 4):
+        raise ValueError("xIELU needs its 4 parameters")
     up = up.contiguous()
     m, i = up.shape
     ip = math.ceil(i / 32) * 32
     out, x8, dx, bsum = _quantized_buffers(m, ip)
     library().llmp_act_quant(
-        _ptr(up), m, i, ip, ACTIVATIONS[act], _ptr(out), _ptr(x8), _ptr(dx), _ptr(bsum)
-    )
+        _ptr(up), m, i, ip, ACTIVATIONS[act], _opt(params), _ptr(out), _ptr(x8), _ptr(dx),
+        _ptr(bsum),
+    )  # fmt: skip
     return QuantizedInput(out[:, :i], x8, dx, bsum)
 
 
@@ -758,14 +763,18 @@ class FusedLayer:
     parallel: bool = False  # the MLP reads the block's input, as attention does (cohere)
     qk_each: bool = False  # q_norm/k_norm hold a weight row per head (cohere)
     ungated: bool = False  # the MLP is down(act(up(x))), gate_up holding up alone (arcee)
+    act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's (apertus)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
         if (self.moe is None) == (self.gate_up is None or self.down is None):
             raise ValueError("a layer has either gate_up and down or experts")
+        if self.act_params is not None and not self.ungated:
+            raise ValueError("activation parameters belong to an MLP without a gate")
         lins = (_qlin(x) for x in (self.qkv, self.o, self.gate_up, self.down))
         norms = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
-        for t in (self.attn_norm, self.mlp_norm, self.cos, self.sin, self.q_scale, *norms):
+        tensors = (self.attn_norm, self.mlp_norm, self.cos, self.sin, self.q_scale, *norms)
+        for t in (*tensors, self.act_params):
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
@@ -775,7 +784,7 @@ class FusedLayer:
             self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.qk_each),
-            int(self.parallel), int(self.ungated),
+            int(self.parallel), int(self.ungated), _opt(self.act_params),
         )  # fmt: skip
         return layer, keep
 
@@ -809,6 +818,8 @@ class FusedDecoder:
         self.rotary = 2 * layers[0].cos.shape[1]
         if any(2 * layer.cos.shape[1] != self.rotary for layer in layers):
             raise ValueError("every layer must rotate the same number of dimensions")
+        if act == "xielu" and any(x.act_params is None for x in layers):
+            raise ValueError("xIELU needs each layer's parameters")
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows

@@ -168,6 +168,7 @@ class Adapter:
     v: str = "self_attn.v_proj"
     o: str = "self_attn.o_proj"
     gate: str | None = "mlp.gate_proj"  # None: the MLP is down(act(up(x))), not gated (arcee)
+    act_module: str = "mlp.act_fn"  # where a learned activation keeps its parameters (xIELU)
     up: str = "mlp.up_proj"
     down: str = "mlp.down_proj"
     # Modules whose buffers are computed from the config, not stored in a checkpoint.
@@ -629,6 +630,18 @@ _GLM = replace(
 # arcee (AFM-4.5B): llama's block with an MLP without a gate, down(relu(up(x))²)
 _ARCEE = replace(LLAMA, families=("arcee",), architecture="ArceeForCausalLM", gate=None)
 
+# apertus (Apertus 8B, 70B): arcee's MLP without a gate, its activation xIELU with
+# learned parameters per layer (mlp.act_fn), qwen3's per-head q/k norms; the branch norms
+# under their own names
+_APERTUS = replace(
+    _ARCEE,
+    families=("apertus",),
+    architecture="ApertusForCausalLM",
+    attn_norm="attention_layernorm",
+    mlp_norm="feedforward_layernorm",
+    **_QK_NORMS,
+)
+
 # cohere (Command R, Aya Expanse): one LayerNorm without a bias feeding attention and MLP
 # in parallel, rope over interleaved pairs, the logits times the config's logit_scale
 _COHERE = replace(
@@ -729,6 +742,7 @@ ADAPTERS: dict[str, Adapter] = {
         full_layers_without_rope=True,
     ),
     "arcee": _ARCEE,
+    "apertus": _APERTUS,
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
     # ones without rope

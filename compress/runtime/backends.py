@@ -163,6 +163,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 parallel=w.spec.parallel,
                 qk_each=w.spec.qk_norm == "each_head",
                 ungated=not w.spec.gated_mlp,
+                act_params=layer.act_params,
             )
         )
     s, spec = w.shape, w.spec

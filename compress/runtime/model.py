@@ -90,10 +90,19 @@ def _gated(gate_up, down, x, act: str, packed: bool, exact=None) -> torch.Tensor
     return down(ACT[act](gate) * up, exact)
 
 
-def _ungated(up, down, x, act: str, packed: bool) -> torch.Tensor:
-    """down(act(up(x))): an MLP without a gate (arcee)."""
+def xielu(u: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """xIELU (apertus) with effective parameters p = (alpha_p, alpha_n, beta, eps)."""
+    alpha_p, alpha_n, beta, eps = p.tolist()
+    neg = (torch.expm1(torch.clamp(u, max=eps)) - u) * alpha_n + beta * u
+    return torch.where(u > 0, alpha_p * u * u + beta * u, neg)
+
+
+def _ungated(up, down, x, act: str, packed: bool, params=None) -> torch.Tensor:
+    """down(act(up(x))): an MLP without a gate (arcee; apertus's xIELU with `params`)."""
     u = up(x)
-    return down(act_quantized(u, act)) if packed else down(ACT[act](u))
+    if packed:
+        return down(act_quantized(u, act, params))
+    return down(xielu(u, params) if act == "xielu" else ACT[act](u))
 
 
 def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
@@ -131,7 +140,7 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
     if layer.moe is not None:
         out = _experts(layer.moe, x, spec.activation, packed)
     elif not spec.gated_mlp:
-        out = _ungated(layer.gate_up, layer.down, x, spec.activation, packed)
+        out = _ungated(layer.gate_up, layer.down, x, spec.activation, packed, layer.act_params)
     else:
         out = _gated(layer.gate_up, layer.down, x, spec.activation, packed)
     if layer.post_mlp_norm is None:

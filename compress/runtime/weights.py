@@ -158,6 +158,7 @@ class Layer:
     post_attn_norm: torch.Tensor | None = None
     post_mlp_norm: torch.Tensor | None = None
     moe: MoeWeights | None = None  # in place of gate_up/down
+    act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's alpha_p, alpha_n, beta, eps
 
     def linears(self):
         if self.moe is not None:
@@ -333,6 +334,31 @@ def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"
     return QuantLinear(packed, bias, index, s.outlier_weight)
 
 
+XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}  # transformers' XIELUActivation's buffers
+
+
+def _act_params(tensors, module: str, spec: BlockSpec, device) -> torch.Tensor | None:
+    """xIELU's effective parameters (alpha_p, alpha_n, beta, eps) from a layer's stored
+    ones (apertus: softplus of the alphas, alpha_n offset by beta); None for the other
+    activations, which have none."""
+    if spec.activation != "xielu":
+        return None
+
+    def value(name):
+        key = f"{module}.{name}"
+        if key in tensors:
+            return float(tensors[key].float().reshape(-1)[0])
+        if name in XIELU_DEFAULTS:
+            return XIELU_DEFAULTS[name]
+        raise LlmpressError(f"{key} is missing: the checkpoint is incomplete; re-download it")
+
+    soft = torch.nn.functional.softplus
+    beta = value("beta")
+    alpha_p = float(soft(torch.tensor(value("alpha_p"))))
+    alpha_n = beta + float(soft(torch.tensor(value("alpha_n"))))
+    return torch.tensor([alpha_p, alpha_n, beta, value("eps")], device=device)
+
+
 def load_weights(
     ckpt: Checkpoint, device: str | None = None, kernels: str | None = None
 ) -> ModelWeights:
@@ -422,6 +448,7 @@ def load_weights(
             qkv = [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
         blocks.append(
             Layer(
+                act_params=_act_params(tensors, f"{p}.{adapter.act_module}", spec, device),
                 attn_norm=opt(adapter.attn_norm),
                 # parallel (cohere): the MLP norms the block's input with attention's norm
                 mlp_norm=opt(adapter.attn_norm if spec.parallel else adapter.mlp_norm),

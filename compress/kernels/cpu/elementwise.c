@@ -54,14 +54,14 @@ void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *o
 
 
 /* u [M, I] (the up projection of an MLP without a gate) -> out [M, Ip] = act(u), zero
- * padded, quantized. */
-void llmp_act_quant(const float *u, int M, int I, int Ip, int act, float *out, int8_t *x8,
-                    float *dx, float *bsum) {
+ * padded, quantized; p: ACT_XIELU's parameters (NULL for the others). */
+void llmp_act_quant(const float *u, int M, int I, int Ip, int act, const float *p, float *out,
+                    int8_t *x8, float *dx, float *bsum) {
     #pragma omp parallel for schedule(static) if (M > 2)
     for (int m = 0; m < M; m++) {
         const float *x = u + (int64_t)m * I;
         float *o = out + (int64_t)m * Ip;
-        for (int i = 0; i < I; i++) o[i] = act_value(x[i], act);
+        for (int i = 0; i < I; i++) o[i] = act_value(x[i], act, p);
         for (int i = I; i < Ip; i++) o[i] = 0.f;
         quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
     }

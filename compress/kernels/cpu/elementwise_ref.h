@@ -9,16 +9,20 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
 }
 
-static inline float act_value(float g, int act) {
+/* act(g); p: ACT_XIELU's parameters (llmpress.h), else unread. */
+static inline float act_value(float g, int act, const float *p) {
     if (act == ACT_SILU) return g / (1.f + expf(-g));
     if (act == ACT_GELU_TANH) return gelu_tanh(g);
+    if (act == ACT_XIELU)
+        return g > 0.f ? p[0] * g * g + p[2] * g
+                       : (expm1f(g < p[3] ? g : p[3]) - g) * p[1] + p[2] * g;
     float r = g > 0.f ? g : 0.f; /* ACT_RELU2 */
     return r * r;
 }
 
 /* o[i] = act(g[i]) * u[i] for i..I. */
 INLINE void act_mul_from(const float *g, const float *u, int i, int I, int act, float *o) {
-    for (; i < I; i++) o[i] = act_value(g[i], act) * u[i];
+    for (; i < I; i++) o[i] = act_value(g[i], act, NULL) * u[i];
 }
 
 INLINE void act_mul_ref(const float *g, const float *u, int I, int act, float *o) {

@@ -140,7 +140,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         } else {
             if (qlin(&L->gate_up, x8, dx, bs, B, gu, pad, hp)) break;
             if (L->ungated)
-                llmp_act_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
+                llmp_act_quant(gu, B, inter, ip, act, L->act_params, pad, x8, dx, bs);
             else
                 llmp_act_mul_quant(gu, B, inter, ip, act, pad, x8, dx, bs);
             if (qlin(&L->down, x8, dx, bs, B, tmp, pad, ip)) break;

@@ -40,8 +40,11 @@
 #include <stdint.h>
 
 /* Activations of the MLP's gate (llmp_act_mul_quant), or of its up projection where it
- * has no gate (llmp_act_quant): the layers' `act`. ACT_RELU2: relu(x)^2. */
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_RELU2 = 2 };
+ * has no gate (llmp_act_quant): the layers' `act`. ACT_RELU2: relu(x)^2. ACT_XIELU (an
+ * MLP without a gate, apertus): with the layer's p = {alpha_p, alpha_n, beta, eps} (their
+ * effective values), x > 0: alpha_p x^2 + beta x; else (expm1(min(x, eps)) - x) alpha_n
+ * + beta x. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_RELU2 = 2, ACT_XIELU = 3 };
 
 /* The KV cache as compress/runtime/kv_cache.py allocates it: a pool of blocks of `block`
  * tokens, every pooled array [layers, kv_heads, n_blocks, ...], contiguous; position p of a
@@ -129,6 +132,7 @@ typedef struct {
                                                  * attention does (cohere) */
     int ungated;                                /* the MLP is down(act(up(x))): gate_up holds
                                                  * up alone (arcee) */
+    const float *act_params;                    /* [4]: ACT_XIELU's p; or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -179,7 +183,7 @@ void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int
 /* ---- elementwise.c */
 void llmp_rmsnorm_quant(const float *x, const float *w, float eps, int center, int M, int K, int Kp, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
-void llmp_act_quant(const float *u, int M, int I, int Ip, int act, float *out, int8_t *x8, float *dx, float *bsum);
+void llmp_act_quant(const float *u, int M, int I, int Ip, int act, const float *p, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t, int T, int heads, int D, int R);
 void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center);
 
