@@ -19,7 +19,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   after rope, NTK-alpha rope; cohere: one LayerNorm feeding attention and MLP in
   parallel, interleaved rope, logit scale, tied head; cohere2: those with 3 sliding : 1
   full layers, the full ones without rope; arcee: an MLP without a gate, relu²; apertus:
-  the same with xIELU, per-head q/k norms; phi3: fused tensors, LongRoPE);
+  the same with xIELU, per-head q/k norms; starcoder2: LayerNorms with a bias, biased
+  gelu MLP without a gate, tied head; nemotron: LayerNorm1P with a bias, relu² MLP without
+  a gate, half of each head rotated; phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -151,6 +153,8 @@ DENSE = {
     },
     "arcee": {"mlp_bias": False},  # AFM-4.5B's: relu² MLP without a gate, no biases
     "apertus": {},  # xIELU MLP without a gate (its initial parameters), per-head q/k norms
+    "starcoder2": {"tie_word_embeddings": True},  # StarCoder2's biases, LayerNorms, window
+    "nemotron": {},  # LayerNorm1P with a bias, relu² MLP without a gate, half the head rotated
     # Command R's logit scale and tied head; Command R7B's (0.25), its class's 3 sliding :
     # 1 full layers, the full ones without rope
     "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True},

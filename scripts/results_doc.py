@@ -2928,6 +2928,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_starcoder2.json",
+        "starcoder2 and nemotron beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families starcoder2,nemotron,llama3 --name "
+        "families_starcoder2 --skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "

@@ -223,6 +223,16 @@ FAMILIES = {
         "ArceeConfig",
         {"mlp_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    # starcoder2's LayerNorms with a bias and biased MLP without a gate, with a window;
+    # nemotron's LayerNorm1P with a bias, relu² MLP without a gate, half the head rotated
+    "starcoder2": (
+        "Starcoder2Config",
+        {"sliding_window": 8, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    "nemotron": (
+        "NemotronConfig",
+        {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
     # apertus's xIELU MLP without a gate and per-head q/k norms
     "apertus": ("ApertusConfig", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "glm4": ("Glm4Config", _GLM),

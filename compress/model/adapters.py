@@ -187,6 +187,7 @@ class Adapter:
     # Facts the BlockSpec (compress/model/spec.py) reads with the config.
     norm: str = "rms"  # "rms": x·w; "rms1p": x·(1+w); "layer": mean subtracted, then x·w
     norm_eps: str = "rms_norm_eps"  # the config key of the norms' epsilon
+    norm_bias: bool = False  # the norms carry a bias (nn.LayerNorm's: starcoder2, nemotron)
     # attention and MLP read one norm's output, both added to the residual (cohere): the
     # block has no mlp_norm
     parallel: bool = False
@@ -630,6 +631,33 @@ _GLM = replace(
 # arcee (AFM-4.5B): llama's block with an MLP without a gate, down(relu(up(x))²)
 _ARCEE = replace(LLAMA, families=("arcee",), architecture="ArceeForCausalLM", gate=None)
 
+# starcoder2 (StarCoder2 3B, 7B, 15B): LayerNorms with a bias, an MLP without a gate
+# (c_fc, c_proj: gelu_pytorch_tanh), every linear biased with use_bias
+_STARCODER2 = replace(
+    LLAMA,
+    families=("starcoder2",),
+    architecture="Starcoder2ForCausalLM",
+    gate=None,
+    up="mlp.c_fc",
+    down="mlp.c_proj",
+    norm="layer",
+    norm_eps="norm_epsilon",
+    norm_bias=True,
+    bias_options=(("use_bias", ("q", "k", "v", "o", "up", "down")),),
+)
+
+# nemotron (Minitron 4B/8B, Nemotron-Mini-4B): LayerNorm1P, x·(1+w) + b after centering,
+# an MLP without a gate (relu²), half of each head rotated
+_NEMOTRON = replace(
+    LLAMA,
+    families=("nemotron",),
+    architecture="NemotronForCausalLM",
+    gate=None,
+    norm="layer1p",
+    norm_eps="norm_eps",
+    norm_bias=True,
+)
+
 # apertus (Apertus 8B, 70B): arcee's MLP without a gate, its activation xIELU with
 # learned parameters per layer (mlp.act_fn), qwen3's per-head q/k norms; the branch norms
 # under their own names
@@ -742,6 +770,8 @@ ADAPTERS: dict[str, Adapter] = {
         full_layers_without_rope=True,
     ),
     "arcee": _ARCEE,
+    "starcoder2": _STARCODER2,
+    "nemotron": _NEMOTRON,
     "apertus": _APERTUS,
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full

@@ -41,7 +41,8 @@ class MoeSpec:
 @dataclass(frozen=True)
 class BlockSpec:
     # "rms": x·w; "rms1p": x·(1+w) (gemma); "layer": the mean subtracted first, then x·w
-    # (cohere's LayerNorm without a bias); each normalized in fp32
+    # (cohere's LayerNorm without a bias); "layer1p": that, times (1+w) (nemotron); each
+    # normalized in fp32
     norm: str
     eps: float
     pre_norm: bool  # the branches read the residual normed (olmo2's read it as it is)
@@ -68,10 +69,21 @@ class BlockSpec:
     parallel: bool = False
     # the dense MLP is down(act(gate) · up); without a gate, down(act(up)) (arcee)
     gated_mlp: bool = True
+    norm_bias: bool = False  # the norms add a bias after the weight (starcoder2, nemotron)
 
     @property
     def layers(self) -> int:
         return len(self.rope)
+
+    @property
+    def centered(self) -> bool:
+        """The norms subtract the mean first (LayerNorms)."""
+        return self.norm in ("layer", "layer1p")
+
+    @property
+    def norm_offset(self) -> float:
+        """What the stored norm weight is offset by: 1 for x·(1+w) norms."""
+        return 1.0 if self.norm.endswith("1p") else 0.0
 
 
 def hf_config(config: dict):
@@ -149,4 +161,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         qk_norm_after_rope=adapter.qk_norm_after_rope and adapter.q_norm is not None,
         parallel=adapter.parallel,
         gated_mlp=adapter.gate is not None or adapter.gate_up is not None,
+        norm_bias=adapter.norm_bias,
     )

@@ -247,7 +247,7 @@ def _scale_norm(weight: torch.Tensor, factor: float, kind: str) -> torch.Tensor:
     """A norm weight whose output is `factor` times the original's: x·w or x·(1+w)."""
     if factor == 1.0:
         return weight
-    if kind == "rms1p":
+    if kind.endswith("1p"):
         return ((1 + weight.double()) * factor - 1).to(weight.dtype)
     return (weight.double() * factor).to(weight.dtype)
 

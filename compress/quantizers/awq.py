@@ -270,10 +270,13 @@ class AWQ(Described):
             producer.weight.div_(s_produced[:, None])
             if producer.bias is not None:
                 producer.bias.div_(s_produced)
-        elif ctx.ws.store.spec.norm == "rms1p":  # gemma's norm multiplies by 1 + w
+        elif ctx.ws.store.spec.norm_offset:  # gemma's, nemotron's norms multiply by 1 + w
             producer.weight.add_(1).div_(s_produced).sub_(1)
         else:
             producer.weight.div_(s_produced)
+        norm_bias = getattr(producer, "bias", None)  # a LayerNorm's (starcoder2, nemotron)
+        if not isinstance(producer, torch.nn.Linear) and norm_bias is not None:
+            norm_bias.div_(s_produced)
         ctx.mark_changed(group.producer)
         if x is not None:
             self._inputs[key] = x / s  # what the scaled linears now read

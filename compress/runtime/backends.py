@@ -159,7 +159,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 moe=experts,
                 q_scale=r.q_scale,
                 qk_after_rope=w.spec.qk_norm_after_rope,
-                center=w.spec.norm == "layer",
+                center=w.spec.centered,
                 parallel=w.spec.parallel,
                 qk_each=w.spec.qk_norm == "each_head",
                 ungated=not w.spec.gated_mlp,

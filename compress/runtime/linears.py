@@ -142,6 +142,19 @@ class ConcatLinear:
         return torch.cat([p(x, exact) for p in self.parts], dim=-1)
 
 
+def fold_input_shift(lin, shift: torch.Tensor) -> None:
+    """Make `lin(x)` compute lin(x + shift) for every x: W·shift joins its bias (a norm's
+    bias, folded into the linears that read the norm, so no kernel adds it). W·shift is
+    taken through the exact (dequantized) product, the weights the linear runs."""
+    if isinstance(lin, ConcatLinear):
+        for part in lin.parts:
+            fold_input_shift(part, shift)
+        return
+    lin.bias = lin(shift[None].float(), True)[0].contiguous()  # W·shift + the old bias
+    if hasattr(lin, "_fused"):
+        lin._fused = None  # fused_form reads the bias anew
+
+
 def _joined_bias(parts):
     """The parts' biases side by side (zeros where a part has none), or None."""
     if all(p.bias is None for p in parts):

@@ -67,7 +67,7 @@ def _norm(x: torch.Tensor, weight: torch.Tensor | None, spec, packed: bool):
     the residual as it is); quantized in the same pass when the packed CPU linears read it."""
     if weight is None:
         return quantize_input(x) if packed else x
-    center = spec.norm == "layer"
+    center = spec.centered
     if packed:
         return rms_norm_quantized(x, weight, spec.eps, center)
     return rms_norm(x, weight, spec.eps, center)
@@ -145,14 +145,14 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
         out = _gated(layer.gate_up, layer.down, x, spec.activation, packed)
     if layer.post_mlp_norm is None:
         return out
-    return rms_norm(out, layer.post_mlp_norm, spec.eps, spec.norm == "layer")
+    return rms_norm(out, layer.post_mlp_norm, spec.eps, spec.centered)
 
 
 def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tensor:
     out = layer.o(quantize_input(att) if packed else att)
     if layer.post_attn_norm is None:
         return out
-    return rms_norm(out, layer.post_attn_norm, spec.eps, spec.norm == "layer")
+    return rms_norm(out, layer.post_attn_norm, spec.eps, spec.centered)
 
 
 def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
@@ -163,7 +163,7 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
 
     def normed(q, k):  # the q/k norms, of the family's kind
-        c = spec.norm == "layer"
+        c = spec.centered
         return rms_norm(q, layer.q_norm, spec.eps, c), rms_norm(k, layer.k_norm, spec.eps, c)
 
     full = spec.qk_norm == "full"  # over all of q's heads at once (olmo2), else per head

@@ -21,7 +21,13 @@ from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.model.rope import KINDS as ROPE_KINDS
 from compress.model.spec import BlockSpec
-from compress.runtime.linears import DenseLinear, QuantLinear, TritonQuantLinear, fuse
+from compress.runtime.linears import (
+    DenseLinear,
+    QuantLinear,
+    TritonQuantLinear,
+    fold_input_shift,
+    fuse,
+)
 
 
 def _subset(allowed):
@@ -43,7 +49,7 @@ def _rope(ropes) -> str | None:
 # a check returning None, or what it cannot run. tests/test_families.py checks that every
 # field has one, so a new field cannot go unread.
 RUNS = {
-    "norm": _subset(("rms", "rms1p", "layer")),
+    "norm": _subset(("rms", "rms1p", "layer", "layer1p")),
     "eps": _any,
     "sandwich": _any,
     "pre_norm": _any,  # without: the branch reads the residual stream as it is
@@ -69,6 +75,8 @@ RUNS = {
     "qk_norm_after_rope": _any,  # the torch path and the one-call decoder both order them
     "parallel": _any,  # Layer.mlp_norm is then the attention's norm, read before attention
     "gated_mlp": _any,  # without a gate, Layer.gate_up holds up alone
+    # folded at load into the biases of the linears each norm feeds (fold_input_shift)
+    "norm_bias": _any,
 }
 
 
@@ -334,6 +342,21 @@ def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"
     return QuantLinear(packed, bias, index, s.outlier_weight)
 
 
+def _fold_norm_biases(layer: Layer, tensors, prefix: str, adapter, spec: BlockSpec, device):
+    """A LayerNorm's bias added to what it feeds (spec.norm_bias): the linears reading the
+    norm compute W·(n + b) as W·n plus W·b in their biases, so every path (torch, C,
+    Triton) runs the norm without one."""
+    if layer.moe is not None or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
+        raise LlmpressError(
+            "norms with a bias beside experts or output norms are not supported by the "
+            "runtime yet: evaluate this model with --engine transformers"
+        )
+    attn = tensors[f"{prefix}.{adapter.attn_norm}.bias"].float().to(device)
+    fold_input_shift(layer.qkv, attn)
+    mlp = attn if spec.parallel else tensors[f"{prefix}.{adapter.mlp_norm}.bias"].float()
+    fold_input_shift(layer.gate_up, mlp.to(device))
+
+
 XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}  # transformers' XIELUActivation's buffers
 
 
@@ -377,7 +400,7 @@ def load_weights(
     tensors = _BlockTensors(ckpt)
     codec, layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
-    offset = 1.0 if spec.norm == "rms1p" else 0.0
+    offset = spec.norm_offset
 
     def norm(name, rows=None):
         """A norm's effective weight, flat (cohere's [heads, head_dim] q/k norms too);
@@ -463,12 +486,16 @@ def load_weights(
                 post_mlp_norm=opt(adapter.post_mlp_norm),
             )
         )
+        if spec.norm_bias:
+            _fold_norm_biases(blocks[-1], tensors, p, adapter, spec, device)
     embed = _dense(tensors[f"{adapter.embed}.weight"], device)  # rows widened when looked up
     head = adapter.lm_head
     if f"{head}.weight" in tensors or head in layers:
         lm_head = _linear(head, tensors, codec, layers, fallbacks, device, kernels)
     else:  # tied: the embedding matrix is the output projection
         lm_head = DenseLinear(embed)
+    if spec.norm_bias:  # the final norm's bias, as the blocks' (_fold_norm_biases)
+        fold_input_shift(lm_head, tensors[f"{adapter.final_norm}.bias"].float().to(device))
     weights = ModelWeights(
         shape=shape,
         spec=spec,
