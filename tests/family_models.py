@@ -498,6 +498,8 @@ GGUF_FAMILIES = {
     # its converter writes cohere2's window, not its pattern: the default, 4
     "cohere": ("COMMAND_R", {"tie_word_embeddings": True}),
     "arcee": ("ARCEE", {}),
+    # transformers' reader: no window (llama.cpp's starcoder2 runs none)
+    "starcoder2": ("STARCODER2", {"sliding_window": None, "tie_word_embeddings": True}),
     "cohere2": (
         "COHERE2",
         {"layer_types": None, "num_hidden_layers": 4, "tie_word_embeddings": True},
@@ -628,6 +630,8 @@ def write_gguf(
     if cfg.model_type in ("cohere", "cohere2"):  # llama.cpp's CommandR2Model, Cohere2Model
         w.add_layer_norm_eps(cfg.layer_norm_eps)
         w.add_logit_scale(cfg.logit_scale)
+    elif cfg.model_type == "starcoder2":  # its LayerNorms' epsilon
+        w.add_layer_norm_eps(cfg.norm_epsilon)
     else:
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too

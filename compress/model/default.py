@@ -57,6 +57,7 @@ SUPPORTED_GGUF_ARCHS = {
     "command-r": "cohere",
     "cohere2": "cohere2",
     "arcee": "arcee",
+    "starcoder2": "starcoder2",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
