@@ -21,7 +21,10 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   full layers, the full ones without rope; arcee: an MLP without a gate, relu²; apertus:
   the same with xIELU, per-head q/k norms; starcoder2: LayerNorms with a bias, biased
   gelu MLP without a gate, tied head; nemotron: LayerNorm1P with a bias, relu² MLP without
-  a gate, half of each head rotated; phi3: fused tensors, LongRoPE);
+  a gate, half of each head rotated; gemma: (1+w) norms, scaled embedding, tied head; phi:
+  the parallel block under one LayerNorm with a bias, biased gelu MLP without a gate and
+  head; stablelm: LayerNorms with a bias, q/k/v biases, a quarter of each head rotated;
+  phi3: fused tensors, LongRoPE);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -155,6 +158,9 @@ DENSE = {
     "apertus": {},  # xIELU MLP without a gate (its initial parameters), per-head q/k norms
     "starcoder2": {"tie_word_embeddings": True},  # StarCoder2's biases, LayerNorms, window
     "nemotron": {},  # LayerNorm1P with a bias, relu² MLP without a gate, half the head rotated
+    "gemma": {"tie_word_embeddings": True},  # (1+w) norms, scaled embedding, tied head
+    "phi": {},  # parallel block, LayerNorm with a bias, biased gelu MLP and head, half rotated
+    "stablelm": {"use_qkv_bias": True},  # StableLM 2 1.6B's: LayerNorms with a bias
     # Command R's logit scale and tied head; Command R7B's (0.25), its class's 3 sliding :
     # 1 full layers, the full ones without rope
     "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True},

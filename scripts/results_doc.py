@@ -2935,6 +2935,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_phi.json",
+        "gemma, phi and stablelm beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families gemma,phi,stablelm,llama3 --name families_phi "
+        "--skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "

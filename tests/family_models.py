@@ -223,6 +223,29 @@ FAMILIES = {
         "ArceeConfig",
         {"mlp_bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
     ),
+    # phi's parallel block under one LayerNorm with a bias, biased gelu MLP without a gate
+    # and head, part of each head rotated
+    "phi": (
+        "PhiConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # stablelm's LayerNorms with a bias, q/k/v biases, a quarter of each head rotated, the
+    # parallel block its option turns on (its sequential one: test_families)
+    "stablelm": (
+        "StableLmConfig",
+        {"use_qkv_bias": True, "use_parallel_residual": True, "pad_token_id": 0},
+    ),
+    # gemma's (1+w) norms and scaled embedding in llama's block
+    "gemma": ("GemmaConfig", {"tie_word_embeddings": True}),
     # starcoder2's LayerNorms with a bias and biased MLP without a gate, with a window;
     # nemotron's LayerNorm1P with a bias, relu² MLP without a gate, half the head rotated
     "starcoder2": (

@@ -150,6 +150,7 @@ OWN_FACTS = {
     "cohere logits": lambda s: {"logit_scale": 1.0},
     "cohere2": lambda s: {"rope": (s.rope[0],) * s.layers},  # its full layer rotated
     "arcee": lambda s: {"activation": "silu"},  # its relu² (an MLP without a gate)
+    "phi parallel": lambda s: {"parallel": False},
 }
 
 
@@ -164,6 +165,24 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[fact](weights.spec))
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() > 1e-2
+
+
+def test_a_stablelm_with_its_sequential_block_equals_transformers(tmp_path, tokenizer_dir, ids):
+    """use_parallel_residual false (StableLM 2 1.6B, StableLM-3B): a second norm before
+    the MLP, which reads the residual after attention's branch; true: the tiny model."""
+    src = write_family(tmp_path / "s", "stablelm", tokenizer_dir, use_parallel_residual=False)
+    weights = load_weights(resolve(str(src)), device="cpu")
+    assert not weights.spec.parallel
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("name", ["stablelm", "phi"])
+def test_q_k_layernorms_llmpress_does_not_compute_are_refused_in_one_line(name):
+    """StableLM 2 12B's per-head LayerNorm modules and phi's biased q/k LayerNorms."""
+    config = family_config(name, qk_layernorm=True).to_dict()
+    with pytest.raises(LlmpressError, match=f"^{name}: qk_layernorm .* is not supported yet"):
+        adapter_for(config)
 
 
 ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded experts

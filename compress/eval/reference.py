@@ -69,7 +69,10 @@ class _Head:
     def __init__(self, store: BlockStore):
         adapter, spec = store.adapter, store.spec
         name = f"{adapter.embed if spec.tied else adapter.lm_head}.weight"
-        self.linear = DenseLinear(read_tensors(store.ckpt, [name])[name])
+        bias = f"{adapter.lm_head}.bias"  # phi's head has one
+        names = [name, bias] if bias in store.ckpt.tensors else [name]
+        read = read_tensors(store.ckpt, names)
+        self.linear = DenseLinear(read[name], read[bias].float() if bias in read else None)
         self.spec = spec
         self.logits = LogitsBuffer()
 

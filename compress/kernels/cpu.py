@@ -162,6 +162,7 @@ _KVC, _PChunk, _QLin, _QMoe, _QLayer, _DecodeCtx = (
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
     "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"],
+    "gelu_new": _C.constants["ACT_GELU_TANH"],  # the same tanh approximation (phi)
     "relu2": _C.constants["ACT_RELU2"],
     "xielu": _C.constants["ACT_XIELU"],
 }

@@ -192,7 +192,14 @@ class Adapter:
     # block has no mlp_norm
     parallel: bool = False
     logit_scale: str | None = None  # the config key whose value multiplies the logits
+    # config keys the family reads that llmpress does not implement: (key, what it turns
+    # on); a config with one of them true is refused in one line (adapter_for)
+    refused_options: tuple[tuple[str, str], ...] = ()
+    # the config key that makes the block parallel (stablelm's use_parallel_residual):
+    # where it is true, adapter_for drops mlp_norm and sets `parallel`
+    parallel_option: str | None = None
     biased: tuple[str, ...] = ()  # roles whose linears always carry a bias
+    head_bias: bool = False  # the lm_head carries a bias (phi); others' is refused
     bias_options: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("attention_bias", ("q", "k", "v", "o")),
         ("mlp_bias", ("gate", "up", "down")),
@@ -646,6 +653,44 @@ _STARCODER2 = replace(
     bias_options=(("use_bias", ("q", "k", "v", "o", "up", "down")),),
 )
 
+# phi (Phi-1.5, Phi-2): cohere's parallel block under one LayerNorm, with its bias; an MLP
+# without a gate (fc1, fc2: gelu_new), every linear biased, the head too; part of each
+# head rotated
+_PHI = replace(
+    LLAMA,
+    families=("phi",),
+    architecture="PhiForCausalLM",
+    mlp_norm=None,
+    parallel=True,
+    norm="layer",
+    norm_eps="layer_norm_eps",
+    norm_bias=True,
+    final_norm="model.final_layernorm",
+    o="self_attn.dense",
+    gate=None,
+    up="mlp.fc1",
+    down="mlp.fc2",
+    biased=("q", "k", "v", "o", "up", "down"),
+    bias_options=(),
+    head_bias=True,
+    refused_options=(("qk_layernorm", "LayerNorms of q and k with a bias"),),
+)
+
+# stablelm (StableLM 2 1.6B and 12B, StableLM-3B-4E1T): LayerNorms with a bias, part of
+# each head rotated, q/k/v biased with use_qkv_bias; parallel with use_parallel_residual
+_STABLELM = replace(
+    LLAMA,
+    families=("stablelm",),
+    architecture="StableLmForCausalLM",
+    norm="layer",
+    norm_eps="layer_norm_eps",
+    norm_bias=True,
+    bias_options=(("use_qkv_bias", ("q", "k", "v")),),
+    parallel_option="use_parallel_residual",
+    refused_options=(("qk_layernorm", "per-head LayerNorms of q and k, one module per head"),),
+    heads_span_hidden=True,  # its attention takes head_dim as hidden / heads
+)
+
 # nemotron (Minitron 4B/8B, Nemotron-Mini-4B): LayerNorm1P, x·(1+w) + b after centering,
 # an MLP without a gate (relu²), half of each head rotated
 _NEMOTRON = replace(
@@ -746,6 +791,17 @@ ADAPTERS: dict[str, Adapter] = {
         **_HUNYUAN_ATTENTION,
     ),
     "gemma3_text": _GEMMA3,
+    # gemma (Gemma 1 2B/7B, CodeGemma): llama's block with gemma's (1+w) norms and scaled
+    # embedding, head_dim 256 by default
+    "gemma": replace(
+        LLAMA,
+        families=("gemma",),
+        architecture="GemmaForCausalLM",
+        norm="rms1p",
+        scaled_embedding=True,
+        bias_options=_ATTENTION_BIAS,
+        head_dim=256,
+    ),
     # gemma2: gemma3's sandwich norms, scaled embedding and attention scalar, without its
     # q/k norms; attention scores softcapped (spec.attn_softcap)
     "gemma2": replace(
@@ -772,6 +828,8 @@ ADAPTERS: dict[str, Adapter] = {
     "arcee": _ARCEE,
     "starcoder2": _STARCODER2,
     "nemotron": _NEMOTRON,
+    "phi": _PHI,
+    "stablelm": _STABLELM,
     "apertus": _APERTUS,
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
@@ -1051,9 +1109,18 @@ def adapter_for(config: dict) -> Adapter:
             f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
             "open an issue with the model's config.json"
         )
-    if adapter.moe is None and adapter.qk_norm_option is None:
+    options = (adapter.qk_norm_option, adapter.parallel_option, *adapter.refused_options)
+    if adapter.moe is None and not any(options):
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
+    if adapter.parallel_option and getattr(hf, adapter.parallel_option, False):
+        adapter = replace(adapter, parallel=True, mlp_norm=None)
+    for key, what in adapter.refused_options:
+        if getattr(hf, key, False):
+            raise LlmpressError(
+                f"{model_type}: {key} ({what}) is not supported yet; open an issue with the "
+                "model's config.json"
+            )
     if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
     if adapter.moe is not None:

@@ -261,7 +261,8 @@ def _check_tensors(ckpt: Checkpoint, shape: ModelShape) -> None:
         for n in tensors
         if n.startswith(prefix) and (m := _BLOCK.match(n, len(prefix) - 1))
     }
-    if f"{adapter.lm_head}.bias" in tensors:  # ERNIE 4.5 MoE's with use_bias (none published)
+    # ERNIE 4.5 MoE's with use_bias (none published); phi's is read (Adapter.head_bias)
+    if f"{adapter.lm_head}.bias" in tensors and not adapter.head_bias:
         raise LlmpressError(
             f"{ckpt.path}: its output projection has a bias ({adapter.lm_head}.bias), which "
             "llmpress does not compute yet; open an issue with the model's config.json"

@@ -76,6 +76,7 @@ def _norm(x: torch.Tensor, weight: torch.Tensor | None, spec, packed: bool):
 ACT = {
     "silu": torch.nn.functional.silu,
     "gelu_pytorch_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
+    "gelu_new": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),  # phi's name
     "relu2": lambda g: torch.relu(g).square(),
 }
 
