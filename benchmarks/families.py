@@ -163,7 +163,7 @@ DENSE = {
     "stablelm": {"use_qkv_bias": True},  # StableLM 2 1.6B's: LayerNorms with a bias
     # Command R's logit scale and tied head; Command R7B's (0.25), its class's 3 sliding :
     # 1 full layers, the full ones without rope
-    "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True},
+    "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True, "use_qk_norm": False},
     "cohere2": {
         "layer_types": None,
         "sliding_window": 512,
