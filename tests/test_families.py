@@ -4,6 +4,7 @@ quantizer, the artifact in plain transformers, the one-call C decoder and the CL
 
 import dataclasses
 import json
+import os
 import shutil
 
 import pytest
@@ -51,10 +52,41 @@ def ids():
     return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
 
 
+class _Shared(dict):
+    """{family: folder}, each folder made on first use, once per test run: the xdist
+    workers share the run's temporary root and take a lock per family, so a model or
+    artifact one worker made the other reads instead of making it again (made eagerly
+    by every worker, the two fixtures below took 27 s of each worker's time)."""
+
+    def __init__(self, root, make):
+        super().__init__()
+        self.root, self.make = root, make
+        root.mkdir(parents=True, exist_ok=True)
+
+    def __missing__(self, name: str):
+        from filelock import FileLock
+
+        folder, done = self.root / name, self.root / f"{name}.done"
+        with FileLock(str(self.root / f"{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                self.make(name, folder)
+                done.touch()
+        self[name] = folder
+        return folder
+
+
+def _run_root(tmp_path_factory):
+    """A folder every xdist worker of this run shares (its own basetemp's parent, which
+    the controller made for this run), or this process's basetemp without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tokenizer_dir):
-    root = tmp_path_factory.mktemp("families")
-    return {n: write_family(root / n, n, tokenizer_from=tokenizer_dir) for n in NAMES}
+    root = _run_root(tmp_path_factory) / "families-shared"
+    return _Shared(root, lambda n, f: write_family(f, n, tokenizer_from=tokenizer_dir))
 
 
 def _transformers_logits(path, ids):
@@ -241,8 +273,9 @@ def test_a_gemma3_config_s_attention_softcap_is_ignored_as_transformers_ignores_
 
 @pytest.fixture(scope="module")
 def w4(models, wikitext, tmp_path_factory):
-    root = tmp_path_factory.mktemp("families-w4")
-    return {n: _compress(models[n], root / n, [parse_quant("rtn:w4g32")], wikitext) for n in NAMES}
+    root = _run_root(tmp_path_factory) / "families-w4-shared"
+    rtn = [parse_quant("rtn:w4g32")]
+    return _Shared(root, lambda n, f: _compress(models[n], f, rtn, wikitext))
 
 
 @pytest.mark.parametrize("name", NAMES)
