@@ -11,14 +11,20 @@
 
 /* o = x * rsqrt(mean(x^2) + eps) * w over K values; with `center`, x less its mean
  * (LayerNorm without a bias, cohere's: the variance is the centered mean square).
- * o may be x. */
+ * o may be x. The uncentered loops are the RMSNorm's as they were before LayerNorms
+ * joined: written apart, so the compiler keeps their vectorization (and the last bits of
+ * every llama-family model's norms). */
 static void norm_row(const float *x, float *o, int K, const float *w, float eps, int center) {
-    float mean = 0.f;
-    if (center) {
-        double s = 0.0;
-        for (int k = 0; k < K; k++) s += x[k];
-        mean = (float)(s / K);
+    if (!center) {
+        double ss = 0.0;
+        for (int k = 0; k < K; k++) ss += (double)x[k] * x[k];
+        float r = 1.f / sqrtf((float)(ss / K) + eps);
+        for (int k = 0; k < K; k++) o[k] = x[k] * r * w[k];
+        return;
     }
+    double s = 0.0;
+    for (int k = 0; k < K; k++) s += x[k];
+    float mean = (float)(s / K);
     double ss = 0.0;
     for (int k = 0; k < K; k++) ss += (double)(x[k] - mean) * (x[k] - mean);
     float r = 1.f / sqrtf((float)(ss / K) + eps);
