@@ -793,37 +793,22 @@ def _add_experts(writer, stem: str, t, stacked: bool) -> None:
 
 # the multimodal wrappers whose language model llmpress reads: model_type -> (config
 # class, model class, text family, vision config)
+_TOWER = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+          "num_attention_heads": 2, "image_size": 28, "patch_size": 14}  # fmt: skip
+_CLIP = {"model_type": "clip_vision_model", **_TOWER}
+_SIGLIP = {"model_type": "siglip_vision_model", **_TOWER}
 MULTIMODAL = {
-    "gemma3": (
-        "Gemma3Config", "Gemma3ForConditionalGeneration", "gemma3_text",
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-    ),
+    "gemma3": ("Gemma3Config", "Gemma3ForConditionalGeneration", "gemma3_text", _TOWER),
     "mistral3": (
         "Mistral3Config", "Mistral3ForConditionalGeneration", "ministral3",
-        {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "head_dim": 16, "image_size": 28, "patch_size": 14},
+        {**_TOWER, "head_dim": 16},
     ),
-    "llava": (
-        "LlavaConfig", "LlavaForConditionalGeneration", "llama3",
-        {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-    ),
-    "llava_next": (
-        "LlavaNextConfig", "LlavaNextForConditionalGeneration", "llama3",
-        {"model_type": "clip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-    ),
+    "llava": ("LlavaConfig", "LlavaForConditionalGeneration", "llama3", _CLIP),
+    "llava_next": ("LlavaNextConfig", "LlavaNextForConditionalGeneration", "llama3", _CLIP),
     "llava_onevision": (
-        "LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", "qwen2",
-        {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
+        "LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", "qwen2", _SIGLIP,
     ),
-    "aya_vision": (
-        "AyaVisionConfig", "AyaVisionForConditionalGeneration", "cohere2",
-        {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-         "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14},
-    ),
+    "aya_vision": ("AyaVisionConfig", "AyaVisionForConditionalGeneration", "cohere2", _SIGLIP),
 }  # fmt: skip
 
 

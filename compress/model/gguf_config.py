@@ -46,7 +46,14 @@ def own_gguf_config(reader, arch: str, path_name: str):
         return value
 
     fields = _common(reader, get)
-    model_type, extra = _FAMILY[arch](get, fields, reader)
+    model_type, extra = _FAMILY[arch](get, fields, reader)  # a LayerNorm family drops the key
+    if "rms_norm_eps" in fields:
+        if fields["rms_norm_eps"] is None:  # llama.cpp's loaders require it
+            raise LlmpressError(
+                f"{path_name} states no {arch}.attention.layer_norm_rms_epsilon: the file is "
+                "damaged or of another model; re-download it"
+            )
+        fields["rms_norm_eps"] = float(fields["rms_norm_eps"])
     return AutoConfig.for_model(model_type, **fields, **extra)
 
 
@@ -72,7 +79,7 @@ def _common(reader, get) -> dict:
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
         "head_dim": int(get("attention.key_length", hidden // heads)),
         "max_position_embeddings": int(get("context_length")),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 0)),  # 0: LayerNorms
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),  # LayerNorm families: none
         "tie_word_embeddings": "output.weight" not in _tensor_names(reader),
         "bos_token_id": _token_id(reader, "bos_token_id"),
         "eos_token_id": _token_id(reader, "eos_token_id"),
@@ -334,7 +341,7 @@ def _cohere_keys(get, fields: dict) -> dict:
     """Cohere's LayerNorm epsilon and logit scale (llama.cpp scales by none when the file
     states none). The file keeps transformers' q/k rows: llama.cpp rotates consecutive
     pairs, as cohere does."""
-    fields.pop("rms_norm_eps")
+    fields.pop("rms_norm_eps")  # a LayerNorm epsilon instead
     return {
         "layer_norm_eps": float(get("attention.layer_norm_epsilon")),
         "logit_scale": float(get("logit_scale", 0) or 1.0),
