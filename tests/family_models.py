@@ -527,6 +527,12 @@ GGUF_FAMILIES = {
         "COHERE2",
         {"layer_types": None, "num_hidden_layers": 4, "tie_word_embeddings": True},
     ),
+    # llama.cpp's phi2 graph is phi's parallel block; its converter states no rope base,
+    # hence the default (10,000), and feed_forward_length as 4 × hidden, as phi's are
+    "gemma": ("GEMMA", {"tie_word_embeddings": True}),
+    "nemotron": ("NEMOTRON", {}),
+    "phi": ("PHI2", {"intermediate_size": 256}),
+    "stablelm": ("STABLELM", {}),
     "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
     "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
@@ -613,11 +619,16 @@ def write_gguf(
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    if enum != gguf.MODEL_ARCH.GRANITE:  # llama.cpp's granite converter drops head_dim
+    # llama.cpp's granite and phi2 converters drop head_dim
+    if enum not in (gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.PHI2):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
-    partial = (gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE)
-    if enum in (*partial, gguf.MODEL_ARCH.MINIMAXM2):  # the rotated width
+    partial = (
+        gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE,
+        gguf.MODEL_ARCH.MINIMAXM2, gguf.MODEL_ARCH.NEMOTRON, gguf.MODEL_ARCH.PHI2,
+        gguf.MODEL_ARCH.STABLELM,
+    )  # fmt: skip
+    if enum in partial:  # the rotated width
         partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
         w.add_rope_dimension_count(int(head_dim * partial))
     rope = cfg.rope_parameters
@@ -627,7 +638,8 @@ def write_gguf(
     theta = rope["rope_theta"]
     if rope.get("rope_type") == "dynamic" and rope.get("alpha"):  # llama.cpp's HunYuanModel
         theta *= rope["alpha"] ** (head_dim / (head_dim - 2))  # writes the base alpha gives
-    w.add_rope_freq_base(theta)
+    if enum not in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.PHI2) or theta != 1e4:
+        w.add_rope_freq_base(theta)  # their converters write none: the default
     head_dim_rope = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     if rope.get("rope_type") == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -655,6 +667,10 @@ def write_gguf(
         w.add_logit_scale(cfg.logit_scale)
     elif cfg.model_type == "starcoder2":  # its LayerNorms' epsilon
         w.add_layer_norm_eps(cfg.norm_epsilon)
+    elif cfg.model_type == "nemotron":
+        w.add_layer_norm_eps(cfg.norm_eps)
+    elif cfg.model_type in ("phi", "stablelm"):
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
     else:
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too
@@ -753,7 +769,8 @@ def write_gguf(
             heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
             t = t.swapaxes(1, 2).reshape(-1, *t.shape[3:])
-        if cfg.model_type.startswith("gemma") and target.endswith("norm.weight"):
+        plus_one = cfg.model_type.startswith("gemma") or cfg.model_type == "nemotron"
+        if plus_one and target.endswith("norm.weight"):
             t = t + 1.0  # llama.cpp multiplies by w; the (1 + w) is stored
         part = re.match(r"^(blk\.\d+\.attn_)(q|k|v)(\.\w+)$", target)
         if fuse_qkv and part:

@@ -122,11 +122,12 @@ def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
 
 
-@pytest.mark.parametrize("name", ["glm", "llama3"])
+@pytest.mark.parametrize("name", ["glm", "llama3", "phi"])
 def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
     """GLM-4-9B-chat's files hold q, k and v as one attn_qkv (its checkpoint's
-    query_key_value), as llama.cpp's `--fuse-qkv` writes any family's: each part is cut
-    from it by rows, and a llama's q and k parts de-interleaved after the cut."""
+    query_key_value; Phi-2's original Wqkv, with its bias), as llama.cpp's `--fuse-qkv`
+    writes any family's: each part is cut from it by rows, and a llama's q and k parts
+    de-interleaved after the cut."""
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     default_rope = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
     arch, settings = GGUF_FAMILIES.get(name, ("LLAMA", default_rope))
@@ -142,18 +143,39 @@ def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
 
 
-def test_a_glm4_gguf_splits_text_as_llama_3_does(tmp_path, monkeypatch):
+def test_a_sequential_stablelm_gguf_converts_to_its_block(tmp_path, monkeypatch):
+    """StableLM 2 1.6B and StableLM-3B run attention, then the MLP under its own norm:
+    llama.cpp's graph does so where the file holds an ffn_norm, and so does llmpress (the
+    family test's model is the parallel block, which holds none)."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("stablelm", vocab_size=1024, use_parallel_residual=False)
+    folder = convert_gguf(write_gguf(model, tmp_path / "s.gguf", default_gguf()))
+    assert json.loads((folder / "config.json").read_text())["use_parallel_residual"] is False
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "pre,pieces",
+    [("glm4", ["year", "Ġ", "123", "45"]), ("stablelm2", ["year", "Ġ", "1", "2", "3", "4", "5"])],
+)
+def test_a_gguf_pre_tokenizer_transformers_lacks_splits_as_llama_cpp_does(
+    pre, pieces, tmp_path, monkeypatch
+):
     """llama.cpp names GLM-4's pre-tokenizer `glm4` and splits as llama 3 (digits in
-    threes); transformers has no split for that name, and would cut as GPT-2 does."""
+    threes), StableLM 2's `stablelm2` and splits as qwen2 (digits one by one);
+    transformers has no split for either name, and would cut as GPT-2 does."""
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     model = build_family("glm4", vocab_size=1024)
-    extra = {"tokenizer.ggml.pre": "glm4"}
+    extra = {"tokenizer.ggml.pre": pre}
     folder = convert_gguf(write_gguf(model, tmp_path / "g.gguf", default_gguf(), extra=extra))
     from transformers import AutoTokenizer
 
     split = AutoTokenizer.from_pretrained(folder).backend_tokenizer.pre_tokenizer
-    pieces = [p for p, _ in split.pre_tokenize_str("year 12345")]
-    assert pieces == ["year", "Ġ", "123", "45"]
+    assert [p for p, _ in split.pre_tokenize_str("year 12345")] == pieces
 
 
 def test_a_gguf_of_a_family_llmpress_cannot_run_is_refused_with_the_way_round(tmp_path):

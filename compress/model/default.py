@@ -58,6 +58,10 @@ SUPPORTED_GGUF_ARCHS = {
     "cohere2": "cohere2",
     "arcee": "arcee",
     "starcoder2": "starcoder2",
+    "gemma": "gemma",
+    "nemotron": "nemotron",
+    "phi2": "phi",
+    "stablelm": "stablelm",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

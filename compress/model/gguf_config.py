@@ -2,9 +2,10 @@
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2 and
-arcee files that
-transformers cannot read. Their configs are built here from the header keys llama.cpp's
+minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
+arcee, gemma, nemotron, phi2 and stablelm files that transformers cannot read (or, for
+nemotron and stablelm, reads with its config class's defaults in place of the file's
+epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
 converter writes. A key that is absent takes llama.cpp loader's default, not the
 transformers config class's, since it is llama.cpp's meaning the file was written for (a
 granite file with no attention scale means 1/sqrt(head_dim) there, where GraniteConfig's
@@ -21,7 +22,7 @@ from compress.errors import LlmpressError
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
-    "hunyuan-moe", "command-r", "cohere2", "arcee",
+    "hunyuan-moe", "command-r", "cohere2", "arcee", "gemma", "nemotron", "phi2", "stablelm",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -341,9 +342,8 @@ def _cohere_keys(get, fields: dict) -> dict:
     """Cohere's LayerNorm epsilon and logit scale (llama.cpp scales by none when the file
     states none). The file keeps transformers' q/k rows: llama.cpp rotates consecutive
     pairs, as cohere does."""
-    fields.pop("rms_norm_eps")  # a LayerNorm epsilon instead
     return {
-        "layer_norm_eps": float(get("attention.layer_norm_epsilon")),
+        **_layer_norm_eps(get, fields, "layer_norm_eps"),
         "logit_scale": float(get("logit_scale", 0) or 1.0),
     }
 
@@ -382,6 +382,57 @@ def _arcee(get, fields: dict, reader) -> tuple[str, dict]:
     return "arcee", {"attention_bias": _q_biased(reader), "mlp_bias": "blk.0.ffn_up.bias" in names}
 
 
+def _layer_norm_eps(get, fields: dict, key: str) -> dict:
+    """A LayerNorm family's epsilon under its config key (the file's layer_norm_epsilon)."""
+    fields.pop("rms_norm_eps")
+    eps = get("attention.layer_norm_epsilon")
+    if eps is None:  # llama.cpp's loaders require it
+        raise LlmpressError(
+            "the file states no attention.layer_norm_epsilon: it is damaged or of another "
+            "model; re-download it"
+        )
+    return {key: float(eps)}
+
+
+def _gemma(get, fields: dict, reader) -> tuple[str, dict]:
+    """Gemma 1, CodeGemma: llama.cpp's converter stores the norms as 1 + w (gguf_tensors
+    undoes it) and writes no rope base (10,000, the default)."""
+    return "gemma", {"hidden_activation": "gelu_pytorch_tanh"}
+
+
+def _nemotron(get, fields: dict, reader) -> tuple[str, dict]:
+    """Minitron, Nemotron-Mini: LayerNorm1P's weights stored as 1 + w, as gemma's; half
+    of each head rotated unless `rope.dimension_count` says otherwise."""
+    _rotated_width(get, fields)
+    names = _tensor_names(reader)
+    return "nemotron", {
+        **_layer_norm_eps(get, fields, "norm_eps"),
+        "attention_bias": _q_biased(reader),
+        "mlp_bias": "blk.0.ffn_up.bias" in names,
+    }
+
+
+def _phi2(get, fields: dict, reader) -> tuple[str, dict]:
+    """Phi-1, Phi-1.5, Phi-2: a parallel block under one LayerNorm, q/k/v (one attn_qkv in
+    files of the original checkpoints) and the head with biases."""
+    _rotated_width(get, fields)
+    return "phi", _layer_norm_eps(get, fields, "layer_norm_eps")
+
+
+def _stablelm(get, fields: dict, reader) -> tuple[str, dict]:
+    """StableLM 2, StableLM-3B: llama.cpp's graph runs the block parallel where the file
+    holds no ffn_norm, as transformers does with use_parallel_residual; per-head q/k
+    LayerNorms (StableLM 2 12B) are in the config for adapter_for to refuse."""
+    _rotated_width(get, fields)
+    names = _tensor_names(reader)
+    return "stablelm", {
+        **_layer_norm_eps(get, fields, "layer_norm_eps"),
+        "use_qkv_bias": _q_biased(reader),
+        "use_parallel_residual": "blk.0.ffn_norm.weight" not in names,
+        "qk_layernorm": "blk.0.attn_q_norm.weight" in names,
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -402,6 +453,10 @@ _FAMILY = {
     "command-r": _command_r,
     "cohere2": _cohere2,
     "arcee": _arcee,
+    "gemma": _gemma,
+    "nemotron": _nemotron,
+    "phi2": _phi2,
+    "stablelm": _stablelm,
 }
 
 
@@ -432,5 +487,10 @@ def gguf_tokenizer(path):
 
 
 # llama.cpp's pre-tokenizer names -> the one whose split it uses (llama-vocab.cpp: glm4's
-# and chatglm-bpe's CHATGLM4 type splits as llama 3)
-_PRE_TOKENIZER_ALIASES = {"glm4": "llama3", "glm5": "llama3", "chatglm-bpe": "llama3"}
+# and chatglm-bpe's CHATGLM4 type splits as llama 3; stablelm2's as qwen2)
+_PRE_TOKENIZER_ALIASES = {
+    "glm4": "llama3",
+    "glm5": "llama3",
+    "chatglm-bpe": "llama3",
+    "stablelm2": "qwen2",
+}

@@ -9,7 +9,7 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - names: the gguf package's own map between checkpoint and GGUF names;
 - llama, granite, smollm3, mistral3, arcee (llama.cpp's "normal" rope): each q/k head's
   rotary halves were interleaved;
-- gemma2, gemma3: norms were stored as 1 + w;
+- gemma, gemma2, gemma3, nemotron: norms' weights were stored as 1 + w;
 - q, k and v stored as one attn_qkv (ChatGLM; `--fuse-qkv`): cut apart by rows;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read).
@@ -160,13 +160,18 @@ def _drop_pages(reader) -> None:
 _INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3", "arcee")
 
 
+# architectures whose converter stores each norm's weight as 1 + w (gemma's and nemotron's
+# norms compute with 1 + w; llama.cpp's graphs then multiply by the weight as stored)
+_NORMS_PLUS_ONE = ("gemma", "gemma2", "gemma3", "nemotron")
+
+
 def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
     q_or_k = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
     if arch in _INTERLEAVED_ROPE and gguf_name.endswith(q_or_k):
         heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
         halves = w.reshape(heads, w.shape[0] // heads // 2, 2, *w.shape[1:])
         return halves.transpose(1, 2).reshape(w.shape)
-    if arch in ("gemma2", "gemma3") and gguf_name.endswith("norm.weight"):
+    if arch in _NORMS_PLUS_ONE and gguf_name.endswith("norm.weight"):
         return w - 1
     return w
 
