@@ -530,6 +530,7 @@ GGUF_FAMILIES = {
     # llama.cpp's phi2 graph is phi's parallel block; its converter states no rope base,
     # hence the default (10,000), and feed_forward_length as 4 × hidden, as phi's are
     "gemma": ("GEMMA", {"tie_word_embeddings": True}),
+    "apertus": ("APERTUS", {}),
     "nemotron": ("NEMOTRON", {}),
     "phi": ("PHI2", {"intermediate_size": 256}),
     "stablelm": ("STABLELM", {}),
@@ -736,6 +737,11 @@ def write_gguf(
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub)
+    if cfg.model_type == "apertus":  # llama.cpp's ApertusModel: xIELU's per layer, raw
+        for key in ("alpha_p", "alpha_n", "beta", "eps"):
+            acts = [layer.mlp.act_fn for layer in model.model.layers]
+            values = [float(getattr(a, key).detach().reshape(-1)[0]) for a in acts]
+            w.add_array(f"xielu.{key}", values)
     fused: dict[str, dict] = {}  # attn_qkv name -> its parts so far
     written: dict[str, object] = {}  # GGUF name -> array (the last block's copied for nextn)
     for name, t in model.state_dict().items():
@@ -750,6 +756,8 @@ def write_gguf(
             continue
         if name.endswith("experts.down_proj"):
             _add_experts(w, f"blk.{name.split('.')[2]}.ffn_down", t, stacked_experts)
+            continue
+        if ".act_fn." in name:  # apertus's xIELU parameters, in the header above
             continue
         lookup = name.replace(".gate.moe_statics.", ".moe_statics.")  # ERNIE's, as saved
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)

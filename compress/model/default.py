@@ -58,6 +58,7 @@ SUPPORTED_GGUF_ARCHS = {
     "cohere2": "cohere2",
     "arcee": "arcee",
     "starcoder2": "starcoder2",
+    "apertus": "apertus",
     "gemma": "gemma",
     "nemotron": "nemotron",
     "phi2": "phi",

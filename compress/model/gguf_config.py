@@ -3,7 +3,7 @@
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
 minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
-arcee, gemma, nemotron, phi2 and stablelm files that transformers cannot read (or, for
+arcee, apertus, gemma, nemotron, phi2 and stablelm files that transformers cannot read (or, for
 nemotron and stablelm, reads with its config class's defaults in place of the file's
 epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
 converter writes. A key that is absent takes llama.cpp loader's default, not the
@@ -22,7 +22,8 @@ from compress.errors import LlmpressError
 OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
-    "hunyuan-moe", "command-r", "cohere2", "arcee", "gemma", "nemotron", "phi2", "stablelm",
+    "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
+    "stablelm",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -105,14 +106,12 @@ def _rotated_width(get, fields: dict) -> None:
 
 def _granite(get, fields: dict, reader) -> tuple[str, dict]:
     """llama.cpp scales by a granite scalar only where the file states one (0 = absent)."""
-    names = _tensor_names(reader)
     return "granite", {
         "attention_multiplier": float(get("attention.scale", 0) or fields["head_dim"] ** -0.5),
         "embedding_multiplier": float(get("embedding_scale", 0) or 1.0),
         "residual_multiplier": float(get("residual_scale", 0) or 1.0),
         "logits_scaling": float(get("logit_scale", 0) or 1.0),
-        "attention_bias": _q_biased(reader),
-        "mlp_bias": "blk.0.ffn_up.bias" in names,
+        **_biases(reader),
     }
 
 
@@ -378,8 +377,20 @@ def _cohere2(get, fields: dict, reader) -> tuple[str, dict]:
 def _arcee(get, fields: dict, reader) -> tuple[str, dict]:
     """llama's keys (its converter is LlamaModel's, q/k interleaved); an MLP without a
     gate."""
+    return "arcee", _biases(reader)
+
+
+def _biases(reader) -> dict:
+    """llama's two bias keys, each said by the tensors the file holds."""
     names = _tensor_names(reader)
-    return "arcee", {"attention_bias": _q_biased(reader), "mlp_bias": "blk.0.ffn_up.bias" in names}
+    return {"attention_bias": _q_biased(reader), "mlp_bias": "blk.0.ffn_up.bias" in names}
+
+
+def _apertus(get, fields: dict, reader) -> tuple[str, dict]:
+    """llama's keys, q/k in transformers' layout (its converter undoes no permutation) and
+    per-head q/k norms; each layer's xIELU parameters are header arrays, which
+    gguf_tensors writes back as the checkpoint's act_fn tensors."""
+    return "apertus", _biases(reader)
 
 
 def _layer_norm_eps(get, fields: dict, key: str) -> dict:
@@ -404,12 +415,7 @@ def _nemotron(get, fields: dict, reader) -> tuple[str, dict]:
     """Minitron, Nemotron-Mini: LayerNorm1P's weights stored as 1 + w, as gemma's; half
     of each head rotated unless `rope.dimension_count` says otherwise."""
     _rotated_width(get, fields)
-    names = _tensor_names(reader)
-    return "nemotron", {
-        **_layer_norm_eps(get, fields, "norm_eps"),
-        "attention_bias": _q_biased(reader),
-        "mlp_bias": "blk.0.ffn_up.bias" in names,
-    }
+    return "nemotron", {**_layer_norm_eps(get, fields, "norm_eps"), **_biases(reader)}
 
 
 def _phi2(get, fields: dict, reader) -> tuple[str, dict]:
@@ -453,6 +459,7 @@ _FAMILY = {
     "command-r": _command_r,
     "cohere2": _cohere2,
     "arcee": _arcee,
+    "apertus": _apertus,
     "gemma": _gemma,
     "nemotron": _nemotron,
     "phi2": _phi2,

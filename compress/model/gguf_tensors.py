@@ -12,7 +12,9 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - gemma, gemma2, gemma3, nemotron: norms' weights were stored as 1 + w;
 - q, k and v stored as one attn_qkv (ChatGLM; `--fuse-qkv`): cut apart by rows;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
-  (early Mixtral files hold one tensor per expert; both are read).
+  (early Mixtral files hold one tensor per expert; both are read);
+- apertus: each layer's xIELU parameters became header arrays (`xielu.alpha_p`, ...),
+  written back as the layer's act_fn tensors.
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
 ones become fp32 (a Q4_1 value, a 16-bit scale times a 4-bit code plus an offset, needs
 more mantissa than bf16 or fp16 have), so the converted model is exactly the GGUF's.
@@ -39,6 +41,8 @@ _NATIVE = {
     "BF16": ("BF16", torch.bfloat16),
 }
 _EXPERT = re.compile(r"(?P<prefix>.*)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
+# a learned activation's parameters, which llama.cpp keeps per layer in the header
+_HEADER_PARAM = re.compile(r"\.(?P<layer>\d+)\.mlp\.act_fn\.(?P<key>alpha_p|alpha_n|beta|eps)$")
 
 
 def checkpoint_shapes(config) -> dict[str, tuple[int, ...]]:
@@ -79,7 +83,12 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
     # q/k/v, and the name of that part (attn_q, ...), whose layout is undone
     sources: dict[str, tuple[str, int | None, tuple[int, int] | None, str]] = {}
     fused_rows = _fused_qkv_rows(config)
+    header = {}  # checkpoint name -> its value, held in the header
     for name in shapes:
+        param = _HEADER_PARAM.search(name)
+        if param:
+            header[name] = _header_value(reader, path, param["key"], int(param["layer"]))
+            continue
         expert = _EXPERT.match(name)
         if expert:
             block = name.split(".")[2]
@@ -110,10 +119,14 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         sources[name] = (target, None, None, target)
 
     def stored(name: str) -> tuple[str, torch.dtype]:
+        if name in header:
+            return "F32", torch.float32
         gguf_name = sources[name][0]
         return _NATIVE.get(tensors[gguf_name].tensor_type.name, ("F32", torch.float32))
 
     def produce(name: str) -> torch.Tensor:
+        if name in header:
+            return torch.full(shapes[name], header[name], dtype=torch.float32)
         gguf_name, expert, rows, part = sources[name]
         t = tensors[gguf_name]
         kind = t.tensor_type.name
@@ -133,6 +146,19 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
     write_produced(out, specs, produce, SHARD_BYTES)
     dtypes = {d for _, d, _ in specs if d != "F32"}
     return {"F16": "float16", "BF16": "bfloat16"}.get(dtypes.pop()) if len(dtypes) == 1 else None
+
+
+def _header_value(reader, path: Path, key: str, layer: int) -> float:
+    """Layer `layer`'s value of header key `xielu.<key>`: an array with one per layer, or
+    one value for all (llama.cpp's get_key_or_arr)."""
+    field = reader.fields.get(f"xielu.{key}")
+    if field is None:
+        raise LlmpressError(
+            f"{path.name} has no xielu.{key} (each layer's xIELU parameter): the file is "
+            "incomplete or of another model; re-download it"
+        )
+    value = field.contents()
+    return float(value[layer] if isinstance(value, list) else value)
 
 
 # blk.N.attn_q/k/v.{weight,bias}: the parts llama.cpp's converters may store fused as
