@@ -21,6 +21,7 @@ copied in so the CLI can decode.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -721,21 +722,17 @@ def write_gguf(
     for key, value in (extra or {}).items():  # header keys a test adds (strings, integers)
         add = w.add_uint32 if isinstance(value, int) else w.add_string
         add(key.format(arch=gguf.MODEL_ARCH_NAMES[enum]), value)
-    reader = gguf.GGUFReader(str(tokenizer_gguf))
-    fields = {k: f for k, f in reader.fields.items() if k.startswith("tokenizer.")}
-    tokens = fields["tokenizer.ggml.tokens"].contents()[: cfg.vocab_size]
-    kept = set(tokens)  # the tokenizer cut to the model's vocabulary: its first tokens and
-    # the merges among them (a small vocabulary converts in a second, not in a minute)
-    for key, field in fields.items():
+    fields = _tokenizer_fields(str(tokenizer_gguf))
+    kept = set(fields["tokenizer.ggml.tokens"][0][: cfg.vocab_size])  # the tokenizer cut to
+    # the model's vocabulary: its first tokens and the merges among them (a small
+    # vocabulary converts in a second, not in a minute)
+    for key, (value, vtype, sub) in fields.items():
         if key in (extra or {}):  # the test's own value, written above
             continue
-        value = field.contents()
         if key == "tokenizer.ggml.merges":
             value = [m for m in value if {*m.split(" "), m.replace(" ", "")} <= kept]
         elif isinstance(value, list) and len(value) > cfg.vocab_size:
             value = value[: cfg.vocab_size]
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub)
     if cfg.model_type == "apertus":  # llama.cpp's ApertusModel: xIELU's per layer, raw
         for key in ("alpha_p", "alpha_n", "beta", "eps"):
@@ -802,6 +799,22 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@functools.cache
+def _tokenizer_fields(path: str) -> dict[str, tuple]:
+    """The tokenizer keys of the GGUF file at `path`: (value, type, array element type).
+    Read once per process: parsing the default model's header took 4 s of every
+    write_gguf, which the suite calls some fifty times."""
+    import gguf
+
+    fields = {}
+    for key, field in gguf.GGUFReader(path).fields.items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+            fields[key] = (field.contents(), vtype, sub)
+    return fields
 
 
 def _add_experts(writer, stem: str, t, stacked: bool) -> None:
