@@ -534,6 +534,38 @@ def test_the_activation_times_up_is_torchs_and_quantized_as_any_row(act, width):
     assert torch.equal(got.dx, again.dx) and torch.equal(got.bsum, again.bsum)
 
 
+@pytest.mark.parametrize("act", ["relu2", "xielu"])
+@pytest.mark.parametrize("width", [7, 96, 1541])  # all tail; whole vectors; both
+def test_the_activation_without_a_gate_is_transformers_and_quantized_as_any_row(act, width):
+    """llmp_act_quant: relu² (arcee, nemotron) exactly, xIELU (apertus) within 1e-6 of
+    transformers' in float64 where its value is not a cancellation's remainder (torch's
+    own fp32 is off by 8e-4 there), on inputs spanning its branches: large, tiny, between
+    eps and 0, and past its series' bound; zero padded, quantized as quantize_input would."""
+    from transformers.activations import ACT2FN
+
+    from compress.kernels.cpu import act_quantized, quantize_input
+
+    g = torch.Generator().manual_seed(4)
+    scales = torch.tensor([4.0, 1e-3, 1e-7, 0.6])[torch.arange(width) % 4]
+    up = torch.randn(5, width, generator=g) * scales
+    if act == "relu2":
+        got = act_quantized(up, act)
+        assert torch.equal(got.x, torch.relu(up) ** 2)
+    else:
+        module = ACT2FN["xielu"]  # transformers' defaults: alpha_p 0.8, alpha_n 0.8, beta 0.5
+        with torch.no_grad():
+            alpha_p = torch.nn.functional.softplus(module.alpha_p).item()
+            alpha_n = module.beta + torch.nn.functional.softplus(module.alpha_n).item()
+            params = torch.tensor([alpha_p, alpha_n, float(module.beta), float(module.eps)])
+            want = module._xielu_python(up.double())
+        got = act_quantized(up, act, params)
+        scale = want.abs() + up.abs() * (1 + up.abs())  # the size of the terms it sums
+        assert ((got.x.double() - want).abs() / scale).max() < 1e-6
+    again = quantize_input(got.x.contiguous())
+    assert torch.equal(got.x8[:, :width], again.x8[:, :width])
+    assert torch.equal(got.dx, again.dx) and torch.equal(got.bsum, again.bsum)
+
+
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "d"),
     [(9, 3, 64), (18, 1, 40), (4, 4, 36)],  # GQA; a group wider than 8 with 40 dims; MHA, 36

@@ -5,8 +5,10 @@
 #if defined(__AVX2__)
 #include "elementwise_avx2.h"
 #define act_mul act_mul_avx2
+#define act_only act_avx2
 #else
 #define act_mul act_mul_ref
+#define act_only act_ref
 #endif
 
 /* o = x * rsqrt(mean(x^2) + eps) * w over K values; with `center`, x less its mean
@@ -67,7 +69,7 @@ void llmp_act_quant(const float *u, int M, int I, int Ip, int act, const float *
     for (int m = 0; m < M; m++) {
         const float *x = u + (int64_t)m * I;
         float *o = out + (int64_t)m * Ip;
-        for (int i = 0; i < I; i++) o[i] = act_value(x[i], act, p);
+        act_only(x, I, act, p, o);
         for (int i = I; i < Ip; i++) o[i] = 0.f;
         quantize_row(o, Ip, x8 + (int64_t)m * Ip, dx + (int64_t)m * (Ip / 32), bsum + (int64_t)m * (Ip / 32));
     }

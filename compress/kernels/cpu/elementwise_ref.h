@@ -29,4 +29,13 @@ INLINE void act_mul_ref(const float *g, const float *u, int I, int act, float *o
     act_mul_from(g, u, 0, I, act, o);
 }
 
+/* o[i] = act(u[i]) for i..I (an MLP without a gate); p: ACT_XIELU's parameters. */
+INLINE void act_from(const float *u, int i, int I, int act, const float *p, float *o) {
+    for (; i < I; i++) o[i] = act_value(u[i], act, p);
+}
+
+INLINE void act_ref(const float *u, int I, int act, const float *p, float *o) {
+    act_from(u, 0, I, act, p, o);
+}
+
 #endif
