@@ -594,6 +594,7 @@ def write_gguf(
     window_keys: bool = True,
     fuse_qkv: bool = False,
     nextn: int = 0,
+    qtype: str | None = None,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
@@ -603,7 +604,9 @@ def write_gguf(
     `fuse_qkv`, q, k and v go into one attn_qkv, rows q then k then v (ChatGLM's
     query_key_value, llama.cpp's `--fuse-qkv`). `nextn`: that many next-token-prediction
     blocks after the model's (GLM-4.5's, counted in the block count, as llama.cpp's
-    converter writes them), each a copy of the last block plus its own projection."""
+    converter writes them), each a copy of the last block plus its own projection.
+    `qtype` (a GGML type, "Q8_0"): the linears' weights stored so, as llama-quantize
+    stores them (embedding, norms and routers kept in F32)."""
     import gguf
     import numpy as np
 
@@ -611,6 +614,8 @@ def write_gguf(
     enum = getattr(gguf.MODEL_ARCH, arch or GGUF_FAMILIES[cfg.model_type][0])
     names = gguf.get_tensor_name_map(enum, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[enum])
+    if qtype is not None:
+        _quantize_linears(w, gguf.GGMLQuantizationType[qtype])
     w.add_name(f"tiny {cfg.model_type}")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
@@ -815,6 +820,23 @@ def _tokenizer_fields(path: str) -> dict[str, tuple]:
             sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
             fields[key] = (field.contents(), vtype, sub)
     return fields
+
+
+def _quantize_linears(writer, qtype) -> None:
+    """Make `writer` store each linear's weight (a matrix, or stacked experts) in
+    `qtype`; the rest stays as given."""
+    from gguf.quants import quantize
+
+    add = writer.add_tensor
+    kept = ("token_embd", "norm", "gate_inp", "rope_")
+
+    def add_tensor(name, tensor, raw_shape=None, raw_dtype=None):
+        linear = name.endswith(".weight") and tensor.ndim >= 2 and tensor.shape[-1] % 32 == 0
+        if raw_dtype is None and linear and not any(k in name for k in kept):
+            return add(name, quantize(tensor.astype("float32"), qtype), raw_dtype=qtype)
+        return add(name, tensor, raw_shape, raw_dtype)
+
+    writer.add_tensor = add_tensor
 
 
 def _add_experts(writer, stem: str, t, stacked: bool) -> None:

@@ -42,6 +42,44 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     assert (got - want).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_quantized_stacked_experts_convert_to_what_the_file_holds(name, tmp_path, monkeypatch):
+    """Published MoE GGUFs hold their stacked experts quantized: each expert's rows are
+    cut from the stacked blocks and dequantized to exactly what the file holds (the
+    gguf package's own round trip of that expert), and the runtime computes what
+    transformers computes from the converted folder."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family(name, vocab_size=1024, **GGUF_FAMILIES[name][1])
+    folder = convert_gguf(write_gguf(model, tmp_path / "q.gguf", default_gguf(), qtype="Q8_0"))
+    got = {}
+    for f in folder.glob("*.safetensors"):
+        got.update(load_file(f))
+    q8 = GGMLQuantizationType.Q8_0
+    stacked = model.state_dict()["model.layers.1.mlp.experts.gate_up_proj"].float().numpy()
+    gate, up = (np.ascontiguousarray(x) for x in np.split(stacked, 2, axis=1))
+    names = {"gate_proj": "w1", "up_proj": "w3"}  # mixtral's
+    for e in range(stacked.shape[0]):
+        for proj, want in (("gate_proj", gate), ("up_proj", up)):
+            proj = proj if name != "mixtral" else names[proj]
+            key = f"model.layers.1.mlp.experts.{e}.{proj}.weight"
+            if name == "mixtral":
+                key = key.replace(".mlp.", ".block_sparse_moe.")
+            file_holds = dequantize(quantize(want, q8), q8)[e]
+            assert np.array_equal(got[key].float().numpy(), file_holds), key
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    from transformers import AutoModelForCausalLM
+
+    with torch.no_grad():
+        want = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits[0]
+    runtime = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)
+    assert (runtime(ids).logits[0] - want).abs().max() < 1e-4
+
+
 def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
     """llama.cpp counts GLM-4.5's next-token-prediction block in the file's block count
     (46 + 1 for GLM-4.5-Air): the converted model has the model's own blocks and computes
