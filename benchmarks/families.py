@@ -43,7 +43,10 @@ its logits' max |diff| to the runtime's (for MoE transformers keeps the dequanti
 experts in bf16, so that figure is bf16 rounding); the manifest's vLLM verdict; and
 `llmpress bench --batch 1` decode tokens/s and MBU (bytes actually read: for MoE, the
 experts routing chose), the median of `--rounds` runs, each round benching every family
-once. AWQ and GPTQ per family are covered at
+once. Every row's MBU divides by one ceiling, the highest memory bandwidth any of the
+run's bench calls measured (each measures its own, which moved between 31 and 63 GB/s
+from row to row on a shared host: divided by its own, two rows at one speed read 45% and
+79%). AWQ and GPTQ per family are covered at
 tiny width by tests/test_families.py (their KL is printed here from the tiny models too).
 
 Anchors, rounds interleaved (medians): the qwen2 row against the same shape without
@@ -304,10 +307,12 @@ def bench_rounds(artifacts: dict[str, Path], work: Path, rounds: int, log) -> di
         for name in order:
             runs[name].append(bench_cli(artifacts[name], work))
         log(f"bench round {r + 1}: " + ", ".join(f"{n} {runs[n][-1][0]:.1f}" for n in order))
+    ceiling = max(bandwidth for rs in runs.values() for _, _, bandwidth in rs)
     out = {}
     for name, rs in runs.items():
         tok_s, mbu, bandwidth = sorted(rs)[len(rs) // 2]
-        out[name] = {"tok_s": tok_s, "mbu": mbu, "bandwidth": bandwidth,
+        out[name] = {"tok_s": tok_s, "mbu": mbu * bandwidth / ceiling, "bandwidth": ceiling,
+                     "mbu_own_ceiling": mbu, "own_bandwidth": bandwidth,
                      "runs_tok_s": [round(x[0], 1) for x in rs]}  # fmt: skip
     return out
 
