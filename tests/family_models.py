@@ -869,7 +869,35 @@ MULTIMODAL = {
         "LlavaOnevisionConfig", "LlavaOnevisionForConditionalGeneration", "qwen2", _SIGLIP,
     ),
     "aya_vision": ("AyaVisionConfig", "AyaVisionForConditionalGeneration", "cohere2", _SIGLIP),
+    "internvl": (
+        "InternVLConfig", "InternVLForConditionalGeneration", "qwen2",
+        {**_TOWER, "image_size": [28, 28], "patch_size": [14, 14]},
+    ),
+    "smolvlm": ("SmolVLMConfig", "SmolVLMForConditionalGeneration", "llama3", _TOWER),
+    "idefics3": ("Idefics3Config", "Idefics3ForConditionalGeneration", "llama3", _TOWER),
+    "qwen2_vl": (
+        "Qwen2VLConfig", "Qwen2VLForConditionalGeneration", "qwen2",
+        {"depth": 1, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2},
+    ),
+    "qwen2_5_vl": (
+        "Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", "qwen2",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 64},
+    ),
+    "qwen3_vl": (
+        "Qwen3VLConfig", "Qwen3VLForConditionalGeneration", "qwen3",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 64, "deepstack_visual_indexes": [0]},
+    ),
 }  # fmt: skip
+# the Qwen-VL language models' M-RoPE, as published (the sections of a 16-wide head's 8
+# frequencies; Qwen3-VL's interleaved), at their family's default rope otherwise
+_MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+MULTIMODAL_TEXT = {
+    "qwen2_vl": {"rope_parameters": _MROPE},
+    "qwen2_5_vl": {"rope_parameters": _MROPE},
+    "qwen3_vl": {"rope_parameters": {**_MROPE, "mrope_interleaved": True}},
+}
 
 
 def write_multimodal(
@@ -890,6 +918,7 @@ def write_multimodal(
     # would not apply one (only Gemma3ForCausalLM does)
     gemma = model_type == "gemma3"
     overrides = {"final_logit_softcapping": None} if gemma else {}
+    overrides.update(MULTIMODAL_TEXT.get(model_type, {}))
     text_cfg = family_config(text or default_text, **overrides).to_dict()
     extra = {"mm_tokens_per_image": 4} if gemma else {}
     config = getattr(transformers, config_cls)(
@@ -900,7 +929,8 @@ def write_multimodal(
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight") and "language_model" in pname:
+            text_part = "language_model" in pname or "text_model" in pname
+            if pname.endswith("norm.weight") and text_part:
                 offset = 0.0 if gemma else 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
     model.save_pretrained(folder)

@@ -22,6 +22,7 @@ from compress.model.adapters import ADAPTERS, Widths, adapter_for
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.loading import resolve
 from compress.model.spec import BlockSpec
+from compress.model.text_part import text_name
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
 from compress.runtime.kv_cache import KVCache, parse_kv
@@ -998,6 +999,12 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
         ("llava_next", "qwen2", False),
         ("llava_onevision", None, False),
         ("aya_vision", None, True),
+        ("internvl", None, False),
+        ("smolvlm", None, True),
+        ("idefics3", None, False),
+        ("qwen2_vl", None, True),
+        ("qwen2_5_vl", None, True),
+        ("qwen3_vl", None, False),
     ],
 )
 def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapper, text, tied):
@@ -1006,17 +1013,17 @@ def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapp
     3.1/3.2, its head stored): every command reads its language model, and the artifact
     is that family's ForCausalLM, which plain transformers opens."""
     import transformers
-    from family_models import MULTIMODAL, write_multimodal
+    from family_models import MULTIMODAL, family_config, write_multimodal
 
     src = write_multimodal(
         tmp_path / "mm", wrapper, convert_gguf(default_gguf()), text=text, tied=tied
     )
     outer = MULTIMODAL[wrapper][1]
-    text = text or MULTIMODAL[wrapper][2]
+    text = family_config(text or MULTIMODAL[wrapper][2]).model_type  # llama3's is llama
     arch = ADAPTERS[text].architecture
     names = list(safe_open(str(src / "model.safetensors"), "pt").keys())
-    assert any(n.startswith(("language_model.model.", "model.language_model.")) for n in names)
-    assert any("vision_tower." in n for n in names)
+    text_names = [n for n in names if text_name(n, wrapper) is not None]
+    assert any(".layers." in n for n in text_names) and len(text_names) < len(names)
     full = getattr(transformers, outer).from_pretrained(
         src, dtype=torch.float32, attn_implementation="eager"
     )
@@ -1027,7 +1034,10 @@ def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapp
     assert ckpt.text_part_of == outer
     assert ckpt.config["tie_word_embeddings"] is tied
     assert ("lm_head.weight" in ckpt.tensors) is not tied
-    assert not any(n.startswith(("vision_tower", "multi_modal")) for n in ckpt.tensors)
+    assert all(
+        n.startswith(("model.layers.", "model.embed", "model.norm", "lm_head."))
+        for n in ckpt.tensors
+    )
     got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4
     assert resolve(str(src)).path == ckpt.path  # made once, then reused
@@ -1044,6 +1054,34 @@ def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapp
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
     assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3
+
+
+def test_a_published_qwen2_5_vl_config_keeps_its_text_keys_at_the_top_level(tmp_path, ids):
+    """Qwen2.5-VL's published config.json has no text_config: the language model's keys
+    and its M-RoPE (`rope_scaling` {"type": "mrope"}) sit beside `vision_config`. Its text
+    part is read from there, as transformers reads it, and computes what the whole model
+    computes on text."""
+    import transformers
+    from family_models import write_multimodal
+
+    src = write_multimodal(tmp_path / "mm", "qwen2_5_vl", convert_gguf(default_gguf()))
+    config = json.loads((src / "config.json").read_text())
+    text = config.pop("text_config")
+    rope = text.pop("rope_parameters")
+    flat = {**{k: v for k, v in text.items() if k != "model_type"}, **config}
+    flat["rope_scaling"] = {"type": "mrope", "mrope_section": rope["mrope_section"]}
+    flat["rope_theta"] = rope["rope_theta"]
+    (src / "config.json").write_text(json.dumps(flat))
+    full = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        want = full.eval()(input_ids=ids).logits[0]
+    ckpt = resolve(str(src))
+    assert ckpt.config["model_type"] == "qwen2" and "vision_config" not in ckpt.config
+    assert "mrope" not in json.dumps(ckpt.config)
+    got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
 
 
 def test_a_multimodal_checkpoint_of_an_unsupported_text_family_is_refused(tmp_path):

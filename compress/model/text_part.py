@@ -4,14 +4,24 @@ Gemma 3 from 4B up ships as `Gemma3ForConditionalGeneration` (model_type `gemma3
 Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
 `Mistral3ForConditionalGeneration` (`mistral3`), the LLaVA family and Pixtral as
 `Llava*ForConditionalGeneration` (`llava`, `llava_next`, `llava_onevision`), Aya Vision as
-`AyaVisionForConditionalGeneration` (`aya_vision`): a vision tower and projector beside a
+`AyaVisionForConditionalGeneration` (`aya_vision`), InternVL 3 as
+`InternVLForConditionalGeneration` (`internvl`), SmolVLM as `SmolVLMForConditionalGeneration`
+or `Idefics3ForConditionalGeneration` (`smolvlm`, `idefics3`), Qwen2-VL, Qwen2.5-VL and
+Qwen3-VL as `Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
+`Qwen3VLForConditionalGeneration`: a vision tower and projector beside a
 language model (`gemma3_text`; `mistral` or `ministral3`; llama, mistral, qwen2, ...;
-`cohere2`) whose config sits in
-`text_config` and whose tensors are prefixed `language_model.model.` (as published) or
-`model.language_model.` (as some transformers versions save). llmpress compresses and
-runs text, so every command reads the language model alone, as the text family names it,
-with the source's tokenizer: the artifact is a `Gemma3ForCausalLM` (`MistralForCausalLM`,
-`Ministral3ForCausalLM`) that transformers and vLLM open as such. The folder is written
+`cohere2`; qwen2 or qwen3; llama; qwen2; qwen3) whose config sits in
+`text_config` (at the top level in Qwen2-VL's and Qwen2.5-VL's published configs) and whose
+tensors are prefixed `language_model.model.` (as published) or `model.language_model.` (as
+some transformers versions save), `model.text_model.` (SmolVLM), or `model.` beside
+`visual.` (Qwen2-VL, Qwen2.5-VL as published). The Qwen-VL language models rotate by
+positions in three sections (M-RoPE: time, height, width of each token), which for text
+alone are the token's position thrice: their text is computed as by the text family's
+default rope, at the same base, and that is what the text part's config says. llmpress
+compresses and runs text, so every command reads the language model alone, as the text
+family names it, with the source's tokenizer: the artifact is the text family's
+ForCausalLM (`Gemma3ForCausalLM`, `Qwen2ForCausalLM`, ...) that transformers and vLLM open
+as such. The folder is written
 file by file (memory bounded by one shard), keyed by the source's files (name, size,
 mtime) so a second run reuses it, and records the source's weight hash, which eval's base
 check compares.
@@ -36,11 +46,28 @@ MULTIMODAL = {
     "llava_next": "llama",  # LLaVA-NeXT (llama, mistral or qwen2 text)
     "llava_onevision": "qwen2",  # LLaVA-OneVision
     "aya_vision": "cohere2",  # Aya Vision 8B, 32B
+    "internvl": "qwen2",  # InternVL 3 (3.5: qwen3, said by its text_config)
+    "smolvlm": "llama",  # SmolVLM 2
+    "idefics3": "llama",  # SmolVLM, Idefics 3
+    "qwen2_vl": "qwen2",
+    "qwen2_5_vl": "qwen2",
+    "qwen3_vl": "qwen3",
 }
+# text_config model types that are a family's model with M-RoPE -> that family
+MROPE_TEXT = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+# what a text family's config would read that the multimodal one's language model never
+# computes: Qwen3-VL's attends to every position, whatever sliding-window keys it carries
+# (Qwen3VLTextConfig has none; qwen3 would window the layers they name)
+IGNORED_BY_TEXT = {"qwen3_vl_text": {"use_sliding_window": False, "layer_types": None}}
+# multimodal types whose published config keeps the language model's keys at the top level
+FLAT_TEXT = ("qwen2_vl", "qwen2_5_vl")
+# the vision part's tensors where the language model's are prefixed `model.` alone
+VISION_PREFIXES = ("visual.", "model.visual.")
 # tensor name prefixes of the language model -> the text model's own
 TEXT_PREFIXES = (
     ("language_model.model.", "model."),
     ("model.language_model.", "model."),
+    ("model.text_model.", "model."),
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
 )
@@ -56,15 +83,43 @@ KEPT_FILES = (
 
 
 def is_multimodal(config: dict) -> bool:
-    return config.get("model_type") in MULTIMODAL and isinstance(config.get("text_config"), dict)
+    model_type = config.get("model_type")
+    if model_type in FLAT_TEXT and "vision_config" in config:
+        return True
+    return model_type in MULTIMODAL and isinstance(config.get("text_config"), dict)
 
 
-def text_name(name: str) -> str | None:
+def text_name(name: str, model_type: str) -> str | None:
     """The text model's name for a tensor of the multimodal checkpoint (None: not text)."""
     for prefix, to in TEXT_PREFIXES:
         if name.startswith(prefix):
             return to + name[len(prefix) :]
+    if (
+        model_type in FLAT_TEXT
+        and name.startswith("model.")
+        and not name.startswith(VISION_PREFIXES)
+    ):
+        return name  # Qwen2-VL's and Qwen2.5-VL's published layout: model.layers beside visual.
     return None
+
+
+def _outer_text(config: dict) -> dict:
+    """The language model's keys: text_config, or the top level of a flat config."""
+    if isinstance(config.get("text_config"), dict):
+        return dict(config["text_config"])
+    skip = ("vision_config", "architectures", "model_type", "auto_map")
+    return {k: v for k, v in config.items() if k not in skip and not k.startswith("vision_")}
+
+
+def _single_rope(rope: dict | None) -> dict | None:
+    """M-RoPE's settings as the text family's rope (text alone: one position thrice)."""
+    if not isinstance(rope, dict) or "mrope_section" not in rope:
+        return rope
+    rope = {k: v for k, v in rope.items() if k not in ("mrope_section", "mrope_interleaved")}
+    for key in ("type", "rope_type"):
+        if rope.get(key) in ("mrope", "default"):
+            rope[key] = "default"
+    return rope
 
 
 def text_config(config: dict, has_head: bool | None = None) -> dict:
@@ -74,8 +129,13 @@ def text_config(config: dict, has_head: bool | None = None) -> dict:
     the two configs disagree in published files (Mistral3Config ties by default, where
     Mistral Small 3.1's text_config says untied and its lm_head is stored), and the
     tensors are what the model was trained with."""
-    text = dict(config["text_config"])
+    text = _outer_text(config)
     model_type = text.get("model_type") or MULTIMODAL[config["model_type"]]
+    text.update(IGNORED_BY_TEXT.get(model_type, {}))
+    model_type = MROPE_TEXT.get(model_type, model_type)
+    for key in ("rope_scaling", "rope_parameters"):
+        if key in text:
+            text[key] = _single_rope(text[key])
     if model_type not in ADAPTERS:
         raise LlmpressError(
             f"the language model of this {config['model_type']} checkpoint is a {model_type} "
@@ -118,7 +178,7 @@ def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
     weight_map: dict[str, str] = {}
     for f in files:
         with safe_open(str(f), "pt") as src:
-            names = [(n, text_name(n)) for n in src.keys()]  # noqa: SIM118
+            names = [(n, text_name(n, config["model_type"])) for n in src.keys()]  # noqa: SIM118
             tensors = {to: src.get_tensor(n) for n, to in names if to is not None}
         if tensors:
             save_file(tensors, str(out / f.name), metadata={"format": "pt"})
