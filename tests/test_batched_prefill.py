@@ -54,25 +54,53 @@ def test_a_batch_of_chunks_gives_each_its_own_prefill(weights, prompts, kv):
 
 
 def test_replies_do_not_depend_on_how_prompts_were_admitted(weights, prompts):
-    """All five prompts in one step, at most ~100 prompt tokens a step, and one at a
-    time: the same greedy replies."""
+    """Three prompts decoding when two more arrive: all admitted in one step, at most ~40
+    prompt tokens a step (the two wait behind the three running), and one at a time: the
+    same greedy replies."""
     params = SamplingParams(max_tokens=12, ignore_eos=True)
 
     def replies(prefill_tokens):
         engine = Engine(weights, max_batch=5, max_len=512, prefill_tokens=prefill_tokens)
-        reqs = [engine.submit(Request(list(p), params)) for p in prompts]
-        steps = 0
+        reqs = [engine.submit(Request(list(p), params)) for p in prompts[:3]]
+        engine.step()  # a burst at an idle engine: one pass, whatever the budget
+        assert all(len(r.output) == 1 for r in reqs)
+        reqs += [engine.submit(Request(list(p), params)) for p in prompts[3:]]
+        steps = 1
         while not engine.idle:
             engine.step()
             steps += 1
         return [r.output for r in reqs], steps
 
     one_pass, steps_all = replies(4096)
-    budgeted, steps_budget = replies(100)
+    budgeted, steps_budget = replies(40)
     single = Engine(weights, max_batch=1, max_len=512)  # one prompt at a time
     alone = [r.output for r in single.generate(prompts, params)]
     assert one_pass == budgeted == alone
-    assert steps_all == 12 and steps_budget > steps_all  # admitted over several steps
+    assert steps_all == 13 and steps_budget > steps_all  # admitted over several steps
+
+
+def test_a_step_takes_a_budget_for_each_running_stream_its_prompts_outnumber(weights, prompts):
+    """The budget bounds what each decoding stream waits for: with one stream decoding,
+    four waiting prompts get four budgets in one step, where two streams hold a single
+    waiting prompt to one budget (chunked)."""
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    budget = 40
+    engine = Engine(weights, max_batch=5, max_len=512, prefill_tokens=budget)
+    first = engine.submit(Request(list(prompts[0][:30]), params))
+    engine.step()
+    assert len(first.output) == 1
+    late = [engine.submit(Request(list(p[:budget]), params)) for p in prompts[1:]]
+    assert sum(len(r.prompt) for r in late) > budget
+    engine.step()  # four budgets
+    assert all(len(r.output) == 1 for r in late)
+
+    engine = Engine(weights, max_batch=3, max_len=512, prefill_tokens=budget)
+    running = [engine.submit(Request(list(p[:30]), params)) for p in prompts[:2]]
+    engine.step()
+    long = engine.submit(Request([t for p in prompts for t in p][: 3 * budget], params))
+    engine.step()
+    assert not long.output and long.prefilled == budget  # one budget: two streams wait
+    assert all(len(r.output) == 2 for r in running)
 
 
 def test_a_long_prompt_is_prefilled_in_chunks_while_another_decodes(weights, prompts):

@@ -44,7 +44,12 @@ _ids = itertools.count()
 # worst gap by a quarter (Xeon 0.13 s against 0.17; EPYC 0.25 against 0.34) but delays the
 # long prompt (10% and 8% later), the median first token of 32 arrivals (10% and 6%) and
 # a burst's admission (one step more); 256 gives the streams 22% longer gaps for a long
-# prompt 6% sooner, and a later median for the arrivals.
+# prompt 6% sooner, and a later median for the arrivals. The budget is per running stream
+# held back: where k times as many prompts wait as streams decode, a step takes k budgets
+# (Engine.prefill_step), so a burst at an idle or nearly idle engine is prefilled in one
+# pass, as `bench` prefills its batch; 32 streams arriving together were served at
+# 0.93-0.95x `bench`'s batch-32 decode rate with it, 0.80-0.83x with one budget a step
+# (benchmarks/serve_load.py --capacities 32, two runs of each, interleaved).
 PREFILL_TOKENS = 192
 
 # Bytes of prompt-prefix k/v kept in fp32 beside an int8/int4 cache's shared blocks, for the
@@ -159,13 +164,19 @@ class Engine:
 
         Prefill takes at most `prefill_tokens` prompt tokens a step, in one pass (the
         weights read once for every chunk): first the prompts already being prefilled, then
-        waiting ones admitted into free slots. A prompt longer than what is left of the
-        budget is cut there and continued next step (chunked prefill), so the running
-        sequences' next tokens are never held up behind a long prompt, or a long queue.
+        waiting ones admitted into free slots. The budget bounds what each running stream
+        waits for; where k times as many prompts wait as streams decode, the step takes k
+        budgets, since it then holds back fewer streams than it starts (a burst arriving at
+        an idle engine is prefilled in one pass, and its streams then decode together). A
+        prompt longer than what is left of the budget is cut there and continued next step
+        (chunked prefill), so the running sequences' next tokens are never held up behind a
+        long prompt, or a long queue.
         A chunk attends to the prompt's earlier chunks exactly as one whole prefill would:
         the fp32 cache holds their k/v; with an int8/int4 cache the request keeps them in
         full precision (Chunk.prefix) until its prompt is cached."""
-        budget, work = self.prefill_tokens, []
+        streams = sum(1 for r in self.running.values() if r.output)  # decoding
+        starts = min(len(self.waiting), len(self.free))  # prompts it could admit
+        budget, work = self.prefill_tokens * max(1, starts // max(1, streams)), []
         for req in self.running.values():
             if req.prefilled < len(req.prompt) and budget > 0:
                 budget -= self._chunk(req, budget, work)
