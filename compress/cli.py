@@ -518,8 +518,9 @@ def _roofline(weights, scheme, artifact: str, folder: Path) -> None:
 @click.option(
     "--prefill-tokens",
     type=int,
-    help="Prompt tokens prefilled per step; longer prompts go in chunks between decode steps "
-    "(default: the engine's measured budget, docs/serving.md).",
+    help="Prompt tokens prefilled per step for each running stream held back (k budgets "
+    "where k times as many prompts wait as streams decode); longer prompts go in chunks "
+    "between decode steps (default: the engine's measured budget, docs/serving.md).",
 )
 @click.option(
     "--prefix-cache-mb",
