@@ -2738,6 +2738,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         prefill_budget,
     ),
     (
+        "prefill_budget_per_stream.json",
+        "The prefill budget per running stream: an AVX-512 EPYC",
+        "benchmarks/prefill_budget.py --name prefill_budget_per_stream",
+        prefill_budget,
+    ),
+    (
         "prefix_cache.json",
         "A shared system prompt: the prefix cache",
         "benchmarks/prefix_cache.py --rounds 2 --llama-server LLAMA_BIN --gguf smol-q4_0.gguf",
