@@ -889,6 +889,11 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 64, "deepstack_visual_indexes": [0]},
     ),
+    "qwen3_vl_moe": (
+        "Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", "qwen3_moe",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 128, "deepstack_visual_indexes": [0]},
+    ),
 }  # fmt: skip
 # the Qwen-VL language models' M-RoPE, as published (the sections of a 16-wide head's 8
 # frequencies; Qwen3-VL's interleaved), at their family's default rope otherwise
@@ -897,7 +902,34 @@ MULTIMODAL_TEXT = {
     "qwen2_vl": {"rope_parameters": _MROPE},
     "qwen2_5_vl": {"rope_parameters": _MROPE},
     "qwen3_vl": {"rope_parameters": {**_MROPE, "mrope_interleaved": True}},
+    # norm_topk_prob off: Qwen3-VL-MoE's router renormalizes whatever its config says; an
+    # expert width apart from hidden and hidden / 2, or transformers could not tell its
+    # transposed experts' axes apart at load (as in every published size)
+    "qwen3_vl_moe": {
+        "rope_parameters": {**_MROPE, "mrope_interleaved": True},
+        "norm_topk_prob": False,
+        "moe_intermediate_size": 96,
+    },
 }
+
+
+def _save_experts_transposed(model, folder: Path) -> None:
+    """Qwen3-VL-MoE as published: each layer's stacked experts transposed on disk,
+    gate_up_proj [E, hidden, 2 × width] and down_proj [E, width, hidden] (transformers
+    transposes them at load; its save_pretrained of this class fails, hence by hand)."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, t in model.state_dict().items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            t = t.transpose(1, 2)
+        tensors[name] = t.contiguous()
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
 
 
 def write_multimodal(
@@ -933,7 +965,10 @@ def write_multimodal(
             if pname.endswith("norm.weight") and text_part:
                 offset = 0.0 if gemma else 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
-    model.save_pretrained(folder)
+    if model_type == "qwen3_vl_moe":
+        _save_experts_transposed(model, folder)
+    else:
+        model.save_pretrained(folder)
     if tokenizer_from is not None:
         for f in tokenizer_from.iterdir():
             if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":

@@ -8,9 +8,10 @@ Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
 `InternVLForConditionalGeneration` (`internvl`), SmolVLM as `SmolVLMForConditionalGeneration`
 or `Idefics3ForConditionalGeneration` (`smolvlm`, `idefics3`), Qwen2-VL, Qwen2.5-VL and
 Qwen3-VL as `Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
-`Qwen3VLForConditionalGeneration`: a vision tower and projector beside a
-language model (`gemma3_text`; `mistral` or `ministral3`; llama, mistral, qwen2, ...;
-`cohere2`; qwen2 or qwen3; llama; qwen2; qwen3) whose config sits in
+`Qwen3VLForConditionalGeneration` (`Qwen3VLMoeForConditionalGeneration`): a vision tower
+and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`; llama,
+mistral, qwen2, ...; `cohere2`; qwen2 or qwen3; llama; qwen2; qwen3 or qwen3_moe) whose
+config sits in
 `text_config` (at the top level in Qwen2-VL's and Qwen2.5-VL's published configs) and whose
 tensors are prefixed `language_model.model.` (as published) or `model.language_model.` (as
 some transformers versions save), `model.text_model.` (SmolVLM), or `model.` beside
@@ -30,6 +31,7 @@ check compares.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -52,13 +54,30 @@ MULTIMODAL = {
     "qwen2_vl": "qwen2",
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe",  # Qwen3-VL-30B-A3B, 235B-A22B
 }
 # text_config model types that are a family's model with M-RoPE -> that family
-MROPE_TEXT = {"qwen2_vl_text": "qwen2", "qwen2_5_vl_text": "qwen2", "qwen3_vl_text": "qwen3"}
+MROPE_TEXT = {
+    "qwen2_vl_text": "qwen2",
+    "qwen2_5_vl_text": "qwen2",
+    "qwen3_vl_text": "qwen3",
+    "qwen3_vl_moe_text": "qwen3_moe",
+}
 # what a text family's config would read that the multimodal one's language model never
 # computes: Qwen3-VL's attends to every position, whatever sliding-window keys it carries
-# (Qwen3VLTextConfig has none; qwen3 would window the layers they name)
-IGNORED_BY_TEXT = {"qwen3_vl_text": {"use_sliding_window": False, "layer_types": None}}
+# (Qwen3VLTextConfig has none; qwen3 would window the layers they name); Qwen3-VL-MoE's
+# router always renormalizes the chosen experts' weights, which qwen3_moe does where
+# norm_topk_prob says so
+_NO_WINDOW = {"use_sliding_window": False, "layer_types": None}
+IGNORED_BY_TEXT = {
+    "qwen3_vl_text": _NO_WINDOW,
+    "qwen3_vl_moe_text": {**_NO_WINDOW, "norm_topk_prob": True},
+}
+# multimodal types whose checkpoint stacks each layer's experts, [E, hidden, 2 × width]
+# (gate then up, along the last axis) and [E, width, hidden]: written one expert at a time
+# in the text family's layout (experts.{e}.gate_proj, up_proj, down_proj), which every
+# consumer and plain transformers read
+STACKED_EXPERTS = ("qwen3_vl_moe",)
 # multimodal types whose published config keeps the language model's keys at the top level
 FLAT_TEXT = ("qwen2_vl", "qwen2_5_vl")
 # the vision part's tensors where the language model's are prefixed `model.` alone
@@ -171,6 +190,24 @@ def text_part(
     return publish_conversion(target, lambda tmp: _write(path, config, files, tmp), origin)
 
 
+_STACKED = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)$")
+
+
+def _unstacked(name: str, stacked) -> dict:
+    """One layer's stacked experts as per-expert linears ([out, in], contiguous)."""
+    stem = name[: -len(name.split(".")[-1])]
+    out = {}
+    if name.endswith("gate_up_proj"):  # [E, hidden, 2 × width]
+        width = stacked.shape[-1] // 2
+        for e in range(stacked.shape[0]):
+            out[f"{stem}{e}.gate_proj.weight"] = stacked[e, :, :width].T.contiguous()
+            out[f"{stem}{e}.up_proj.weight"] = stacked[e, :, width:].T.contiguous()
+    else:  # down_proj [E, width, hidden]
+        for e in range(stacked.shape[0]):
+            out[f"{stem}{e}.down_proj.weight"] = stacked[e].T.contiguous()
+    return out
+
+
 def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
@@ -179,7 +216,14 @@ def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
     for f in files:
         with safe_open(str(f), "pt") as src:
             names = [(n, text_name(n, config["model_type"])) for n in src.keys()]  # noqa: SIM118
-            tensors = {to: src.get_tensor(n) for n, to in names if to is not None}
+            tensors = {}
+            for n, to in names:
+                if to is None:
+                    continue
+                if config["model_type"] in STACKED_EXPERTS and _STACKED.search(to):
+                    tensors.update(_unstacked(to, src.get_tensor(n)))
+                else:
+                    tensors[to] = src.get_tensor(n)
         if tensors:
             save_file(tensors, str(out / f.name), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, f.name))
