@@ -181,6 +181,24 @@ def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
     assert (got(ids).logits[0] - want).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("name,arch", [("qwen2", "QWEN2VL"), ("qwen3", "QWEN3VL")])
+def test_a_qwen_vl_language_model_gguf_converts_to_its_family(name, arch, tmp_path, monkeypatch):
+    """llama.cpp writes the language model of Qwen2-VL, Qwen2.5-VL (qwen2vl) and Qwen3-VL
+    (qwen3vl) as a file of its own: its family's tensors, rotated by M-RoPE, which for
+    text alone is the family's default rope."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    default = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    model = build_family(name, vocab_size=1024, use_sliding_window=False, **default)
+    path = write_gguf(model, tmp_path / "vl.gguf", default_gguf(), arch=arch)
+    folder = convert_gguf(path)
+    assert json.loads((folder / "config.json").read_text())["model_type"] == name
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
+
+
 def test_a_sequential_stablelm_gguf_converts_to_its_block(tmp_path, monkeypatch):
     """StableLM 2 1.6B and StableLM-3B run attention, then the MLP under its own norm:
     llama.cpp's graph does so where the file holds an ffn_norm, and so does llmpress (the

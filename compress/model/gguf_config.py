@@ -3,7 +3,8 @@
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
 minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
-arcee, apertus, gemma, nemotron, phi2 and stablelm files that transformers cannot read (or, for
+arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl and qwen3vl files that
+transformers cannot read (or, for
 nemotron and stablelm, reads with its config class's defaults in place of the file's
 epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
 converter writes. A key that is absent takes llama.cpp loader's default, not the
@@ -23,7 +24,7 @@ OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
     "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
-    "stablelm",
+    "stablelm", "qwen2vl", "qwen3vl",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -393,6 +394,20 @@ def _apertus(get, fields: dict, reader) -> tuple[str, dict]:
     return "apertus", _biases(reader)
 
 
+def _qwen2vl(get, fields: dict, reader) -> tuple[str, dict]:
+    """The language model of Qwen2-VL and Qwen2.5-VL, as llama.cpp's converter writes it
+    beside the vision tower's mmproj file: qwen2's keys and tensors. M-RoPE's
+    `rope.dimension_sections` give each section of the rotary frequencies a time, height
+    or width position, which for text alone are the token's position thrice: qwen2's
+    default rope (model/text_part.py)."""
+    return "qwen2", {}
+
+
+def _qwen3vl(get, fields: dict, reader) -> tuple[str, dict]:
+    """Qwen3-VL's language model: qwen3's keys and tensors, M-RoPE as qwen2vl's."""
+    return "qwen3", {"attention_bias": _q_biased(reader)}
+
+
 def _layer_norm_eps(get, fields: dict, key: str) -> dict:
     """A LayerNorm family's epsilon under its config key (the file's layer_norm_epsilon)."""
     fields.pop("rms_norm_eps")
@@ -464,6 +479,8 @@ _FAMILY = {
     "nemotron": _nemotron,
     "phi2": _phi2,
     "stablelm": _stablelm,
+    "qwen2vl": _qwen2vl,
+    "qwen3vl": _qwen3vl,
 }
 
 
