@@ -14,6 +14,15 @@ from compress.runtime.lm import RuntimeLM
 from compress.runtime.weights import load_weights
 
 
+def _same_logits(model, folder) -> None:
+    """The runtime on the converted folder computes the tiny model's logits."""
+    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = model(ids).logits[0]
+    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-4
+
+
 def _refused(*args, **kwargs):
     raise AssertionError("the conversion loaded a whole model")
 
@@ -30,16 +39,9 @@ def test_a_gguf_of_each_family_converts_to_the_same_model(name, tmp_path, monkey
     path = write_gguf(model, tmp_path / f"{name}.gguf", default_gguf())
     folder = convert_gguf(path)
     monkeypatch.undo()
-    ids = torch.randint(
-        model.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0)
-    )
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    weights = load_weights(resolve(str(folder)), device="cpu")
-    got = RuntimeLM(weights, 32, exact=True)(ids).logits[0]
     # head_dim (16 here, transformers' qwen3 default is 128) and the experts' width come
     # from the file: built at transformers' defaults, these models would not even load
-    assert (got - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
@@ -90,11 +92,7 @@ def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
     folder = convert_gguf(path)
     config = json.loads((folder / "config.json").read_text())
     assert config["num_hidden_layers"] == 2 and config["first_k_dense_replace"] == 1
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
-    assert (got.logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 def test_a_sigmoid_routed_family_s_gguf_with_other_gating_is_refused(tmp_path, monkeypatch):
@@ -135,11 +133,7 @@ def test_a_27b_gemma_gguf_takes_its_attention_scale_from_its_depth(
     settings = {**GGUF_FAMILIES[name][1], "query_pre_attn_scalar": 64 // 4}  # hidden / heads
     model = build_family(name, vocab_size=1024, num_hidden_layers=layers, **settings)
     folder = convert_gguf(write_gguf(model, tmp_path / f"{name}.gguf", default_gguf()))
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
-    assert (got.logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_path, monkeypatch):
@@ -153,11 +147,7 @@ def test_a_64_layer_exaone4_gguf_without_window_keys_gets_llama_cpps_window(tmp_
         layer_types=layer_types,
     )  # fmt: skip
     path = write_gguf(model, tmp_path / "e.gguf", default_gguf(), window_keys=False)
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(convert_gguf(path))), device="cpu"), 32, exact=True)
-    assert (got(ids).logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, convert_gguf(path))
 
 
 @pytest.mark.parametrize("name", ["glm", "llama3", "phi"])
@@ -174,11 +164,7 @@ def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
     import gguf
 
     assert "blk.0.attn_qkv.weight" in {t.name for t in gguf.GGUFReader(str(path)).tensors}
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(convert_gguf(path))), device="cpu"), 32, exact=True)
-    assert (got(ids).logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, convert_gguf(path))
 
 
 @pytest.mark.parametrize("name,arch", [("qwen2", "QWEN2VL"), ("qwen3", "QWEN3VL")])
@@ -192,11 +178,7 @@ def test_a_qwen_vl_language_model_gguf_converts_to_its_family(name, arch, tmp_pa
     path = write_gguf(model, tmp_path / "vl.gguf", default_gguf(), arch=arch)
     folder = convert_gguf(path)
     assert json.loads((folder / "config.json").read_text())["model_type"] == name
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
-    assert (got.logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 def test_a_sequential_stablelm_gguf_converts_to_its_block(tmp_path, monkeypatch):
@@ -207,11 +189,7 @@ def test_a_sequential_stablelm_gguf_converts_to_its_block(tmp_path, monkeypatch)
     model = build_family("stablelm", vocab_size=1024, use_parallel_residual=False)
     folder = convert_gguf(write_gguf(model, tmp_path / "s.gguf", default_gguf()))
     assert json.loads((folder / "config.json").read_text())["use_parallel_residual"] is False
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
-    assert (got.logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 @pytest.mark.parametrize(
@@ -254,11 +232,7 @@ def test_an_early_mixtral_gguf_with_one_tensor_per_expert_converts(tmp_path, mon
     model = build_family("mixtral", vocab_size=1024)
     path = write_gguf(model, tmp_path / "m.gguf", default_gguf(), stacked_experts=False)
     folder = convert_gguf(path)
-    ids = torch.randint(1024, (1, 24), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        want = model(ids).logits[0]
-    got = RuntimeLM(load_weights(resolve(str(folder)), device="cpu"), 32, exact=True)(ids)
-    assert (got.logits[0] - want).abs().max() < 1e-4
+    _same_logits(model, folder)
 
 
 @pytest.mark.parametrize("case", list(GGUF_ROPE_CASES))
