@@ -164,6 +164,8 @@ DENSE = {
     "gemma": {"tie_word_embeddings": True},  # (1+w) norms, scaled embedding, tied head
     "phi": {},  # parallel block, LayerNorm with a bias, biased gelu MLP and head, half rotated
     "stablelm": {"use_qkv_bias": True},  # StableLM 2 1.6B's: LayerNorms with a bias
+    # Pythia's: multi-head, q/k/v fused head by head, two norms in parallel, exact gelu
+    "gpt_neox": {"num_key_value_heads": 14},
     # Command R's logit scale and tied head; Command R7B's (0.25), its class's 3 sliding :
     # 1 full layers, the full ones without rope
     "cohere": {"logit_scale": 0.0625, "tie_word_embeddings": True, "use_qk_norm": False},

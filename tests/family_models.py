@@ -245,6 +245,24 @@ FAMILIES = {
         "StableLmConfig",
         {"use_qkv_bias": True, "use_parallel_residual": True, "pad_token_id": 0},
     ),
+    # gpt_neox's parallel block, each branch under a LayerNorm of its own with a bias, its
+    # q/k/v fused head by head, every linear biased, the exact gelu, a quarter of each head
+    # rotated (multi-head: no KV heads of its own)
+    "gpt_neox": (
+        "GPTNeoXConfig",
+        {
+            "num_key_value_heads": 4,
+            "use_parallel_residual": True,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # gemma's (1+w) norms and scaled embedding in llama's block
     "gemma": ("GemmaConfig", {"tie_word_embeddings": True}),
     # starcoder2's LayerNorms with a bias and biased MLP without a gate, with a window;

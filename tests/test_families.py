@@ -184,6 +184,7 @@ OWN_FACTS = {
     "cohere2": lambda s: {"rope": (s.rope[0],) * s.layers},  # its full layer rotated
     "arcee": lambda s: {"activation": "silu"},  # its relu² (an MLP without a gate)
     "phi parallel": lambda s: {"parallel": False},
+    "gpt_neox parallel": lambda s: {"parallel": False},
 }
 
 
@@ -200,14 +201,39 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-def test_a_stablelm_with_its_sequential_block_equals_transformers(tmp_path, tokenizer_dir, ids):
-    """use_parallel_residual false (StableLM 2 1.6B, StableLM-3B): a second norm before
-    the MLP, which reads the residual after attention's branch; true: the tiny model."""
-    src = write_family(tmp_path / "s", "stablelm", tokenizer_dir, use_parallel_residual=False)
+@pytest.mark.parametrize("name", ["stablelm", "gpt_neox"])
+def test_a_sequential_block_where_the_option_says_equals_transformers(
+    tmp_path, tokenizer_dir, ids, name
+):
+    """use_parallel_residual false (StableLM 2 1.6B, StableLM-3B; Pythia's option off): the
+    MLP's norm reads the residual after attention's branch. True (the tiny models):
+    stablelm's one norm feeds both branches, gpt_neox's each branch its own."""
+    src = write_family(tmp_path / "s", name, tokenizer_dir, use_parallel_residual=False)
     weights = load_weights(resolve(str(src)), device="cpu")
     assert not weights.spec.parallel
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+
+
+def test_gpt_neox_buffers_older_checkpoints_hold_are_never_read(tmp_path, wikitext, ids):
+    """Pythia's checkpoints, saved by older transformers, still hold each layer's causal
+    mask, masked_bias and rotary inv_freq, which today's model computes: they are left
+    out of the reading, and out of the artifact."""
+    from safetensors.torch import load_file, save_file
+
+    src = write_family(tmp_path / "src", "gpt_neox")
+    tensors = load_file(src / "model.safetensors")
+    for i in range(2):
+        p = f"gpt_neox.layers.{i}.attention"
+        tensors[f"{p}.bias"] = torch.tril(torch.ones(1, 1, 64, 64, dtype=torch.bool))
+        tensors[f"{p}.masked_bias"] = torch.tensor(-1e9)
+        tensors[f"{p}.rotary_emb.inv_freq"] = torch.ones(2)
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    out = _compress(src, tmp_path / "out", [parse_quant("rtn:w4g32")], wikitext)
+    stored = load_file(out / "model.safetensors")
+    assert not [n for n in stored if n.endswith(("attention.bias", "masked_bias", "inv_freq"))]
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH)(ids).logits[0]
+    assert (got - _transformers_logits(out, ids)).abs().max() < 1e-3
 
 
 @pytest.mark.parametrize("name", ["stablelm", "phi"])

@@ -514,12 +514,13 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
     assert argmax(strided) == int(strided.argmax())
 
 
-@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh"])
+@pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])
 @pytest.mark.parametrize("width", [7, 96, 1541])  # all tail; whole vectors; both
 def test_the_activation_times_up_is_torchs_and_quantized_as_any_row(act, width):
-    """llmp_act_mul_quant: act(gate) * up as transformers' activation computes it (the
-    vector exp within 1e-6 relative), zero padded to a block, quantized as
-    quantize_input quantizes that same row."""
+    """llmp_act_mul_quant: act(gate) * up as transformers' activation computes it in
+    float64 (the vector exp within 1e-6 relative; torch's own fp32 exact gelu is off by
+    4e-4 where 1 + erf cancels), zero padded to a block, quantized as quantize_input
+    quantizes that same row."""
     from transformers.activations import ACT2FN
 
     from compress.kernels.cpu import act_mul_quantized, quantize_input
@@ -527,20 +528,24 @@ def test_the_activation_times_up_is_torchs_and_quantized_as_any_row(act, width):
     g = torch.Generator().manual_seed(3)
     gate_up = torch.randn(5, 2 * width, generator=g) * 4
     got = act_mul_quantized(gate_up, act)
-    want = ACT2FN[act](gate_up[:, :width]) * gate_up[:, width:]
-    torch.testing.assert_close(got.x, want, rtol=1e-5, atol=1e-6)
+    wide = gate_up.double()
+    want = ACT2FN[act](wide[:, :width]) * wide[:, width:]
+    torch.testing.assert_close(got.x.double(), want, rtol=1e-5, atol=1e-6)
     again = quantize_input(got.x.contiguous())
     assert torch.equal(got.x8[:, :width], again.x8[:, :width])
     assert torch.equal(got.dx, again.dx) and torch.equal(got.bsum, again.bsum)
 
 
-@pytest.mark.parametrize("act", ["relu2", "xielu"])
+@pytest.mark.parametrize("act", ["relu2", "xielu", "gelu"])
 @pytest.mark.parametrize("width", [7, 96, 1541])  # all tail; whole vectors; both
 def test_the_activation_without_a_gate_is_transformers_and_quantized_as_any_row(act, width):
-    """llmp_act_quant: relu² (arcee, nemotron) exactly, xIELU (apertus) within 1e-6 of
-    transformers' in float64 where its value is not a cancellation's remainder (torch's
-    own fp32 is off by 8e-4 there), on inputs spanning its branches: large, tiny, between
-    eps and 0, and past its series' bound; zero padded, quantized as quantize_input would."""
+    """llmp_act_quant: relu² (arcee, nemotron) exactly, the exact gelu (gpt_neox) within
+    5e-7 of float64's relative to its size and conditioning, its negative tail included
+    (torch's fp32 is off by 4e-4 there), and xIELU
+    (apertus) within 1e-6 of transformers' in float64 where its value is not a
+    cancellation's remainder (torch's own fp32 is off by 8e-4 there), on inputs spanning
+    its branches: large, tiny, between eps and 0, and past its series' bound; zero
+    padded, quantized as quantize_input would."""
     from transformers.activations import ACT2FN
 
     from compress.kernels.cpu import act_quantized, quantize_input
@@ -551,6 +556,13 @@ def test_the_activation_without_a_gate_is_transformers_and_quantized_as_any_row(
     if act == "relu2":
         got = act_quantized(up, act)
         assert torch.equal(got.x, torch.relu(up) ** 2)
+    elif act == "gelu":  # float64 through erfc (its 1 + erf cancels too, past -8)
+        got = act_quantized(up, act)
+        u = up.double()
+        want = 0.5 * u * torch.special.erfc(-u / 2**0.5)
+        # erfc's relative slope is 2x = g^2 / x: x = g / sqrt 2 rounded to fp32 moves it so
+        bound = 5e-7 * want.abs() * (1 + u * u) + 1e-37  # fp32's normals end at 1.2e-38
+        assert ((got.x.double() - want).abs() <= bound).all()
     else:
         module = ACT2FN["xielu"]  # transformers' defaults: alpha_p 0.8, alpha_n 0.8, beta 0.5
         with torch.no_grad():

@@ -140,6 +140,15 @@ def test_params_target_is_split_and_hit():
     assert (kv.heads, kv.kv_heads) == (6, 2)
 
 
+def test_a_multi_head_models_heads_are_cut_whatever_the_head_mode():
+    """Multi-head attention (Llama 2 7B, gpt_neox) has groups of one head: cutting within
+    groups would keep every head, so a group is cut whole."""
+    full = Shape(1024, 16, 16, 64, 2816, 4)
+    for mode in ("within_groups", "kv_groups"):
+        cut = target_shape(full, {"heads": 0.5}, head_mode=mode)
+        assert (cut.heads, cut.kv_heads) == (8, 8), mode
+
+
 @pytest.mark.parametrize(
     ("stages", "message"),
     [

@@ -91,9 +91,12 @@ def artifact_config(
         for i in range(ws.num_layers):
             for kind in ws.adapter.layer(i).block_linears:
                 block_names.setdefault(kind, []).append(f"{ws.adapter.block_prefix(i)}.{kind}")
-        head = ws.adapter.lm_head
+        head, alias = ws.adapter.lm_head, ws.adapter.head_loaded_as
         ignore = unquantized if head in layers else [head, *unquantized]
-        config["quantization_config"] = codec(export).config(layers, block_names, ignore)
+        if alias and head not in layers:
+            ignore.append(alias)
+        aliases = {head: alias} if alias else {}
+        config["quantization_config"] = codec(export).config(layers, block_names, ignore, aliases)
     if ws.adapter.lm_head in layers:
         config["tie_word_embeddings"] = False
     return config

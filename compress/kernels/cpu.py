@@ -163,6 +163,7 @@ ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
     "gelu_pytorch_tanh": _C.constants["ACT_GELU_TANH"],
     "gelu_new": _C.constants["ACT_GELU_TANH"],  # the same tanh approximation (phi)
+    "gelu": _C.constants["ACT_GELU"],  # the exact one, through erf (gpt_neox)
     "relu2": _C.constants["ACT_RELU2"],
     "xielu": _C.constants["ACT_XIELU"],
 }

@@ -196,8 +196,20 @@ class Adapter:
     # on); a config with one of them true is refused in one line (adapter_for)
     refused_options: tuple[tuple[str, str], ...] = ()
     # the config key that makes the block parallel (stablelm's use_parallel_residual):
-    # where it is true, adapter_for drops mlp_norm and sets `parallel`
+    # where it is true, adapter_for sets `parallel` and drops mlp_norm, unless the parallel
+    # block keeps a norm of its own for the MLP (`parallel_mlp_norm`: gpt_neox's two)
     parallel_option: str | None = None
+    parallel_mlp_norm: bool = False
+    # the fused q/k/v's rows go head by head, each head's q, k, v rows in turn (gpt_neox's
+    # query_key_value), not all of q, then k, then v (phi3's qkv_proj)
+    qkv_by_head: bool = False
+    # tensors, relative to a block, that some checkpoints of the family still hold though
+    # the model computes them (GPT-NeoX's causal-mask and rotary buffers): never read
+    stale_tensors: tuple[str, ...] = ()
+    # the head's module name in transformers' model where its loader renames the
+    # checkpoint's (gpt_neox's embed_out is loaded as lm_head; vLLM keeps embed_out): a
+    # quantized head's config names both
+    head_loaded_as: str | None = None
     biased: tuple[str, ...] = ()  # roles whose linears always carry a bias
     head_bias: bool = False  # the lm_head carries a bias (phi); others' is refused
     bias_options: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -329,7 +341,13 @@ class Adapter:
             shared = (self.shared_linears[:2],) if self.shared_width else ()
             return (attn, *pairs, *shared)
         mlp = self.mlp_inputs
-        return ((*attn, *mlp),) if self.parallel else (attn, mlp)
+        return ((*attn, *mlp),) if self.one_norm else (attn, mlp)
+
+    @property
+    def one_norm(self) -> bool:
+        """A parallel block whose attention and MLP read one norm's output (cohere);
+        gpt_neox's parallel block norms each branch's input apart."""
+        return self.parallel and self.mlp_norm is None
 
     @property
     def block_norms(self) -> tuple[str, ...]:
@@ -376,7 +394,7 @@ class Adapter:
         # up -> down folds a scale only through act(gate) * up, linear in up: an MLP
         # without a gate has none to fold it through
         up_down = (InputGroup(self.up, (self.down,)),) if self.gate else ()
-        if self.parallel:  # one norm feeds both branches
+        if self.one_norm:  # one norm feeds both branches
             return (
                 InputGroup(self.attn_norm, (self.q, self.k, self.v, *self.mlp_inputs)),
                 InputGroup(self.v, (self.o,)),
@@ -429,7 +447,9 @@ class Adapter:
         q, k, v rows, gate_up_proj gate then up, so a cut keeps each part's chosen units."""
         q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
         parts = {}
-        if self.qkv:
+        if self.qkv and self.qkv_by_head:  # each kept head's q, k and v rows together
+            parts[self.qkv] = (("qkv_heads", 0),)
+        elif self.qkv:
             parts[self.qkv] = (("heads", 0), ("kv_heads", q), ("kv_heads", q + kv))
         if self.gate_up:
             parts[self.gate_up] = (("mlp", 0), ("mlp", shape.intermediate))
@@ -691,6 +711,39 @@ _STABLELM = replace(
     heads_span_hidden=True,  # its attention takes head_dim as hidden / heads
 )
 
+# gpt_neox (Pythia, GPT-NeoX-20B, Dolly v2, RedPajama-INCITE): LayerNorms with a bias,
+# the fused q/k/v head by head, an MLP without a gate (the exact gelu), every linear
+# biased, a quarter of each head rotated, an untied head; the block is parallel with
+# use_parallel_residual, each branch reading a norm of its own
+_GPT_NEOX = replace(
+    LLAMA,
+    families=("gpt_neox",),
+    architecture="GPTNeoXForCausalLM",
+    blocks="gpt_neox.layers",
+    embed="gpt_neox.embed_in",
+    final_norm="gpt_neox.final_layer_norm",
+    lm_head="embed_out",
+    head_loaded_as="lm_head",
+    attn="attention",
+    qkv="attention.query_key_value",
+    qkv_by_head=True,
+    o="attention.dense",
+    gate=None,
+    act_module="mlp.act",
+    up="mlp.dense_h_to_4h",
+    down="mlp.dense_4h_to_h",
+    derived_modules=("gpt_neox.rotary_emb",),
+    norm="layer",
+    norm_eps="layer_norm_eps",
+    norm_bias=True,
+    biased=("up", "down"),
+    bias_options=(("attention_bias", ("q", "k", "v", "o")),),
+    parallel_option="use_parallel_residual",
+    parallel_mlp_norm=True,
+    heads_span_hidden=True,  # its attention takes the head width as hidden / heads
+    stale_tensors=("attention.bias", "attention.masked_bias", "attention.rotary_emb.inv_freq"),
+)
+
 # nemotron (Minitron 4B/8B, Nemotron-Mini-4B): LayerNorm1P, x·(1+w) + b after centering,
 # an MLP without a gate (relu²), half of each head rotated
 _NEMOTRON = replace(
@@ -830,6 +883,7 @@ ADAPTERS: dict[str, Adapter] = {
     "nemotron": _NEMOTRON,
     "phi": _PHI,
     "stablelm": _STABLELM,
+    "gpt_neox": _GPT_NEOX,
     "apertus": _APERTUS,
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
@@ -1114,7 +1168,8 @@ def adapter_for(config: dict) -> Adapter:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
     if adapter.parallel_option and getattr(hf, adapter.parallel_option, False):
-        adapter = replace(adapter, parallel=True, mlp_norm=None)
+        mlp_norm = adapter.mlp_norm if adapter.parallel_mlp_norm else None
+        adapter = replace(adapter, parallel=True, mlp_norm=mlp_norm)
     for key, what in adapter.refused_options:
         if getattr(hf, key, False):
             raise LlmpressError(

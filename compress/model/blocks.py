@@ -102,7 +102,9 @@ class BlockStore:
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
         chunk = chunk_samples(length, widest, self.device)
-        return Positions(self.spec, length, chunk, self.adapter.rope_tables_in_pairs)
+        return Positions(
+            self.spec, length, chunk, self.adapter.rope_tables_in_pairs, self.adapter.attn
+        )
 
 
 def _widest(hf, spec: BlockSpec) -> int:
@@ -140,9 +142,10 @@ class Positions:
     chunk: int = CHUNK  # samples a forward takes at once (chunk_samples)
     pairs: bool = False  # the layer takes cos/sin per interleaved pair (the adapter's
     # rope_tables_in_pairs), not in two halves
+    attn: str = "self_attn"  # the block's attention module (the adapter's `attn`)
 
     def kwargs(self, block: torch.nn.Module) -> dict:
-        i = block.self_attn.layer_idx
+        i = block.get_submodule(self.attn).layer_idx
         eager = attention_kernel(self.spec) == "eager"
         rope, window = self.spec.rope[i], self.spec.windows[i]
         return _block_kwargs(rope, window, self.length, _device(block), eager, self.pairs)

@@ -86,9 +86,10 @@ class Checkpoint:
     def tensors(self) -> dict[str, tuple[Path, tuple[int, ...], str]]:
         """Each tensor's file, shape and dtype, from the safetensors headers alone."""
         info: dict[str, tuple[Path, tuple[int, ...], str]] = {}
+        stale = tuple(f".{n}" for n in self.adapter.stale_tensors)
         for f in self.files:
             for name, entry in check_safetensors(f).items():
-                if name == "__metadata__":
+                if name == "__metadata__" or (stale and name.endswith(stale)):
                     continue
                 if name in info:  # which copy a loader takes depends on file order
                     raise LlmpressError(

@@ -162,7 +162,7 @@ class Scores:
         attn_norm = block.get_submodule(a.attn_norm or a.post_attn_norm)
         handles.append(attn_norm.register_forward_hook(on_norm(2 * i)))
         # (a parallel block's MLP reads the attention's norm: cohere)
-        mlp_norm = block.get_submodule(a.attn_norm if a.parallel else a.mlp_norm or a.post_mlp_norm)
+        mlp_norm = block.get_submodule(a.attn_norm if a.one_norm else a.mlp_norm or a.post_mlp_norm)
         handles.append(mlp_norm.register_forward_hook(on_norm(2 * i + 1)))
         handles.append(block.register_forward_hook(on_block, with_kwargs=True))
         return handles
@@ -265,7 +265,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
     from compress.runtime.model import final_logits  # the family's scale and softcap
 
     spec = adapter.spec(model.config.to_dict())
-    rope = Positions(spec, samples.shape[1], pairs=adapter.rope_tables_in_pairs)
+    rope = Positions(spec, samples.shape[1], pairs=adapter.rope_tables_in_pairs, attn=adapter.attn)
     norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.lm_head)
     out = torch.zeros(len(layers), device="cpu")
     for i in tqdm(range(len(layers)), desc="layer removal", unit="layer"):

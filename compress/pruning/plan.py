@@ -48,7 +48,7 @@ def target_shape(
     whole layers (a count)."""
     group = shape.heads // shape.kv_heads
     heads_cut = cuts.get("heads", 0.0)
-    if head_mode == "kv_groups":
+    if head_mode == "kv_groups" or group == 1:  # multi-head: a group is one head
         kv = max(1, round(shape.kv_heads * (1 - heads_cut)))
         heads = kv * group
     else:

@@ -76,7 +76,7 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
     heads, kv_heads, mlp, experts, shared = [], [], [], [], []
     for i in layers:
         per_group = imp.heads[i].view(full.kv_heads, group)
-        if head_mode == "kv_groups":
+        if head_mode == "kv_groups" or group == 1:  # multi-head: a group is one head
             kept_kv = _top(per_group.sum(1), target.kv_heads)
             kept_q = [g * group + j for g in kept_kv for j in range(group)]
         else:
@@ -145,6 +145,7 @@ def prune_block(
     index = {
         "heads": _units(keep.heads[new], full.head_dim),
         "kv_heads": _units(keep.kv_heads[new], full.head_dim),
+        "qkv_heads": _units(keep.heads[new], 3 * full.head_dim),  # q/k/v fused head by head
         "mlp": torch.tensor(keep.mlp[new], device="cpu"),
         "hidden": hidden,
     }

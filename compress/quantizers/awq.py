@@ -210,7 +210,7 @@ class AWQ(Described):
         if group.producer == adapter.attn_norm:
             attn = ctx.sub(adapter.attn)
             kwargs = ctx.rope.kwargs(ctx.module)
-            if adapter.parallel:  # the norm feeds the MLP too: both branches' sum
+            if adapter.one_norm:  # the norm feeds the MLP too: both branches' sum
                 mlp = ctx.sub(adapter.mlp)
                 return lambda x: attn(hidden_states=x, **kwargs)[0] + mlp(x)
             return lambda x: attn(hidden_states=x, **kwargs)[0]

@@ -77,6 +77,7 @@ ACT = {
     "silu": torch.nn.functional.silu,
     "gelu_pytorch_tanh": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),
     "gelu_new": lambda g: torch.nn.functional.gelu(g, approximate="tanh"),  # phi's name
+    "gelu": torch.nn.functional.gelu,  # the exact one (gpt_neox)
     "relu2": lambda g: torch.relu(g).square(),
 }
 

@@ -302,6 +302,14 @@ def interleaved_rows(heads: int, head_dim: int, rotary: int) -> torch.Tensor:
     return (torch.arange(heads)[:, None] * head_dim + one).reshape(-1)
 
 
+def rows_by_part(heads: int, head_dim: int) -> torch.Tensor:
+    """The row order that turns a q/k/v fused head by head (gpt_neox's: head h's q, k, v
+    rows in turn) into all of q, then k, then v, as the runtime splits it."""
+    one = torch.arange(head_dim)
+    at = torch.arange(heads)[:, None] * 3 * head_dim + one
+    return torch.cat([at + part * head_dim for part in range(3)]).reshape(-1)
+
+
 def _rows(t: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor | None:
     return t if t is None or rows is None else t.index_select(0, rows.to(t.device))
 
@@ -353,7 +361,7 @@ def _fold_norm_biases(layer: Layer, tensors, prefix: str, adapter, spec: BlockSp
         )
     attn = tensors[f"{prefix}.{adapter.attn_norm}.bias"].float().to(device)
     fold_input_shift(layer.qkv, attn)
-    mlp = attn if spec.parallel else tensors[f"{prefix}.{adapter.mlp_norm}.bias"].float()
+    mlp = attn if adapter.one_norm else tensors[f"{prefix}.{adapter.mlp_norm}.bias"].float()
     fold_input_shift(layer.gate_up, mlp.to(device))
 
 
@@ -459,7 +467,8 @@ def load_weights(
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
         if adapter.qkv:
-            qkv = [lin(adapter.qkv)]
+            by_part = rows_by_part(shape.heads, shape.head_dim) if adapter.qkv_by_head else None
+            qkv = [lin(adapter.qkv, rows=by_part)]
         elif adapter.rope_interleaved:  # q and k into the halves layout the runtime rotates
             rotary = spec.rope[i].rotary_dim
             qkv = [
@@ -473,8 +482,9 @@ def load_weights(
             Layer(
                 act_params=_act_params(tensors, f"{p}.{adapter.act_module}", spec, device),
                 attn_norm=opt(adapter.attn_norm),
-                # parallel (cohere): the MLP norms the block's input with attention's norm
-                mlp_norm=opt(adapter.attn_norm if spec.parallel else adapter.mlp_norm),
+                # parallel (cohere): the MLP norms the block's input with attention's norm,
+                # or with a norm of its own (gpt_neox)
+                mlp_norm=opt(adapter.attn_norm if adapter.one_norm else adapter.mlp_norm),
                 qkv=fuse(qkv) if len(qkv) > 1 else qkv[0],
                 o=lin(adapter.o),
                 gate_up=gate_up,

@@ -85,10 +85,10 @@ class AwqGemm:
     def encode(self, prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
         return awq_layout.encode_awq(prefix, qw)
 
-    def config(self, layers: dict, block_names: dict, ignore: list[str]) -> dict:
+    def config(self, layers: dict, block_names: dict, ignore: list[str], aliases=None) -> dict:
         """One group size for every layer (preflight refused others). A layer whose width
         equals the group has one group per row: per-channel in compressed-tensors' terms,
-        the same group here."""
+        the same group here. (`aliases`: the layout names no targets, only `ignore`.)"""
         groups = {LayerFormat.of_any(qw).stored_group for qw in layers.values()}
         if len(groups) != 1:
             raise LlmpressError(

@@ -45,8 +45,8 @@ class CompressedTensors:
     def encode(self, prefix: str, qw: QuantizedWeight) -> dict[str, torch.Tensor]:
         return ct_layout.encode(prefix, qw, outliers=self.outliers)
 
-    def config(self, layers: dict, block_names: dict, ignore: list[str]) -> dict:
-        return ct_layout.quantization_config(layers, block_names, ignore)
+    def config(self, layers: dict, block_names: dict, ignore: list[str], aliases=None) -> dict:
+        return ct_layout.quantization_config(layers, block_names, ignore, aliases)
 
     def planned_tensor_names(self, outlier_layers: bool) -> list[str]:
         """Names of the tensors beyond the scheme's own that a layer will store (for the

@@ -248,9 +248,11 @@ def quantization_config(
     layers: dict[str, QuantizedWeight | LayerFormat],
     block_names: dict[str, list[str]],
     ignore: list[str],
+    aliases: dict[str, str] | None = None,
 ) -> dict:
     """config.json's `quantization_config`: one config group per distinct layer format
-    (`layers` maps names to quantized weights, or to planned formats).
+    (`layers` maps names to quantized weights, or to planned formats). `aliases`: a
+    module's other name, targeted beside it (a head transformers loads under its own).
 
     `block_names` maps each block-linear kind (e.g. "self_attn.q_proj") to every module of
     that kind, so a scheme shared by all of them is written as one regex target.
@@ -264,8 +266,10 @@ def quantization_config(
     for i, (lf, names) in enumerate(
         sorted(by_format.items(), key=lambda kv: (kv[0].bits, kv[0].group_size or 0))
     ):
+        targets = _compact_targets(names, block_names)
+        targets += [aliases[n] for n in names if n in (aliases or {})]
         groups[f"group_{i}"] = {
-            "targets": _compact_targets(names, block_names),
+            "targets": targets,
             "weights": lf.weight_args(),
             "input_activations": lf.input_args(),
             "output_activations": None,

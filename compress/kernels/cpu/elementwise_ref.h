@@ -9,10 +9,15 @@ static inline float gelu_tanh(float g) {
     return 0.5f * g * (1.f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g)));
 }
 
+/* 0.5 g (1 + erf(g / sqrt 2)) as 0.5 g erfc(-g / sqrt 2): no 1 + erf to cancel where g is
+ * negative. */
+static inline float gelu_erf(float g) { return 0.5f * g * erfcf(-g * 0.70710678118f); }
+
 /* act(g); p: ACT_XIELU's parameters (llmpress.h), else unread. */
 static inline float act_value(float g, int act, const float *p) {
     if (act == ACT_SILU) return g / (1.f + expf(-g));
     if (act == ACT_GELU_TANH) return gelu_tanh(g);
+    if (act == ACT_GELU) return gelu_erf(g);
     if (act == ACT_XIELU)
         return g > 0.f ? p[0] * g * g + p[2] * g
                        : (expm1f(g < p[3] ? g : p[3]) - g) * p[1] + p[2] * g;

@@ -43,8 +43,8 @@
  * has no gate (llmp_act_quant): the layers' `act`. ACT_RELU2: relu(x)^2. ACT_XIELU (an
  * MLP without a gate, apertus): with the layer's p = {alpha_p, alpha_n, beta, eps} (their
  * effective values), x > 0: alpha_p x^2 + beta x; else (expm1(min(x, eps)) - x) alpha_n
- * + beta x. */
-enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_RELU2 = 2, ACT_XIELU = 3 };
+ * + beta x. ACT_GELU: the exact gelu, 0.5 x (1 + erf(x / sqrt 2)) (gpt_neox's). */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_RELU2 = 2, ACT_XIELU = 3, ACT_GELU = 4 };
 
 /* The KV cache as compress/runtime/kv_cache.py allocates it: a pool of blocks of `block`
  * tokens, every pooled array [layers, kv_heads, n_blocks, ...], contiguous; position p of a
