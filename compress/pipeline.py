@@ -403,6 +403,7 @@ def run_model_stages(
         return pruned or source, records, ctx.schemes
     out = folder / "model"
     state = {k: v.contiguous().cpu() for k, v in ctx.model.state_dict().items()}
+    state = ctx.adapter.checkpoint_names(state)
     teacher = ctx.model = ctx.teacher = None  # the device's memory goes back to the walk
     if distributed.is_writer():  # every rank holds the same model: rank 0 saves it
         _save_model(state, ctx.config, source, tokenizer, out)

@@ -553,6 +553,7 @@ GGUF_FAMILIES = {
     "nemotron": ("NEMOTRON", {}),
     "phi": ("PHI2", {"intermediate_size": 256}),
     "stablelm": ("STABLELM", {}),
+    "gpt_neox": ("GPTNEOX", {}),
     "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
     "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
@@ -651,7 +652,7 @@ def write_gguf(
     partial = (
         gguf.MODEL_ARCH.GLM4, gguf.MODEL_ARCH.CHATGLM, gguf.MODEL_ARCH.GLM4_MOE,
         gguf.MODEL_ARCH.MINIMAXM2, gguf.MODEL_ARCH.NEMOTRON, gguf.MODEL_ARCH.PHI2,
-        gguf.MODEL_ARCH.STABLELM,
+        gguf.MODEL_ARCH.STABLELM, gguf.MODEL_ARCH.GPTNEOX,
     )  # fmt: skip
     if enum in partial:  # the rotated width
         partial = cfg.rope_parameters.get("partial_rotary_factor", 1.0)
@@ -663,7 +664,9 @@ def write_gguf(
     theta = rope["rope_theta"]
     if rope.get("rope_type") == "dynamic" and rope.get("alpha"):  # llama.cpp's HunYuanModel
         theta *= rope["alpha"] ** (head_dim / (head_dim - 2))  # writes the base alpha gives
-    if enum not in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.PHI2) or theta != 1e4:
+    if enum not in (gguf.MODEL_ARCH.GEMMA, gguf.MODEL_ARCH.PHI2, gguf.MODEL_ARCH.GPTNEOX) or (
+        theta != 1e4
+    ):
         w.add_rope_freq_base(theta)  # their converters write none: the default
     head_dim_rope = int(head_dim * rope.get("partial_rotary_factor", 1.0))
     if rope.get("rope_type") == "linear":
@@ -696,6 +699,9 @@ def write_gguf(
         w.add_layer_norm_eps(cfg.norm_eps)
     elif cfg.model_type in ("phi", "stablelm"):
         w.add_layer_norm_eps(cfg.layer_norm_eps)
+    elif cfg.model_type == "gpt_neox":  # llama.cpp's GPTNeoXModel keys
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
+        w.add_parallel_residual(cfg.use_parallel_residual)
     else:
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too
@@ -797,6 +803,12 @@ def write_gguf(
             heads = cfg.num_attention_heads if "attn_q" in target else cfg.num_key_value_heads
             t = t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:])
             t = t.swapaxes(1, 2).reshape(-1, *t.shape[3:])
+        if enum == gguf.MODEL_ARCH.GPTNEOX and target.endswith(
+            ("attn_qkv.weight", "attn_qkv.bias")
+        ):
+            # its converter regroups the fused rows from head by head into q, k, v
+            parts = t.reshape(cfg.num_attention_heads, 3, -1, *t.shape[1:])
+            t = parts.swapaxes(0, 1).reshape(t.shape)
         plus_one = cfg.model_type.startswith("gemma") or cfg.model_type == "nemotron"
         if plus_one and target.endswith("norm.weight"):
             t = t + 1.0  # llama.cpp multiplies by w; the (1 + w) is stored

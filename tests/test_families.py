@@ -236,6 +236,32 @@ def test_gpt_neox_buffers_older_checkpoints_hold_are_never_read(tmp_path, wikite
     assert (got - _transformers_logits(out, ids)).abs().max() < 1e-3
 
 
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [{"prune": {"mlp": 0.25, "heads": 0.5, "hidden": 0.5}}, {"distill": {"tokens": 256}}],
+        [parse_quant("rtn:w4g32"), {"distill": {"tokens": 256}}],
+    ],
+    ids=["prune+repair", "quantize+repair"],
+)
+def test_a_gpt_neox_trained_whole_is_written_under_its_checkpoint_names(
+    models, wikitext, tmp_path, ids, stages
+):
+    """transformers' model calls gpt_neox's head lm_head; its checkpoints and vLLM call it
+    embed_out. The repairs train the whole model (the pruned one, or the quantized one
+    with its int8 head wrapped), and what they write is named as checkpoints are: read
+    back by plain transformers and the runtime alike."""
+    from safetensors.torch import load_file
+
+    out = _compress(models["gpt_neox"], tmp_path / "out", stages, wikitext)
+    stored = load_file(out / "model.safetensors")
+    heads = {n.split(".")[0] for n in stored if not n.startswith("gpt_neox.")}
+    assert heads == {"embed_out"}
+    want = _transformers_logits(out, ids)
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH)(ids).logits[0]
+    assert (got - want).abs().max() < 2e-3
+
+
 @pytest.mark.parametrize("name", ["stablelm", "phi"])
 def test_q_k_layernorms_llmpress_does_not_compute_are_refused_in_one_line(name):
     """StableLM 2 12B's per-head LayerNorm modules and phi's biased q/k LayerNorms."""

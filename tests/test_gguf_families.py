@@ -181,12 +181,14 @@ def test_a_qwen_vl_language_model_gguf_converts_to_its_family(name, arch, tmp_pa
     _same_logits(model, folder)
 
 
-def test_a_sequential_stablelm_gguf_converts_to_its_block(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["stablelm", "gpt_neox"])
+def test_a_sequential_block_s_gguf_converts_to_its_block(name, tmp_path, monkeypatch):
     """StableLM 2 1.6B and StableLM-3B run attention, then the MLP under its own norm:
     llama.cpp's graph does so where the file holds an ffn_norm, and so does llmpress (the
-    family test's model is the parallel block, which holds none)."""
+    family test's model is the parallel block, which holds none). gptneox files state
+    the choice (`use_parallel_residual`), both norms held either way."""
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
-    model = build_family("stablelm", vocab_size=1024, use_parallel_residual=False)
+    model = build_family(name, vocab_size=1024, use_parallel_residual=False)
     folder = convert_gguf(write_gguf(model, tmp_path / "s.gguf", default_gguf()))
     assert json.loads((folder / "config.json").read_text())["use_parallel_residual"] is False
     _same_logits(model, folder)

@@ -247,7 +247,7 @@ def _data_parallel(student):
 
 def _trainable(student, adapter: Adapter, train_embeddings: bool) -> list:
     """Every parameter trains, except the embedding and lm_head unless asked."""
-    frozen = () if train_embeddings else (adapter.embed + ".", adapter.lm_head + ".")
+    frozen = () if train_embeddings else (adapter.embed + ".", adapter.head_module + ".")
     for name, p in student.named_parameters():
         p.requires_grad_(not name.startswith(frozen))
     return [p for p in student.parameters() if p.requires_grad]

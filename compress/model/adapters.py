@@ -290,6 +290,31 @@ class Adapter:
 
         return describe(config, self)
 
+    @property
+    def head_module(self) -> str:
+        """The head's module name in transformers' model (`head_loaded_as`, else lm_head)."""
+        return self.head_loaded_as or self.lm_head
+
+    def model_names(self, state: dict) -> dict:
+        """A checkpoint's state dict (or modules by name) under the names transformers'
+        model gives them (gpt_neox: embed_out.* as lm_head.*), for load_state_dict."""
+        return self._renamed(state, self.lm_head, self.head_module)
+
+    def checkpoint_names(self, state: dict) -> dict:
+        """A transformers model's state dict under the names checkpoints of the family use
+        (gpt_neox: lm_head.* as embed_out.*, which vLLM's loader reads)."""
+        return self._renamed(state, self.head_module, self.lm_head)
+
+    @staticmethod
+    def _renamed(state: dict, old: str, new: str) -> dict:
+        if old == new:
+            return state
+
+        def name(k: str) -> str:  # the module itself, or a tensor of it
+            return new + k[len(old) :] if k == old or k.startswith(old + ".") else k
+
+        return {name(k): v for k, v in state.items()}
+
     def role(self, role: str) -> str:
         """The module name of a role (q, k, v, o, gate, up, down)."""
         return getattr(self, role)

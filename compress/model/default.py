@@ -65,6 +65,7 @@ SUPPORTED_GGUF_ARCHS = {
     "stablelm": "stablelm",
     "qwen2vl": "qwen2",  # Qwen2-VL's and Qwen2.5-VL's language model
     "qwen3vl": "qwen3",  # Qwen3-VL's
+    "gptneox": "gpt_neox",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

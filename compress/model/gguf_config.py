@@ -3,7 +3,7 @@
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
 minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
-arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl and qwen3vl files that
+arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl, qwen3vl and gptneox files that
 transformers cannot read (or, for
 nemotron and stablelm, reads with its config class's defaults in place of the file's
 epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
@@ -24,7 +24,7 @@ OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
     "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
-    "stablelm", "qwen2vl", "qwen3vl",
+    "stablelm", "qwen2vl", "qwen3vl", "gptneox",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -454,6 +454,19 @@ def _stablelm(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _gptneox(get, fields: dict, reader) -> tuple[str, dict]:
+    """Pythia, GPT-NeoX-20B: each branch under a LayerNorm of its own, in parallel where
+    `use_parallel_residual` says (llama.cpp's default too); q/k/v fused, which the
+    converter wrote as q, then k, then v rows (gguf_tensors puts them back head by head);
+    no rope base written (10,000, the default)."""
+    _rotated_width(get, fields)
+    return "gpt_neox", {
+        **_layer_norm_eps(get, fields, "layer_norm_eps"),
+        "use_parallel_residual": bool(get("use_parallel_residual", True)),
+        "attention_bias": _q_biased(reader),
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -481,6 +494,7 @@ _FAMILY = {
     "stablelm": _stablelm,
     "qwen2vl": _qwen2vl,
     "qwen3vl": _qwen3vl,
+    "gptneox": _gptneox,
 }
 
 

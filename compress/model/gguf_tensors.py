@@ -14,7 +14,9 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read);
 - apertus: each layer's xIELU parameters became header arrays (`xielu.alpha_p`, ...),
-  written back as the layer's act_fn tensors.
+  written back as the layer's act_fn tensors;
+- gptneox: the fused q/k/v's rows were regrouped from head by head into q, then k, then
+  v; its head is `embed_out` in checkpoints (transformers' model calls it lm_head).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
 ones become fp32 (a Q4_1 value, a 16-bit scale times a 4-bit code plus an offset, needs
 more mantissa than bf16 or fp16 have), so the converted model is exactly the GGUF's.
@@ -60,9 +62,16 @@ def checkpoint_shapes(config) -> dict[str, tuple[int, ...]]:
     if spec.mlp is not None:
         install_experts(skeleton, adapter, spec)
     shapes = {n: tuple(t.shape) for n, t in skeleton.state_dict().items()}
+    if adapter.head_loaded_as:  # checkpoints name the head otherwise (gpt_neox's embed_out)
+        shapes = {_checkpoint_name(n, adapter): s for n, s in shapes.items()}
     if config.tie_word_embeddings:
         shapes.pop(f"{adapter.lm_head}.weight", None)
     return shapes
+
+
+def _checkpoint_name(name: str, adapter) -> str:
+    module, _, leaf = name.rpartition(".")
+    return f"{adapter.lm_head}.{leaf}" if module == adapter.head_loaded_as else name
 
 
 def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
@@ -199,6 +208,9 @@ def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Te
         return halves.transpose(1, 2).reshape(w.shape)
     if arch in _NORMS_PLUS_ONE and gguf_name.endswith("norm.weight"):
         return w - 1
+    if arch == "gptneox" and gguf_name.endswith(("attn_qkv.weight", "attn_qkv.bias")):
+        parts = w.reshape(3, config.num_attention_heads, -1, *w.shape[1:])
+        return parts.transpose(0, 1).reshape(w.shape)  # [heads, 3, head_dim, ...]
     return w
 
 

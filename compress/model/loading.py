@@ -411,8 +411,9 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
 
         install_experts(model, adapter, spec)
     model.to_empty(device="cpu")
+    state_dict = adapter.model_names(state_dict)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)
-    tied = {adapter.lm_head + ".weight"} if hf_config.tie_word_embeddings else set()
+    tied = {adapter.head_module + ".weight"} if hf_config.tie_word_embeddings else set()
     missing = [m for m in missing if m not in tied]
     if missing or unexpected:
         raise LlmpressError(

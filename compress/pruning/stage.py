@@ -185,7 +185,7 @@ class Prune(Described):
     @staticmethod
     def _build(ctx: ModelContext, full: Shape, keep: Keep, config: dict):
         state = {k: v.cpu() for k, v in ctx.model.state_dict().items()}
-        state = prune_state(state, ctx.adapter, full, keep)
+        state = prune_state(ctx.adapter.checkpoint_names(state), ctx.adapter, full, keep)
         return build_model(config, state, adapter_for(config)).to(ctx.device)
 
     def run_streamed(self, store, samples, tokenizer, out, source_sha: str, log) -> tuple:
