@@ -2948,6 +2948,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_gpt_neox.json",
+        "gpt_neox beside llama3 at a realistic width, AVX-512 EPYC",
+        "benchmarks/families.py --families gpt_neox,llama3 --name families_gpt_neox --skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "
