@@ -321,7 +321,7 @@ FAMILIES = {
 def family_config(name: str, **overrides):
     import transformers
 
-    cls_name, settings = FAMILIES[name]
+    cls_name, settings = FAMILIES[name] if name in FAMILIES else LATENT_FAMILIES[name]
     return getattr(transformers, cls_name)(**{**COMMON, **settings, **overrides})
 
 
@@ -488,6 +488,38 @@ MOE_FAMILIES = {
     ),
 }
 FAMILIES.update(MOE_FAMILIES)
+
+# Families compression reads and the runtime refuses in one line (tests/test_latent_attention.py):
+# DeepSeek-V3's multi-head latent attention, with its experts (glm4_moe's), expert groups
+# (2, one chosen) and YaRN over an original context of 16, so both act within the tests'
+# 72 tokens; widths multiples of 32, as vLLM's CPU kernels need
+LATENT_FAMILIES = {
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            **_DEEPSEEK_V3_MOE,
+            "num_key_value_heads": 4,
+            "head_dim": 32,  # transformers' DeepseekV3Config: qk_rope_head_dim's
+            "q_lora_rank": 64,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 32,
+            "n_group": 2,
+            "topk_group": 1,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 32.0,  # 512 positions over 16
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        },
+    ),
+}
 
 
 # Families whose GGUF files llmpress reads, by the gguf package's architecture names, and

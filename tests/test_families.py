@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 import torch
-from family_models import FAMILIES, MOE_FAMILIES, family_config, write_family
+from family_models import FAMILIES, LATENT_FAMILIES, MOE_FAMILIES, family_config, write_family
 from safetensors import safe_open
 from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
@@ -113,10 +113,11 @@ def test_every_blockspec_field_has_a_runtime_check():
 
 def test_every_supported_family_has_a_tiny_model_here():
     """A family the adapters accept is one these tests run: its model_type among the tiny
-    models' (llama3 is llama's)."""
+    models' (llama3 is llama's; the latent-attention ones in test_latent_attention.py)."""
     import transformers
 
-    tested = {getattr(transformers, cls)().model_type for cls, _ in FAMILIES.values()}
+    every = [*FAMILIES.values(), *LATENT_FAMILIES.values()]
+    tested = {getattr(transformers, cls)().model_type for cls, _ in every}
     assert tested == set(ADAPTERS)
 
 

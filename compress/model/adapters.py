@@ -148,6 +148,73 @@ class ModelShape(Widths):
 
 
 @dataclass(frozen=True)
+class Latent:
+    """DeepSeek's multi-head latent attention (MLA), sized by its config: q through a
+    low-rank pair (q_a_proj, its norm, q_b_proj), or one q_proj where q_lora_rank is null
+    (DeepSeek-V2-Lite); k and v through one latent shared by every head (kv_a_proj_with_mqa
+    gives the latent and the one rotated key part; the latent's norm; kv_b_proj gives each
+    head's unrotated key and its value)."""
+
+    q_rank: int  # 0: one q_proj
+    kv_rank: int
+    nope: int  # each head's unrotated q/k width
+    rope: int  # the rotated q/k width (one key part for every head)
+    v: int  # each head's value width
+
+    q = "self_attn.q_proj"
+    q_a = "self_attn.q_a_proj"
+    q_a_norm = "self_attn.q_a_layernorm"
+    q_b = "self_attn.q_b_proj"
+    kv_a = "self_attn.kv_a_proj_with_mqa"
+    kv_a_norm = "self_attn.kv_a_layernorm"
+    kv_b = "self_attn.kv_b_proj"
+
+    @classmethod
+    def of(cls, hf) -> Latent:
+        return cls(
+            hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim,
+            hf.v_head_dim,
+        )  # fmt: skip
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """The attention's linears but o, in execution order."""
+        q = (self.q_a, self.q_b) if self.q_rank else (self.q,)
+        return (*q, self.kv_a, self.kv_b)
+
+    @property
+    def reads_hidden(self) -> tuple[str, str]:
+        """The linears that read the attention norm's output (one GPTQ Hessian; vLLM fuses
+        q_a_proj and kv_a_proj_with_mqa as fused_qkv_a_proj)."""
+        return (self.q_a if self.q_rank else self.q, self.kv_a)
+
+    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
+        """Each of its linears by the norm whose output it reads."""
+        q_b = (InputGroup(self.q_a_norm, (self.q_b,)),) if self.q_rank else ()
+        return (
+            InputGroup(attn_norm, self.reads_hidden),
+            *q_b,
+            InputGroup(self.kv_a_norm, (self.kv_b,)),
+        )
+
+    def shapes(self, heads: int, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Its linears' [out, in] (o's too) and its norms' widths."""
+        q_out = heads * (self.nope + self.rope)
+        out = {
+            self.kv_a: (self.kv_rank + self.rope, hidden),
+            self.kv_a_norm: (self.kv_rank,),
+            self.kv_b: (heads * (self.nope + self.v), self.kv_rank),
+            "o": (hidden, heads * self.v),
+        }
+        if self.q_rank:
+            out.update({self.q_a: (self.q_rank, hidden), self.q_a_norm: (self.q_rank,)})
+            out[self.q_b] = (q_out, self.q_rank)
+        else:
+            out[self.q] = (q_out, hidden)
+        return out
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where the parts of a llama-family model are, by module name."""
 
@@ -238,6 +305,10 @@ class Adapter:
     # factors against it); helium's o_proj is [hidden, hidden]
     heads_span_hidden: bool = False
     moe: MoeKeys | None = None  # Mixture-of-Experts families: where their config says so
+    # DeepSeek's multi-head latent attention in place of q/k/v (`latent_attention`: bound
+    # from config.json by adapter_for as `latent`)
+    latent_attention: bool = False
+    latent: Latent | None = None
     head_dim: int | None = None  # the config class's head_dim default, if not hidden/heads
     # Mixture-of-Experts: the router, the experts' module list and each expert's linears
     # (gate, up, down) as checkpoints name them; `experts`/`expert_width` are bound from
@@ -328,9 +399,16 @@ class Adapter:
         return (self.gate, self.up) if self.gate else (self.up,)
 
     @property
+    def attn_linears(self) -> tuple[str, ...]:
+        """The attention's linears but o: q/k/v (one fused tensor, or three), or MLA's."""
+        if self.latent:
+            return self.latent.linears
+        return (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+
+    @property
     def block_linears(self) -> tuple[str, ...]:
         """Every linear in a block, in execution order (as the checkpoint stores them)."""
-        attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        attn = self.attn_linears
         if self.experts:
             return (*attn, self.o, *self.expert_linears, *self.shared_linears)
         return (*attn, self.o, *self.mlp_inputs, self.down)
@@ -356,8 +434,9 @@ class Adapter:
     @property
     def shared_inputs(self) -> tuple[tuple[str, ...], ...]:
         """Linears that read the very same tensor (one GPTQ Hessian serves them): q/k/v,
-        gate/up, or each expert's gate/up (each expert sees its own tokens)."""
-        attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        gate/up, or each expert's gate/up (each expert sees its own tokens); MLA's q_a and
+        kv_a."""
+        attn = self.latent.reads_hidden if self.latent else self.attn_linears
         if self.experts:
             pairs = tuple(
                 (self.expert_linear(e, "gate"), self.expert_linear(e, "up"))
@@ -390,7 +469,12 @@ class Adapter:
     def _input_groups(self) -> tuple[InputGroup, ...]:
         """Fused checkpoint tensors (phi3) keep only the norm-fed groups: their v and up
         rows are a slice of one tensor, which no producer fold addresses (glm4's v is a
-        tensor of its own, so v → o stays)."""
+        tensor of its own, so v → o stays). MLA's linears by the norms they read: its v is
+        rows of kv_b, which no fold into o addresses either."""
+        if self.latent:
+            mlp = replace(self, latent=None)._input_groups
+            mlp = tuple(g for g in mlp if g.producer not in (self.attn_norm, self.v))
+            return (*self.latent.input_groups(self.attn_norm), *mlp)
         if self.qkv or self.gate_up:
             attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
             mlp = self.mlp_inputs
@@ -438,7 +522,10 @@ class Adapter:
         gate_up_proj): they must share one quantization scheme. A tensor the checkpoint
         already stores fused is one linear, so one scheme by construction."""
         groups = []
-        if not self.qkv:
+        if self.latent:  # vLLM's fused_qkv_a_proj (with q_lora_rank; else none)
+            if self.latent.q_rank:
+                groups.append(self.latent.reads_hidden)
+        elif not self.qkv:
             groups.append((self.q, self.k, self.v))
         if self.experts:  # vLLM's FusedMoE: one scheme for every expert of a layer
             groups.append(self.expert_linears)
@@ -511,6 +598,9 @@ class Adapter:
             sg, su, sd = self.shared_linears
             every[sg] = every[su] = (self.shared_width, hidden)
             every[sd] = (hidden, self.shared_width)
+        if self.latent:
+            latent = self.latent.shapes(shape.heads, hidden)
+            every.update(latent, **{self.o: latent["o"]})
         return {name: every[name] for name in self.block_linears}
 
     def block_prefix(self, index: int) -> str:
@@ -995,6 +1085,17 @@ ADAPTERS: dict[str, Adapter] = {
         predictor_layers="num_mtp_layers",
         **_QK_NORMS,
     ),
+    # deepseek_v3 (DeepSeek-V3, V3.1, R1, Moonlight): multi-head latent attention, with
+    # the experts glm4_moe took from it (sigmoid scores steered by a bias, groups, scaled,
+    # an ungated shared expert, the first layers dense)
+    "deepseek_v3": replace(
+        LLAMA,
+        families=("deepseek_v3",),
+        architecture="DeepseekV3ForCausalLM",
+        latent_attention=True,
+        **_DEEPSEEK_V3_EXPERTS,
+        predictor_layers="num_mtp_layers",
+    ),
     # dots1 (dots.llm1): qwen3's attention (per-head q/k norms, a sliding window past
     # max_window_layers) with glm4_moe's experts (DeepSeek-V3's routing and shared experts,
     # its first layers dense)
@@ -1163,6 +1264,10 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
 def _block_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ...]]:
     per_block = {n: (shape.hidden,) for n in adapter.block_norms}
     per_block.update(adapter.linear_shapes(shape))
+    if adapter.latent:  # MLA's norms of the q and kv latents
+        latent = adapter.latent.shapes(shape.heads, shape.hidden)
+        per_block.update({n: latent[n] for n in (adapter.latent.q_a_norm, adapter.latent.kv_a_norm)
+                          if n in latent})  # fmt: skip
     kind = adapter.qk_norm
     for norm, heads in ((adapter.q_norm, shape.heads), (adapter.k_norm, shape.kv_heads)):
         if norm:
@@ -1189,9 +1294,11 @@ def adapter_for(config: dict) -> Adapter:
             "open an issue with the model's config.json"
         )
     options = (adapter.qk_norm_option, adapter.parallel_option, *adapter.refused_options)
-    if adapter.moe is None and not any(options):
+    if adapter.moe is None and not any(options) and not adapter.latent_attention:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
+    if adapter.latent_attention:
+        adapter = replace(adapter, latent=Latent.of(hf))
     if adapter.parallel_option and getattr(hf, adapter.parallel_option, False):
         mlp_norm = adapter.mlp_norm if adapter.parallel_mlp_norm else None
         adapter = replace(adapter, parallel=True, mlp_norm=mlp_norm)

@@ -70,6 +70,8 @@ class BlockSpec:
     # the dense MLP is down(act(gate) · up); without a gate, down(act(up)) (arcee)
     gated_mlp: bool = True
     norm_bias: bool = False  # the norms add a bias after the weight (starcoder2, nemotron)
+    # DeepSeek's multi-head latent attention (Adapter.latent) in place of q/k/v
+    latent_attention: bool = False
 
     @property
     def layers(self) -> int:
@@ -162,4 +164,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         parallel=adapter.parallel,
         gated_mlp=adapter.gate is not None or adapter.gate_up is not None,
         norm_bias=adapter.norm_bias,
+        latent_attention=adapter.latent is not None,
     )

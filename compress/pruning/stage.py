@@ -127,6 +127,12 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
+        adapter = adapter_for(config)
+        if adapter.latent:  # its heads and hidden run through shared latents
+            raise LlmpressError(
+                f"prune: {adapter.families[0]}'s multi-head latent attention is not supported "
+                "by pruning yet; quantize the model without a prune stage"
+            )
         full = Shape.of(config)
         if full.heads % full.kv_heads:
             raise LlmpressError(

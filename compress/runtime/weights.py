@@ -77,6 +77,9 @@ RUNS = {
     "gated_mlp": _any,  # without a gate, Layer.gate_up holds up alone
     # folded at load into the biases of the linears each norm feeds (fold_input_shift)
     "norm_bias": _any,
+    # the cache of a latent and its decoding are not written yet: compression runs it
+    # through transformers' own blocks
+    "latent_attention": lambda on: "(multi-head latent attention)" if on else None,
 }
 
 

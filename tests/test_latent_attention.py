@@ -1,0 +1,134 @@
+"""DeepSeek-V3's multi-head latent attention (MLA): compression reads it through
+transformers' own blocks, and the artifact opens in plain transformers and passes vLLM's
+loading rules; the runtime, which has no latent cache yet, refuses it in one line, and
+eval then runs it through transformers."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from family_models import write_family
+from safetensors import safe_open
+from test_bad_input import error_lines, run_cli
+from transformers import AutoModelForCausalLM
+
+from compress.artifact.dense import load_model
+from compress.artifact.engines import engine_problems
+from compress.errors import LlmpressError
+from compress.eval.reference import BlockwiseOriginal
+from compress.model.adapters import adapter_for
+from compress.model.loading import resolve
+from compress.pipeline import compress
+from compress.recipe import parse_quant, parse_recipe
+from compress.runtime.weights import check_runnable, load_weights
+
+LENGTH = 72  # past the YaRN model's original context (16)
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module", params=[64, None], ids=["q_lora", "one_q_proj"])
+def model(request, tmp_path_factory, tokenizer_dir):
+    """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
+    (q_lora_rank null: DeepSeek-V2-Lite's, Moonlight's)."""
+    folder = tmp_path_factory.mktemp("mla") / "src"
+    return write_family(folder, "deepseek_v3", tokenizer_dir, q_lora_rank=request.param)
+
+
+def _logits(path, ids):
+    m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        return m.eval()(ids).logits[0]
+
+
+def _compress(src, out, stages, wikitext):
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 8, "length": 64}
+    return compress(str(src), parse_recipe({"stages": stages, "calib": calib}), out, log=print)
+
+
+def test_the_adapter_names_its_linears_and_shapes(model):
+    """q_a/q_b (or q_proj), kv_a and kv_b before o, sized by the config's ranks and head
+    widths, with the checkpoint's own shapes."""
+    from safetensors.torch import load_file
+
+    config = json.loads((model / "config.json").read_text())
+    adapter = adapter_for(config)
+    block = adapter.layer(1)
+    shapes = block.linear_shapes(adapter.shape(config))
+    stored = load_file(model / "model.safetensors")
+    for name, dims in shapes.items():
+        if ".experts." not in name:  # transformers saves them stacked, read one by one
+            assert tuple(stored[f"model.layers.1.{name}.weight"].shape) == dims, name
+    q = ("q_a_proj", "q_b_proj") if config["q_lora_rank"] else ("q_proj",)
+    assert block.attn_linears == tuple(f"self_attn.{n}" for n in (*q, "kv_a_proj_with_mqa",
+                                                                  "kv_b_proj"))  # fmt: skip
+
+
+def test_the_block_walk_equals_transformers(model, ids):
+    """What compression calibrates on and eval scores the original with, through the
+    latent attention, YaRN and the expert groups."""
+    want = torch.log_softmax(_logits(model, ids)[:-1], -1)
+    walk = BlockwiseOriginal(resolve(str(model)), ids, log=lambda _: None)
+    assert (walk.reference(0, ids[0]) - want).abs().max() < 1e-4
+
+
+def test_every_quantizer_compresses_and_opens_in_transformers(model, wikitext, tmp_path, ids):
+    """rtn, awq (its scales folded into the latents' norms too), gptq with tuning and
+    LLM.int8(): plain from_pretrained computes what llmpress's own reading of the weights
+    computes, the drift is that of 4 bits, and vLLM's rules find nothing to refuse."""
+    original = torch.log_softmax(_logits(model, ids), -1)
+    recipes = {
+        "rtn": [parse_quant("rtn:w4g32")],
+        "awq": [parse_quant("awq:w4g32")],
+        "gptq+tune": [parse_quant("gptq:w4g32"), {"tune": {"steps": 4}}],
+        "int8": [parse_quant("int8")],
+    }
+    kl = {}
+    for method, stages in recipes.items():
+        out = _compress(model, tmp_path / method, stages, wikitext)
+        got = _logits(out, ids)
+        if method != "int8":  # its int8 activations are no part of the weights alone
+            ours = load_model(resolve(str(out))).eval()
+            with torch.no_grad():
+                assert (ours(ids).logits[0] - got).abs().max() < 1e-4, method
+        got = torch.log_softmax(got, -1)
+        kl[method] = (original.exp() * (original - got)).sum(-1).mean().item()
+        config = json.loads((out / "config.json").read_text())
+        tensors = [k for f in out.glob("*.safetensors") for k in safe_open(str(f), "pt").keys()]  # noqa: SIM118
+        if method != "int8":  # LLM.int8()'s outlier columns are llmpress's own layout
+            assert engine_problems(config, tensors)["vllm"] == [], method
+    assert 0 < kl["rtn"] < 0.2, kl
+    assert kl["awq"] < 1.15 * kl["rtn"], kl
+    assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
+    assert kl["int8"] < kl["rtn"], kl
+
+
+def test_the_runtime_refuses_it_in_one_line_and_eval_runs_it_through_transformers(
+    model, wikitext, tmp_path
+):
+    """The tiny model's expert groups are refused first (as V3's would be); without them,
+    its latent attention."""
+    out = _compress(model, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    with pytest.raises(LlmpressError, match=r"^deepseek_v3: .* --engine transformers$"):
+        load_weights(resolve(str(out)), device="cpu")
+    config = json.loads((out / "config.json").read_text())
+    spec = adapter_for(config).spec(config)
+    ungrouped = dataclasses.replace(spec, mlp=dataclasses.replace(spec.mlp, groups=(1, 1)))
+    with pytest.raises(LlmpressError, match=r"^deepseek_v3: latent_attention .* --engine transf"):
+        check_runnable(ungrouped, "deepseek_v3")
+    data = ["--base", str(model), "--data", str(wikitext / "test.txt"), "--windows", "2"]
+    data += ["--ctx", "64", "--no-record"]
+    code, _, err = run_cli(["eval", str(out), *data])
+    assert code != 0 and len(error_lines(err)) == 1 and "--engine transformers" in err
+    code, out_text, err = run_cli(["eval", str(out), *data, "--engine", "transformers"])
+    assert code == 0, err
+    assert "transformers" in out_text
+
+
+def test_pruning_it_is_refused_in_one_line(model, wikitext, tmp_path):
+    with pytest.raises(LlmpressError, match=r"^prune: deepseek_v3's multi-head latent attention"):
+        _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
