@@ -89,8 +89,8 @@ def check_runnable(spec: BlockSpec, family: str) -> None:
         problem = RUNS[f.name](getattr(spec, f.name))
         if problem is not None:
             raise LlmpressError(
-                f"{family}: {f.name} {problem} is not supported by the runtime yet: evaluate "
-                "this model with --engine transformers"
+                f"{family}: {f.name} {problem} is not supported by the runtime yet, so bench "
+                "and serve cannot run it: evaluate it with eval --engine transformers"
             )
 
 
