@@ -494,6 +494,28 @@ FAMILIES.update(MOE_FAMILIES)
 # (2, one chosen) and YaRN over an original context of 16, so both act within the tests'
 # 72 tokens; widths multiples of 32, as vLLM's CPU kernels need
 LATENT_FAMILIES = {
+    # DeepSeek-V2's: softmax routing within the best group (by its best expert), never
+    # renormalized, scaled; two shared experts' width; its rope as complex numbers
+    "deepseek_v2": (
+        "DeepseekV2Config",
+        {
+            **_DEEPSEEK_V3_MOE,
+            "num_key_value_heads": 4,
+            "head_dim": 32,
+            "q_lora_rank": 64,
+            "kv_lora_rank": 64,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 32,
+            "n_shared_experts": 2,
+            "n_group": 2,
+            "topk_group": 1,
+            "topk_method": "group_limited_greedy",
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 16.0,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    ),
     "deepseek_v3": (
         "DeepseekV3Config",
         {

@@ -31,12 +31,22 @@ def ids():
     return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module", params=[64, None], ids=["q_lora", "one_q_proj"])
+@pytest.fixture(
+    scope="module",
+    params=[("deepseek_v3", 64), ("deepseek_v3", None), ("deepseek_v2", None)],
+    ids=["v3", "v3_one_q_proj", "v2_lite"],
+)
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
-    (q_lora_rank null: DeepSeek-V2-Lite's, Moonlight's)."""
+    (q_lora_rank null: Moonlight's), and the tiny DeepSeek-V2 as V2-Lite and
+    DeepSeek-Coder-V2-Lite are (one q_proj; its own routing and complex rope)."""
+    family, q_rank = request.param
     folder = tmp_path_factory.mktemp("mla") / "src"
-    return write_family(folder, "deepseek_v3", tokenizer_dir, q_lora_rank=request.param)
+    return write_family(folder, family, tokenizer_dir, q_lora_rank=q_rank)
+
+
+def _family(model) -> str:
+    return json.loads((model / "config.json").read_text())["model_type"]
 
 
 def _logits(path, ids):
@@ -113,13 +123,14 @@ def test_the_runtime_refuses_it_in_one_line_and_eval_runs_it_through_transformer
     """The tiny model's expert groups are refused first (as V3's would be); without them,
     its latent attention."""
     out = _compress(model, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
-    with pytest.raises(LlmpressError, match=r"^deepseek_v3: .* --engine transformers$"):
+    family = _family(model)
+    with pytest.raises(LlmpressError, match=rf"^{family}: .* --engine transformers$"):
         load_weights(resolve(str(out)), device="cpu")
     config = json.loads((out / "config.json").read_text())
     spec = adapter_for(config).spec(config)
     ungrouped = dataclasses.replace(spec, mlp=dataclasses.replace(spec.mlp, groups=(1, 1)))
-    with pytest.raises(LlmpressError, match=r"^deepseek_v3: latent_attention .* --engine transf"):
-        check_runnable(ungrouped, "deepseek_v3")
+    with pytest.raises(LlmpressError, match=rf"^{family}: latent_attention .* --engine transf"):
+        check_runnable(ungrouped, family)
     data = ["--base", str(model), "--data", str(wikitext / "test.txt"), "--windows", "2"]
     data += ["--ctx", "64", "--no-record"]
     code, _, err = run_cli(["eval", str(out), *data])
@@ -130,5 +141,6 @@ def test_the_runtime_refuses_it_in_one_line_and_eval_runs_it_through_transformer
 
 
 def test_pruning_it_is_refused_in_one_line(model, wikitext, tmp_path):
-    with pytest.raises(LlmpressError, match=r"^prune: deepseek_v3's multi-head latent attention"):
+    family = _family(model)
+    with pytest.raises(LlmpressError, match=rf"^prune: {family}'s multi-head latent attention"):
         _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)

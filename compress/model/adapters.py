@@ -297,9 +297,10 @@ class Adapter:
     # the runtime loads q and k with their rows reordered into the halves layout
     # (interleaved_rows), which leaves q·k as it was and every kernel as it is
     rope_interleaved: bool = False
-    # transformers' layer takes its cos/sin with each frequency twice in a row (cohere's),
-    # not in two halves as llama's (glm's interleaves the halves itself)
-    rope_tables_in_pairs: bool = False
+    # the rope tables transformers' layer takes: cos/sin in two halves ("halves": llama's;
+    # glm's interleaves them itself), each frequency twice in a row ("pairs": cohere's), or
+    # one complex number per frequency ("complex": DeepSeek-V2's freqs_cis)
+    rope_tables: str = "halves"
     # loaders need heads × head_dim = hidden, so a pruned shape must keep it: phi3's take
     # the head width as hidden / heads whatever head_dim says (its config checks its rope
     # factors against it); helium's o_proj is [hidden, hidden]
@@ -636,7 +637,7 @@ class MoeKeys:
 
     count: str
     width: str
-    renormalize: str | None
+    renormalize: str | bool | None  # a key, or always (None) or never (False)
     shared: str | None = None  # the shared expert's width
     # or how many experts wide it is: a key (glm4_moe), or the count itself (hunyuan's one,
     # which its config states only by giving it the experts' width key)
@@ -648,6 +649,10 @@ class MoeKeys:
     scoring: str = "softmax"  # or "sigmoid"
     scale: str | None = None  # the weights' multiplier
     groups: tuple[str, str] | None = None  # the group count and how many are chosen
+    # (key, value): the groups count only where that key says so (DeepSeek-V2's
+    # topk_method "group_limited_greedy"; its "greedy" ignores them)
+    groups_if: tuple[str, str] | None = None
+    group_score: str = "top2"
 
     def __call__(self, hf) -> MoeSpec:
         layers = hf.num_hidden_layers
@@ -667,18 +672,23 @@ class MoeKeys:
             count = self.shared_count
             shared = width * ((count if isinstance(count, int) else getattr(hf, count)) or 0)
         groups = (1, 1)
-        if self.groups:
+        grouped = self.groups_if is None or getattr(hf, self.groups_if[0]) == self.groups_if[1]
+        if self.groups and grouped:
             groups = tuple(int(getattr(hf, k) or 1) for k in self.groups)
+        renormalize = self.renormalize
+        if isinstance(renormalize, str):
+            renormalize = bool(getattr(hf, renormalize))
         return MoeSpec(
             experts=_per_model(hf, self.count),
             top_k=_per_model(hf, "num_experts_per_tok"),
             intermediate=width,
-            renormalize=self.renormalize is None or bool(getattr(hf, self.renormalize)),
+            renormalize=renormalize is None or renormalize,
             dense_layers=tuple(sorted(i for i in dense if i < layers)),
             shared=shared,
             scoring=self.scoring,
             scale=float(getattr(hf, self.scale)) if self.scale else 1.0,
             groups=groups,
+            group_score=self.group_score,
         )
 
     def place_dense(self, config: dict, dense: list[int]) -> dict:
@@ -895,7 +905,7 @@ _COHERE = replace(
     parallel=True,
     logit_scale="logit_scale",
     rope_interleaved=True,
-    rope_tables_in_pairs=True,
+    rope_tables="pairs",
     bias_options=(("attention_bias", ("q", "k", "v", "o")),),
     # Command R+'s per-head LayerNorms of q and k, each head its own weights
     q_norm="self_attn.q_norm",
@@ -1095,6 +1105,31 @@ ADAPTERS: dict[str, Adapter] = {
         latent_attention=True,
         **_DEEPSEEK_V3_EXPERTS,
         predictor_layers="num_mtp_layers",
+    ),
+    # deepseek_v2 (DeepSeek-V2, V2.5, V2-Lite, DeepSeek-Coder-V2): V3's latent attention,
+    # its rope taken as complex numbers; softmax routing, never renormalized, scaled, within
+    # the best groups (by their best expert) where topk_method says group_limited_greedy;
+    # shared experts n experts wide, the first layers dense
+    "deepseek_v2": replace(
+        LLAMA,
+        families=("deepseek_v2",),
+        architecture="DeepseekV2ForCausalLM",
+        latent_attention=True,
+        rope_tables="complex",
+        moe=MoeKeys(
+            "n_routed_experts",
+            "moe_intermediate_size",
+            False,
+            shared_count="n_shared_experts",
+            first_dense="first_k_dense_replace",
+            scale="routed_scaling_factor",
+            groups=("n_group", "topk_group"),
+            groups_if=("topk_method", "group_limited_greedy"),
+            group_score="max",
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
     ),
     # dots1 (dots.llm1): qwen3's attention (per-head q/k norms, a sliding window past
     # max_window_layers) with glm4_moe's experts (DeepSeek-V3's routing and shared experts,

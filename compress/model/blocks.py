@@ -102,9 +102,7 @@ class BlockStore:
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
         chunk = chunk_samples(length, widest, self.device)
-        return Positions(
-            self.spec, length, chunk, self.adapter.rope_tables_in_pairs, self.adapter.attn
-        )
+        return Positions(self.spec, length, chunk, self.adapter.rope_tables, self.adapter.attn)
 
 
 def _widest(hf, spec: BlockSpec) -> int:
@@ -140,15 +138,14 @@ class Positions:
     spec: BlockSpec
     length: int
     chunk: int = CHUNK  # samples a forward takes at once (chunk_samples)
-    pairs: bool = False  # the layer takes cos/sin per interleaved pair (the adapter's
-    # rope_tables_in_pairs), not in two halves
+    tables: str = "halves"  # the form the layer takes its rope in (Adapter.rope_tables)
     attn: str = "self_attn"  # the block's attention module (the adapter's `attn`)
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = block.get_submodule(self.attn).layer_idx
         eager = attention_kernel(self.spec) == "eager"
         rope, window = self.spec.rope[i], self.spec.windows[i]
-        return _block_kwargs(rope, window, self.length, _device(block), eager, self.pairs)
+        return _block_kwargs(rope, window, self.length, _device(block), eager, self.tables)
 
     def prefix(self, length: int) -> Positions:
         return replace(self, length=length)
@@ -161,13 +158,16 @@ def _block_kwargs(
     length: int,
     device,
     eager: bool = False,
-    pairs: bool = False,
+    form: str = "halves",
 ) -> dict:
     """`eager`: the mask even where it is plain causal (SDPA is causal without one).
-    `pairs`: each frequency's cos/sin twice in a row (Positions.pairs)."""
+    `form`: the tables as the layer takes them (Positions.tables): cos/sin in two halves,
+    each frequency's twice in a row ("pairs"), or cos + i·sin per frequency ("complex")."""
     cos, sin = tables(rope, length, device)
-    if pairs:
+    if form == "pairs":
         rotary = (cos.repeat_interleave(2, -1)[None], sin.repeat_interleave(2, -1)[None])
+    elif form == "complex":
+        rotary = torch.complex(cos, sin)[None]
     else:
         rotary = (torch.cat((cos, cos), -1)[None], torch.cat((sin, sin), -1)[None])
     mask = None  # plain causal attention

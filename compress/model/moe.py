@@ -49,18 +49,21 @@ def route_scores(
     choice_bias: torch.Tensor | None = None,
     scale: float = 1.0,
     groups: tuple[int, int] = (1, 1),
+    group_score: str = "top2",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32, experts [T, k]) from router logits [T, E] fp32, as the
     families route: scores are the softmax of the logits or each one's sigmoid (glm4_moe);
     the top k of score plus `choice_bias` are chosen (e_score_correction_bias steers the
     choice only), among the `groups[1]` of `groups[0]` expert groups whose best two score
-    highest; their scores, renormalized when asked, times `scale` are the weights."""
+    highest (or whose best one, `group_score` "max": DeepSeek-V2's); their scores,
+    renormalized when asked, times `scale` are the weights."""
     scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
     choice = scores if choice_bias is None else scores + choice_bias
     n_group, top_groups = groups
     if n_group > 1:
         grouped = choice.view(choice.shape[0], n_group, -1)
-        best = grouped.topk(2, -1).values.sum(-1).topk(top_groups, -1).indices
+        score = grouped.amax(-1) if group_score == "max" else grouped.topk(2, -1).values.sum(-1)
+        best = score.topk(top_groups, -1).indices
         keep = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
         choice = choice.masked_fill(~keep.repeat_interleave(grouped.shape[-1], 1), -torch.inf)
     chosen = choice.topk(top_k, -1).indices
@@ -119,7 +122,14 @@ class MoeMLP(nn.Module):
         bias = self.get_buffer(self.bias_path).float().reshape(-1) if self.bias_path else None
         s = self.spec
         weights, chosen = route_scores(
-            logits, s.top_k, s.renormalize, s.scoring == "sigmoid", bias, s.scale, s.groups
+            logits,
+            s.top_k,
+            s.renormalize,
+            s.scoring == "sigmoid",
+            bias,
+            s.scale,
+            s.groups,
+            s.group_score,
         )
         return weights.to(flat.dtype), chosen
 

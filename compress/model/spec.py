@@ -36,6 +36,7 @@ class MoeSpec:
     scoring: str = "softmax"  # the router's scores: softmax of the logits, or "sigmoid"s
     scale: float = 1.0  # the chosen weights times this (glm4_moe's routed_scaling_factor)
     groups: tuple[int, int] = (1, 1)  # (n_group, topk_group): chosen within the best groups
+    group_score: str = "top2"  # a group's score: its best two summed (V3's), or its "max" (V2's)
 
 
 @dataclass(frozen=True)

@@ -265,7 +265,7 @@ def layer_removal_kl(model, adapter, samples: torch.Tensor, log=print) -> torch.
     from compress.runtime.model import final_logits  # the family's scale and softcap
 
     spec = adapter.spec(model.config.to_dict())
-    rope = Positions(spec, samples.shape[1], pairs=adapter.rope_tables_in_pairs, attn=adapter.attn)
+    rope = Positions(spec, samples.shape[1], tables=adapter.rope_tables, attn=adapter.attn)
     norm, head = model.get_submodule(adapter.final_norm), model.get_submodule(adapter.head_module)
     out = torch.zeros(len(layers), device="cpu")
     for i in tqdm(range(len(layers)), desc="layer removal", unit="layer"):

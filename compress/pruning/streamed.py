@@ -91,7 +91,7 @@ def candidate_kls(
         streams.append(base.index_select(-1, kept))
         models.append(skeleton(config))
         spec = adapter_for(config).spec(config)
-        ropes.append(Positions(spec, samples.shape[1], rope.chunk, rope.pairs, rope.attn))
+        ropes.append(Positions(spec, samples.shape[1], rope.chunk, rope.tables, rope.attn))
     bar = tqdm(range(store.num_layers), desc="candidates", unit="block",
                disable=not distributed.is_writer())  # fmt: skip
     for i in bar:
