@@ -978,11 +978,26 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 128, "deepstack_visual_indexes": [0]},
     ),
+    "glm4v": (
+        "Glm4vConfig", "Glm4vForConditionalGeneration", "glm4",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 64},
+    ),
+    "glm4v_moe": (
+        "Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration", "glm4_moe",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 128},
+    ),
 }  # fmt: skip
 # the Qwen-VL language models' M-RoPE, as published (the sections of a 16-wide head's 8
 # frequencies; Qwen3-VL's interleaved), at their family's default rope otherwise
 _MROPE = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+# GLM-4.1V's and GLM-4.5V's: glm4's half of each head rotated, in interleaved pairs, its
+# 4 frequencies in three sections
+_GLM_MROPE = {**_MROPE, "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}
 MULTIMODAL_TEXT = {
+    "glm4v": {"rope_parameters": _GLM_MROPE},
+    "glm4v_moe": {"rope_parameters": _GLM_MROPE},
     "qwen2_vl": {"rope_parameters": _MROPE},
     "qwen2_5_vl": {"rope_parameters": _MROPE},
     "qwen3_vl": {"rope_parameters": {**_MROPE, "mrope_interleaved": True}},

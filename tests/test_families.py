@@ -1059,6 +1059,8 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
         ("qwen2_5_vl", None, True),
         ("qwen3_vl", None, False),
         ("qwen3_vl_moe", None, False),
+        ("glm4v", None, False),
+        ("glm4v_moe", None, False),
     ],
 )
 def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapper, text, tied):

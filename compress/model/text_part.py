@@ -8,14 +8,16 @@ Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
 `InternVLForConditionalGeneration` (`internvl`), SmolVLM as `SmolVLMForConditionalGeneration`
 or `Idefics3ForConditionalGeneration` (`smolvlm`, `idefics3`), Qwen2-VL, Qwen2.5-VL and
 Qwen3-VL as `Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
-`Qwen3VLForConditionalGeneration` (`Qwen3VLMoeForConditionalGeneration`): a vision tower
-and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`; llama,
-mistral, qwen2, ...; `cohere2`; qwen2 or qwen3; llama; qwen2; qwen3 or qwen3_moe) whose
+`Qwen3VLForConditionalGeneration` (`Qwen3VLMoeForConditionalGeneration`), GLM-4.1V and
+GLM-4.5V as `Glm4vForConditionalGeneration`, `Glm4vMoeForConditionalGeneration`: a vision
+tower and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`;
+llama, mistral, qwen2, ...; `cohere2`; qwen2 or qwen3; llama; qwen2; qwen3 or qwen3_moe;
+glm4 or glm4_moe) whose
 config sits in
 `text_config` (at the top level in Qwen2-VL's and Qwen2.5-VL's published configs) and whose
 tensors are prefixed `language_model.model.` (as published) or `model.language_model.` (as
 some transformers versions save), `model.text_model.` (SmolVLM), or `model.` beside
-`visual.` (Qwen2-VL, Qwen2.5-VL as published). The Qwen-VL language models rotate by
+`visual.` (Qwen2-VL, Qwen2.5-VL as published). The Qwen-VL and GLM-V language models rotate by
 positions in three sections (M-RoPE: time, height, width of each token), which for text
 alone are the token's position thrice: their text is computed as by the text family's
 default rope, at the same base, and that is what the text part's config says. llmpress
@@ -55,6 +57,8 @@ MULTIMODAL = {
     "qwen2_5_vl": "qwen2",
     "qwen3_vl": "qwen3",
     "qwen3_vl_moe": "qwen3_moe",  # Qwen3-VL-30B-A3B, 235B-A22B
+    "glm4v": "glm4",  # GLM-4.1V-9B-Thinking
+    "glm4v_moe": "glm4_moe",  # GLM-4.5V
 }
 # text_config model types that are a family's model with M-RoPE -> that family
 MROPE_TEXT = {
@@ -62,16 +66,20 @@ MROPE_TEXT = {
     "qwen2_5_vl_text": "qwen2",
     "qwen3_vl_text": "qwen3",
     "qwen3_vl_moe_text": "qwen3_moe",
+    "glm4v_text": "glm4",
+    "glm4v_moe_text": "glm4_moe",
 }
 # what a text family's config would read that the multimodal one's language model never
 # computes: Qwen3-VL's attends to every position, whatever sliding-window keys it carries
 # (Qwen3VLTextConfig has none; qwen3 would window the layers they name); Qwen3-VL-MoE's
 # router always renormalizes the chosen experts' weights, which qwen3_moe does where
-# norm_topk_prob says so
+# norm_topk_prob says so; GLM-4.5V's attention has no q/k norms, whatever a use_qk_norm
+# key says (glm4_moe would expect them)
 _NO_WINDOW = {"use_sliding_window": False, "layer_types": None}
 IGNORED_BY_TEXT = {
     "qwen3_vl_text": _NO_WINDOW,
     "qwen3_vl_moe_text": {**_NO_WINDOW, "norm_topk_prob": True},
+    "glm4v_moe_text": {"use_qk_norm": False},
 }
 # multimodal types whose checkpoint stacks each layer's experts, [E, hidden, 2 × width]
 # (gate then up, along the last axis) and [E, width, hidden]: written one expert at a time
