@@ -335,7 +335,7 @@ def build_family(name: str, seed: int = 0, **overrides):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
-            if pname.endswith("norm.weight"):
+            if pname.endswith("norm.weight") or re.search(r"\.norms\.\d+\.weight$", pname):
                 offset = 0.0 if name.startswith("gemma") else 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
             elif pname.endswith(".bias"):
@@ -823,6 +823,7 @@ def write_gguf(
             values = [float(getattr(a, key).detach().reshape(-1)[0]) for a in acts]
             w.add_array(f"xielu.{key}", values)
     fused: dict[str, dict] = {}  # attn_qkv name -> its parts so far
+    head_norms: dict[str, dict] = {}  # attn_q_norm / attn_k_norm name -> its heads' rows
     written: dict[str, object] = {}  # GGUF name -> array (the last block's copied for nextn)
     for name, t in model.state_dict().items():
         t = t.float().numpy()
@@ -838,6 +839,15 @@ def write_gguf(
             _add_experts(w, f"blk.{name.split('.')[2]}.ffn_down", t, stacked_experts)
             continue
         if ".act_fn." in name:  # apertus's xIELU parameters, in the header above
+            continue
+        head_norm = re.search(r"layers\.(\d+)\.self_attn\.(q|k)_layernorm\.norms\.(\d+)\.", name)
+        if head_norm:  # llama.cpp's StableLMModel stacks a layer's per-head norms
+            key = f"blk.{head_norm[1]}.attn_{head_norm[2]}_norm.weight"
+            heads = cfg.num_attention_heads if head_norm[2] == "q" else cfg.num_key_value_heads
+            rows = head_norms.setdefault(key, {})
+            rows[int(head_norm[3])] = t
+            if len(rows) == heads:
+                w.add_tensor(key, np.ascontiguousarray(np.stack([rows[h] for h in range(heads)])))
             continue
         lookup = name.replace(".gate.moe_statics.", ".moe_statics.")  # ERNIE's, as saved
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)

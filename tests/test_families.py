@@ -263,12 +263,33 @@ def test_a_gpt_neox_trained_whole_is_written_under_its_checkpoint_names(
     assert (got - want).abs().max() < 2e-3
 
 
-@pytest.mark.parametrize("name", ["stablelm", "phi"])
-def test_q_k_layernorms_llmpress_does_not_compute_are_refused_in_one_line(name):
-    """StableLM 2 12B's per-head LayerNorm modules and phi's biased q/k LayerNorms."""
-    config = family_config(name, qk_layernorm=True).to_dict()
-    with pytest.raises(LlmpressError, match=f"^{name}: qk_layernorm .* is not supported yet"):
+def test_phi_q_k_layernorms_are_refused_in_one_line():
+    """Phi's q/k LayerNorms carry a bias, which no q/k norm kernel adds (no published phi
+    turns them on)."""
+    config = family_config("phi", qk_layernorm=True).to_dict()
+    with pytest.raises(LlmpressError, match=r"^phi: qk_layernorm .* is not supported yet"):
         adapter_for(config)
+
+
+def test_stablelm_2_12b_s_per_head_q_k_norms_run_prune_and_quantize(
+    tokenizer_dir, wikitext, tmp_path, ids
+):
+    """qk_layernorm (StableLM 2 12B): a LayerNorm per head of q and per KV head of k, each
+    a module of its own, stacked at load into each head's weight row (cohere's kind of
+    norm). The runtime equals transformers on the checkpoint; heads cut by pruning take
+    their norms along, renumbered; the pruned, quantized artifact is read alike by plain
+    transformers and the runtime."""
+    src = write_family(tmp_path / "s", "stablelm", tokenizer_dir, qk_layernorm=True)
+    weights = load_weights(resolve(str(src)), device="cpu")
+    assert weights.spec.qk_norm == "each_head"
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+    cut = {"prune": {"mlp": 0.25, "heads": 0.5, "hidden": 0.5, "multiple": 16}}
+    out = _compress(src, tmp_path / "pruned", [cut, parse_quant("rtn:w4g32")], wikitext)
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_attention_heads"] == 2 and config["qk_layernorm"] is True
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)(ids)
+    assert (got.logits[0] - _transformers_logits(out, ids)).abs().max() < 1e-3
 
 
 ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded experts

@@ -194,6 +194,16 @@ def test_a_sequential_block_s_gguf_converts_to_its_block(name, tmp_path, monkeyp
     _same_logits(model, folder)
 
 
+def test_a_stablelm_2_12b_gguf_s_stacked_q_k_norms_convert(tmp_path, monkeypatch):
+    """llama.cpp's converter stacks StableLM 2 12B's per-head q/k norm modules into one
+    tensor per layer: each head's row goes back to its module."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("stablelm", vocab_size=1024, qk_layernorm=True)
+    folder = convert_gguf(write_gguf(model, tmp_path / "s.gguf", default_gguf()))
+    assert json.loads((folder / "config.json").read_text())["qk_layernorm"] is True
+    _same_logits(model, folder)
+
+
 @pytest.mark.parametrize(
     "pre,pieces",
     [("glm4", ["year", "Ġ", "123", "45"]), ("stablelm2", ["year", "Ġ", "1", "2", "3", "4", "5"])],

@@ -246,6 +246,9 @@ class Adapter:
     # q_norm/k_norm span each head ("head"), all of q, all of k ("full"), or each head with
     # a weight row of its own ("each_head": [heads, head_dim], cohere)
     qk_norm: str = "head"
+    # "each_head" norms stored one module per head (`<q_norm>.{h}`: StableLM 2 12B's
+    # norms.{h}), not as one [heads, head_dim] weight
+    qk_norm_modules: bool = False
     qk_norm_after_rope: bool = False  # q and k normed after rope, not before (hunyuan)
     post_attn_norm: str | None = None  # sandwich norms on the branch outputs (gemma3)
     post_mlp_norm: str | None = None
@@ -832,7 +835,13 @@ _STABLELM = replace(
     norm_bias=True,
     bias_options=(("use_qkv_bias", ("q", "k", "v")),),
     parallel_option="use_parallel_residual",
-    refused_options=(("qk_layernorm", "per-head LayerNorms of q and k, one module per head"),),
+    # StableLM 2 12B's: a LayerNorm (no bias) per head of q and per KV head of k, each its
+    # own module
+    q_norm="self_attn.q_layernorm.norms",
+    k_norm="self_attn.k_layernorm.norms",
+    qk_norm="each_head",
+    qk_norm_modules=True,
+    qk_norm_option="qk_layernorm",
     heads_span_hidden=True,  # its attention takes head_dim as hidden / heads
 )
 
@@ -1305,7 +1314,9 @@ def _block_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, .
                           if n in latent})  # fmt: skip
     kind = adapter.qk_norm
     for norm, heads in ((adapter.q_norm, shape.heads), (adapter.k_norm, shape.kv_heads)):
-        if norm:
+        if norm and adapter.qk_norm_modules:  # one module per head
+            per_block.update({f"{norm}.{h}": (shape.head_dim,) for h in range(heads)})
+        elif norm:
             per_block[norm] = {
                 "full": (heads * shape.head_dim,),
                 "each_head": (heads, shape.head_dim),

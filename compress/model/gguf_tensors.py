@@ -13,6 +13,7 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - q, k and v stored as one attn_qkv (ChatGLM; `--fuse-qkv`): cut apart by rows;
 - Mixture-of-Experts: each layer's experts were stacked into one tensor per projection
   (early Mixtral files hold one tensor per expert; both are read);
+- stablelm: StableLM 2 12B's per-head q/k norm modules were stacked into one tensor each;
 - apertus: each layer's xIELU parameters became header arrays (`xielu.alpha_p`, ...),
   written back as the layer's act_fn tensors;
 - gptneox: the fused q/k/v's rows were regrouped from head by head into q, then k, then
@@ -43,6 +44,11 @@ _NATIVE = {
     "BF16": ("BF16", torch.bfloat16),
 }
 _EXPERT = re.compile(r"(?P<prefix>.*)\.experts\.(?P<e>\d+)\.(?P<proj>\w+)\.weight$")
+# one head's q/k norm of StableLM 2 12B, which llama.cpp's converter stacks per layer into
+# blk.N.attn_q_norm / attn_k_norm [heads, head_dim]
+_HEAD_NORM = re.compile(
+    r"layers\.(?P<block>\d+)\.self_attn\.(?P<qk>q|k)_layernorm\.norms\.(?P<h>\d+)\.weight$"
+)
 # a learned activation's parameters, which llama.cpp keeps per layer in the header
 _HEADER_PARAM = re.compile(r"\.(?P<layer>\d+)\.mlp\.act_fn\.(?P<key>alpha_p|alpha_n|beta|eps)$")
 
@@ -97,6 +103,12 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         param = _HEADER_PARAM.search(name)
         if param:
             header[name] = _header_value(reader, path, param["key"], int(param["layer"]))
+            continue
+        head_norm = _HEAD_NORM.search(name)
+        if head_norm:  # row h of the layer's stacked norms
+            stacked = f"blk.{head_norm['block']}.attn_{head_norm['qk']}_norm.weight"
+            h = int(head_norm["h"])
+            sources[name] = (stacked, None, (h, h + 1), stacked)
             continue
         expert = _EXPERT.match(name)
         if expert:

@@ -179,6 +179,12 @@ def prune_block(
             t = tensor.index_select(0, torch.tensor(keep.experts[new], device="cpu"))
             out[f"{prefix}.{rel}"] = t.index_select(1, hidden).contiguous()
             continue
+        if block.qk_norm_modules and module.rpartition(".")[0] in (block.q_norm, block.k_norm):
+            norms, _, h = module.rpartition(".")  # one module per head: kept ones renumbered
+            kept = keep.heads[new] if norms == block.q_norm else keep.kv_heads[new]
+            if int(h) in kept:
+                out[f"{prefix}.{norms}.{kept.index(int(h))}.{leaf}"] = tensor.contiguous()
+            continue
         t = tensor
         if module in (adapter.q_norm, adapter.k_norm) and t.dim() == 2:  # [heads, head_dim]
             t = t.reshape(-1)  # (cohere's): cut as the heads' rows, then shaped back

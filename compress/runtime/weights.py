@@ -433,7 +433,12 @@ def load_weights(
             return norm(f"{p}.{name}", rows) if name else None
 
         def qk_norm(name, i=i, p=p):
-            """Reordered as q and k rows are where rope rotates pairs (cohere's)."""
+            """Reordered as q and k rows are where rope rotates pairs (cohere's); one module
+            per head (StableLM 2 12B's) stacked as one weight row per head."""
+            if name and adapter.qk_norm_modules:
+                heads = shape.heads if name == adapter.q_norm else shape.kv_heads
+                rows = [tensors[f"{p}.{name}.{h}.weight"].float() + offset for h in range(heads)]
+                return torch.cat(rows).to(device).contiguous()
             if not name or not adapter.rope_interleaved:
                 return opt(name)
             width = tensors[f"{p}.{name}.weight"].numel()
