@@ -144,7 +144,27 @@ def config_json(s: Shape) -> dict:
 
 def write(shape: Shape, folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
     """Write `shape` with random bf16 weights into `folder` (created; sharded at 5 GB)."""
-    shapes = tensor_shapes(shape)
+    return _write(tensor_shapes(shape), config_json(shape), folder, tokenizer_from, seed)
+
+
+def config_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of config.json `config` holds, named and shaped as
+    transformers' own model of it has them (experts one by one, as checkpoints store
+    them): any family llmpress reads, without a Shape of its own here."""
+    from transformers import AutoConfig
+
+    from compress.model.gguf_tensors import checkpoint_shapes
+
+    clean = {k: v for k, v in config.items() if k != "architectures"}
+    return checkpoint_shapes(AutoConfig.for_model(**clean))
+
+
+def write_config(config: dict, folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """Write a checkpoint of config.json `config` with random bf16 weights (config_shapes)."""
+    return _write(config_shapes(config), config, folder, tokenizer_from, seed)
+
+
+def _write(shapes: dict, config: dict, folder: Path, tokenizer_from: Path, seed: int) -> Path:
     gen = torch.Generator().manual_seed(seed)
 
     def produce(name: str) -> torch.Tensor:
@@ -161,7 +181,7 @@ def write(shape: Shape, folder: Path, tokenizer_from: Path, seed: int = 0) -> Pa
     folder.mkdir(parents=True)
     specs = [(name, "BF16", list(dims)) for name, dims in shapes.items()]
     write_produced(folder, specs, produce, SHARD_BYTES)
-    (folder / "config.json").write_text(json.dumps(config_json(shape), indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
     for f in tokenizer_from.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens")) or f.suffix == ".jinja":
             shutil.copy2(f, folder / f.name)
