@@ -2205,6 +2205,31 @@ def device_presets(d: dict) -> list[str]:
     ]
 
 
+def latent_scale(d: dict) -> list[str]:
+    rows = [
+        [f"`compress --quant {m}:w4g64`", f(r["s_per_block"], 2), f(r["wall_s"], 1),
+         f(r["peak_rss_gb"], 2)]
+        for m, r in d["compress"].items()
+    ]  # fmt: skip
+    for tag in ("first", "cached"):
+        r = d[f"eval_{tag}"]
+        rows.append([f"`eval --engine transformers` ({tag})", "", f(r["wall_s"], 1),
+                     f(r["peak_rss_gb"], 2)])  # fmt: skip
+    return [
+        f"DeepSeek-V2-Lite's widths (hidden 2048, 16 heads through a latent of 512, 64 experts "
+        f"of 1408, 6 a token, 2 shared, vocabulary 102,400) at {d['layers']} layers, the first "
+        f"dense: {d['params_b']}B parameters, {d['moe_block_params_b']}B in each "
+        "Mixture-of-Experts block; random bf16 weights, so quality figures mean nothing and "
+        f"are left out. awq and gptq read {d['calibration']['samples']} × "
+        f"{d['calibration']['length']} tokens of WikiText-2 valid, eval 2 windows of 256 of "
+        "test; each command in its own process, peak memory its own high-water mark. "
+        f"CPU: {d['cpu']}, {d['threads']} threads; the machine was shared, so times are "
+        "upper bounds.",
+        "",
+        *table(["run", "s/block", "wall s", "peak GB"], rows),
+    ]
+
+
 def distributed(d: dict) -> list[str]:
     def same(c: dict) -> str:
         if c.get("codes_equal") == 1.0 and not c.get("float_max_rel_diff"):
@@ -3009,6 +3034,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "Scale: 1B to 8B shapes in bounded memory",
         "benchmarks/scale.py --calibrated-blocks 1 --heads w8,none",
         scale,
+    ),
+    (
+        "latent_scale.json",
+        "Multi-head latent attention at DeepSeek-V2-Lite's widths",
+        "benchmarks/latent_scale.py",
+        latent_scale,
     ),
     (
         "distributed.json",
