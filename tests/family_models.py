@@ -697,10 +697,14 @@ def write_gguf(
         w.add_nextn_predict_layers(nextn)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    deepseek = enum == gguf.MODEL_ARCH.DEEPSEEK2  # MLA, as one KV head of the latent's width
+    w.add_head_count_kv(1 if deepseek else cfg.num_key_value_heads)
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if deepseek:
+        w.add_key_length(cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+        w.add_value_length(cfg.kv_lora_rank)
     # llama.cpp's granite and phi2 converters drop head_dim
-    if enum not in (gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.PHI2):
+    elif enum not in (gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.PHI2):
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     partial = (
@@ -736,6 +740,8 @@ def write_gguf(
         if "beta_fast" in rope:
             w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
             w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+        if deepseek:  # llama.cpp's DeepseekV2Model: 0.1 × mscale_all_dim (its legacy form)
+            w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
         if cfg.model_type == "ministral3":  # llama.cpp's Ministral3Model keys
             w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
             w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
@@ -774,6 +780,27 @@ def write_gguf(
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_expert_weights_scale(cfg.routed_scaling_factor)
         w.add_expert_weights_norm(cfg.norm_topk_prob)
+    if deepseek:  # llama.cpp's DeepseekV2Model keys (V2 and V3 alike)
+        if cfg.q_lora_rank:
+            w.add_q_lora_rank(cfg.q_lora_rank)
+        w.add_kv_lora_rank(cfg.kv_lora_rank)
+        w.add_key_length_mla(cfg.qk_nope_head_dim + cfg.qk_rope_head_dim)
+        w.add_value_length_mla(cfg.v_head_dim)
+        w.add_rope_dimension_count(cfg.qk_rope_head_dim)
+        w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_count(cfg.n_routed_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_shared_count(cfg.n_shared_experts)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        if cfg.norm_topk_prob:
+            w.add_expert_weights_norm(True)
+        v3 = cfg.model_type == "deepseek_v3"
+        gating = gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX
+        w.add_expert_gating_func(gating)
+        if (cfg.n_group or 1) > 1:
+            w.add_expert_group_count(cfg.n_group)
+            w.add_expert_group_used_count(cfg.topk_group)
     if cfg.model_type == "minimax_m2":  # beside the expert keys above (num_experts alias)
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         if "{arch}.expert_gating_func" not in (extra or {}):  # from its scoring_func
@@ -839,6 +866,14 @@ def write_gguf(
             _add_experts(w, f"blk.{name.split('.')[2]}.ffn_down", t, stacked_experts)
             continue
         if ".act_fn." in name:  # apertus's xIELU parameters, in the header above
+            continue
+        if deepseek and name.endswith("kv_b_proj.weight"):  # split, each key part transposed
+            block, nope = name.split(".")[2], cfg.qk_nope_head_dim
+            kv = t.reshape(cfg.num_attention_heads, nope + cfg.v_head_dim, -1)
+            w.add_tensor(
+                f"blk.{block}.attn_k_b.weight", np.ascontiguousarray(kv[:, :nope].swapaxes(1, 2))
+            )
+            w.add_tensor(f"blk.{block}.attn_v_b.weight", np.ascontiguousarray(kv[:, nope:]))
             continue
         head_norm = re.search(r"layers\.(\d+)\.self_attn\.(q|k)_layernorm\.norms\.(\d+)\.", name)
         if head_norm:  # llama.cpp's StableLMModel stacks a layer's per-head norms

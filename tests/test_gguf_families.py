@@ -194,6 +194,25 @@ def test_a_sequential_block_s_gguf_converts_to_its_block(name, tmp_path, monkeyp
     _same_logits(model, folder)
 
 
+@pytest.mark.parametrize("name", ["deepseek_v3", "deepseek_v2"])
+def test_a_deepseek2_gguf_converts_to_its_family(name, tmp_path, monkeypatch):
+    """llama.cpp writes DeepSeek-V2 and V3 both as deepseek2: latent attention stated as one
+    KV head of the latent's width, kv_b_proj split into attn_k_b (transposed per head) and
+    attn_v_b, YaRN's mscale as 0.1 × itself; the experts' gating tells V3 from V2. The
+    converted folder computes the tiny model's logits in transformers (the runtime refuses
+    latent attention)."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family(name, vocab_size=1024)
+    folder = convert_gguf(write_gguf(model, tmp_path / "d.gguf", default_gguf(), arch="DEEPSEEK2"))
+    assert json.loads((folder / "config.json").read_text())["model_type"] == name
+    ids = torch.randint(1024, (1, 40), generator=torch.Generator().manual_seed(0))
+    converted = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (converted(ids).logits - model(ids).logits).abs().max() < 1e-4
+
+
 def test_a_stablelm_2_12b_gguf_s_stacked_q_k_norms_convert(tmp_path, monkeypatch):
     """llama.cpp's converter stacks StableLM 2 12B's per-head q/k norm modules into one
     tensor per layer: each head's row goes back to its module."""

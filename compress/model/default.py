@@ -66,6 +66,7 @@ SUPPORTED_GGUF_ARCHS = {
     "qwen2vl": "qwen2",  # Qwen2-VL's and Qwen2.5-VL's language model
     "qwen3vl": "qwen3",  # Qwen3-VL's
     "gptneox": "gpt_neox",
+    "deepseek2": "deepseek_v3",  # or deepseek_v2, as its experts' gating says
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.
@@ -190,6 +191,8 @@ def gguf_config(path: Path, arch: str):
     else:
         config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     for suffix, (field, kind) in GGUF_FACTS.items():
+        if arch == "deepseek2" and field == "head_dim":  # its key_length is the latent's
+            continue
         value = reader.fields.get(f"{arch}.{suffix}")
         # head_dim also where the config class has no field for it (qwen2, qwen2_moe):
         # their attention reads getattr(config, "head_dim", hidden // heads)

@@ -3,7 +3,8 @@
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
 glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
 minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
-arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl, qwen3vl and gptneox files that
+arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl, qwen3vl, gptneox and deepseek2
+files that
 transformers cannot read (or, for
 nemotron and stablelm, reads with its config class's defaults in place of the file's
 epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
@@ -24,7 +25,7 @@ OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
     "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
-    "stablelm", "qwen2vl", "qwen3vl", "gptneox",
+    "stablelm", "qwen2vl", "qwen3vl", "gptneox", "deepseek2",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -295,11 +296,12 @@ def _dots1(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
-def _deepseek_v3_experts(get, arch: str) -> dict:
+def _deepseek_v3_experts(get, arch: str, sigmoid: bool = True) -> dict:
     """The config of DeepSeek-V3's experts as glm4moe and dots1 files state them;
     llama.cpp's defaults for absent keys: no dense layers, no scale, no renormalizing,
-    sigmoid scores (the only gating its graphs run for these families)."""
-    experts, used = _experts(get, arch, sigmoid=True)
+    sigmoid scores (the only gating its graphs run for these families). Without `sigmoid`,
+    the keys DeepSeek-V2's softmax-gated experts are stated by alike."""
+    experts, used = _experts(get, arch, sigmoid=sigmoid)
     return {
         "n_routed_experts": experts,
         "num_experts_per_tok": used,
@@ -467,6 +469,46 @@ def _gptneox(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _deepseek2(get, fields: dict, reader) -> tuple[str, dict]:
+    """DeepSeek-V2 and V3 (and their kin) as llama.cpp writes both: multi-head latent
+    attention, stated as one KV head of the latent's width (`head_count_kv` 1, `key_length`
+    the latent and rope) beside the real widths (`key_length_mla`, `value_length_mla`,
+    `kv_lora_rank`, `q_lora_rank` where q has its pair); V3 where the experts are gated by
+    sigmoids (or steered by `exp_probs_b`), V2 otherwise (softmax, within groups where the
+    file states more than one)."""
+    heads, rope = fields["num_attention_heads"], int(get("rope.dimension_count"))
+    key, value = get("attention.key_length_mla"), get("attention.value_length_mla")
+    if key is None or value is None or get("attention.kv_lora_rank") is None:
+        raise LlmpressError(
+            "the file states no attention.key_length_mla, value_length_mla or kv_lora_rank: "
+            "it is of an older converter; convert the model's Hugging Face checkpoint again"
+        )
+    q_rank = get("attention.q_lora_rank")
+    fields.update(num_key_value_heads=heads, head_dim=rope)
+    attention = {
+        "kv_lora_rank": int(get("attention.kv_lora_rank")),
+        "q_lora_rank": int(q_rank) if q_rank else None,
+        "qk_rope_head_dim": rope,
+        "qk_nope_head_dim": int(key) - rope,
+        "v_head_dim": int(value),
+    }
+    names = _tensor_names(reader)
+    sigmoid = int(get("expert_gating_func", 1) or 1) == 2 or "blk.1.exp_probs_b.bias" in names
+    if sigmoid:
+        fields["num_hidden_layers"] -= int(get("nextn_predict_layers", 0) or 0)
+        return "deepseek_v3", {
+            **attention, **_deepseek_v3_experts(get, "deepseek2"), "num_mtp_layers": 0,
+        }  # fmt: skip
+    experts = _deepseek_v3_experts(get, "deepseek2", sigmoid=False)
+    experts.pop("norm_topk_prob")  # V2's router never renormalizes
+    grouped = experts["n_group"] > 1
+    return "deepseek_v2", {
+        **attention,
+        **experts,
+        "topk_method": "group_limited_greedy" if grouped else "greedy",
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -495,6 +537,7 @@ _FAMILY = {
     "qwen2vl": _qwen2vl,
     "qwen3vl": _qwen3vl,
     "gptneox": _gptneox,
+    "deepseek2": _deepseek2,
 }
 
 

@@ -87,7 +87,11 @@ def _yarn_keys(reader, arch: str) -> dict:
         if value is not None:
             keys[name] = float(value)
     log_mul = _field(reader, f"{arch}.rope.scaling.yarn_log_multiplier")
-    if log_mul:
+    if log_mul and arch == "deepseek2":  # its converter writes 0.1 × mscale_all_dim, and
+        # its graph scales the scores by mscale(factor, that)²: DeepSeek's configs, whose
+        # mscale equals mscale_all_dim (V2's 0.707, V3's 1)
+        keys.update(mscale=float(log_mul) * 10, mscale_all_dim=float(log_mul) * 10)
+    elif log_mul:
         keys.update(mscale=1.0, mscale_all_dim=float(log_mul))
     return keys
 

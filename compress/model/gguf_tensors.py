@@ -16,6 +16,8 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - stablelm: StableLM 2 12B's per-head q/k norm modules were stacked into one tensor each;
 - apertus: each layer's xIELU parameters became header arrays (`xielu.alpha_p`, ...),
   written back as the layer's act_fn tensors;
+- deepseek2: kv_b_proj was split into attn_k_b (each head's key part, transposed) and
+  attn_v_b, put back together (files of older converters hold attn_kv_b whole);
 - gptneox: the fused q/k/v's rows were regrouped from head by head into q, then k, then
   v; its head is `embed_out` in checkpoints (transformers' model calls it lm_head).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
@@ -132,6 +134,10 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         if target not in tensors and fused in tensors:  # q, k and v in one tensor
             sources[name] = (fused, None, fused_rows[part[2]], target)
             continue
+        k_b = (target or "").replace("attn_kv_b", "attn_k_b")
+        if target and target.endswith("attn_kv_b.weight") and k_b in tensors:
+            sources[name] = (k_b, None, None, _SPLIT_KV_B)  # with attn_v_b: produce joins them
+            continue
         if target is None or target not in tensors:
             raise LlmpressError(
                 f"{path.name} has no tensor for {name} (looked for {target}): the file is "
@@ -145,17 +151,20 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         gguf_name = sources[name][0]
         return _NATIVE.get(tensors[gguf_name].tensor_type.name, ("F32", torch.float32))
 
+    def read(t, expert):
+        if t.tensor_type.name in _NATIVE:
+            return np.array(t.data[expert] if expert is not None else t.data)  # off the map
+        return dequantize(t.data[expert] if expert is not None else t.data, t.tensor_type)
+
     def produce(name: str) -> torch.Tensor:
         if name in header:
             return torch.full(shapes[name], header[name], dtype=torch.float32)
         gguf_name, expert, rows, part = sources[name]
         t = tensors[gguf_name]
-        kind = t.tensor_type.name
-        if kind in _NATIVE:
-            data = np.array(t.data[expert] if expert is not None else t.data)  # off the map
-        else:
-            raw = t.data[expert] if expert is not None else t.data
-            data = dequantize(raw, t.tensor_type)
+        data = read(t, expert)
+        if part == _SPLIT_KV_B:  # [heads, rank, nope] transposed back, beside [heads, v, rank]
+            v_b = read(tensors[gguf_name.replace("attn_k_b", "attn_v_b")], None)
+            data = np.concatenate([data.swapaxes(1, 2), v_b], axis=1)
         if rows is not None:  # its part of a fused q/k/v: rows of the [out, in] matrix
             data = data.reshape(int(t.shape[-1]), -1)[rows[0] : rows[1]]
         w = torch.from_numpy(np.ascontiguousarray(data)).reshape(shapes[name])
@@ -181,6 +190,8 @@ def _header_value(reader, path: Path, key: str, layer: int) -> float:
     value = field.contents()
     return float(value[layer] if isinstance(value, list) else value)
 
+
+_SPLIT_KV_B = "split kv_b"  # a source part: attn_k_b and attn_v_b, joined into kv_b_proj
 
 # blk.N.attn_q/k/v.{weight,bias}: the parts llama.cpp's converters may store fused as
 # blk.N.attn_qkv (ChatGLM's query_key_value; `--fuse-qkv`), rows q, then k, then v
