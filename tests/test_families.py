@@ -216,6 +216,22 @@ def test_a_sequential_block_where_the_option_says_equals_transformers(
     assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
 
 
+def test_a_pythia_config_json_as_published_is_read(tmp_path, tokenizer_dir, ids):
+    """Pythia's published config.json states its rope as `rotary_pct` and
+    `rotary_emb_base` (no rope_parameters) and no attention_bias key (on by default): the
+    runtime reads them as transformers does."""
+    src = write_family(tmp_path / "s", "gpt_neox", tokenizer_dir)
+    config = json.loads((src / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.pop("attention_bias", None)
+    config.update(rotary_pct=rope["partial_rotary_factor"], rotary_emb_base=rope["rope_theta"])
+    (src / "config.json").write_text(json.dumps(config))
+    weights = load_weights(resolve(str(src)), device="cpu")
+    assert weights.spec.rope[0].rotary_dim == 4 and "q" in weights.spec.biases
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+
+
 def test_gpt_neox_buffers_older_checkpoints_hold_are_never_read(tmp_path, wikitext, ids):
     """Pythia's checkpoints, saved by older transformers, still hold each layer's causal
     mask, masked_bias and rotary inv_freq, which today's model computes: they are left

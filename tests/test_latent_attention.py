@@ -144,3 +144,77 @@ def test_pruning_it_is_refused_in_one_line(model, wikitext, tmp_path):
     family = _family(model)
     with pytest.raises(LlmpressError, match=rf"^prune: {family}'s multi-head latent attention"):
         _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
+
+
+def test_deepseek_v3_s_published_config_is_read_as_published():
+    """DeepSeek-V3's config.json as published (its sizes, YaRN under the older
+    `rope_scaling` key, FP8 weights, the MTP layer, noaux_tc routing): the latent's ranks
+    and widths, 8 expert groups of which 4 are chosen, sigmoid scores scaled by 2.5 and
+    renormalized, the first 3 layers dense, one prediction layer carried."""
+    from compress.model.spec import describe
+
+    config = {
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_nextn_predict_layers": 1,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_shared_experts": 1,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 8,
+        "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "qk_nope_head_dim": 128,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "n_group": 8,
+        "topk_group": 4,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": True,
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000,
+        "rope_scaling": {
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "factor": 40,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+            "type": "yarn",
+        },
+        "tie_word_embeddings": False,
+        "vocab_size": 129280,
+        "quantization_config": {
+            "activation_scheme": "dynamic",
+            "fmt": "e4m3",
+            "quant_method": "fp8",
+            "weight_block_size": [128, 128],
+        },
+    }
+    adapter = adapter_for(config)
+    latent = adapter.latent
+    assert (latent.q_rank, latent.kv_rank, latent.nope, latent.rope, latent.v) == (
+        1536, 512, 128, 64, 128
+    )  # fmt: skip
+    shapes = adapter.layer(3).linear_shapes(adapter.shape(config))
+    assert shapes["self_attn.q_b_proj"] == (128 * 192, 1536)
+    assert shapes["self_attn.kv_a_proj_with_mqa"] == (576, 7168)
+    assert shapes["self_attn.kv_b_proj"] == (128 * 256, 512)
+    assert shapes["self_attn.o_proj"] == (7168, 128 * 128)
+    assert shapes["mlp.experts.255.down_proj"] == (7168, 2048)
+    spec = describe(config, adapter)
+    moe = spec.mlp
+    assert (moe.experts, moe.top_k, moe.groups, moe.scoring, moe.scale) == (
+        256, 8, (8, 4), "sigmoid", 2.5
+    )  # fmt: skip
+    assert moe.renormalize and moe.dense_layers == (0, 1, 2) and moe.shared == 2048
+    assert spec.rope[0].kind == "yarn" and spec.rope[0].rotary_dim == 64
+    assert spec.latent_attention
