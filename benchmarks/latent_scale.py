@@ -1,13 +1,13 @@
 """Multi-head latent attention at a published model's widths: compress and eval, peak
 memory and time per block.
 
-DeepSeek-V2-Lite's shape (DeepSeek-Coder-V2-Lite's too; Moonlight-16B-A3B is V3's router
-at about these sizes): hidden 2048, 16 heads through one latent of 512 (nope 128, rope 64,
-v 128; q through one q_proj), 64 experts of 1408 with 6 a token and two shared, the first
-layer dense (10944), vocabulary 102,400. Random bf16 weights, written tensor by tensor
-(random_checkpoint.py's writer; every tensor name and shape from transformers' own model
-of the config), at a reduced depth: memory and time per block do not depend on depth.
-Each command runs in its own process (scale.py's measure: peak RSS, wall time):
+DeepSeek-V2-Lite's shape (DeepSeek-Coder-V2-Lite's too): hidden 2048, 16 heads through
+one latent of 512 (nope 128, rope 64, v 128; q through one q_proj), 64 experts of 1408
+with 6 a token and two shared, the first layer dense (10944), vocabulary 102,400. Random
+bf16 weights, written tensor by tensor (random_checkpoint.py's writer; every tensor name
+and shape from transformers' own model of the config), at a reduced depth: memory and
+time per block do not depend on depth. Each command runs in its own process (scale.py's
+measure: peak RSS, wall time):
 - `llmpress compress --quant METHOD:w4g64` (awq and gptq with a few samples of
   WikiText-2 valid; rtn reads none);
 - `llmpress eval --engine transformers` of the rtn artifact against the original, twice

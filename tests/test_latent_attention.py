@@ -38,7 +38,7 @@ def ids():
 )
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
-    (q_lora_rank null: Moonlight's), and the tiny DeepSeek-V2 as V2-Lite and
+    (q_lora_rank null), and the tiny DeepSeek-V2 as V2-Lite and
     DeepSeek-Coder-V2-Lite are (one q_proj; its own routing and complex rope)."""
     family, q_rank = request.param
     folder = tmp_path_factory.mktemp("mla") / "src"

@@ -1104,7 +1104,7 @@ ADAPTERS: dict[str, Adapter] = {
         predictor_layers="num_mtp_layers",
         **_QK_NORMS,
     ),
-    # deepseek_v3 (DeepSeek-V3, V3.1, R1, Moonlight): multi-head latent attention, with
+    # deepseek_v3 (DeepSeek-V3, V3.1, R1): multi-head latent attention, with
     # the experts glm4_moe took from it (sigmoid scores steered by a bias, groups, scaled,
     # an ungated shared expert, the first layers dense)
     "deepseek_v3": replace(
