@@ -121,10 +121,10 @@ def fresh_eval_cache(work: Path) -> Path:
     return fresh
 
 
-def evaluate(src: Path, artifact: Path, logs: Path, tag: str, cache: Path) -> dict:
+def evaluate(src: Path, artifact: Path, logs: Path, tag: str, cache: Path, *extra: str) -> dict:
     cmd = [*LLMPRESS, "eval", str(artifact), "--base", str(src), "--data",
            str(DATA / "test.txt"), "--windows", "2", "--ctx", "256", "--json",
-           str(logs / f"eval-{tag}.json")]  # fmt: skip
+           str(logs / f"eval-{tag}.json"), *extra]  # fmt: skip
     row = measure(cmd, logs / f"eval-{tag}.log", env={**os.environ, "LLMPRESS_CACHE": str(cache)})
     drift = json.loads((logs / f"eval-{tag}.json").read_text())
     row["kl"] = drift.get("drift", drift).get("kl")

@@ -371,8 +371,8 @@ class Adapter:
         return self.head_loaded_as or self.lm_head
 
     def model_names(self, state: dict) -> dict:
-        """A checkpoint's state dict (or modules by name) under the names transformers'
-        model gives them (gpt_neox: embed_out.* as lm_head.*), for load_state_dict."""
+        """A checkpoint's state dict under the names transformers' model gives it
+        (gpt_neox: embed_out.* as lm_head.*), for load_state_dict."""
         return self._renamed(state, self.lm_head, self.head_module)
 
     def checkpoint_names(self, state: dict) -> dict:
@@ -385,10 +385,8 @@ class Adapter:
         if old == new:
             return state
 
-        def name(k: str) -> str:  # the module itself, or a tensor of it
-            return new + k[len(old) :] if k == old or k.startswith(old + ".") else k
-
-        return {name(k): v for k, v in state.items()}
+        prefix = old + "."
+        return {(new + k[len(old) :] if k.startswith(prefix) else k): v for k, v in state.items()}
 
     def role(self, role: str) -> str:
         """The module name of a role (q, k, v, o, gate, up, down)."""

@@ -70,16 +70,10 @@ def checkpoint_shapes(config) -> dict[str, tuple[int, ...]]:
     if spec.mlp is not None:
         install_experts(skeleton, adapter, spec)
     shapes = {n: tuple(t.shape) for n, t in skeleton.state_dict().items()}
-    if adapter.head_loaded_as:  # checkpoints name the head otherwise (gpt_neox's embed_out)
-        shapes = {_checkpoint_name(n, adapter): s for n, s in shapes.items()}
+    shapes = adapter.checkpoint_names(shapes)  # gpt_neox's head: embed_out, not lm_head
     if config.tie_word_embeddings:
         shapes.pop(f"{adapter.lm_head}.weight", None)
     return shapes
-
-
-def _checkpoint_name(name: str, adapter) -> str:
-    module, _, leaf = name.rpartition(".")
-    return f"{adapter.lm_head}.{leaf}" if module == adapter.head_loaded_as else name
 
 
 def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:

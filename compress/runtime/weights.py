@@ -437,8 +437,7 @@ def load_weights(
             per head (StableLM 2 12B's) stacked as one weight row per head."""
             if name and adapter.qk_norm_modules:
                 heads = shape.heads if name == adapter.q_norm else shape.kv_heads
-                rows = [tensors[f"{p}.{name}.{h}.weight"].float() + offset for h in range(heads)]
-                return torch.cat(rows).to(device).contiguous()
+                return torch.cat([opt(f"{name}.{h}") for h in range(heads)])
             if not name or not adapter.rope_interleaved:
                 return opt(name)
             width = tensors[f"{p}.{name}.weight"].numel()
