@@ -1,19 +1,27 @@
-"""Multi-head latent attention at a published model's widths: compress and eval, peak
-memory and time per block.
+"""Multi-head latent attention at a published model's widths: compress, eval and decode,
+peak memory, time per block, tok/s and MBU.
 
-DeepSeek-V2-Lite's shape (DeepSeek-Coder-V2-Lite's too): hidden 2048, 16 heads through
-one latent of 512 (nope 128, rope 64, v 128; q through one q_proj), 64 experts of 1408
-with 6 a token and two shared, the first layer dense (10944), vocabulary 102,400. Random
-bf16 weights, written tensor by tensor (random_checkpoint.py's writer; every tensor name
-and shape from transformers' own model of the config), at a reduced depth: memory and
-time per block do not depend on depth. Each command runs in its own process (scale.py's
-measure: peak RSS, wall time):
+Two shapes, at a reduced depth (memory and time per block do not depend on depth):
+- DeepSeek-V2-Lite's (DeepSeek-Coder-V2-Lite's too): hidden 2048, 16 heads through one
+  latent of 512 (nope 128, rope 64, v 128; q through one q_proj), 64 experts of 1408
+  with 6 a token and two shared, the first layer dense (10944), vocabulary 102,400;
+- GLM-4.7-Flash's: hidden 2048, 20 heads, q through a rank of 768, a latent of 512
+  (nope 192, rope 64, v 256), 64 experts of 1536 with 4 a token and one shared, sigmoid
+  routing, the first layer dense (10240), vocabulary 154,880.
+
+Random bf16 weights, written tensor by tensor (random_checkpoint.py's writer; every
+tensor name and shape from transformers' own model of the config). Each command runs in
+its own process (scale.py's measure: peak RSS, wall time):
 - `llmpress compress --quant METHOD:w4g64` (awq and gptq with a few samples of
   WikiText-2 valid; rtn reads none);
-- `llmpress eval --engine transformers` of the rtn artifact against the original, twice
-  (the second reads the original's cached figures): the runtime refuses latent attention.
+- `llmpress eval` of the rtn artifact against the original through the runtime, twice
+  (the second reads the original's cached figures), and once with `--engine
+  transformers`, which holds the artifact whole in fp32;
+- `llmpress bench --batch 1` of the rtn artifact (the runtime expands the latent into
+  every head's k and v; its steps run op by op).
 
-    python benchmarks/latent_scale.py [--layers 4] [--methods rtn,gptq] [--keep]
+    python benchmarks/latent_scale.py [--shape deepseek-v2-lite|glm-4.7-flash]
+        [--layers 4] [--methods rtn,gptq] [--keep]
 
 Quality figures of random weights mean nothing and are left out.
 """
@@ -34,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
 from random_checkpoint import config_shapes, write_config  # noqa: E402
-from scale import DATA, compress, evaluate, fresh_eval_cache  # noqa: E402
+from scale import DATA, bench, compress, evaluate, fresh_eval_cache  # noqa: E402
 
 DEEPSEEK_V2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"],
@@ -78,15 +86,50 @@ DEEPSEEK_V2_LITE = {
 }
 
 
+GLM_47_FLASH = {
+    "architectures": ["Glm4MoeLiteForCausalLM"],
+    "model_type": "glm4_moe_lite",
+    "hidden_size": 2048,
+    "intermediate_size": 10240,
+    "moe_intermediate_size": 1536,
+    "num_attention_heads": 20,
+    "num_key_value_heads": 20,
+    "n_routed_experts": 64,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 768,
+    "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.8,
+    "vocab_size": 154880,
+    "max_position_embeddings": 202752,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000,
+    "rope_interleave": True,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "torch_dtype": "bfloat16",
+}
+
+SHAPES = {"deepseek-v2-lite": DEEPSEEK_V2_LITE, "glm-4.7-flash": GLM_47_FLASH}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="deepseek-v2-lite")
     ap.add_argument("--layers", type=int, default=4, help="depth (the first one dense)")
     ap.add_argument("--methods", default="rtn,gptq")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--work", type=Path, default=HERE / "work" / "latent_scale")
     ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--name", default="latent_scale")
+    ap.add_argument("--name", default=None, help="default: latent_scale[_SHAPE]")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     if not (DATA / "valid.txt").is_file():
@@ -96,18 +139,22 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     logs = args.work / "logs"
     logs.mkdir(parents=True)
-    config = {**DEEPSEEK_V2_LITE, "num_hidden_layers": args.layers}
+    config = {**SHAPES[args.shape], "num_hidden_layers": args.layers}
+    if args.shape == "glm-4.7-flash":
+        config["mlp_layer_types"] = ["dense"] + ["sparse"] * (args.layers - 1)
+    else:
+        config["first_k_dense_replace"] = 1
+    name = args.name or "latent_scale" + ("" if args.shape == "deepseek-v2-lite" else "_glm")
     t0 = time.perf_counter()
     src = write_config(config, args.work / "src", convert_gguf(default_gguf()))
     shapes = config_shapes(config)
     params = sum(math.prod(d) for d in shapes.values())
     blocks = sum(math.prod(d) for n, d in shapes.items() if n.startswith("model.layers.1."))
     record = {
-        "command": "python benchmarks/latent_scale.py"
-        + (f" --layers {args.layers}" if args.layers != 4 else ""),
+        "command": "python benchmarks/latent_scale.py " + " ".join(sys.argv[1:]),
         "cpu": cpu_flags(),
         "threads": os.cpu_count(),
-        "shape": "deepseek-v2-lite",
+        "shape": args.shape,
         "layers": args.layers,
         "params_b": round(params / 1e9, 2),
         "moe_block_params_b": round(blocks / 1e9, 3),
@@ -124,12 +171,18 @@ def main() -> None:
             shutil.rmtree(out)
     cache = fresh_eval_cache(args.work)
     art = args.work / "w4-rtn"
-    transformers = ("--engine", "transformers")  # the runtime refuses latent attention
-    record["eval_first"] = evaluate(src, art, logs, "first", cache, *transformers)
-    record["eval_cached"] = evaluate(src, art, logs, "cached", cache, *transformers)
+    record["eval_first"] = evaluate(src, art, logs, "first", cache)
+    record["eval_cached"] = evaluate(src, art, logs, "cached", cache)
     print(record["eval_first"], record["eval_cached"], flush=True)
+    transformers = fresh_eval_cache(args.work / "transformers")
+    record["eval_transformers"] = evaluate(
+        src, art, logs, "first", transformers, "--engine", "transformers"
+    )
+    print(record["eval_transformers"], flush=True)
+    record["bench"] = bench(art, logs)
+    print(record["bench"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     if not args.keep:
         shutil.rmtree(args.work)
 

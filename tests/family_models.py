@@ -489,10 +489,10 @@ MOE_FAMILIES = {
 }
 FAMILIES.update(MOE_FAMILIES)
 
-# Families compression reads and the runtime refuses in one line (tests/test_latent_attention.py):
-# DeepSeek-V3's multi-head latent attention, with its experts (glm4_moe's), expert groups
-# (2, one chosen) and YaRN over an original context of 16, so both act within the tests'
-# 72 tokens; widths multiples of 32, as vLLM's CPU kernels need
+# Multi-head latent attention's families (tests/test_latent_attention.py): DeepSeek-V3's,
+# with its experts (glm4_moe's), expert groups (2, one chosen: the runtime refuses them)
+# and YaRN over an original context of 16, so both act within the tests' 72 tokens;
+# widths multiples of 32, as vLLM's CPU kernels need
 LATENT_FAMILIES = {
     # DeepSeek-V2's: softmax routing within the best group (by its best expert), never
     # renormalized, scaled; two shared experts' width; its rope as complex numbers
@@ -542,6 +542,23 @@ LATENT_FAMILIES = {
         },
     ),
 }
+
+
+LATENT_FAMILIES["glm4_moe_lite"] = (
+    "Glm4MoeLiteConfig",
+    {
+        **{
+            k: v
+            for k, v in LATENT_FAMILIES["deepseek_v3"][1].items()
+            if k != "first_k_dense_replace"
+        },
+        "v_head_dim": 64,  # GLM-4.7-Flash's v is as wide as q·k's parts together
+        "n_group": 1,
+        "topk_group": 1,
+        "mlp_layer_types": ["dense", "sparse"],
+        "num_nextn_predict_layers": 1,
+    },
+)
 
 
 # Families whose GGUF files llmpress reads, by the gguf package's architecture names, and

@@ -1,7 +1,7 @@
-"""DeepSeek-V3's multi-head latent attention (MLA): compression reads it through
+"""DeepSeek's multi-head latent attention (MLA): compression reads it through
 transformers' own blocks, and the artifact opens in plain transformers and passes vLLM's
-loading rules; the runtime, which has no latent cache yet, refuses it in one line, and
-eval then runs it through transformers."""
+loading rules; the runtime expands the latent into every head's k and v at each step,
+so its caches, kernels and attention serve it, and computes what transformers does."""
 
 import dataclasses
 import json
@@ -17,10 +17,13 @@ from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
 from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
-from compress.model.adapters import adapter_for
+from compress.model.adapters import Latent, adapter_for
 from compress.model.loading import resolve
 from compress.pipeline import compress
 from compress.recipe import parse_quant, parse_recipe
+from compress.runtime.kv_cache import KVCache, parse_kv
+from compress.runtime.lm import RuntimeLM
+from compress.runtime.model import Model
 from compress.runtime.weights import check_runnable, load_weights
 
 LENGTH = 72  # past the YaRN model's original context (16)
@@ -33,13 +36,19 @@ def ids():
 
 @pytest.fixture(
     scope="module",
-    params=[("deepseek_v3", 64), ("deepseek_v3", None), ("deepseek_v2", None)],
-    ids=["v3", "v3_one_q_proj", "v2_lite"],
+    params=[
+        ("deepseek_v3", 64),
+        ("deepseek_v3", None),
+        ("deepseek_v2", None),
+        ("glm4_moe_lite", 64),
+    ],
+    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite"],
 )
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
-    (q_lora_rank null), and the tiny DeepSeek-V2 as V2-Lite and
-    DeepSeek-Coder-V2-Lite are (one q_proj; its own routing and complex rope)."""
+    (q_lora_rank null); the tiny DeepSeek-V2 (one q_proj as V2-Lite's; its own routing
+    within groups, as V2's, and complex rope); GLM-4.7-Flash's (V3's attention and
+    experts without groups, v as wide as q·k)."""
     family, q_rank = request.param
     folder = tmp_path_factory.mktemp("mla") / "src"
     return write_family(folder, family, tokenizer_dir, q_lora_rank=q_rank)
@@ -117,20 +126,20 @@ def test_every_quantizer_compresses_and_opens_in_transformers(model, wikitext, t
     assert kl["int8"] < kl["rtn"], kl
 
 
-def test_the_runtime_refuses_it_in_one_line_and_eval_runs_it_through_transformers(
-    model, wikitext, tmp_path
-):
-    """The tiny model's expert groups are refused first (as V3's would be); without them,
-    its latent attention."""
+@pytest.mark.parametrize("family", ["deepseek_v3", "deepseek_v2"])
+def test_the_runtime_refuses_expert_groups_in_one_line(family, wikitext, tmp_path, tokenizer_dir):
+    """V3's and V2's expert groups (the tiny models': 2, one chosen) are chosen by
+    compression's routing only: bench and serve refuse them, and eval runs the artifact
+    through transformers."""
+    model = write_family(tmp_path / "src", family, tokenizer_dir)
     out = _compress(model, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
-    family = _family(model)
-    with pytest.raises(LlmpressError, match=rf"^{family}: .* --engine transformers$"):
-        load_weights(resolve(str(out)), device="cpu")
     config = json.loads((out / "config.json").read_text())
     spec = adapter_for(config).spec(config)
+    assert spec.mlp.groups == (2, 1)
+    with pytest.raises(LlmpressError, match=rf"^{family}: mlp expert groups .* --engine transf"):
+        load_weights(resolve(str(out)), device="cpu")
     ungrouped = dataclasses.replace(spec, mlp=dataclasses.replace(spec.mlp, groups=(1, 1)))
-    with pytest.raises(LlmpressError, match=rf"^{family}: latent_attention .* --engine transf"):
-        check_runnable(ungrouped, family)
+    check_runnable(ungrouped, family)  # the latent attention itself runs
     data = ["--base", str(model), "--data", str(wikitext / "test.txt"), "--windows", "2"]
     data += ["--ctx", "64", "--no-record"]
     code, _, err = run_cli(["eval", str(out), *data])
@@ -138,6 +147,93 @@ def test_the_runtime_refuses_it_in_one_line_and_eval_runs_it_through_transformer
     code, out_text, err = run_cli(["eval", str(out), *data, "--engine", "transformers"])
     assert code == 0, err
     assert "transformers" in out_text
+
+
+# Models the runtime runs: V3's block without expert groups (as Moonlight's), V2-Lite's
+# (one q_proj, greedy routing, complex rope) and GLM-4.7-Flash's
+RUNNABLE = {
+    "v3_ungrouped": ("deepseek_v3", {"n_group": 1, "topk_group": 1}),
+    "v2_lite": ("deepseek_v2", {"q_lora_rank": None, "topk_method": "greedy"}),
+    "glm4_moe_lite": ("glm4_moe_lite", {}),
+}
+
+
+@pytest.fixture(scope="module", params=list(RUNNABLE))
+def runnable(request, tmp_path_factory, tokenizer_dir, wikitext):
+    """(original, its rtn:w4g32 artifact)."""
+    family, overrides = RUNNABLE[request.param]
+    root = tmp_path_factory.mktemp("mla-run")
+    src = write_family(root / "src", family, tokenizer_dir, **overrides)
+    return src, _compress(src, root / "w4", [parse_quant("rtn:w4g32")], wikitext)
+
+
+def test_the_runtime_computes_the_original_as_transformers(runnable, ids, monkeypatch):
+    """YaRN's mscale in the softmax scale (the V3 model's rope is YaRN past 16 positions),
+    the rotated parts' rows reordered from pairs into halves: dropping either shows."""
+    src, _ = runnable
+    want = _logits(src, ids)
+    weights = load_weights(resolve(str(src)), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    mla = adapter_for(json.loads((src / "config.json").read_text())).latent
+    plain = (mla.nope + mla.rope) ** -0.5
+    if weights.spec.rope[0].kind == "yarn":
+        assert weights.spec.attn_scale > 1.5 * plain
+        weights.spec = dataclasses.replace(weights.spec, attn_scale=plain)
+        got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+        assert (got - want).abs().max() > 1e-2
+    as_stored = dataclasses.replace(mla, interleaved=False)
+    monkeypatch.setattr(Latent, "of", classmethod(lambda cls, hf: as_stored))
+    got = RuntimeLM(load_weights(resolve(str(src)), device="cpu"), LENGTH, exact=True)
+    assert (got(ids).logits[0] - want).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("kv", ["none", "int8", "int4"])
+def test_the_runtime_decodes_the_artifact_as_it_prefills(runnable, ids, kv):
+    """The w4 artifact: the runtime's exact pass equals plain from_pretrained; decode steps
+    (int8 activations, each KV cache) agree with a served prefill of the whole sequence."""
+    _, out = runnable
+    weights = load_weights(resolve(str(out)), device="cpu")
+    s, tokens, prompt = weights.shape, ids[0], 12
+    if kv == "none":
+        exact = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+        assert (exact - _logits(out, ids)).abs().max() < 1e-3
+    model = Model(weights, LENGTH + 1)
+
+    def cache():
+        return KVCache(s.layers, 1, s.kv_heads, LENGTH, s.head_dim, parse_kv(kv))
+
+    steps = cache()
+    rows = [model.prefill(tokens[:prompt], steps, 0)[-1:]]
+    for t in range(prompt, LENGTH - 1):
+        rows.append(model.decode_ids([int(tokens[t])], steps, [0]))
+    decoded = torch.cat(rows)
+    served = model.prefill(tokens[: LENGTH - 1], cache(), 0)[prompt - 1 :]
+    agree = (decoded.argmax(-1) == served.argmax(-1)).float().mean()
+    if kv == "none":  # the same kernels: only the attention's order of sums differs
+        assert (decoded - served).abs().mean() < 5e-3 and agree == 1
+    else:  # a quantized cache holds the prompt rounded, which a prefill reads unrounded;
+        # measured int8: agree 0.95-0.97, mean 0.015-0.023 of the logits' std; int4: 0.83-0.88
+        # and 0.066-0.10 (the tiny llama3, qwen3 and mixtral: int4 0.77-0.82 and 0.05-0.07)
+        floor, mean = (0.9, 0.05) if kv == "int8" else (0.75, 0.15)
+        assert agree > floor and (decoded - served).abs().mean() < mean * served.std()
+
+
+def test_bench_and_eval_run_it_through_the_runtime(runnable, wikitext, monkeypatch):
+    from compress.runtime import bench
+
+    src, out = runnable
+    for name_, value in (("measure_bandwidth", 40e9), ("measure_matmul_flops", 1e11)):
+        monkeypatch.setattr(bench, name_, lambda *a, value=value, **k: value)
+    monkeypatch.setattr(bench, "int8_dot_rate", lambda *a, **k: 1e11)
+    args = ["--batch", "1,2", "--prompt-len", "8", "--output-len", "8"]
+    code, text, err = run_cli(["bench", str(out), *args])
+    assert code == 0, err
+    assert "tok/s" in text or "tokens/s" in text
+    data = ["--base", str(src), "--data", str(wikitext / "test.txt"), "--windows", "2"]
+    code, text, err = run_cli(["eval", str(out), *data, "--ctx", "64", "--no-record"])
+    assert code == 0, err
+    assert "kl" in text.lower()
 
 
 def test_pruning_it_is_refused_in_one_line(model, wikitext, tmp_path):
@@ -218,3 +314,26 @@ def test_deepseek_v3_s_published_config_is_read_as_published():
     assert moe.renormalize and moe.dense_layers == (0, 1, 2) and moe.shared == 2048
     assert spec.rope[0].kind == "yarn" and spec.rope[0].rotary_dim == 64
     assert spec.latent_attention
+
+
+def test_the_triton_backend_runs_it(runnable, ids):
+    """The GPU backend (compiled on a GPU, or on CPU tensors under TRITON_INTERPRET=1):
+    the same expanded heads through the Triton matmuls and attention, prefill and decode
+    steps equal to transformers' forward on the artifact's fp32 weights."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    _, out = runnable
+    prompt, steps = 10, 3
+    tokens = ids[0, : prompt + steps]
+    with torch.no_grad():
+        want = load_model(resolve(str(out))).eval()(tokens[None]).logits[0, prompt - 1 :]
+    weights = load_weights(resolve(str(out)), device, "triton")
+    model = Model(weights, 16)
+    assert model.backend.name == "triton"
+    s = weights.shape
+    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim, device=device)
+    tokens = tokens.to(device)
+    rows = [model.prefill(tokens[:prompt], cache, 0)[-1:]]
+    for t in range(prompt, prompt + steps - 1):
+        rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0], device=device)))
+    tol = 3e-2 if device == "cuda" else 1e-4  # TF32 on a GPU (tests/test_families.py)
+    torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)

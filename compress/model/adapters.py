@@ -160,7 +160,11 @@ class Latent:
     nope: int  # each head's unrotated q/k width
     rope: int  # the rotated q/k width (one key part for every head)
     v: int  # each head's value width
+    # the rotated part's rope pairs dimensions (2i, 2i+1) (V2's complex numbers, V3's
+    # rope_interleave), not halves
+    interleaved: bool = True
 
+    eps = 1e-6  # its two norms' (the attention builds them without the config's eps)
     q = "self_attn.q_proj"
     q_a = "self_attn.q_a_proj"
     q_a_norm = "self_attn.q_a_layernorm"
@@ -173,7 +177,7 @@ class Latent:
     def of(cls, hf) -> Latent:
         return cls(
             hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim,
-            hf.v_head_dim,
+            hf.v_head_dim, bool(getattr(hf, "rope_interleave", True)),
         )  # fmt: skip
 
     @property
@@ -647,6 +651,8 @@ class MoeKeys:
     # or the layers that hold experts: (first, last, every nth) keys (ERNIE's); the others
     # keep a dense MLP
     moe_span: tuple[str, str, str] | None = None
+    # or a key listing each layer's MLP, "dense" or "sparse" (glm4_moe_lite's)
+    layer_kinds: str | None = None
     scoring: str = "softmax"  # or "sigmoid"
     scale: str | None = None  # the weights' multiplier
     groups: tuple[str, str] | None = None  # the group count and how many are chosen
@@ -667,6 +673,9 @@ class MoeKeys:
             last = layers - 1 if last is None or last < 0 else last
             moe = {i for i in range(first, last + 1) if (i + 1) % every == 0}
             dense += tuple(i for i in range(layers) if i not in moe and i not in dense)
+        if self.layer_kinds:
+            kinds = getattr(hf, self.layer_kinds)
+            dense += tuple(i for i, k in enumerate(kinds) if k == "dense" and i not in dense)
         width = getattr(hf, self.width)
         shared = getattr(hf, self.shared) if self.shared else 0
         if self.shared_count:
@@ -702,6 +711,8 @@ class MoeKeys:
             out.update(mlp_only_layers=list(dense), decoder_sparse_step=1)
         if self.first_dense:
             out[self.first_dense] = len(dense)
+        if self.layer_kinds:
+            out[self.layer_kinds] = ["dense" if i in dense else "sparse" for i in range(layers)]
         if self.moe_span and moe:
             first, last, every = self.moe_span
             out.update({first: moe[0], last: moe[-1], every: 1})
@@ -1112,6 +1123,21 @@ ADAPTERS: dict[str, Adapter] = {
         latent_attention=True,
         **_DEEPSEEK_V3_EXPERTS,
         predictor_layers="num_mtp_layers",
+    ),
+    # glm4_moe_lite (GLM-4.7-Flash): DeepSeek-V3's latent attention and experts, its dense
+    # layers listed by mlp_layer_types
+    "glm4_moe_lite": replace(
+        LLAMA,
+        families=("glm4_moe_lite",),
+        architecture="Glm4MoeLiteForCausalLM",
+        latent_attention=True,
+        **{
+            **_DEEPSEEK_V3_EXPERTS,
+            "moe": replace(
+                _DEEPSEEK_V3_EXPERTS["moe"], first_dense=None, layer_kinds="mlp_layer_types"
+            ),
+        },
+        predictor_layers="num_nextn_predict_layers",
     ),
     # deepseek_v2 (DeepSeek-V2, V2.5, V2-Lite, DeepSeek-Coder-V2): V3's latent attention,
     # its rope taken as complex numbers; softmax routing, never renormalized, scaled, within

@@ -87,6 +87,19 @@ def inverse_frequencies(spec: RopeSpec, context: int) -> tuple[torch.Tensor, flo
     return _longrope(spec, context, orig)
 
 
+def latent_attn_scale(spec: RopeSpec, qk_width: int) -> float:
+    """Multi-head latent attention's softmax scale (transformers' yarn_apply_mscale): the
+    q·k width's, times YaRN's mscale(factor, mscale_all_dim) squared where the rope is
+    scaled and the config gives mscale_all_dim."""
+    scale = qk_width**-0.5
+    m_all = spec.get("mscale_all_dim") if spec.kind != "default" else None
+    factor = spec.get("factor") or 1.0
+    if m_all and factor > 1:
+        m = 0.1 * m_all * math.log(factor) + 1.0
+        scale *= m * m
+    return scale
+
+
 def _yarn(spec: RopeSpec, base: torch.Tensor, orig: int) -> tuple[torch.Tensor, float]:
     d = spec.rotary_dim
     factor = spec.get("factor") or spec.max_positions / orig

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compress.errors import LlmpressError
-from compress.model.rope import RopeSpec, rope_spec
+from compress.model.rope import RopeSpec, latent_attn_scale, rope_spec
 
 ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -138,6 +138,8 @@ def describe(config: dict, adapter) -> BlockSpec:
     embed_scale = float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0
     residual_scale = 1.0
     logit_scale = getattr(hf, adapter.logit_scale) if adapter.logit_scale else 1.0
+    if adapter.latent_attention:  # q·k over each head's unrotated and rotated parts
+        attn_scale = latent_attn_scale(ropes[0], hf.qk_nope_head_dim + hf.qk_rope_head_dim)
     if adapter.multipliers:  # granite's four config scalars, in place of the derived ones
         attn_scale, embed_scale = float(hf.attention_multiplier), float(hf.embedding_multiplier)
         residual_scale, logit_scale = float(hf.residual_multiplier), 1.0 / hf.logits_scaling

@@ -129,6 +129,8 @@ def _fused_decoder(w: ModelWeights, ropes):
     columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
     for i, layer in enumerate(w.layers):
+        if layer.latent is not None:  # not in the one call yet: MLA's steps run op by op
+            return None
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
         if not all(isinstance(x, QuantLinear) for x in lins):
             return None

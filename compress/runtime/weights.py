@@ -77,9 +77,8 @@ RUNS = {
     "gated_mlp": _any,  # without a gate, Layer.gate_up holds up alone
     # folded at load into the biases of the linears each norm feeds (fold_input_shift)
     "norm_bias": _any,
-    # the cache of a latent and its decoding are not written yet: compression runs it
-    # through transformers' own blocks
-    "latent_attention": lambda on: "(multi-head latent attention)" if on else None,
+    # expanded per head at each step (Latent): the caches and attention of any family
+    "latent_attention": _any,
 }
 
 
@@ -154,6 +153,53 @@ class MoeWeights:
 
 
 @dataclass
+class Latent:
+    """Multi-head latent attention (DeepSeek's MLA) as the runtime computes it: the latent
+    expanded into every head's k and v at each step, so the caches, kernels and attention
+    of every other family serve it. Layer.qkv fuses what reads the attention norm (q_a_proj
+    or q_proj, and kv_a_proj_with_mqa); each head's q and k are [rotated part, unrotated
+    part] (rows reordered at load: rope at the start, as the runtime rotates it, in halves),
+    zero-padded with v to one head width."""
+
+    q_width: int  # q's part of qkv: q_a's rank, or every head's q
+    kv_rank: int
+    nope: int
+    rope: int
+    v: int
+    head_dim: int  # max(nope + rope, v): the cache's head width
+    kv_norm: torch.Tensor
+    kv_b: object  # each head's unrotated k and its v, from the normed latent
+    q_norm: torch.Tensor | None = None  # with q_b: q through the low-rank pair
+    q_b: object = None
+    eps: float = 1e-6  # the latent's and q_a's norms'
+
+    def linears(self):
+        return (self.kv_b,) if self.q_b is None else (self.q_b, self.kv_b)
+
+    def norms(self):
+        return (self.kv_norm,) if self.q_norm is None else (self.q_norm, self.kv_norm)
+
+    def values(self, att: torch.Tensor, heads: int) -> torch.Tensor:
+        """Attention's output [T, heads * head_dim] as o_proj reads it: each head's v."""
+        if self.v == self.head_dim:
+            return att
+        return att.view(-1, heads, self.head_dim)[..., : self.v].reshape(-1, heads * self.v)
+
+
+def latent_rows(heads: int, nope: int, rope: int, interleaved: bool) -> torch.Tensor:
+    """The row order of MLA's q projection that puts each head's rotated part first, in
+    the halves layout the runtime rotates (from pairs where `interleaved`)."""
+    one = torch.cat([nope + rope_halves(rope, interleaved), torch.arange(nope)])
+    return (torch.arange(heads)[:, None] * (nope + rope) + one).reshape(-1)
+
+
+def rope_halves(rope: int, interleaved: bool) -> torch.Tensor:
+    """The order of `rope` rotated dimensions in halves: (0, 2, 4, …, 1, 3, …) from pairs."""
+    r = torch.arange(rope)
+    return torch.cat([r[0::2], r[1::2]]) if interleaved else r
+
+
+@dataclass
 class Layer:
     """One block; q/k/v and gate/up are fused into one linear each (one kernel call).
     Norm weights are the effective multipliers (gemma's 1 + w added at load)."""
@@ -170,11 +216,15 @@ class Layer:
     post_mlp_norm: torch.Tensor | None = None
     moe: MoeWeights | None = None  # in place of gate_up/down
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's alpha_p, alpha_n, beta, eps
+    latent: Latent | None = None  # MLA: qkv holds what reads the attention norm
+
+    def attn_linears(self):
+        return (self.qkv, *(self.latent.linears() if self.latent else ()), self.o)
 
     def linears(self):
         if self.moe is not None:
-            return (self.qkv, self.o, *self.moe.linears())
-        return (self.qkv, self.o, self.gate_up, self.down)
+            return (*self.attn_linears(), *self.moe.linears())
+        return (*self.attn_linears(), self.gate_up, self.down)
 
     @property
     def step_bytes(self) -> int:
@@ -183,19 +233,20 @@ class Layer:
         if self.moe is None:
             dense = sum(lin.nbytes for lin in self.linears())
         else:
-            dense = self.qkv.nbytes + self.o.nbytes + self.moe.active_bytes
+            dense = sum(lin.nbytes for lin in self.attn_linears()) + self.moe.active_bytes
         return dense + sum(t.numel() * t.element_size() for t in self.norms())
 
     @property
     def active_params(self) -> int:
         """Weights one token multiplies by (of experts: the router and top_k of them)."""
-        lins = [self.qkv, self.o] + ([self.gate_up, self.down] if self.moe is None else [])
+        lins = [*self.attn_linears()] + ([self.gate_up, self.down] if self.moe is None else [])
         n = sum(lin.out_features * lin.in_features for lin in lins)
         return n + (0 if self.moe is None else self.moe.active_params)
 
     def norms(self):
         every = (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm)
         every += (self.post_attn_norm, self.post_mlp_norm)
+        every += self.latent.norms() if self.latent else ()
         return tuple(n for n in every if n is not None)
 
 
@@ -408,6 +459,10 @@ def load_weights(
     shape = adapter.shape(ckpt.config)
     spec = adapter.spec(ckpt.config)
     check_runnable(spec, adapter.families[0])
+    mla = adapter.latent
+    if mla is not None:  # every head's k and v in the cache, as other families'
+        width = max(mla.nope + mla.rope, mla.v)
+        shape = replace(shape, kv_heads=shape.heads, head_dim=width)
     tensors = _BlockTensors(ckpt)
     codec, layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
@@ -473,7 +528,21 @@ def load_weights(
             gate_up, down = lin(adapter.up), lin(adapter.down)
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
-        if adapter.qkv:
+        latent = None
+        if mla is not None:
+            q_rows = latent_rows(shape.heads, mla.nope, mla.rope, mla.interleaved)
+            rot = mla.kv_rank + rope_halves(mla.rope, mla.interleaved)
+            kv_rows = torch.cat([torch.arange(mla.kv_rank), rot])  # the latent, then k's rope
+            q = lin(mla.q_a) if mla.q_rank else lin(mla.q, rows=q_rows)
+            qkv = [q, lin(mla.kv_a, rows=kv_rows)]
+            latent = Latent(
+                q_width=q.out_features, kv_rank=mla.kv_rank, nope=mla.nope, rope=mla.rope,
+                v=mla.v, head_dim=shape.head_dim, kv_norm=opt(mla.kv_a_norm),
+                kv_b=lin(mla.kv_b), eps=mla.eps,
+            )  # fmt: skip
+            if mla.q_rank:
+                latent.q_norm, latent.q_b = opt(mla.q_a_norm), lin(mla.q_b, rows=q_rows)
+        elif adapter.qkv:
             by_part = rows_by_part(shape.heads, shape.head_dim) if adapter.qkv_by_head else None
             qkv = [lin(adapter.qkv, rows=by_part)]
         elif adapter.rope_interleaved:  # q and k into the halves layout the runtime rotates
@@ -501,6 +570,7 @@ def load_weights(
                 k_norm=qk_norm(adapter.k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),
                 post_mlp_norm=opt(adapter.post_mlp_norm),
+                latent=latent,
             )
         )
         if spec.norm_bias:
