@@ -553,6 +553,9 @@ LATENT_FAMILIES["glm4_moe_lite"] = (
             if k != "first_k_dense_replace"
         },
         "v_head_dim": 64,  # GLM-4.7-Flash's v is as wide as q·k's parts together
+        # and its heads do not divide its width (20 of 2048)
+        "num_attention_heads": 5,
+        "num_key_value_heads": 5,
         "n_group": 1,
         "topk_group": 1,
         "mlp_layer_types": ["dense", "sparse"],

@@ -1290,7 +1290,9 @@ def check_config(config: dict, where: str) -> ModelShape:
             raise LlmpressError(f"{where}: {key} is {value!r}, not a positive number; {fix}")
     heads, hidden = config["num_attention_heads"], config["hidden_size"]
     kv_heads = config.get("num_key_value_heads") or heads
-    if config.get("head_dim") is None and hidden % heads:
+    # (multi-head latent attention's heads are as wide as its own keys say: GLM-4.7-Flash
+    # has 20 heads of a 2048 width)
+    if config.get("head_dim") is None and config.get("kv_lora_rank") is None and hidden % heads:
         raise LlmpressError(
             f"{where}: num_attention_heads {heads} does not divide hidden_size {hidden}; {fix}"
         )
