@@ -151,7 +151,10 @@ def main() -> None:
     params = sum(math.prod(d) for d in shapes.values())
     blocks = sum(math.prod(d) for n, d in shapes.items() if n.startswith("model.layers.1."))
     record = {
-        "command": "python benchmarks/latent_scale.py " + " ".join(sys.argv[1:]),
+        "command": "python benchmarks/latent_scale.py"
+        + (f" --shape {args.shape}" if args.shape != "deepseek-v2-lite" else "")
+        + (f" --layers {args.layers}" if args.layers != 4 else "")
+        + (f" --methods {args.methods}" if args.methods != "rtn,gptq" else ""),
         "cpu": cpu_flags(),
         "threads": os.cpu_count(),
         "shape": args.shape,

@@ -2205,28 +2205,47 @@ def device_presets(d: dict) -> list[str]:
     ]
 
 
+LATENT_SHAPES = {
+    "deepseek-v2-lite": "DeepSeek-V2-Lite's widths (hidden 2048, 16 heads through a latent of "
+    "512, q through one q_proj, 64 experts of 1408, 6 a token, 2 shared, vocabulary 102,400)",
+    "glm-4.7-flash": "GLM-4.7-Flash's widths (hidden 2048, 20 heads, q through a rank of 768, "
+    "a latent of 512, v 256 wide, 64 experts of 1536, 4 a token, 1 shared, sigmoid routing, "
+    "vocabulary 154,880)",
+}
+
+
 def latent_scale(d: dict) -> list[str]:
     rows = [
         [f"`compress --quant {m}:w4g64`", f(r["s_per_block"], 2), f(r["wall_s"], 1),
-         f(r["peak_rss_gb"], 2)]
+         f(r["peak_rss_gb"], 2), ""]
         for m, r in d["compress"].items()
     ]  # fmt: skip
-    for tag in ("first", "cached"):
-        r = d[f"eval_{tag}"]
-        rows.append([f"`eval --engine transformers` ({tag})", "", f(r["wall_s"], 1),
-                     f(r["peak_rss_gb"], 2)])  # fmt: skip
+    evals = [("eval_first", "`eval` (runtime), first"), ("eval_cached", "`eval` (runtime), cached")]
+    evals.append(("eval_transformers", "`eval --engine transformers`, first"))
+    for key, label in evals:
+        if key in d:
+            r = d[key]
+            rows.append([label, "", f(r["wall_s"], 1), f(r["peak_rss_gb"], 2), ""])
+    if "bench" in d:
+        r = d["bench"]
+        rows.append(["`bench --batch 1` (rtn)", "", f(r["wall_s"], 1), f(r["peak_rss_gb"], 2),
+                     f"{r['tok_s']} tok/s, MBU {r['mbu']:.0%}"])  # fmt: skip
+    calib = ""
+    if set(d["compress"]) - {"rtn"}:
+        calib = (
+            f"awq and gptq read {d['calibration']['samples']} × {d['calibration']['length']} "
+            "tokens of WikiText-2 valid; "
+        )
     return [
-        f"DeepSeek-V2-Lite's widths (hidden 2048, 16 heads through a latent of 512, 64 experts "
-        f"of 1408, 6 a token, 2 shared, vocabulary 102,400) at {d['layers']} layers, the first "
+        f"{LATENT_SHAPES[d.get('shape', 'deepseek-v2-lite')]} at {d['layers']} layers, the first "
         f"dense: {d['params_b']}B parameters, {d['moe_block_params_b']}B in each "
         "Mixture-of-Experts block; random bf16 weights, so quality figures mean nothing and "
-        f"are left out. awq and gptq read {d['calibration']['samples']} × "
-        f"{d['calibration']['length']} tokens of WikiText-2 valid, eval 2 windows of 256 of "
-        "test; each command in its own process, peak memory its own high-water mark. "
+        f"are left out. {calib}eval reads 2 windows of 256 of WikiText-2 test; each command "
+        "in its own process, peak memory its own high-water mark. "
         f"CPU: {d['cpu']}, {d['threads']} threads; the machine was shared, so times are "
         "upper bounds.",
         "",
-        *table(["run", "s/block", "wall s", "peak GB"], rows),
+        *table(["run", "s/block", "wall s", "peak GB", "decode"], rows),
     ]
 
 
@@ -3039,6 +3058,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "latent_scale.json",
         "Multi-head latent attention at DeepSeek-V2-Lite's widths",
         "benchmarks/latent_scale.py",
+        latent_scale,
+    ),
+    (
+        "latent_scale_glm.json",
+        "Multi-head latent attention at GLM-4.7-Flash's widths",
+        "benchmarks/latent_scale.py --shape glm-4.7-flash --methods rtn",
         latent_scale,
     ),
     (

@@ -337,3 +337,46 @@ def test_the_triton_backend_runs_it(runnable, ids):
         rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0], device=device)))
     tol = 3e-2 if device == "cuda" else 1e-4  # TF32 on a GPU (tests/test_families.py)
     torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
+
+
+def test_serve_answers_the_openai_client_as_one_request_alone(runnable):
+    """`serve` of the artifact (paged cache, prefix sharing, batched prefill): greedy
+    completions of requests that run together are those of each request run alone."""
+    import threading
+
+    import openai
+
+    from compress.serve.app import build_app
+    from compress.serve.server import make_server
+
+    _, out = runnable
+    app = build_app(str(out), max_batch=4, max_len=128, max_queue=4)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    prompts = ["The capital of France is", "The capital of France is a city", "Once upon"]
+
+    def complete(prompt):
+        done = client.completions.create(
+            model=app.model_name, prompt=prompt, max_tokens=12, temperature=0
+        )
+        return done.choices[0].text
+
+    try:
+        alone = [complete(p) for p in prompts]
+        together = [None] * len(prompts)
+
+        def run(i):
+            together[i] = complete(prompts[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.scheduler.stop()
+    assert all(alone) and together == alone
