@@ -41,14 +41,17 @@ def ids():
         ("deepseek_v3", None),
         ("deepseek_v2", None),
         ("glm4_moe_lite", 64),
+        ("youtu", 64),
+        ("minicpm3", 64),
     ],
-    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite"],
+    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite", "youtu", "minicpm3"],
 )
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
     (q_lora_rank null); the tiny DeepSeek-V2 (one q_proj as V2-Lite's; its own routing
     within groups, as V2's, and complex rope); GLM-4.7-Flash's (V3's attention and
-    experts without groups, v as wide as q·k)."""
+    experts without groups, v as wide as q·k); Youtu-LLM's and MiniCPM3's (a dense MLP;
+    MiniCPM3's rope in halves and its scales)."""
     family, q_rank = request.param
     folder = tmp_path_factory.mktemp("mla") / "src"
     return write_family(folder, family, tokenizer_dir, q_lora_rank=q_rank)
@@ -150,11 +153,13 @@ def test_the_runtime_refuses_expert_groups_in_one_line(family, wikitext, tmp_pat
 
 
 # Models the runtime runs: V3's block without expert groups (as Moonlight's), V2-Lite's
-# (one q_proj, greedy routing, complex rope) and GLM-4.7-Flash's
+# (one q_proj, greedy routing, complex rope), GLM-4.7-Flash's, Youtu-LLM's and MiniCPM3's
 RUNNABLE = {
     "v3_ungrouped": ("deepseek_v3", {"n_group": 1, "topk_group": 1}),
     "v2_lite": ("deepseek_v2", {"q_lora_rank": None, "topk_method": "greedy"}),
     "glm4_moe_lite": ("glm4_moe_lite", {}),
+    "youtu": ("youtu", {}),
+    "minicpm3": ("minicpm3", {}),
 }
 
 
@@ -169,7 +174,9 @@ def runnable(request, tmp_path_factory, tokenizer_dir, wikitext):
 
 def test_the_runtime_computes_the_original_as_transformers(runnable, ids, monkeypatch):
     """YaRN's mscale in the softmax scale (the V3 model's rope is YaRN past 16 positions),
-    the rotated parts' rows reordered from pairs into halves: dropping either shows."""
+    the rotated parts' rows reordered from pairs into halves where the family rotates pairs
+    and left in halves where it does not (MiniCPM3), MiniCPM3's embedding, residual and
+    logit scales: dropping any shows."""
     src, _ = runnable
     want = _logits(src, ids)
     weights = load_weights(resolve(str(src)), device="cpu")
@@ -182,8 +189,14 @@ def test_the_runtime_computes_the_original_as_transformers(runnable, ids, monkey
         weights.spec = dataclasses.replace(weights.spec, attn_scale=plain)
         got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
         assert (got - want).abs().max() > 1e-2
-    as_stored = dataclasses.replace(mla, interleaved=False)
-    monkeypatch.setattr(Latent, "of", classmethod(lambda cls, hf: as_stored))
+    for scale in ("embed_scale", "residual_scale", "logit_scale"):
+        if getattr(weights.spec, scale) != 1.0:  # MiniCPM3's
+            weights = load_weights(resolve(str(src)), device="cpu")
+            weights.spec = dataclasses.replace(weights.spec, **{scale: 1.0})
+            got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+            assert (got - want).abs().max() > 1e-2, scale
+    other = dataclasses.replace(mla, interleaved=not mla.interleaved)
+    monkeypatch.setattr(Latent, "of", classmethod(lambda cls, hf, pairs: other))
     got = RuntimeLM(load_weights(resolve(str(src)), device="cpu"), LENGTH, exact=True)
     assert (got(ids).logits[0] - want).abs().max() > 1e-2
 

@@ -174,10 +174,12 @@ class Latent:
     kv_b = "self_attn.kv_b_proj"
 
     @classmethod
-    def of(cls, hf) -> Latent:
+    def of(cls, hf, pairs: bool) -> Latent:
+        """`pairs`: whether the family's rope rotates pairs where the config has no
+        rope_interleave key (V2's complex numbers do; MiniCPM3's halves do not)."""
         return cls(
             hf.q_lora_rank or 0, hf.kv_lora_rank, hf.qk_nope_head_dim, hf.qk_rope_head_dim,
-            hf.v_head_dim, bool(getattr(hf, "rope_interleave", True)),
+            hf.v_head_dim, bool(getattr(hf, "rope_interleave", pairs)),
         )  # fmt: skip
 
     @property
@@ -300,6 +302,9 @@ class Adapter:
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
+    # MiniCPM's scales: the embedding times scale_emb, each branch times
+    # scale_depth / sqrt(layers), the logits divided by logits_scaling (hidden / dim_model_base)
+    depth_scaled: bool = False
     # rope rotates each head's dimension pairs (2i, 2i+1), not (i, i + rotary/2) (glm4):
     # the runtime loads q and k with their rows reordered into the halves layout
     # (interleaved_rows), which leaves q·k as it was and every kernel as it is
@@ -937,6 +942,11 @@ ADAPTERS: dict[str, Adapter] = {
     "mistral": replace(
         LLAMA, families=("mistral",), architecture="MistralForCausalLM", bias_options=()
     ),
+    # ministral (Ministral-8B-Instruct-2410): mistral's block with its sliding layers listed
+    # by layer_types
+    "ministral": replace(
+        LLAMA, families=("ministral",), architecture="MinistralForCausalLM", bias_options=()
+    ),
     # ministral3 (Ministral 3, the language model of Mistral 3 checkpoints): mistral's
     # block with YaRN and Llama 4's query temperature past the original context
     # (rope_parameters' llama_4_scaling_beta: model/rope.py query_scales)
@@ -1008,6 +1018,17 @@ ADAPTERS: dict[str, Adapter] = {
         k_norm=None,
         attn_softcap=True,
     ),
+    # vaultgemma (VaultGemma): gemma2 without the norms on the branch outputs
+    "vaultgemma": replace(
+        _GEMMA3,
+        families=("vaultgemma",),
+        architecture="VaultGemmaForCausalLM",
+        q_norm=None,
+        k_norm=None,
+        attn_softcap=True,
+        post_attn_norm=None,
+        post_mlp_norm=None,
+    ),
     # olmo2: norms on the branch outputs only, q/k norms over all heads at once
     "olmo2": _OLMO2,
     # olmo3: olmo2's block; 3 sliding : 1 full layers, rope per layer type (spec.py)
@@ -1046,6 +1067,19 @@ ADAPTERS: dict[str, Adapter] = {
         router="mlp.gate",
         expert="mlp.experts",
         **_QK_NORMS,
+    ),
+    # mellum (Mellum): qwen3_moe's block, its dense layers listed by mlp_layer_types, its
+    # sliding layers by layer_types, rope per layer type
+    "mellum": replace(
+        LLAMA,
+        families=("mellum",),
+        architecture="MellumForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        moe=MoeKeys(*_QWEN_MOE_KEYS, layer_kinds="mlp_layer_types"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        **_QK_NORMS,
+        head_dim=128,
     ),
     # flex_olmo (FlexOlmo): olmo2's block (norms on the branch outputs only, q/k norms over
     # all heads) with olmoe's experts
@@ -1123,6 +1157,30 @@ ADAPTERS: dict[str, Adapter] = {
         latent_attention=True,
         **_DEEPSEEK_V3_EXPERTS,
         predictor_layers="num_mtp_layers",
+    ),
+    # youtu (Youtu-LLM): DeepSeek-V3's latent attention in llama's block, a dense MLP in
+    # every layer, the head tied by default
+    "youtu": replace(
+        LLAMA, families=("youtu",), architecture="YoutuForCausalLM", latent_attention=True
+    ),
+    # minicpm3 (MiniCPM3-4B): DeepSeek-V2's latent attention with llama's rope (halves), a
+    # dense MLP, MiniCPM's embedding, residual and logit scales
+    "minicpm3": replace(
+        LLAMA,
+        families=("minicpm3",),
+        architecture="MiniCPM3ForCausalLM",
+        latent_attention=True,
+        depth_scaled=True,
+    ),
+    # solar_open (Solar Open): llama's attention (o unbiased) with glm4_moe's experts in
+    # every layer
+    "solar_open": replace(
+        LLAMA,
+        families=("solar_open",),
+        architecture="SolarOpenForCausalLM",
+        bias_options=(("attention_bias", ("q", "k", "v")),),
+        **{**_DEEPSEEK_V3_EXPERTS, "moe": replace(_DEEPSEEK_V3_EXPERTS["moe"], first_dense=None)},
+        head_dim=128,
     ),
     # glm4_moe_lite (GLM-4.7-Flash): DeepSeek-V3's latent attention and experts, its dense
     # layers listed by mlp_layer_types
@@ -1370,7 +1428,7 @@ def adapter_for(config: dict) -> Adapter:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
     if adapter.latent_attention:
-        adapter = replace(adapter, latent=Latent.of(hf))
+        adapter = replace(adapter, latent=Latent.of(hf, adapter.rope_tables == "complex"))
     if adapter.parallel_option and getattr(hf, adapter.parallel_option, False):
         mlp_norm = adapter.mlp_norm if adapter.parallel_mlp_norm else None
         adapter = replace(adapter, parallel=True, mlp_norm=mlp_norm)

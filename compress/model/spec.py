@@ -138,6 +138,10 @@ def describe(config: dict, adapter) -> BlockSpec:
     embed_scale = float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0
     residual_scale = 1.0
     logit_scale = getattr(hf, adapter.logit_scale) if adapter.logit_scale else 1.0
+    if adapter.depth_scaled:  # MiniCPM's
+        embed_scale = float(hf.scale_emb)
+        residual_scale = float(hf.scale_depth) / layers**0.5
+        logit_scale = 1.0 / hf.logits_scaling
     if adapter.latent_attention:  # q·k over each head's unrotated and rotated parts
         attn_scale = latent_attn_scale(ropes[0], hf.qk_nope_head_dim + hf.qk_rope_head_dim)
     if adapter.multipliers:  # granite's four config scalars, in place of the derived ones
