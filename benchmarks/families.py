@@ -24,7 +24,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   a gate, half of each head rotated; gemma: (1+w) norms, scaled embedding, tied head; phi:
   the parallel block under one LayerNorm with a bias, biased gelu MLP without a gate and
   head; stablelm: LayerNorms with a bias, q/k/v biases, a quarter of each head rotated;
-  phi3: fused tensors, LongRoPE);
+  phi3: fused tensors, LongRoPE; vaultgemma: gemma2's block without the output norms;
+  ministral: mistral's block, 1 sliding : 1 full layers);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -35,7 +36,10 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   half of each head rotated; dots1 with glm4_moe's routing, shared expert and dense layer
   0 under qwen3's per-head q/k norms; flex_olmo with olmo2's output-only norms and q/k
   norms over all heads around olmoe's experts; hunyuan_v1_moe with softmax routing,
-  renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope).
+  renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope;
+  mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
+  a rope base each; solar_open with glm4_moe's routing and shared expert in every layer
+  under llama's attention).
 Columns: `llmpress compress --quant rtn:w4g64` (the README's command) succeeds; the
 runtime's exact logits against transformers' forward on the artifact's weights in fp32
 (max |diff| over 72 tokens); `AutoModelForCausalLM.from_pretrained(artifact)` loads, and
@@ -178,6 +182,13 @@ DENSE = {
     # Ministral 3's class rope: YaRN 16x over 16,384 tokens, Llama 4's query temperature
     # (beta 0.1) past them, so not at these lengths (the tests run it at 16 tokens)
     "ministral3": {"rope_parameters": None, "max_position_embeddings": 262144},
+    # VaultGemma's: gemma2's block without the output norms, 1 sliding : 1 full layers
+    "vaultgemma": {"layer_types": None, "sliding_window": 512, "tie_word_embeddings": True},
+    # Ministral-8B's: mistral's block, its sliding layers listed (here 1 : 1)
+    "ministral": {
+        "sliding_window": 512,
+        "layer_types": ["sliding_attention", "full_attention"] * 12,
+    },
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {
@@ -232,6 +243,19 @@ MOE_SETTINGS = {
         "intermediate_size": 1024,
         "rotary_dim": 32,
     },
+    # mellum: qwen3_moe's block, layer 0 dense (mlp_layer_types), 1 sliding : 1 full
+    # layers with a rope base each
+    "mellum": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 15,
+        "layer_types": ["sliding_attention", "full_attention"] * 8,
+        "sliding_window": 512,
+    },
+    # solar_open: glm4_moe's routing and shared expert in every layer under llama's attention
+    "solar_open": {"n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1024},
     # flex_olmo: olmo2's block with olmoe's experts, renormalized (FlexOlmo's norm_topk_prob)
     "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     # hunyuan_v1_moe: Hunyuan-A13B's softmax routing, renormalized, an ungated shared MLP as

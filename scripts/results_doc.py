@@ -2998,6 +2998,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_new.json",
+        "vaultgemma, ministral, mellum and solar_open beside llama3 at a realistic width, Xeon",
+        "benchmarks/families.py --families vaultgemma,ministral,mellum,solar_open,llama3 "
+        "--name families_new --skip-anchors",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "
