@@ -204,7 +204,8 @@ def test_the_runtime_computes_the_original_as_transformers(runnable, ids, monkey
 @pytest.mark.parametrize("kv", ["none", "int8", "int4"])
 def test_the_runtime_decodes_the_artifact_as_it_prefills(runnable, ids, kv):
     """The w4 artifact: the runtime's exact pass equals plain from_pretrained; decode steps
-    (int8 activations, each KV cache) agree with a served prefill of the whole sequence."""
+    (int8 activations, each KV cache) agree with a served prefill of the whole sequence,
+    and the one-call C decoder's steps and prefill with the per-op path's."""
     _, out = runnable
     weights = load_weights(resolve(str(out)), device="cpu")
     s, tokens, prompt = weights.shape, ids[0], 12
@@ -212,16 +213,25 @@ def test_the_runtime_decodes_the_artifact_as_it_prefills(runnable, ids, kv):
         exact = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
         assert (exact - _logits(out, ids)).abs().max() < 1e-3
     model = Model(weights, LENGTH + 1)
+    assert model.backend.fused is not None, "the one-call C decoder takes latent attention"
 
     def cache():
         return KVCache(s.layers, 1, s.kv_heads, LENGTH, s.head_dim, parse_kv(kv))
 
-    steps = cache()
-    rows = [model.prefill(tokens[:prompt], steps, 0)[-1:]]
-    for t in range(prompt, LENGTH - 1):
-        rows.append(model.decode_ids([int(tokens[t])], steps, [0]))
-    decoded = torch.cat(rows)
+    def decode_all():
+        steps = cache()
+        rows = [model.prefill(tokens[:prompt], steps, 0)[-1:]]
+        for t in range(prompt, LENGTH - 1):
+            rows.append(model.decode_ids([int(tokens[t])], steps, [0]))
+        return torch.cat(rows)
+
+    decoded = decode_all()
     served = model.prefill(tokens[: LENGTH - 1], cache(), 0)[prompt - 1 :]
+    fused, model.backend.fused = model.backend.fused, None  # the per-op path: the same steps
+    per_op = decode_all()
+    per_op_served = model.prefill(tokens[: LENGTH - 1], cache(), 0)[prompt - 1 :]
+    model.backend.fused = fused
+    assert (decoded - per_op).abs().max() < 1e-4 and (served - per_op_served).abs().max() < 1e-4
     agree = (decoded.argmax(-1) == served.argmax(-1)).float().mean()
     if kv == "none":  # the same kernels: only the attention's order of sums differs
         assert (decoded - served).abs().mean() < 5e-3 and agree == 1

@@ -156,8 +156,8 @@ def rms_norm_quantized(
 
 
 _C = api()  # cpu/llmpress.h: its structs and constants
-_KVC, _PChunk, _QLin, _QMoe, _QLayer, _DecodeCtx = (
-    _C.structs[n] for n in ("KVC", "PChunk", "QLin", "QMoe", "QLayer", "DecodeCtx")
+_KVC, _PChunk, _QLin, _QMoe, _QMla, _QLayer, _DecodeCtx = (
+    _C.structs[n] for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QLayer", "DecodeCtx")
 )
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
@@ -736,6 +736,34 @@ class FusedExperts:
 
 
 @dataclass
+class FusedLatent:
+    """Multi-head latent attention for the one-call decoder (QMla in cpu/llmpress.h): the
+    layer's qkv gives [q (q_width), latent (kv_rank), the rotated key part (rope)] a row."""
+
+    q_width: int
+    kv_rank: int
+    nope: int
+    rope: int
+    v: int
+    kv_norm: torch.Tensor
+    kv_b: FusedLinear
+    q_norm: torch.Tensor | None = None
+    q_b: FusedLinear | None = None
+    eps: float = 1e-6
+
+    def native(self) -> _QMla:
+        for t in (self.kv_norm, self.q_norm):
+            if t is not None:
+                _check_f32(t, "latent norm")
+        if (self.q_norm is None) != (self.q_b is None):
+            raise ValueError("q's norm and q_b come together")
+        return _QMla(
+            self.q_width, self.kv_rank, self.nope, self.rope, self.v, _opt(self.q_norm),
+            _qlin(self.q_b), _ptr(self.kv_norm), _qlin(self.kv_b), float(self.eps),
+        )  # fmt: skip
+
+
+@dataclass
 class FusedLayer:
     """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
     added), its linears, optional q/k and sandwich norms, rope tables, sliding window,
@@ -766,6 +794,7 @@ class FusedLayer:
     qk_each: bool = False  # q_norm/k_norm hold a weight row per head (cohere)
     ungated: bool = False  # the MLP is down(act(up(x))), gate_up holding up alone (arcee)
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's (apertus)
+    mla: FusedLatent | None = None  # latent attention: qkv holds what reads the norm
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -780,13 +809,16 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
+        mla = None if self.mla is None else self.mla.native()
+        keep.append(mla)
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
             self.window or 0, self.softcap or 0.0,
             self.residual, int(self.qk_full),
-            ctypes.addressof(keep[0]) if keep else None, int(self.center), int(self.qk_each),
-            int(self.parallel), int(self.ungated), _opt(self.act_params),
+            ctypes.addressof(keep[0]) if self.moe is not None else None, int(self.center),
+            int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
+            None if mla is None else ctypes.addressof(mla),
         )  # fmt: skip
         return layer, keep
 
@@ -800,7 +832,7 @@ class FusedDecoder:
 
     def __init__(self, layers: list[FusedLayer], hidden, heads, kv_heads, head_dim, inter,
                  eps, scale: float, act: str, head: tuple | None = None,
-                 embed: tuple | None = None):  # fmt: skip
+                 embed: tuple | None = None, mla_rows: int = 0):  # fmt: skip
         self.head = None
         if head is not None:
             _check_f32(head[0], "final norm")
@@ -809,6 +841,9 @@ class FusedDecoder:
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
+        self.mla_rows = mla_rows  # floats a row of latent attention's scratch (FusedLatent)
+        if any(x.mla is not None for x in layers) and not mla_rows:
+            raise ValueError("latent attention needs its scratch: pass mla_rows")
         kinds = {  # the scratch is as wide as the wider of an expert and a shared expert
             (len(x.moe.experts), x.moe.top_k, max(x.moe.inter, x.moe.shared_inter))
             for x in layers
@@ -844,8 +879,8 @@ class FusedDecoder:
         experts' part of it, and rows of hidden states and positions for `from_ids`."""
         if b not in self.work:  # the dense part first, the experts' scratch after it
             lib, dims = library(), (b, *self.dims)
-            dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
-            floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
+            dense = lib.llmp_decode_workspace(*dims, self.mla_rows, 0, 0, 0)
+            floats = lib.llmp_decode_workspace(*dims, self.mla_rows, *self.moe_dims)
             work = torch.empty(floats, dtype=torch.float32)
             rows = torch.empty(b, self.dims[0]), torch.empty(b, dtype=torch.int64)
             self.work[b] = (work, _ptr(work), _ptr(work) + 4 * dense, rows, *map(_ptr, rows))
@@ -923,8 +958,8 @@ class FusedDecoder:
         """The scratch of an n-row prefill step: one buffer, grown to the largest step yet
         (prefill steps come in every size; a buffer per size would pile up)."""
         lib, dims = library(), (n, *self.dims)
-        dense = lib.llmp_decode_workspace(*dims, 0, 0, 0)
-        floats = lib.llmp_decode_workspace(*dims, *self.moe_dims)
+        dense = lib.llmp_decode_workspace(*dims, self.mla_rows, 0, 0, 0)
+        floats = lib.llmp_decode_workspace(*dims, self.mla_rows, *self.moe_dims)
         if self.prefill_work is None or self.prefill_work.numel() < floats:
             self.prefill_work = torch.empty(floats, dtype=torch.float32)
         work = _ptr(self.prefill_work)

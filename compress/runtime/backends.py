@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from compress.kernels.cpu import FusedDecoder, FusedExperts, FusedLayer, decode_attention
+from compress.kernels.cpu import (
+    FusedDecoder,
+    FusedExperts,
+    FusedLatent,
+    FusedLayer,
+    decode_attention,
+)
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import DenseLinear, QuantLinear
 from compress.runtime.weights import ModelWeights
@@ -124,16 +130,31 @@ def _experts(moe) -> FusedExperts | None:
     return fused
 
 
+def _latent(lat) -> FusedLatent:
+    """The one-call decoder's form of a layer's latent attention (runtime/weights.Latent)."""
+    return FusedLatent(
+        lat.q_width, lat.kv_rank, lat.nope, lat.rope, lat.v, lat.kv_norm, lat.kv_b.fused_form(),
+        lat.q_norm, None if lat.q_b is None else lat.q_b.fused_form(), lat.eps,
+    )  # fmt: skip
+
+
 def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
+    mla_rows = 0  # floats a row of the latent's scratch: kv_b's output, a norm's input
     for i, layer in enumerate(w.layers):
-        if layer.latent is not None:  # not in the one call yet: MLA's steps run op by op
-            return None
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
+        lins += layer.latent.linears() if layer.latent else ()
         if not all(isinstance(x, QuantLinear) for x in lins):
             return None
+        mla = None if layer.latent is None else _latent(layer.latent)
+        if mla is not None:
+            normed = max(mla.kv_rank, 0 if mla.q_norm is None else mla.q_width)
+            if normed > max(w.shape.hidden, w.shape.heads * w.shape.head_dim):
+                return None  # (the norms' rows are quantized in the step's own buffers)
+            mla_rows = max(mla_rows, w.shape.heads * (mla.nope + mla.v) + normed)
+        lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
         experts = None if layer.moe is None else _experts(layer.moe)
         if layer.moe is not None and experts is None:
             return None
@@ -166,6 +187,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 qk_each=w.spec.qk_norm == "each_head",
                 ungated=not w.spec.gated_mlp,
                 act_params=layer.act_params,
+                mla=mla,
             )
         )
     s, spec = w.shape, w.spec
@@ -175,5 +197,5 @@ def _fused_decoder(w: ModelWeights, ropes):
     head = (w.norm, w.lm_head.fused_form()) if isinstance(w.lm_head, QuantLinear) else None
     return FusedDecoder(
         rows, s.hidden, s.heads, s.kv_heads, s.head_dim, inter, spec.eps, spec.attn_scale,
-        spec.activation, head, (w.embed, spec.embed_scale),
+        spec.activation, head, (w.embed, spec.embed_scale), mla_rows,
     )  # fmt: skip

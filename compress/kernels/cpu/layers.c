@@ -15,19 +15,21 @@ static int widest_row(int hidden, int heads, int D, int inter) {
     return widest > ip ? widest : ip;
 }
 
-static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter) {
+static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
+                               int mla) {
     int widest = widest_row(hidden, heads, D, inter), nqkv = (heads + 2 * kv_heads) * D;
-    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden)
+    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden + mla)
            + (int64_t)B * widest / 4 + 16;
 }
 
 /* Floats of the step workspace llmp_decode_layers needs at batch B: fp32 rows, block
- * scales and sums, projections, int8 codes, and the experts' scratch (E experts, top K,
- * width I; E = 0 without experts). The caller owns it (allocated once per batch size, not
+ * scales and sums, projections, int8 codes, `mla` floats a row for latent attention's
+ * (QMla; 0 without), and the experts' scratch (E experts, top K, width I; E = 0 without
+ * experts). The caller owns it (allocated once per batch size, not
  * once per step: a fresh megabyte each step is an mmap and its page faults). */
 int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
-                              int E, int K, int I) {
-    return dense_workspace(B, hidden, heads, kv_heads, D, inter) + moe_workspace(B, hidden, E, K, I);
+                              int mla, int E, int K, int I) {
+    return dense_workspace(B, hidden, heads, kv_heads, D, inter, mla) + moe_workspace(B, hidden, E, K, I);
 }
 
 /* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows
@@ -58,6 +60,52 @@ static void branch_input(const float *h, const float *norm, float eps, int cente
         quantize_rows_padded(h, B, hidden, hidden, hp, pad, x8, dx, bs);
 }
 
+/* MLA's q, k and v [B, heads, D] from the qkv linear's rows [B, width] (QMla): the
+ * latent normed and expanded by kv_b into every head's unrotated key and v; the one
+ * rotated key part copied to every head (rope then rotates each copy alike); q through
+ * its norm and q_b, or as qkv gives it. `work` holds B rows of kv_b's output and of the
+ * norms' inputs (the workspace's `mla` floats a row), `qo` q_b's output (attention's
+ * output buffer, free until attention). */
+static int mla_qkv(const QMla *m, const float *qkv, int B, int width, int heads, int D,
+                   float *pad, int8_t *x8, float *dx, float *bs, float *work, float *qo,
+                   float *q, float *kn, float *vn) {
+    int QD = m->nope + m->rope, KV = m->nope + m->v;
+    float *kvb = work, *rows = work + (int64_t)B * heads * KV; /* B rows of the normed */
+    const float *qs = qkv;
+    int qstride = width;
+    if (m->q_norm) {
+        int qp = (m->q_width + 31) / 32 * 32;
+        for (int b = 0; b < B; b++)
+            memcpy(rows + (int64_t)b * m->q_width, qkv + (int64_t)b * width, m->q_width * sizeof(float));
+        llmp_rmsnorm_quant(rows, m->q_norm, m->eps, 0, B, m->q_width, qp, pad, x8, dx, bs);
+        if (qlin(&m->q_b, x8, dx, bs, B, qo, pad, qp)) return -1;
+        qs = qo;
+        qstride = heads * QD;
+    }
+    int kp = (m->kv_rank + 31) / 32 * 32;
+    for (int b = 0; b < B; b++)
+        memcpy(rows + (int64_t)b * m->kv_rank, qkv + (int64_t)b * width + m->q_width,
+               m->kv_rank * sizeof(float));
+    llmp_rmsnorm_quant(rows, m->kv_norm, m->eps, 0, B, m->kv_rank, kp, pad, x8, dx, bs);
+    if (qlin(&m->kv_b, x8, dx, bs, B, kvb, pad, kp)) return -1;
+    for (int b = 0; b < B; b++) {
+        const float *rot = qkv + (int64_t)b * width + m->q_width + m->kv_rank;
+        for (int hd = 0; hd < heads; hd++) {
+            int64_t at = ((int64_t)b * heads + hd) * D;
+            const float *e = kvb + ((int64_t)b * heads + hd) * KV;
+            float *qh = q + at, *kh = kn + at, *vh = vn + at;
+            memcpy(qh, qs + (int64_t)b * qstride + (int64_t)hd * QD, QD * sizeof(float));
+            memcpy(kh, rot, m->rope * sizeof(float));
+            memcpy(kh + m->rope, e, m->nope * sizeof(float));
+            memcpy(vh, e + m->nope, m->v * sizeof(float));
+            memset(qh + QD, 0, (D - QD) * sizeof(float));
+            memset(kh + QD, 0, (D - QD) * sizeof(float));
+            memset(vh + m->v, 0, (D - m->v) * sizeof(float));
+        }
+    }
+    return 0;
+}
+
 /* Every block over h [B, hidden] (then, with `head`, the final norm and logits): B decode
  * rows (sp NULL: each at its own slot and position, attending through the cache), or a
  * prefill step's chunks (sp: each causal within itself, over its cached prefix).
@@ -82,17 +130,23 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     float *q = (float *)(x8 + (int64_t)B * widest);  /* contiguous q, k, v for attention */
     float *kn = q + (int64_t)B * heads * D;
     float *vn = kn + (int64_t)B * kv_heads * D;
+    float *mla_work = vn + (int64_t)B * kv_heads * D; /* the `mla` floats a row (QMla) */
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
-        #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
-        for (int b = 0; b < B; b++) {
-            const float *row = qkv + (int64_t)b * nqkv;
-            memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
-            memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
-            memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+        if (L->mla) {
+            if (mla_qkv(L->mla, qkv, B, L->qkv.n, heads, D, pad, x8, dx, bs, mla_work, att, q, kn, vn))
+                break;
+        } else {
+            #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
+            for (int b = 0; b < B; b++) {
+                const float *row = qkv + (int64_t)b * nqkv;
+                memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
+                memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
+                memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+            }
         }
         /* q/k norms: over each head (one weight, or each head's own), or all of a row's */
         int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
@@ -126,8 +180,16 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
                                                 att + P * heads * D))
                 break;
         }
-        quantize_rows_padded(att, B, heads * D, heads * D, ap, pad, x8, dx, bs);
-        if (qlin(&L->o, x8, dx, bs, B, tmp, pad, ap)) break;
+        int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v alone) */
+        if (L->mla && L->mla->v < D) {
+            int V = L->mla->v;
+            for (int64_t r = 0; r < (int64_t)B * heads; r++)
+                memmove(att + r * V, att + r * D, V * sizeof(float));
+            ow = heads * V;
+            op = (ow + 31) / 32 * 32;
+        }
+        quantize_rows_padded(att, B, ow, ow, op, pad, x8, dx, bs);
+        if (qlin(&L->o, x8, dx, bs, B, tmp, pad, op)) break;
         if (L->post_attn_norm)
             rms_rows(tmp, B, hidden, L->post_attn_norm, 1, eps, L->center, B >= PAR_ROWS);
         if (L->parallel) /* the MLP's input from h before attention's output joins it */

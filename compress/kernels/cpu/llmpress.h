@@ -103,6 +103,21 @@ typedef struct {
     float scale;              /* the weights times this (routed_scaling_factor) */
 } QMoe;
 
+/* Multi-head latent attention (DeepSeek's MLA) as the runtime computes it: the layer's
+ * qkv linear gives [q (q_width), latent (kv_rank), one rotated key part (rope)] a row;
+ * q through q_norm and q_b where q_norm is set (else qkv's q part is every head's q), the
+ * latent through kv_norm and kv_b into each head's [unrotated key (nope), v]. Each head's
+ * q and k are [rotated part, unrotated part] (rows ordered so at load), zero-padded with v
+ * to the cache's head width, so the attention of every other family serves it. */
+typedef struct {
+    int q_width, kv_rank, nope, rope, v;
+    const float *q_norm; /* [q_width]; or NULL */
+    QLin q_b;            /* [heads * (rope + nope), q_width] where q_norm is set */
+    const float *kv_norm; /* [kv_rank] */
+    QLin kv_b;            /* [heads * (nope + v), kv_rank] */
+    float eps;            /* both norms' */
+} QMla;
+
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
@@ -133,6 +148,8 @@ typedef struct {
     int ungated;                                /* the MLP is down(act(up(x))): gate_up holds
                                                  * up alone (arcee) */
     const float *act_params;                    /* [4]: ACT_XIELU's p; or NULL */
+    const QMla *mla;                            /* latent attention in place of q/k/v
+                                                 * (qkv holds what reads the norm); or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -196,7 +213,7 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
 void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K, int renorm, int sigmoid, const float *bias, float scale, float *logits, int32_t *choice, float *weight);
 
 /* ---- layers.c: whole steps of a layer stack */
-int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int E, int K, int I);
+int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int mla, int E, int K, int I);
 int llmp_decode_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden, int heads, int kv_heads, int D, int inter, float eps, int R, float scale, int act, const KVC *cache, const int64_t *slots, const int64_t *positions, float *work, float *moe_work, const float *final_norm, const QLin *head, float *logits);
 int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *tokens, const int64_t *slots, int B, int64_t *lengths, float *h, int64_t *positions, float *work, float *moe_work, float *logits);
 int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden, int heads, int kv_heads, int D, int inter, float eps, int R, float scale, int act, const KVC *cache, int nc, const int64_t *slot, const int64_t *start, const int64_t *T, const int64_t *row0, const int64_t *full, int nd, const int64_t *dslot, const int64_t *positions, float *work, float *moe_work);
