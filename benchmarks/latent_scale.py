@@ -18,10 +18,13 @@ its own process (scale.py's measure: peak RSS, wall time):
   (the second reads the original's cached figures), and once with `--engine
   transformers`, which holds the artifact whole in fp32;
 - `llmpress bench --batch 1` of the rtn artifact (the runtime expands the latent into
-  every head's k and v; its steps run op by op).
+  every head's k and v, in the one-call C decoder);
+- with `--llama-cpp BIN` (scripts/build_llama_cpp prints it): llama.cpp's own converter
+  and `llama-quantize Q4_0` on the same checkpoint, `llama-bench -t 2 -p 0 -n 64`, in
+  rounds interleaved with `llmpress bench` (medians; benchmarks/families.py's anchor).
 
     python benchmarks/latent_scale.py [--shape deepseek-v2-lite|glm-4.7-flash]
-        [--layers 4] [--methods rtn,gptq] [--keep]
+        [--layers 4] [--methods rtn,gptq] [--llama-cpp BIN] [--rounds 3] [--keep]
 
 Quality figures of random weights mean nothing and are left out.
 """
@@ -33,6 +36,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -120,6 +124,29 @@ GLM_47_FLASH = {
 SHAPES = {"deepseek-v2-lite": DEEPSEEK_V2_LITE, "glm-4.7-flash": GLM_47_FLASH}
 
 
+def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: int) -> dict:
+    """llama.cpp Q4_0 of the same checkpoint against the rtn artifact, interleaved rounds
+    of batch-1 decoding (medians)."""
+    from families import bench_cli, llama_bench, llama_cpp_gguf
+
+    gguf = llama_cpp_gguf(bin_dir, src, work)
+    runs: dict[str, list[float]] = {"llmpress rtn:w4g64": [], "llama.cpp Q4_0": []}
+    for r in range(rounds):
+        runs["llmpress rtn:w4g64"].append(round(bench_cli(art, work)[0], 1))
+        runs["llama.cpp Q4_0"].append(round(llama_bench(bin_dir, gguf), 1))
+        print(f"round {r + 1}: {runs}", flush=True)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    flags = os.environ.get("LLAMA_CFLAGS", "")
+    build = "scripts/build_llama_cpp (Release, GGML_NATIVE=ON" + (f", {flags})" if flags else ")")
+    return {
+        "build": build,
+        "bench": "llama-bench -t 2 -p 0 -n 64 -r 1; llmpress bench --batch 1 --output-len 128",
+        "runs_tok_s": runs,
+        "median_tok_s": med,
+        "ratio": round(med["llmpress rtn:w4g64"] / med["llama.cpp Q4_0"], 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="deepseek-v2-lite")
@@ -131,6 +158,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default=None, help="default: latent_scale[_SHAPE]")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench and llama-quantize")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with llama.cpp")
     args = ap.parse_args()
     if not (DATA / "valid.txt").is_file():
         raise SystemExit(f"{DATA} is missing: calibration and eval read WikiText-2")
@@ -184,6 +213,9 @@ def main() -> None:
     print(record["eval_transformers"], flush=True)
     record["bench"] = bench(art, logs)
     print(record["bench"], flush=True)
+    if args.llama_cpp:
+        record["llama_cpp"] = llama_cpp_anchor(args.llama_cpp, src, art, args.work, args.rounds)
+        print(record["llama_cpp"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
     if not args.keep:

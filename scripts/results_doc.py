@@ -2246,6 +2246,19 @@ def latent_scale(d: dict) -> list[str]:
         "upper bounds.",
         "",
         *table(["run", "s/block", "wall s", "peak GB", "decode"], rows),
+        *_latent_anchor(d.get("llama_cpp")),
+    ]
+
+
+def _latent_anchor(a: dict | None) -> list[str]:
+    if not a:
+        return []
+    runs = "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in a["runs_tok_s"].items())
+    med = ", ".join(f"{k} {v:.1f}" for k, v in a["median_tok_s"].items())
+    return [
+        "",
+        f"Beside llama.cpp ({a['build']}; {a['bench']}), rounds interleaved: {runs} tok/s; "
+        f"medians {med}: llmpress / llama.cpp = {a['ratio']}.",
     ]
 
 
