@@ -179,8 +179,9 @@ def main() -> None:
     logs = args.work / "logs"
     logs.mkdir(parents=True)
     config = {**SHAPES[args.shape], "num_hidden_layers": args.layers}
-    if args.shape == "glm-4.7-flash":
+    if args.shape == "glm-4.7-flash":  # (llama.cpp's converter reads first_k_dense_replace)
         config["mlp_layer_types"] = ["dense"] + ["sparse"] * (args.layers - 1)
+        config["first_k_dense_replace"] = 1
     else:
         config["first_k_dense_replace"] = 1
     name = args.name or "latent_scale" + ("" if args.shape == "deepseek-v2-lite" else "_glm")
