@@ -3087,6 +3087,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         latent_scale,
     ),
     (
+        "latent_scale_glm_anchor.json",
+        "Multi-head latent attention at GLM-4.7-Flash's widths beside llama.cpp",
+        "benchmarks/latent_scale.py --shape glm-4.7-flash --methods rtn --llama-cpp BIN "
+        "--name latent_scale_glm_anchor",
+        latent_scale,
+    ),
+    (
         "distributed.json",
         "Several processes through torch.distributed",
         "benchmarks/distributed.py",
