@@ -145,8 +145,8 @@ def _fused_decoder(w: ModelWeights, ropes):
     mla_rows = 0  # floats a row of the latent's scratch: kv_b's output, a norm's input
     for i, layer in enumerate(w.layers):
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
-        lins += layer.latent.linears() if layer.latent else ()
-        if not all(isinstance(x, QuantLinear) for x in lins):
+        latent = layer.latent.linears() if layer.latent else ()
+        if not all(isinstance(x, QuantLinear) for x in (*lins, *latent)):
             return None
         mla = None if layer.latent is None else _latent(layer.latent)
         if mla is not None:
@@ -154,7 +154,6 @@ def _fused_decoder(w: ModelWeights, ropes):
             if normed > max(w.shape.hidden, w.shape.heads * w.shape.head_dim):
                 return None  # (the norms' rows are quantized in the step's own buffers)
             mla_rows = max(mla_rows, w.shape.heads * (mla.nope + mla.v) + normed)
-        lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
         experts = None if layer.moe is None else _experts(layer.moe)
         if layer.moe is not None and experts is None:
             return None
