@@ -428,11 +428,12 @@ convert_hf_to_gguf.main()
 """
 
 
-def llama_cpp_gguf(bin_dir: Path, src: Path, work: Path) -> Path:
-    """src converted with llama.cpp's own converter (f16), then requantized to Q4_0."""
+def llama_cpp_gguf(bin_dir: Path, src: Path, work: Path, convert: str = CONVERT) -> Path:
+    """src converted with llama.cpp's own converter (f16; `convert`: the script that runs
+    it), then requantized to Q4_0."""
     converter = bin_dir.parent.parent / "src"
     f16, q4 = work / "qwen2-f16.gguf", work / "qwen2-q4_0.gguf"
-    run([sys.executable, "-c", CONVERT, str(converter), str(src), "--outtype", "f16",
+    run([sys.executable, "-c", convert, str(converter), str(src), "--outtype", "f16",
          "--outfile", str(f16)])  # fmt: skip
     run([str(bin_dir / "llama-quantize"), str(f16), str(q4), "Q4_0"])
     f16.unlink()

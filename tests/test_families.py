@@ -9,12 +9,18 @@ import shutil
 
 import pytest
 import torch
-from family_models import FAMILIES, LATENT_FAMILIES, MOE_FAMILIES, family_config, write_family
+from family_models import (
+    FAMILIES,
+    LATENT_FAMILIES,
+    MOE_FAMILIES,
+    family_config,
+    triton_steps_match_reference,
+    write_family,
+)
 from safetensors import safe_open
 from test_bad_input import run_cli
 from transformers import AutoModelForCausalLM
 
-from compress.artifact.dense import load_model
 from compress.artifact.engines import engine_problems
 from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
@@ -998,24 +1004,7 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     for its interleaved rope. Its prefill and decode steps (Triton attention over a
     window shorter than the sequence) equal transformers' forward on the artifact's fp32
     weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
-    prompt, steps = 10, 3
-    tokens = ids[0, : prompt + steps]
-    with torch.no_grad():
-        reference = load_model(resolve(str(w4[name]))).eval()
-        want = reference(tokens[None]).logits[0, prompt - 1 :]
-    weights = load_weights(resolve(str(w4[name])), DEVICE, "triton")
-    model = Model(weights, 16)
-    assert model.backend.name == "triton"
-    s = weights.shape
-    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim, device=DEVICE)
-    tokens = tokens.to(DEVICE)
-    rows = [model.prefill(tokens[:prompt], cache, 0)[-1:]]
-    for t in range(prompt, prompt + steps - 1):
-        rows.append(model.decode(tokens[t : t + 1], cache, torch.tensor([0], device=DEVICE)))
-    # compiled on a GPU, tl.dot multiplies fp32 in TF32 (10-bit mantissas): measured on an
-    # H100, 3e-3 to 1.2e-2 from the fp32 reference (the MoE families the most)
-    tol = 3e-2 if DEVICE == "cuda" else 1e-4
-    torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
+    triton_steps_match_reference(w4[name], ids, DEVICE)
 
 
 def test_the_default_lm_head_is_int8_tied_or_not(models, wikitext, tmp_path):

@@ -760,6 +760,10 @@ _DEEPSEEK_V3_EXPERTS = {
     "choice_bias": "mlp.gate.e_score_correction_bias",
 }
 
+# the same without first_k_dense_replace (families that list their dense layers, or have
+# none)
+_V3_MOE_EVERY_LAYER = replace(_DEEPSEEK_V3_EXPERTS["moe"], first_dense=None)
+
 _GEMMA3 = replace(
     LLAMA,
     families=("gemma3_text",),
@@ -773,6 +777,14 @@ _GEMMA3 = replace(
     scaled_embedding=True,
     head_dim=256,
     **_QK_NORMS,
+)
+_GEMMA2 = replace(
+    _GEMMA3,
+    families=("gemma2",),
+    architecture="Gemma2ForCausalLM",
+    q_norm=None,
+    k_norm=None,
+    attn_softcap=True,
 )
 
 _OLMO2 = replace(
@@ -1010,22 +1022,12 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     # gemma2: gemma3's sandwich norms, scaled embedding and attention scalar, without its
     # q/k norms; attention scores softcapped (spec.attn_softcap)
-    "gemma2": replace(
-        _GEMMA3,
-        families=("gemma2",),
-        architecture="Gemma2ForCausalLM",
-        q_norm=None,
-        k_norm=None,
-        attn_softcap=True,
-    ),
+    "gemma2": _GEMMA2,
     # vaultgemma (VaultGemma): gemma2 without the norms on the branch outputs
     "vaultgemma": replace(
-        _GEMMA3,
+        _GEMMA2,
         families=("vaultgemma",),
         architecture="VaultGemmaForCausalLM",
-        q_norm=None,
-        k_norm=None,
-        attn_softcap=True,
         post_attn_norm=None,
         post_mlp_norm=None,
     ),
@@ -1179,7 +1181,7 @@ ADAPTERS: dict[str, Adapter] = {
         families=("solar_open",),
         architecture="SolarOpenForCausalLM",
         bias_options=(("attention_bias", ("q", "k", "v")),),
-        **{**_DEEPSEEK_V3_EXPERTS, "moe": replace(_DEEPSEEK_V3_EXPERTS["moe"], first_dense=None)},
+        **{**_DEEPSEEK_V3_EXPERTS, "moe": _V3_MOE_EVERY_LAYER},
         head_dim=128,
     ),
     # glm4_moe_lite (GLM-4.7-Flash): DeepSeek-V3's latent attention and experts, its dense
@@ -1191,9 +1193,7 @@ ADAPTERS: dict[str, Adapter] = {
         latent_attention=True,
         **{
             **_DEEPSEEK_V3_EXPERTS,
-            "moe": replace(
-                _DEEPSEEK_V3_EXPERTS["moe"], first_dense=None, layer_kinds="mlp_layer_types"
-            ),
+            "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
         },
         predictor_layers="num_nextn_predict_layers",
     ),

@@ -152,7 +152,7 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
 
 def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tensor:
     if layer.latent is not None:  # each head's v, out of its padded width
-        att = layer.latent.values(att, layer.o.in_features // layer.latent.v)
+        att = layer.latent.values(att)
     out = layer.o(quantize_input(att) if packed else att)
     if layer.post_attn_norm is None:
         return out

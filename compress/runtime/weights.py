@@ -179,11 +179,12 @@ class Latent:
     def norms(self):
         return (self.kv_norm,) if self.q_norm is None else (self.q_norm, self.kv_norm)
 
-    def values(self, att: torch.Tensor, heads: int) -> torch.Tensor:
+    def values(self, att: torch.Tensor) -> torch.Tensor:
         """Attention's output [T, heads * head_dim] as o_proj reads it: each head's v."""
         if self.v == self.head_dim:
             return att
-        return att.view(-1, heads, self.head_dim)[..., : self.v].reshape(-1, heads * self.v)
+        t = att.shape[0]
+        return att.view(t, -1, self.head_dim)[..., : self.v].reshape(t, -1)
 
 
 def latent_rows(heads: int, nope: int, rope: int, interleaved: bool) -> torch.Tensor:
