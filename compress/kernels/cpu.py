@@ -737,8 +737,9 @@ class FusedExperts:
 
 @dataclass
 class FusedLatent:
-    """Multi-head latent attention for the one-call decoder (QMla in cpu/llmpress.h): the
-    layer's qkv gives [q (q_width), latent (kv_rank), the rotated key part (rope)] a row."""
+    """Multi-head latent attention for the one-call decoder (QMla in cpu/llmpress.h), in
+    the absorbed form (runtime/weights.Latent): the layer's qkv gives [q (q_width), latent
+    (kv_rank), the rotated key part (rope)] a row; uk and uv are each head's linears."""
 
     q_width: int
     kv_rank: int
@@ -746,21 +747,39 @@ class FusedLatent:
     rope: int
     v: int
     kv_norm: torch.Tensor
-    kv_b: FusedLinear
+    uk: list[FusedLinear]
+    uv: list[FusedLinear]
     q_norm: torch.Tensor | None = None
     q_b: FusedLinear | None = None
     eps: float = 1e-6
 
-    def native(self) -> _QMla:
+    @property
+    def normed(self) -> int:
+        """Floats a row of the norms' inputs."""
+        return max(self.kv_rank, 0 if self.q_norm is None else self.q_width)
+
+    def rows(self, heads: int) -> int:
+        """Floats a row of the workspace's `mla` part: the norms' inputs, every head's
+        product."""
+        return self.normed + heads * max(self.kv_rank, self.v)
+
+    def native(self) -> tuple[_QMla, object]:
+        """The C struct, and the per-head linears' tables it points into (keep both)."""
         for t in (self.kv_norm, self.q_norm):
             if t is not None:
                 _check_f32(t, "latent norm")
         if (self.q_norm is None) != (self.q_b is None):
             raise ValueError("q's norm and q_b come together")
-        return _QMla(
+        if len(self.uk) != len(self.uv):
+            raise ValueError("every head has its key and value rows")
+        uk = (_QLin * len(self.uk))(*(_qlin(x) for x in self.uk))
+        uv = (_QLin * len(self.uv))(*(_qlin(x) for x in self.uv))
+        mla = _QMla(
             self.q_width, self.kv_rank, self.nope, self.rope, self.v, _opt(self.q_norm),
-            _qlin(self.q_b), _ptr(self.kv_norm), _qlin(self.kv_b), float(self.eps),
+            _qlin(self.q_b), _ptr(self.kv_norm), ctypes.addressof(uk), ctypes.addressof(uv),
+            float(self.eps),
         )  # fmt: skip
+        return mla, (uk, uv)
 
 
 @dataclass
@@ -809,8 +828,10 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
-        mla = None if self.mla is None else self.mla.native()
-        keep.append(mla)
+        mla = None
+        if self.mla is not None:
+            mla, tables = self.mla.native()
+            keep += [mla, tables]
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),

@@ -90,6 +90,7 @@ def _decode_attention(
     acc_ptr,
     NS,
     D: tl.constexpr,
+    DP: tl.constexpr,  # D rounded up to a power of two (tl.arange's), the rest masked
     BITS: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -104,11 +105,11 @@ def _decode_attention(
     slot = tl.load(slot_ptr + b)
     length = tl.load(len_ptr + b)  # tokens to attend to, the current one included
     lo = tl.where(window > 0, tl.maximum(length - window, 0), 0)  # the first visible key
-    d = tl.arange(0, D)
-    q = tl.load(q_ptr + (b * H + h) * D + d).to(tl.float32)
+    d = tl.arange(0, DP)
+    q = tl.load(q_ptr + (b * H + h) * D + d, mask=d < D, other=0.0).to(tl.float32)
     m_i = float("-inf")
     l_i = 0.0
-    acc = tl.zeros((D,), dtype=tl.float32)
+    acc = tl.zeros((DP,), dtype=tl.float32)
     rows = tl.arange(0, GROUP)
     table = table_ptr + slot * max_blocks
     if BITS != 0:
@@ -121,8 +122,8 @@ def _decode_attention(
             kq = kq_ptr + blk * s_blk_q + g * s_head_q + off * s_row_q
             vq = vq_ptr + blk * s_blk_q + g * s_head_q + off * s_row_q
             ks_base = blk * s_blk_ks + g * s_head_ks + (off // GROUP) * D
-            kscale = tl.load(ks_ptr + ks_base + d)
-            kmin = tl.load(km_ptr + ks_base + d)
+            kscale = tl.load(ks_ptr + ks_base + d, mask=d < D, other=0.0)
+            kmin = tl.load(km_ptr + ks_base + d, mask=d < D, other=0.0)
             k = _load_codes(kq, rows, d, s_row_q, mask, BITS) * kscale[None, :] + kmin[None, :]
             vs_base = blk * s_blk_vs + g * s_head_vs + off
             vscale = tl.load(vs_ptr + vs_base + rows, mask=r < done, other=0.0)
@@ -167,14 +168,23 @@ def _decode_attention(
         at = (b * H + h) * NS + tl.program_id(2)
         tl.store(m_ptr + at, m_i)
         tl.store(l_ptr + at, l_i)
-        tl.store(acc_ptr + at * D + d, acc)
+        tl.store(acc_ptr + at * D + d, acc, mask=d < D)
     else:
-        tl.store(o_ptr + (b * H + h) * D + d, acc / l_i)
+        tl.store(o_ptr + (b * H + h) * D + d, acc / l_i, mask=d < D)
 
 
 @triton.jit
 def _merge_spans(
-    m_ptr, l_ptr, acc_ptr, o_ptr, len_ptr, H, NS, D: tl.constexpr, SPAN_T: tl.constexpr
+    m_ptr,
+    l_ptr,
+    acc_ptr,
+    o_ptr,
+    len_ptr,
+    H,
+    NS,
+    D: tl.constexpr,
+    DP: tl.constexpr,
+    SPAN_T: tl.constexpr,
 ):
     """o = the spans' weighted sums over their sums, each rescaled to the largest max, span
     by span in order over the spans the row reaches (one span: the one-pass bits)."""
@@ -182,17 +192,17 @@ def _merge_spans(
     h = tl.program_id(1)
     n = (tl.load(len_ptr + b) + SPAN_T - 1) // SPAN_T
     base = (b * H + h) * NS
-    d = tl.arange(0, D)
+    d = tl.arange(0, DP)
     top = float("-inf")
     for i in range(0, n):
         top = tl.maximum(top, tl.load(m_ptr + base + i))
     den = 0.0
-    acc = tl.zeros((D,), dtype=tl.float32)
+    acc = tl.zeros((DP,), dtype=tl.float32)
     for i in range(0, n):
         w = tl.exp(tl.load(m_ptr + base + i) - top)
         den += tl.load(l_ptr + base + i) * w
-        acc += tl.load(acc_ptr + (base + i) * D + d) * w
-    tl.store(o_ptr + (b * H + h) * D + d, acc / den)
+        acc += tl.load(acc_ptr + (base + i) * D + d, mask=d < D, other=0.0) * w
+    tl.store(o_ptr + (b * H + h) * D + d, acc / den, mask=d < D)
 
 
 def decode_attention(
@@ -268,6 +278,7 @@ def decode_attention(
         acc,
         ns,
         D=dim,
+        DP=triton.next_power_of_2(dim),
         BITS=bits,
         GROUP=group,
         BLOCK=cache.block,
@@ -276,5 +287,6 @@ def decode_attention(
         CAP=bool(softcap),
     )
     if ns > 1:
-        _merge_spans[(b, heads)](m, l_sum, acc, out, lengths, heads, ns, D=dim, SPAN_T=span)
+        dp = triton.next_power_of_2(dim)
+        _merge_spans[(b, heads)](m, l_sum, acc, out, lengths, heads, ns, D=dim, DP=dp, SPAN_T=span)
     return out

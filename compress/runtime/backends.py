@@ -133,8 +133,9 @@ def _experts(moe) -> FusedExperts | None:
 def _latent(lat) -> FusedLatent:
     """The one-call decoder's form of a layer's latent attention (runtime/weights.Latent)."""
     return FusedLatent(
-        lat.q_width, lat.kv_rank, lat.nope, lat.rope, lat.v, lat.kv_norm, lat.kv_b.fused_form(),
-        lat.q_norm, None if lat.q_b is None else lat.q_b.fused_form(), lat.eps,
+        lat.q_width, lat.kv_rank, lat.nope, lat.rope, lat.v, lat.kv_norm,
+        [x.fused_form() for x in lat.uk], [x.fused_form() for x in lat.uv], lat.q_norm,
+        None if lat.q_b is None else lat.q_b.fused_form(), lat.eps,
     )  # fmt: skip
 
 
@@ -142,7 +143,7 @@ def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
-    mla_rows = 0  # floats a row of the latent's scratch: kv_b's output, a norm's input
+    mla_rows = 0  # floats a row of the latent's scratch: a norm's input, a head's product
     for i, layer in enumerate(w.layers):
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
         latent = layer.latent.linears() if layer.latent else ()
@@ -150,10 +151,12 @@ def _fused_decoder(w: ModelWeights, ropes):
             return None
         mla = None if layer.latent is None else _latent(layer.latent)
         if mla is not None:
-            normed = max(mla.kv_rank, 0 if mla.q_norm is None else mla.q_width)
-            if normed > max(w.shape.hidden, w.shape.heads * w.shape.head_dim):
+            if mla.normed > max(w.shape.hidden, w.shape.heads * w.shape.head_dim):
                 return None  # (the norms' rows are quantized in the step's own buffers)
-            mla_rows = max(mla_rows, w.shape.heads * (mla.nope + mla.v) + normed)
+            widest = max(-(-mla.nope // 32), -(-mla.kv_rank // 32)) * 32
+            if mla.nope > mla.kv_rank or max(mla.v, widest) > w.shape.head_dim:
+                return None  # (q_b's output, the heads' inputs and o's fill attention's buffers)
+            mla_rows = max(mla_rows, mla.rows(w.shape.heads))
         experts = None if layer.moe is None else _experts(layer.moe)
         if layer.moe is not None and experts is None:
             return None

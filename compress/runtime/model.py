@@ -151,8 +151,8 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
 
 
 def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tensor:
-    if layer.latent is not None:  # each head's v, out of its padded width
-        att = layer.latent.values(att)
+    if layer.latent is not None:  # each head's weighted latent through its value rows
+        att = layer.latent.values(att, packed)
     out = layer.o(quantize_input(att) if packed else att)
     if layer.post_attn_norm is None:
         return out
@@ -160,32 +160,24 @@ def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tens
 
 
 def _latent_qkv(layer: Layer, x, w: ModelWeights, rope: Rope, positions, packed: bool):
-    """MLA's q, k and v [T, heads, head_dim] from the attention norm's output x: the latent
-    normed and expanded by kv_b into every head's unrotated k and its v; the one rotated
-    key part shared by every head; q through its low-rank pair or one q_proj. Each head's
-    q and k are [rotated, unrotated] (rows ordered so at load), zero-padded with v."""
+    """MLA's q [T, heads, rope + kv_rank] and its one cached head k, v [T, 1, rope +
+    kv_rank] from the attention norm's output x (Latent): the key is the rotated part
+    beside the normed latent, the value zeros beside the latent; each head's query, its
+    rotated part beside its unrotated part through its key rows of kv_b."""
     lat, heads = layer.latent, w.shape.heads
     a = layer.qkv(x)
     t = a.shape[0]
     q, latent, k_rot = a.split([lat.q_width, lat.kv_rank, lat.rope], -1)
-
-    def normed(y, weight):
-        y = y.contiguous()
-        return (rms_norm_quantized if packed else rms_norm)(y, weight, lat.eps)
-
     if lat.q_b is not None:
-        q = lat.q_b(normed(q, lat.q_norm))
-    kv = lat.kv_b(normed(latent, lat.kv_norm)).view(t, heads, lat.nope + lat.v)
+        q = q.contiguous()
+        q = lat.q_b((rms_norm_quantized if packed else rms_norm)(q, lat.q_norm, lat.eps))
     q = rope(q.reshape(t, heads, lat.rope + lat.nope), positions)
     k_rot = rope(k_rot.reshape(t, 1, lat.rope), positions)
-    k = torch.cat([k_rot.expand(t, heads, lat.rope), kv[..., : lat.nope]], -1)
-    v = kv[..., lat.nope :]
-
-    def padded(y):
-        extra = lat.head_dim - y.shape[-1]
-        return y.contiguous() if not extra else torch.nn.functional.pad(y, (0, extra))
-
-    return padded(q), padded(k), padded(v)
+    k = torch.cat([k_rot, rms_norm(latent.contiguous(), lat.kv_norm, lat.eps)[:, None]], -1)
+    q = torch.cat([q[..., : lat.rope], lat.absorb_q(q[..., lat.rope :], packed)], -1)
+    v = k.clone()
+    v[..., : lat.rope] = 0  # o never reads it; rotated keys would only widen quantized rows
+    return q, k, v
 
 
 def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):

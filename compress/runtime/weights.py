@@ -16,7 +16,7 @@ import torch
 from compress.artifact.reader import quantized_layers
 from compress.errors import LlmpressError
 from compress.kernels import hugepages
-from compress.kernels.cpu import ACTIVATIONS, PackedLinear
+from compress.kernels.cpu import ACTIVATIONS, PackedLinear, quantize_input
 from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.model.rope import KINDS as ROPE_KINDS
@@ -77,7 +77,7 @@ RUNS = {
     "gated_mlp": _any,  # without a gate, Layer.gate_up holds up alone
     # folded at load into the biases of the linears each norm feeds (fold_input_shift)
     "norm_bias": _any,
-    # expanded per head at each step (Latent): the caches and attention of any family
+    # one cached head of the latent, shared by every query head (Latent)
     "latent_attention": _any,
 }
 
@@ -154,37 +154,120 @@ class MoeWeights:
 
 @dataclass
 class Latent:
-    """Multi-head latent attention (DeepSeek's MLA) as the runtime computes it: the latent
-    expanded into every head's k and v at each step, so the caches, kernels and attention
-    of every other family serve it. Layer.qkv fuses what reads the attention norm (q_a_proj
-    or q_proj, and kv_a_proj_with_mqa); each head's q and k are [rotated part, unrotated
-    part] (rows reordered at load: rope at the start, as the runtime rotates it, in halves),
-    zero-padded with v to one head width."""
+    """Multi-head latent attention (DeepSeek's MLA) as the runtime computes it, in the
+    absorbed form: the cache holds one head per token, [rotated key part (rope), normed
+    latent (kv_rank)], which is the key and the value alike (vLLM and llama.cpp cache the
+    same), so every cache kind, the C and Triton attention, paged blocks and prefix sharing
+    serve it as one KV head shared by all query heads. kv_b's rows split by head: each
+    head's query takes its key part (q_nope · W_UK, into the latent's width) and its
+    attention output over the latent goes out through its value part (W_UV). Layer.qkv
+    fuses what reads the attention norm (q_a_proj or q_proj, and kv_a_proj_with_mqa);
+    each head's q is [rotated part, unrotated part] (rows reordered at load: rope at the
+    start, as the runtime rotates it, in halves).
+
+    The served path (int8 activations) runs per-head linears: `uv`, kv_b's value rows of
+    a head as stored, and `uk`, a head's key rows transposed ([kv_rank, nope]), which no
+    stored layout gives: quantized weights are re-coded in int8 per 32 inputs, a small
+    rounding of the stored weights on the path whose activations are int8 already;
+    16-bit ones are transposed as they are. The exact path (fp32 activations, and the GPU)
+    multiplies by kv_b's own weights in fp32."""
 
     q_width: int  # q's part of qkv: q_a's rank, or every head's q
     kv_rank: int
     nope: int
     rope: int
     v: int
-    head_dim: int  # max(nope + rope, v): the cache's head width
+    heads: int
     kv_norm: torch.Tensor
-    kv_b: object  # each head's unrotated k and its v, from the normed latent
+    kv_b: object  # each head's unrotated key and its v from the normed latent: [H·(nope+v), rank]
+    uk: list | None = None  # per head [kv_rank, nope]: its key rows of kv_b, transposed
+    uv: list | None = None  # per head [v, kv_rank]: its value rows of kv_b
     q_norm: torch.Tensor | None = None  # with q_b: q through the low-rank pair
     q_b: object = None
     eps: float = 1e-6  # the latent's and q_a's norms'
+    _weight: torch.Tensor | None = None  # kv_b in fp32 [H, nope+v, rank], kept off the CPU
+
+    @property
+    def head_dim(self) -> int:
+        """The cache's width: the rotated key part, then the latent."""
+        return self.rope + self.kv_rank
 
     def linears(self):
-        return (self.kv_b,) if self.q_b is None else (self.q_b, self.kv_b)
+        """What a served step reads (kv_b itself only where there are no per-head ones)."""
+        heads = (*self.uk, *self.uv) if self.uk is not None else (self.kv_b,)
+        return heads if self.q_b is None else (self.q_b, *heads)
 
     def norms(self):
         return (self.kv_norm,) if self.q_norm is None else (self.q_norm, self.kv_norm)
 
-    def values(self, att: torch.Tensor) -> torch.Tensor:
-        """Attention's output [T, heads * head_dim] as o_proj reads it: each head's v."""
-        if self.v == self.head_dim:
-            return att
+    def weight(self) -> torch.Tensor:
+        """kv_b's weights in fp32 [heads, nope + v, kv_rank], the exact path's: made at
+        each call on the CPU (a copy kept would be 4 bytes a weight of every layer), once
+        elsewhere."""
+        if self._weight is not None:
+            return self._weight
+        w = dense_weight(self.kv_b).view(self.heads, self.nope + self.v, self.kv_rank)
+        if w.device.type != "cpu":
+            self._weight = w
+        return w
+
+    def absorb_q(self, q_nope: torch.Tensor, packed: bool) -> torch.Tensor:
+        """Each head's unrotated query [T, heads, nope] through its key rows: [T, heads,
+        kv_rank], the query of the latent."""
+        if packed and self.uk is not None:
+            parts = [self.uk[h](quantize_input(q_nope[:, h])) for h in range(self.heads)]
+            return torch.stack(parts, 1)
+        w = self.weight()[:, : self.nope]
+        return torch.einsum("thd,hdr->thr", q_nope.float(), w)
+
+    def values(self, att: torch.Tensor, packed: bool) -> torch.Tensor:
+        """Attention's output [T, heads * head_dim] as o_proj reads it [T, heads * v]: each
+        head's weighted latent through its value rows."""
         t = att.shape[0]
-        return att.view(t, -1, self.head_dim)[..., : self.v].reshape(t, -1)
+        lat = att.view(t, self.heads, self.head_dim)[..., self.rope :]
+        if packed and self.uv is not None:
+            parts = [self.uv[h](quantize_input(lat[:, h])) for h in range(self.heads)]
+            return torch.cat(parts, -1)
+        w = self.weight()[:, self.nope :]
+        return torch.einsum("thr,hvr->thv", lat, w).reshape(t, -1)
+
+
+def dense_weight(lin) -> torch.Tensor:
+    """A linear's weight [out, in] in fp32, as its exact product computes with it."""
+    if isinstance(lin, DenseLinear):
+        return lin.weight.float()
+    if isinstance(lin, QuantLinear):
+        w = lin.packed.dense().clone()
+        if lin.outlier_index is not None:  # those columns run in 16-bit beside the codes
+            w[:, lin.outlier_index] = lin.outlier_weight
+        return w
+    eye = torch.eye(lin.in_features, device=lin.weight.device)
+    w = lin(eye, True)
+    return (w if lin.bias is None else w - lin.bias).t().contiguous()
+
+
+def head_linears(kv_b, heads: int, nope: int, v: int, rank: int, lin) -> tuple[list, list]:
+    """The served per-head linears of kv_b (Latent.uk, Latent.uv): `lin(rows)` loads
+    kv_b's rows as stored (the value rows); the key rows transposed, re-coded in int8 per
+    32 inputs where kv_b is quantized, transposed in their dtype where it is dense."""
+    width = nope + v
+    uv = [lin(torch.arange(h * width + nope, (h + 1) * width)) for h in range(heads)]
+    if isinstance(kv_b, DenseLinear):
+        w = kv_b.weight.view(heads, width, rank)[:, :nope]
+        return [DenseLinear(w[h].t().contiguous()) for h in range(heads)], uv
+    w = dense_weight(kv_b).view(heads, width, rank)[:, :nope]
+    return [QuantLinear(int8_packed(w[h].t())) for h in range(heads)], uv
+
+
+def int8_packed(w: torch.Tensor) -> PackedLinear:
+    """fp32 w [out, in] as symmetric int8 codes per 32 inputs."""
+    n, k = w.shape
+    kp = -(-k // 32) * 32
+    groups = torch.nn.functional.pad(w.float(), (0, kp - k)).reshape(n, kp // 32, 32)
+    scale = groups.abs().amax(-1) / 127
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(groups / scale[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, kp)
+    return PackedLinear(q[:, :k], scale, None, 32, 8)
 
 
 def latent_rows(heads: int, nope: int, rope: int, interleaved: bool) -> torch.Tensor:
@@ -461,9 +544,8 @@ def load_weights(
     spec = adapter.spec(ckpt.config)
     check_runnable(spec, adapter.families[0])
     mla = adapter.latent
-    if mla is not None:  # every head's k and v in the cache, as other families'
-        width = max(mla.nope + mla.rope, mla.v)
-        shape = replace(shape, kv_heads=shape.heads, head_dim=width)
+    if mla is not None:  # one cached head a token, every query head's (Latent)
+        shape = replace(shape, kv_heads=1, head_dim=mla.rope + mla.kv_rank)
     tensors = _BlockTensors(ckpt)
     codec, layers = quantized_layers(ckpt.config, tensors)
     fallbacks: list[str] = []
@@ -538,9 +620,14 @@ def load_weights(
             qkv = [q, lin(mla.kv_a, rows=kv_rows)]
             latent = Latent(
                 q_width=q.out_features, kv_rank=mla.kv_rank, nope=mla.nope, rope=mla.rope,
-                v=mla.v, head_dim=shape.head_dim, kv_norm=opt(mla.kv_a_norm),
-                kv_b=lin(mla.kv_b), eps=mla.eps,
+                v=mla.v, heads=shape.heads, kv_norm=opt(mla.kv_a_norm), kv_b=lin(mla.kv_b),
+                eps=mla.eps,
             )  # fmt: skip
+            if kernels == "c":
+                latent.uk, latent.uv = head_linears(
+                    latent.kv_b, shape.heads, mla.nope, mla.v, mla.kv_rank,
+                    lambda rows, name=mla.kv_b: lin(name, rows=rows),
+                )  # fmt: skip
             if mla.q_rank:
                 latent.q_norm, latent.q_b = opt(mla.q_a_norm), lin(mla.q_b, rows=q_rows)
         elif adapter.qkv:
@@ -591,7 +678,7 @@ def load_weights(
         layers=blocks,
         norm=norm(adapter.final_norm),
         lm_head=lm_head,
-        dense_fallbacks=fallbacks,
+        dense_fallbacks=list(dict.fromkeys(fallbacks)),  # (kv_b's heads name it once)
         kernels=kernels,
     )
     if kernels == "c":

@@ -60,17 +60,34 @@ static void branch_input(const float *h, const float *norm, float eps, int cente
         quantize_rows_padded(h, B, hidden, hidden, hp, pad, x8, dx, bs);
 }
 
-/* MLA's q, k and v [B, heads, D] from the qkv linear's rows [B, width] (QMla): the
- * latent normed and expanded by kv_b into every head's unrotated key and v; the one
- * rotated key part copied to every head (rope then rotates each copy alike); q through
- * its norm and q_b, or as qkv gives it. `work` holds B rows of kv_b's output and of the
- * norms' inputs (the workspace's `mla` floats a row), `qo` q_b's output (attention's
- * output buffer, free until attention). */
+/* Each head's linear lins[h] on its own B rows, x + h * step + b * ld (K floats each), in
+ * one grouped pass: y holds head h's products [B, n] at h * B * n. The rows are quantized
+ * into pad/x8/dx/bs, head after head (Kp floats a row, K rounded up to 32). */
+static int head_products(const QLin *lins, int heads, const float *x, int step, int ld, int K,
+                         int Kp, int B, float *pad, int8_t *x8, float *dx, float *bs, float *y) {
+    GemmJob jobs[heads];
+    for (int hd = 0; hd < heads; hd++) {
+        int64_t r = (int64_t)hd * B;
+        quantize_rows_padded(x + (int64_t)hd * step, B, K, ld, Kp, pad + r * Kp, x8 + r * Kp,
+                             dx + r * (Kp / 32), bs + r * (Kp / 32));
+        jobs[hd] = (GemmJob){lins + hd, x8 + r * Kp, dx + r * (Kp / 32), bs + r * (Kp / 32),
+                             pad + r * Kp, B, y + r * lins[hd].n};
+    }
+    return gemm_jobs(jobs, heads);
+}
+
+/* MLA's q [B, heads, D] and its one cached head k = v [B, 1, D] (D = rope + kv_rank) from
+ * the qkv linear's rows [B, width] (QMla): the key is the rotated part beside the normed
+ * latent, the value the latent beside zeros; each head's query, its rotated part beside its unrotated part through uk[h].
+ * `work` holds B rows of the norms' inputs then every head's products (the
+ * workspace's `mla` floats a row), `qo` q_b's output (attention's output buffer, free
+ * until attention). */
 static int mla_qkv(const QMla *m, const float *qkv, int B, int width, int heads, int D,
                    float *pad, int8_t *x8, float *dx, float *bs, float *work, float *qo,
                    float *q, float *kn, float *vn) {
-    int QD = m->nope + m->rope, KV = m->nope + m->v;
-    float *kvb = work, *rows = work + (int64_t)B * heads * KV; /* B rows of the normed */
+    int QD = m->nope + m->rope, R = m->rope, C = m->kv_rank;
+    int normed = m->q_norm && m->q_width > C ? m->q_width : C;
+    float *rows = work, *y = work + (int64_t)B * normed;
     const float *qs = qkv;
     int qstride = width;
     if (m->q_norm) {
@@ -82,27 +99,42 @@ static int mla_qkv(const QMla *m, const float *qkv, int B, int width, int heads,
         qs = qo;
         qstride = heads * QD;
     }
-    int kp = (m->kv_rank + 31) / 32 * 32;
     for (int b = 0; b < B; b++)
-        memcpy(rows + (int64_t)b * m->kv_rank, qkv + (int64_t)b * width + m->q_width,
-               m->kv_rank * sizeof(float));
-    llmp_rmsnorm_quant(rows, m->kv_norm, m->eps, 0, B, m->kv_rank, kp, pad, x8, dx, bs);
-    if (qlin(&m->kv_b, x8, dx, bs, B, kvb, pad, kp)) return -1;
+        memcpy(rows + (int64_t)b * C, qkv + (int64_t)b * width + m->q_width, C * sizeof(float));
+    rms_rows(rows, B, C, m->kv_norm, 1, m->eps, 0, B >= PAR_ROWS);
     for (int b = 0; b < B; b++) {
-        const float *rot = qkv + (int64_t)b * width + m->q_width + m->kv_rank;
-        for (int hd = 0; hd < heads; hd++) {
-            int64_t at = ((int64_t)b * heads + hd) * D;
-            const float *e = kvb + ((int64_t)b * heads + hd) * KV;
-            float *qh = q + at, *kh = kn + at, *vh = vn + at;
-            memcpy(qh, qs + (int64_t)b * qstride + (int64_t)hd * QD, QD * sizeof(float));
-            memcpy(kh, rot, m->rope * sizeof(float));
-            memcpy(kh + m->rope, e, m->nope * sizeof(float));
-            memcpy(vh, e + m->nope, m->v * sizeof(float));
-            memset(qh + QD, 0, (D - QD) * sizeof(float));
-            memset(kh + QD, 0, (D - QD) * sizeof(float));
-            memset(vh + m->v, 0, (D - m->v) * sizeof(float));
-        }
+        float *kh = kn + (int64_t)b * D;
+        memcpy(kh, qkv + (int64_t)b * width + m->q_width + C, R * sizeof(float));
+        memcpy(kh + R, rows + (int64_t)b * C, C * sizeof(float));
     }
+    for (int b = 0; b < B; b++) { /* v: the latent alone (o never reads the rotated part,
+                                     * which would only widen a quantized cache's rows) */
+        float *vh = vn + (int64_t)b * D;
+        memset(vh, 0, R * sizeof(float));
+        memcpy(vh + R, rows + (int64_t)b * C, C * sizeof(float));
+    }
+    int np = (m->nope + 31) / 32 * 32;
+    if (head_products(m->uk, heads, qs + R, QD, qstride, m->nope, np, B, pad, x8, dx, bs, y))
+        return -1;
+    for (int b = 0; b < B; b++)
+        for (int hd = 0; hd < heads; hd++) {
+            float *qh = q + ((int64_t)b * heads + hd) * D;
+            memcpy(qh, qs + (int64_t)b * qstride + (int64_t)hd * QD, R * sizeof(float));
+            memcpy(qh + R, y + ((int64_t)hd * B + b) * C, C * sizeof(float));
+        }
+    return 0;
+}
+
+/* o's input [B, heads * v] from MLA's attention output att [B, heads, D]: each head's
+ * weighted latent (past its rotated part) through uv[h]; `y` every head's products. */
+static int mla_values(const QMla *m, const float *att, int B, int heads, int D, float *pad,
+                      int8_t *x8, float *dx, float *bs, float *y, float *out) {
+    int C = m->kv_rank, V = m->v, cp = (C + 31) / 32 * 32;
+    if (head_products(m->uv, heads, att + m->rope, D, heads * D, C, cp, B, pad, x8, dx, bs, y))
+        return -1;
+    for (int b = 0; b < B; b++)
+        for (int hd = 0; hd < heads; hd++)
+            memcpy(out + ((int64_t)b * heads + hd) * V, y + ((int64_t)hd * B + b) * V, V * sizeof(float));
     return 0;
 }
 
@@ -180,15 +212,18 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
                                                 att + P * heads * D))
                 break;
         }
-        int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v alone) */
-        if (L->mla && L->mla->v < D) {
-            int V = L->mla->v;
-            for (int64_t r = 0; r < (int64_t)B * heads; r++)
-                memmove(att + r * V, att + r * D, V * sizeof(float));
-            ow = heads * V;
+        int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
+        const float *o_in = att;
+        if (L->mla) {
+            const QMla *m = L->mla;
+            int normed = m->q_norm && m->q_width > m->kv_rank ? m->q_width : m->kv_rank;
+            float *y = mla_work + (int64_t)B * normed, *vals = q; /* q is read by now */
+            if (mla_values(m, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;
+            ow = heads * m->v;
             op = (ow + 31) / 32 * 32;
+            o_in = vals;
         }
-        quantize_rows_padded(att, B, ow, ow, op, pad, x8, dx, bs);
+        quantize_rows_padded(o_in, B, ow, ow, op, pad, x8, dx, bs);
         if (qlin(&L->o, x8, dx, bs, B, tmp, pad, op)) break;
         if (L->post_attn_norm)
             rms_rows(tmp, B, hidden, L->post_attn_norm, 1, eps, L->center, B >= PAR_ROWS);

@@ -103,18 +103,20 @@ typedef struct {
     float scale;              /* the weights times this (routed_scaling_factor) */
 } QMoe;
 
-/* Multi-head latent attention (DeepSeek's MLA) as the runtime computes it: the layer's
- * qkv linear gives [q (q_width), latent (kv_rank), one rotated key part (rope)] a row;
- * q through q_norm and q_b where q_norm is set (else qkv's q part is every head's q), the
- * latent through kv_norm and kv_b into each head's [unrotated key (nope), v]. Each head's
- * q and k are [rotated part, unrotated part] (rows ordered so at load), zero-padded with v
- * to the cache's head width, so the attention of every other family serves it. */
+/* Multi-head latent attention (DeepSeek's MLA) in the absorbed form (runtime/weights.py's
+ * Latent): the layer's qkv linear gives [q (q_width), latent (kv_rank), one rotated key
+ * part (rope)] a row; q through q_norm and q_b where q_norm is set (else qkv's q part is
+ * every head's q, [rotated, unrotated] as ordered at load). The cache holds one head a
+ * token, [rotated key part, latent through kv_norm], the key and the value alike; a
+ * head's query is its rotated part beside its unrotated part through uk[h], and its
+ * attention output's latent goes to o through uv[h]. */
 typedef struct {
     int q_width, kv_rank, nope, rope, v;
-    const float *q_norm; /* [q_width]; or NULL */
-    QLin q_b;            /* [heads * (rope + nope), q_width] where q_norm is set */
+    const float *q_norm;  /* [q_width]; or NULL */
+    QLin q_b;             /* [heads * (rope + nope), q_width] where q_norm is set */
     const float *kv_norm; /* [kv_rank] */
-    QLin kv_b;            /* [heads * (nope + v), kv_rank] */
+    const QLin *uk;       /* [heads]: each [kv_rank, nope], kv_b's key rows transposed */
+    const QLin *uv;       /* [heads]: each [v, kv_rank], kv_b's value rows */
     float eps;            /* both norms' */
 } QMla;
 
