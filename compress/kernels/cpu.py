@@ -314,7 +314,7 @@ def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gate
 
 
-MAX_HEAD_DIM = 256  # the scratch of decode_attention.c and kv_cache.c
+MAX_HEAD_DIM = 576  # the scratch of decode_attention.c (HEAD_MAX) and kv_cache.c
 MAX_KV_GROUP = 1024
 
 

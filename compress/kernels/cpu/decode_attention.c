@@ -103,7 +103,7 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
                         float *ml) {
     int D = c->d;
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
-    float qs[REP_MAX][256], qc[REP_MAX], kbuf[CHUNK_T * 256], vbuf[CHUNK_T * 256];
+    float qs[REP_MAX][HEAD_MAX], qc[REP_MAX], kbuf[CHUNK_T * HEAD_MAX], vbuf[CHUNK_T * HEAD_MAX];
     for (int r = 0; r < rep; r++) {
         m[r] = -INFINITY, l[r] = 0.f, vmin_acc[r] = 0.f, qc[r] = 0.f;
         for (int d = 0; d < D; d++) out[r * D + d] = 0.f;

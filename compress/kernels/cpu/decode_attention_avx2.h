@@ -118,7 +118,7 @@ static inline __m128 hsum4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 /* s[r][t] = scale * qs[r] . keys(t) for nr <= 3 heads and n tokens of codes: each code
  * vector is converted in registers once and used by every head, four tokens at a time
  * (twelve independent FMA chains). D % 8 == 0. */
-INLINE void code_scores(float (*qs)[256], int nr, const uint8_t *codes, int bytes, int bits,
+INLINE void code_scores(float (*qs)[HEAD_MAX], int nr, const uint8_t *codes, int bytes, int bits,
                         int n, int D, float scale, float (*s)[CHUNK_T]) {
     const float *q0 = qs[0], *q1 = qs[nr > 1 ? 1 : 0], *q2 = qs[nr > 2 ? 2 : 0];
     __m256 sc = _mm256_set1_ps(scale);
@@ -193,7 +193,7 @@ INLINE void code_values(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int b
 
 /* Scores of `rep` heads straight from a chunk's codes, heads three at a time; 1 if done
  * (head sizes that are multiples of 32), else 0. */
-INLINE int scores_from_codes_avx2(float (*qs)[256], int rep, const uint8_t *kc, int bits, int n,
+INLINE int scores_from_codes_avx2(float (*qs)[HEAD_MAX], int rep, const uint8_t *kc, int bits, int n,
                                   int D, float scale, float (*s)[CHUNK_T]) {
     if (D % 32) return 0;
     for (int r0 = 0; r0 < rep; r0 += 3)

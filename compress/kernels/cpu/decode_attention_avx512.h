@@ -25,7 +25,7 @@ static inline __m128 hsum4x16(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 }
 
 /* code_scores, sixteen channels a step. D % 16 == 0. */
-INLINE void code_scores16(float (*qs)[256], int nr, const uint8_t *codes, int bytes, int n,
+INLINE void code_scores16(float (*qs)[HEAD_MAX], int nr, const uint8_t *codes, int bytes, int n,
                           int D, float scale, float (*s)[CHUNK_T]) {
     const float *q0 = qs[0], *q1 = qs[nr > 1 ? 1 : 0], *q2 = qs[nr > 2 ? 2 : 0];
     __m128 sc = _mm_set1_ps(scale);
@@ -83,7 +83,7 @@ INLINE void code_values16(float (*w)[CHUNK_T], int nr, const uint8_t *codes, int
             for (int j = 0; j < 4; j++) _mm512_storeu_ps(out + h * D + d + 16 * j, o[h][j]);
     }
 }
-INLINE int scores_from_codes_avx512(float (*qs)[256], int rep, const uint8_t *kc, int bits,
+INLINE int scores_from_codes_avx512(float (*qs)[HEAD_MAX], int rep, const uint8_t *kc, int bits,
                                     int n, int D, float scale, float (*s)[CHUNK_T]) {
     if (bits != 8 || D % 64)
         return scores_from_codes_avx2(qs, rep, kc, bits, n, D, scale, s);

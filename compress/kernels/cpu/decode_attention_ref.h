@@ -57,7 +57,7 @@ INLINE void weighted_rows_ref(const float *w, const float *rows, int n, int D, f
 
 /* Scores and weighted values straight from a chunk's codes: none in plain C (the caller
  * widens the codes to floats and uses row_scores and weighted_rows). */
-INLINE int scores_from_codes_ref(float (*qs)[256], int rep, const uint8_t *kc, int bits, int n,
+INLINE int scores_from_codes_ref(float (*qs)[HEAD_MAX], int rep, const uint8_t *kc, int bits, int n,
                                  int D, float scale, float (*s)[CHUNK_T]) {
     (void)qs, (void)rep, (void)kc, (void)bits, (void)n, (void)D, (void)scale, (void)s;
     return 0;
