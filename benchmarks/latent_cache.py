@@ -43,7 +43,7 @@ def bench(root: Path, artifact: Path, context: int, output: int, kv: str, logs: 
            "--prompt-len", str(context), "--output-len", str(output), "--kv", kv,
            "--json", str(out)]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(root)}
-    row = measure(cmd, logs / f"bench-{tag}-{context}.log", env=env)
+    row = measure(cmd, logs / f"bench-{tag}-{context}.log", env=env, cwd=root)
     record = json.loads(out.read_text())
     result = record["results"][0]
     return {
@@ -94,6 +94,9 @@ def main() -> None:
                     row = bench(root, art, c, args.output, args.kv, logs, tag)
                     runs[tag][c].append(row)
                     print(f"round {r + 1} context {c} {tag}: {row}", flush=True)
+                latent, expanded = (runs[t][c][-1]["kv_bytes_per_token"] for t in checkouts)
+                if latent >= expanded:  # (the two checkouts ran the same code)
+                    raise SystemExit(f"the baseline's cache is not larger: {runs}")
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)])
     table = []

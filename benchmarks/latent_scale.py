@@ -17,8 +17,8 @@ its own process (scale.py's measure: peak RSS, wall time):
 - `llmpress eval` of the rtn artifact against the original through the runtime, twice
   (the second reads the original's cached figures), and once with `--engine
   transformers`, which holds the artifact whole in fp32;
-- `llmpress bench --batch 1` of the rtn artifact (the runtime expands the latent into
-  every head's k and v, in the one-call C decoder);
+- `llmpress bench --batch 1` of the rtn artifact (the runtime caches the latent once a
+  token, in the one-call C decoder; latent_cache.py compares it with every head's k and v);
 - with `--llama-cpp BIN` (scripts/build_llama_cpp prints it): llama.cpp's own converter
   and `llama-quantize Q4_0` on the same checkpoint, `llama-bench -t 2 -p 0 -n 64`, in
   rounds interleaved with `llmpress bench` (medians; benchmarks/families.py's anchor).

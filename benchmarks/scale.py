@@ -53,15 +53,18 @@ def _rss_kb(pid: int, field: str = "VmRSS") -> int:
     return 0
 
 
-def measure(cmd: list[str], log: Path, env: dict | None = None) -> dict:
-    """Run `cmd`; its peak RSS (GB), wall time (s), and the log line last printed before
+def measure(cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> dict:
+    """Run `cmd` (in `cwd`: `python -m` imports from there first); its peak RSS (GB), wall
+    time (s), and the log line last printed before
     the sampled peak (what was running). The peak is the child's own high-water mark
     (VmHWM, sampled every 0.1 s), not wait4's ru_maxrss: Linux starts a forked child's
     ru_maxrss at the parent's resident size, so a parent holding gigabytes (one that has
     just written a checkpoint or compared two artifacts) inflated every figure after it."""
     t0 = time.perf_counter()
     with open(log, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=cwd
+        )
         peak = {"kb": 0, "at": 0, "hwm": 0}
         stop = threading.Event()
 
