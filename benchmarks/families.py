@@ -440,9 +440,10 @@ def llama_cpp_gguf(bin_dir: Path, src: Path, work: Path, convert: str = CONVERT)
     return q4
 
 
-def llama_bench(bin_dir: Path, gguf: Path) -> float:
+def llama_bench(bin_dir: Path, gguf: Path, depth: int = 0) -> float:
+    """Decode tokens/s of 64 tokens after `depth` tokens in the cache (-d)."""
     r = run([str(bin_dir / "llama-bench"), "-m", str(gguf), "-t", "2", "-p", "0", "-n", "64",
-             "-r", "1", "-o", "json"], timeout=900)  # fmt: skip
+             "-d", str(depth), "-r", "1", "-o", "json"], timeout=900)  # fmt: skip
     return json.loads(r.stdout)[0]["avg_ts"]
 
 

@@ -8,9 +8,14 @@ shapes, GLM-4.7-Flash's by default, at a reduced depth), compressed once with
 `--quant rtn:w4g64`; the artifact is the same file for both revisions, only the runtime
 differs. Each `llmpress bench --batch 1 --prompt-len P --output-len N --kv KV` runs in its
 own process (scale.py's measure), the baseline's from a git worktree of --baseline.
+With `--llama-cpp BIN` (GLM-4.7-Flash's shape: llama.cpp's loader takes V2-Lite's only at
+its own depth), llama.cpp's own converter and Q4_0 of the same checkpoint join each
+round: `llama-bench -t 2 -p 0 -n 64 -d P`, 64 tokens decoded after P in its cache (its
+default, 16-bit; it caches the latent too).
 
     python benchmarks/latent_cache.py [--shape glm-4.7-flash|deepseek-v2-lite]
         [--contexts 128,1024,4096] [--baseline 491f7aa] [--kv int8] [--rounds 3]
+        [--llama-cpp BIN]
 
 Quality figures of random weights mean nothing and are left out.
 """
@@ -31,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
-from latent_scale import SHAPES  # noqa: E402
+from latent_scale import SHAPES, llama_cpp_q4_0  # noqa: E402
 from random_checkpoint import write_config  # noqa: E402
 from scale import compress, measure  # noqa: E402
 
@@ -69,6 +74,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--name", default="latent_cache")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench and llama-quantize")
     args = ap.parse_args()
     from compress.model.default import convert_gguf, default_gguf
 
@@ -87,6 +93,8 @@ def main() -> None:
     contexts = [int(c) for c in args.contexts.split(",")]
     checkouts = {"latent": ROOT, "expanded": base}
     runs = {tag: {c: [] for c in contexts} for tag in checkouts}
+    gguf = llama_cpp_q4_0(args.llama_cpp, src, args.work) if args.llama_cpp else None
+    anchor = {c: [] for c in contexts}
     try:
         for r in range(args.rounds):
             for c in contexts:
@@ -94,6 +102,11 @@ def main() -> None:
                     row = bench(root, art, c, args.output, args.kv, logs, tag)
                     runs[tag][c].append(row)
                     print(f"round {r + 1} context {c} {tag}: {row}", flush=True)
+                if gguf:
+                    from families import llama_bench
+
+                    anchor[c].append(round(llama_bench(args.llama_cpp, gguf, depth=c), 1))
+                    print(f"round {r + 1} context {c} llama.cpp: {anchor[c][-1]}", flush=True)
                 latent, expanded = (runs[t][c][-1]["kv_bytes_per_token"] for t in checkouts)
                 if latent >= expanded:  # (the two checkouts ran the same code)
                     raise SystemExit(f"the baseline's cache is not larger: {runs}")
@@ -116,12 +129,21 @@ def main() -> None:
         ratios = [a["tok_s"] / b["tok_s"] for a, b in pairs]
         row["speed_ratios"] = [round(x, 2) for x in ratios]
         row["speed_ratio"] = round(statistics.median(ratios), 2)
+        if gguf:
+            ours = [x["tok_s"] for x in runs["latent"][c]]
+            row["llama_cpp"] = {
+                "tok_s": anchor[c],
+                "median_tok_s": statistics.median(anchor[c]),
+                "ratios": [round(a / b, 2) for a, b in zip(ours, anchor[c], strict=True)],
+            }
         table.append(row)
     record = {
         "command": "python benchmarks/latent_cache.py"
         + (f" --shape {args.shape}" if args.shape != "glm-4.7-flash" else "")
         + (f" --contexts {args.contexts}" if args.contexts != "128,1024,4096" else "")
-        + (f" --kv {args.kv}" if args.kv != "int8" else ""),
+        + (f" --kv {args.kv}" if args.kv != "int8" else "")
+        + (" --llama-cpp BIN" if gguf else "")
+        + (f" --name {args.name}" if args.name != "latent_cache" else ""),
         "cpu": cpu_flags(),
         "shape": args.shape,
         "layers": args.layers,
@@ -130,6 +152,13 @@ def main() -> None:
         "baseline": args.baseline,
         "rounds": args.rounds,
         "table": table,
+        "llama_cpp": None
+        if not gguf
+        else {
+            "build": "scripts/build_llama_cpp (Release, GGML_NATIVE=ON"
+            + (f", {os.environ['LLAMA_CFLAGS']})" if os.environ.get("LLAMA_CFLAGS") else ")"),
+            "bench": "llama-bench -t 2 -p 0 -n 64 -d P -r 1 (Q4_0, its 16-bit cache)",
+        },
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -126,10 +126,9 @@ GLM_47_FLASH = {
 SHAPES = {"deepseek-v2-lite": DEEPSEEK_V2_LITE, "glm-4.7-flash": GLM_47_FLASH}
 
 
-def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: int) -> dict:
-    """llama.cpp Q4_0 of the same checkpoint against the rtn artifact, interleaved rounds
-    of batch-1 decoding (medians)."""
-    from families import CONVERT, bench_cli, llama_bench, llama_cpp_gguf
+def llama_cpp_q4_0(bin_dir: Path, src: Path, work: Path) -> Path:
+    """llama.cpp's own converter and Q4_0 of the checkpoint (families.llama_cpp_gguf)."""
+    from families import CONVERT, llama_cpp_gguf
 
     # the checkpoint carries the default model's tokenizer, which llama.cpp's GLM vocab
     # reader refuses (no [gMASK]): read it as the other shapes' (decode speed is the same)
@@ -138,7 +137,15 @@ def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: in
         "import convert_hf_to_gguf\nimport conversion.glm\n"
         "conversion.glm.Glm4MoeLiteModel.set_vocab = lambda self: self._set_vocab_gpt2()\n",
     )
-    gguf = llama_cpp_gguf(bin_dir, src, work, convert)
+    return llama_cpp_gguf(bin_dir, src, work, convert)
+
+
+def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: int) -> dict:
+    """llama.cpp Q4_0 of the same checkpoint against the rtn artifact, interleaved rounds
+    of batch-1 decoding (medians)."""
+    from families import bench_cli, llama_bench
+
+    gguf = llama_cpp_q4_0(bin_dir, src, work)
     runs: dict[str, list[float]] = {"llmpress rtn:w4g64": [], "llama.cpp Q4_0": []}
     for r in range(rounds):
         runs["llmpress rtn:w4g64"].append(round(bench_cli(art, work)[0], 1))
