@@ -2250,6 +2250,44 @@ def latent_scale(d: dict) -> list[str]:
     ]
 
 
+def latent_cache(d: dict) -> list[str]:
+    anchor = d.get("llama_cpp")
+    rows = []
+    for r in d["table"]:
+        a, e = r["latent"], r["expanded"]
+        row = [
+            r["context"], f"{a['kv_bytes_per_token']:.0f} / {e['kv_bytes_per_token']:.0f}",
+            f"{a['tok_s']:.1f} / {e['tok_s']:.1f}",
+            f"{r['speed_ratio']:.2f} ({', '.join(f'{x:.2f}' for x in r['speed_ratios'])})",
+            f"{a['mbu']:.0%} / {e['mbu']:.0%}", f"{a['ttft_s']:.2f} / {e['ttft_s']:.2f}",
+            f"{a['peak_rss_gb']:.2f} / {e['peak_rss_gb']:.2f}",
+        ]  # fmt: skip
+        if anchor:
+            c = r["llama_cpp"]
+            ratios = ", ".join(f"{x:.2f}" for x in c["ratios"])
+            row += [f"{c['median_tok_s']:.1f}", f"{statistics.median(c['ratios']):.2f} ({ratios})"]
+        rows.append(row)
+    header = ["context", "KV bytes a token", "tok/s", "latent / expanded", "MBU", "TTFT s",
+              "peak GB"]  # fmt: skip
+    if anchor:
+        header += ["llama.cpp tok/s", "llmpress / llama.cpp"]
+    text = (
+        f"{LATENT_SHAPES[d['shape']]} at {d['layers']} layers, random bf16 weights, one "
+        f"`compress --quant rtn:w4g64` artifact; `llmpress bench --batch 1 --prompt-len P "
+        f"--output-len {d['output']} --kv {d['kv']}` in its own process, this checkout "
+        f"(the latent cached once a token) and revision {d['baseline']} (every head's k and "
+        f"v) in turn, {d['rounds']} rounds; medians (a pair's ratio in each round). Pairs "
+        "are latent / expanded. "
+    )
+    if anchor:
+        text += (
+            f"llama.cpp: {anchor['build']}, {anchor['bench']}, on its own converter's file "
+            "of the same checkpoint, in each round after llmpress's. "
+        )
+    text += f"CPU: {d['cpu']}, 2 threads; the machine was shared, so times are upper bounds."
+    return [text, "", *table(header, rows)]
+
+
 def _latent_anchor(a: dict | None) -> list[str]:
     if not a:
         return []
@@ -3092,6 +3130,12 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "benchmarks/latent_scale.py --shape glm-4.7-flash --methods rtn --llama-cpp BIN "
         "--name latent_scale_glm_anchor",
         latent_scale,
+    ),
+    (
+        "latent_cache.json",
+        "Multi-head latent attention: the latent cached once a token",
+        "benchmarks/latent_cache.py --llama-cpp BIN",
+        latent_cache,
     ),
     (
         "distributed.json",

@@ -568,7 +568,7 @@ MOE_FAMILIES = {
 FAMILIES.update(MOE_FAMILIES)
 
 # Multi-head latent attention's families (tests/test_latent_attention.py): DeepSeek-V3's,
-# with its experts (glm4_moe's), expert groups (2, one chosen: the runtime refuses them)
+# with its experts (glm4_moe's), expert groups (2, one chosen)
 # and YaRN over an original context of 16, so both act within the tests' 72 tokens;
 # widths multiples of 32, as vLLM's CPU kernels need
 LATENT_FAMILIES = {

@@ -834,15 +834,20 @@ def test_an_olmoe_whose_q_k_v_are_clipped_compresses_and_the_runtime_refuses_it(
     assert "\n" not in str(e.value)
 
 
-def test_expert_groups_compress_and_the_runtime_refuses_them(tokenizer_dir, wikitext, tmp_path):
+def test_expert_groups_compress_and_the_runtime_routes_within_them(
+    tokenizer_dir, wikitext, tmp_path, ids
+):
     """glm4_moe's routing within expert groups (n_group > 1; 1 in the published models)
-    is computed while compressing; the runtime, which routes without groups, says so in
-    one line rather than choose other experts."""
+    is computed while compressing, and the runtime routes within them too: transformers'
+    logits from the original, and from the 4-bit artifact."""
     src = write_family(tmp_path / "src", "glm4_moe", tokenizer_dir, n_group=2, topk_group=1)
+    weights = load_weights(resolve(str(src)), device="cpu")
+    assert {layer.moe.groups for layer in weights.layers if layer.moe} == {(2, 1)}
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
     out = _compress(src, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
-    with pytest.raises(LlmpressError, match=r"mlp expert groups \(2, 1\) is not supported") as e:
-        load_weights(resolve(str(out)), device="cpu")
-    assert "\n" not in str(e.value)
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)(ids)
+    assert (got.logits[0] - _transformers_logits(out, ids)).abs().max() < 1e-3
 
 
 @pytest.mark.parametrize(

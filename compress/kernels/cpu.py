@@ -283,10 +283,13 @@ def route(
     sigmoid: bool = False,
     choice_bias: torch.Tensor | None = None,
     scale: float = 1.0,
+    groups: tuple[int, int] = (1, 1),
+    group_score: str = "top2",
 ):
     """Routing of rows x [B, hidden] by an fp32 router [E, hidden], as the one-call decoder
-    routes (llmp_route: softmax or sigmoid scores, chosen with `choice_bias` added, weights
-    renormalized and scaled): (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
+    routes (llmp_route: softmax or sigmoid scores, chosen with `choice_bias` added within
+    the best `groups[1]` of `groups[0]` expert groups, weights renormalized and scaled):
+    (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
     x = x.float().contiguous()
     _check_f32(router, "router weight")
     if choice_bias is not None:
@@ -297,9 +300,18 @@ def route(
     weights = torch.empty(b, top_k)
     library().llmp_route(
         _ptr(x), b, x.shape[1], _ptr(router), e, router.shape[1], top_k, int(renormalize),
-        int(sigmoid), _opt(choice_bias), float(scale), _ptr(logits), _ptr(chosen), _ptr(weights),
+        int(sigmoid), _opt(choice_bias), float(scale), *_groups(groups, group_score, e),
+        _ptr(logits), _ptr(chosen), _ptr(weights),
     )  # fmt: skip
     return weights, chosen.long()
+
+
+def _groups(groups: tuple[int, int], score: str, experts: int) -> tuple[int, int, int]:
+    """llmp_route's (n_group, topk_group, group_max)."""
+    n, top = groups
+    if score not in ("top2", "max") or experts % n or not 1 <= top <= n:
+        raise ValueError(f"expert groups {groups} ({score}) of {experts} experts")
+    return n, top, int(score == "max")
 
 
 def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -699,6 +711,8 @@ class FusedExperts:
     sigmoid: bool = False
     choice_bias: torch.Tensor | None = None
     scale: float = 1.0
+    groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
+    group_score: str = "top2"  # a group's score: its best two summed, or its "max"
 
     @property
     def inter(self) -> int:
@@ -731,6 +745,7 @@ class FusedExperts:
             int(self.renormalize), self.inter, _ptr(self.reads),
             None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
             int(self.sigmoid), _opt(self.choice_bias), float(self.scale),
+            *_groups(self.groups, self.group_score, len(self.experts)),
         )  # fmt: skip
         return moe, (table, shared)
 

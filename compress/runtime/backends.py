@@ -122,6 +122,7 @@ def _experts(moe) -> FusedExperts | None:
     pairs = [(g.fused_form(), d.fused_form()) for g, d in moe.experts]
     fused = FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
     fused.sigmoid, fused.choice_bias, fused.scale = moe.sigmoid, moe.choice_bias, moe.scale
+    fused.groups, fused.group_score = moe.groups, moe.group_score
     if moe.shared is not None:
         if not all(isinstance(x, QuantLinear) for x in moe.shared):
             return None

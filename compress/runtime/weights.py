@@ -67,10 +67,8 @@ RUNS = {
     "windows": _any,
     "tied": _any,
     # a layer's MLP, dense or MoE (Layer.moe), with any scores, choice bias, scale and shared
-    # expert (MoeWeights); experts chosen within groups only by compression's routing
-    "mlp": lambda moe: (
-        None if moe is None or moe.groups == (1, 1) else f"expert groups {moe.groups}"
-    ),
+    # expert (MoeWeights), chosen within expert groups where there are groups
+    "mlp": _any,
     "qkv_clip": lambda c: None if c is None else f"{c} (q, k and v clamped)",
     "qk_norm_after_rope": _any,  # the torch path and the one-call decoder both order them
     "parallel": _any,  # Layer.mlp_norm is then the attention's norm, read before attention
@@ -108,6 +106,8 @@ class MoeWeights:
     sigmoid: bool = False  # the router's scores: sigmoids, not the softmax (glm4_moe)
     choice_bias: torch.Tensor | None = None  # fp32 [E]: added to the scores to choose
     scale: float = 1.0  # the chosen weights times this
+    groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
+    group_score: str = "top2"  # a group's score: its best two summed, or its "max" (V2's)
 
     def __post_init__(self):
         if self.reads is None:
@@ -596,6 +596,7 @@ def load_weights(
             router = DenseLinear(tensors[f"{p}.{adapter.router}.weight"].to(device, torch.float32))
             moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
             moe.sigmoid, moe.scale = spec.mlp.scoring == "sigmoid", spec.mlp.scale
+            moe.groups, moe.group_score = spec.mlp.groups, spec.mlp.group_score
             if adapter.choice_bias:
                 bias = tensors[f"{p}.{adapter.choice_bias}"].reshape(-1)
                 moe.choice_bias = bias.to(device, torch.float32).contiguous()

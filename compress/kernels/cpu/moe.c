@@ -11,12 +11,14 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
 /* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: each expert's score is the
  * softmax of the logits, or with `sigmoid` each logit's sigmoid (glm4_moe); the top K
  * scores (ties: the lower index) are chosen, each plus bias[e] where a bias is given
- * (e_score_correction_bias: it steers the choice, not the weights); the chosen scores,
- * renormalized to sum to 1 when asked, times `scale`, are the weights. logits [B, E] is
- * scratch; choice and weight [B, K] the result. */
+ * (e_score_correction_bias: it steers the choice, not the weights), and with n_group > 1
+ * only from the topk_group of n_group groups of experts whose best two choice scores sum
+ * highest (DeepSeek-V3's), or whose best one is highest (`group_max`: V2's); the chosen
+ * scores, renormalized to sum to 1 when asked, times `scale`, are the weights. logits
+ * [B, E] is scratch; choice and weight [B, K] the result. */
 void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K,
-                int renorm, int sigmoid, const float *bias, float scale, float *logits,
-                int32_t *choice, float *weight) {
+                int renorm, int sigmoid, const float *bias, float scale, int n_group,
+                int topk_group, int group_max, float *logits, int32_t *choice, float *weight) {
     #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
     for (int64_t i = 0; i < (int64_t)B * E; i++)
         logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden);
@@ -32,11 +34,33 @@ void llmp_route(const float *xf, int B, int ld, const float *router, int E, int 
             if (bias) /* the scores themselves, to add the bias to */
                 for (int e = 0; e < E; e++) p[e] /= sum;
         }
+        unsigned char open[E]; /* the experts of the chosen groups */
+        memset(open, n_group > 1 ? 0 : 1, (size_t)E);
+        if (n_group > 1) {
+            int per = E / n_group, gtaken[n_group];
+            float gs[n_group];
+            for (int g = 0; g < n_group; g++) { /* its best choice score, and its second */
+                float a = -INFINITY, b2 = -INFINITY;
+                for (int e = g * per; e < (g + 1) * per; e++) {
+                    float s = bias ? p[e] + bias[e] : p[e];
+                    if (s > a) b2 = a, a = s;
+                    else if (s > b2) b2 = s;
+                }
+                gs[g] = group_max ? a : a + b2, gtaken[g] = 0;
+            }
+            for (int k = 0; k < topk_group; k++) {
+                int best = -1;
+                for (int g = 0; g < n_group; g++)
+                    if (!gtaken[g] && (best < 0 || gs[g] > gs[best])) best = g;
+                gtaken[best] = 1;
+                memset(open + best * per, 1, (size_t)per);
+            }
+        }
         for (int k = 0; k < K; k++) { /* top K by repeated arg max */
             int best = -1;
             float top = 0.f;
             for (int e = 0; e < E; e++) {
-                int taken = 0;
+                int taken = !open[e];
                 for (int j = 0; j < k; j++) taken |= c[j] == e;
                 float s = bias ? p[e] + bias[e] : p[e];
                 if (!taken && (best < 0 || s > top)) best = e, top = s;
@@ -82,7 +106,7 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     float *y = abs_ + R * nbi;
     int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
     llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, M->sigmoid, M->choice_bias,
-               M->scale, logits, choice, cw);
+               M->scale, M->n_group, M->topk_group, M->group_max, logits, choice, cw);
     int starts[E + 1], used[E], n_used = 0, n = 0;
     GemmJob jobs[E];
     for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
