@@ -144,7 +144,7 @@ def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
-    mla_rows = 0  # floats a row of the latent's scratch: a norm's input, a head's product
+    mla_rows = 0  # floats a row of the latent's scratch: a norm's input, every head's product
     for i, layer in enumerate(w.layers):
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
         latent = layer.latent.linears() if layer.latent else ()

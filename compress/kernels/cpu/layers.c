@@ -76,18 +76,22 @@ static int head_products(const QLin *lins, int heads, const float *x, int step, 
     return gemm_jobs(jobs, heads);
 }
 
-/* MLA's q [B, heads, D] and its one cached head k = v [B, 1, D] (D = rope + kv_rank) from
+/* Floats a row of MLA's norm inputs: the latent's, or q_a's where wider. */
+static int mla_normed(const QMla *m) {
+    return m->q_norm && m->q_width > m->kv_rank ? m->q_width : m->kv_rank;
+}
+
+/* MLA's q [B, heads, D] and its one cached head k, v [B, 1, D] (D = rope + kv_rank) from
  * the qkv linear's rows [B, width] (QMla): the key is the rotated part beside the normed
- * latent, the value the latent beside zeros; each head's query, its rotated part beside its unrotated part through uk[h].
- * `work` holds B rows of the norms' inputs then every head's products (the
- * workspace's `mla` floats a row), `qo` q_b's output (attention's output buffer, free
- * until attention). */
+ * latent, the value zeros beside the latent; each head's query is its rotated part beside
+ * its unrotated part through uk[h]. `work` holds B rows of the norms' inputs then every
+ * head's products (the workspace's `mla` floats a row), `qo` q_b's output (attention's
+ * output buffer, free until attention). */
 static int mla_qkv(const QMla *m, const float *qkv, int B, int width, int heads, int D,
                    float *pad, int8_t *x8, float *dx, float *bs, float *work, float *qo,
                    float *q, float *kn, float *vn) {
     int QD = m->nope + m->rope, R = m->rope, C = m->kv_rank;
-    int normed = m->q_norm && m->q_width > C ? m->q_width : C;
-    float *rows = work, *y = work + (int64_t)B * normed;
+    float *rows = work, *y = work + (int64_t)B * mla_normed(m);
     const float *qs = qkv;
     int qstride = width;
     if (m->q_norm) {
@@ -102,14 +106,11 @@ static int mla_qkv(const QMla *m, const float *qkv, int B, int width, int heads,
     for (int b = 0; b < B; b++)
         memcpy(rows + (int64_t)b * C, qkv + (int64_t)b * width + m->q_width, C * sizeof(float));
     rms_rows(rows, B, C, m->kv_norm, 1, m->eps, 0, B >= PAR_ROWS);
-    for (int b = 0; b < B; b++) {
-        float *kh = kn + (int64_t)b * D;
+    for (int b = 0; b < B; b++) { /* v: zeros where k is rotated (o never reads them, and
+                                     * rotated keys would only widen a quantized row) */
+        float *kh = kn + (int64_t)b * D, *vh = vn + (int64_t)b * D;
         memcpy(kh, qkv + (int64_t)b * width + m->q_width + C, R * sizeof(float));
         memcpy(kh + R, rows + (int64_t)b * C, C * sizeof(float));
-    }
-    for (int b = 0; b < B; b++) { /* v: the latent alone (o never reads the rotated part,
-                                     * which would only widen a quantized cache's rows) */
-        float *vh = vn + (int64_t)b * D;
         memset(vh, 0, R * sizeof(float));
         memcpy(vh + R, rows + (int64_t)b * C, C * sizeof(float));
     }
@@ -215,11 +216,9 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
         const float *o_in = att;
         if (L->mla) {
-            const QMla *m = L->mla;
-            int normed = m->q_norm && m->q_width > m->kv_rank ? m->q_width : m->kv_rank;
-            float *y = mla_work + (int64_t)B * normed, *vals = q; /* q is read by now */
-            if (mla_values(m, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;
-            ow = heads * m->v;
+            float *y = mla_work + (int64_t)B * mla_normed(L->mla), *vals = q; /* q: read */
+            if (mla_values(L->mla, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;
+            ow = heads * L->mla->v;
             op = (ow + 31) / 32 * 32;
             o_in = vals;
         }
