@@ -599,10 +599,12 @@ class PackedLinear:
         fn(*args, *weights)
         return y
 
+    one_term = False  # int8 codes whose activations go in as one int8 term all the same
+
     @property
     def split(self) -> bool:
         """Whether this layer's activations go in as two int8 terms (SPLIT_W8)."""
-        return self.bits == 8 and SPLIT_W8
+        return self.bits == 8 and SPLIT_W8 and not self.one_term
 
     def _exact(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T with W dequantized EXACT_SLICE_BYTES at a time (whole, a 152k-word
