@@ -36,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
-from latent_scale import SHAPES, llama_cpp_q4_0  # noqa: E402
+from latent_scale import SHAPES, llama_cpp_build, llama_cpp_q4_0  # noqa: E402
 from random_checkpoint import write_config  # noqa: E402
 from scale import compress, measure  # noqa: E402
 
@@ -155,8 +155,7 @@ def main() -> None:
         "llama_cpp": None
         if not gguf
         else {
-            "build": "scripts/build_llama_cpp (Release, GGML_NATIVE=ON"
-            + (f", {os.environ['LLAMA_CFLAGS']})" if os.environ.get("LLAMA_CFLAGS") else ")"),
+            "build": llama_cpp_build(),
             "bench": "llama-bench -t 2 -p 0 -n 64 -d P -r 1 (Q4_0, its 16-bit cache)",
         },
     }

@@ -140,6 +140,12 @@ def llama_cpp_q4_0(bin_dir: Path, src: Path, work: Path) -> Path:
     return llama_cpp_gguf(bin_dir, src, work, convert)
 
 
+def llama_cpp_build() -> str:
+    """How the llama.cpp in use was built: scripts/build_llama_cpp, with LLAMA_CFLAGS."""
+    flags = os.environ.get("LLAMA_CFLAGS", "")
+    return "scripts/build_llama_cpp (Release, GGML_NATIVE=ON" + (f", {flags})" if flags else ")")
+
+
 def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: int) -> dict:
     """llama.cpp Q4_0 of the same checkpoint against the rtn artifact, interleaved rounds
     of batch-1 decoding (medians)."""
@@ -152,10 +158,8 @@ def llama_cpp_anchor(bin_dir: Path, src: Path, art: Path, work: Path, rounds: in
         runs["llama.cpp Q4_0"].append(round(llama_bench(bin_dir, gguf), 1))
         print(f"round {r + 1}: {runs}", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    flags = os.environ.get("LLAMA_CFLAGS", "")
-    build = "scripts/build_llama_cpp (Release, GGML_NATIVE=ON" + (f", {flags})" if flags else ")")
     return {
-        "build": build,
+        "build": llama_cpp_build(),
         "bench": "llama-bench -t 2 -p 0 -n 64 -r 1; llmpress bench --batch 1 --output-len 128",
         "runs_tok_s": runs,
         "median_tok_s": med,
@@ -184,12 +188,10 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     logs = args.work / "logs"
     logs.mkdir(parents=True)
-    config = {**SHAPES[args.shape], "num_hidden_layers": args.layers}
-    if args.shape == "glm-4.7-flash":  # (llama.cpp's converter reads first_k_dense_replace)
+    # the first layer dense (GLM's as llama.cpp's converter reads it, first_k_dense_replace)
+    config = {**SHAPES[args.shape], "num_hidden_layers": args.layers, "first_k_dense_replace": 1}
+    if args.shape == "glm-4.7-flash":
         config["mlp_layer_types"] = ["dense"] + ["sparse"] * (args.layers - 1)
-        config["first_k_dense_replace"] = 1
-    else:
-        config["first_k_dense_replace"] = 1
     name = args.name or "latent_scale" + ("" if args.shape == "deepseek-v2-lite" else "_glm")
     t0 = time.perf_counter()
     src = write_config(config, args.work / "src", convert_gguf(default_gguf()))
