@@ -295,10 +295,85 @@ def test_bench_and_eval_run_it_through_the_runtime(runnable, wikitext, monkeypat
     assert "kl" in text.lower()
 
 
-def test_pruning_it_is_refused_in_one_line(model, wikitext, tmp_path):
+@pytest.mark.parametrize(
+    "cut",
+    [{"heads": 0.5}, {"hidden": 0.25, "mlp": 0.25}, {"params": 0.8, "split": ["mlp", "heads"]}],
+    ids=["heads", "hidden", "params-split-heads"],
+)
+def test_pruning_its_heads_or_hidden_is_refused_in_one_line(model, wikitext, tmp_path, cut):
+    """Every head reads the latents, which are as wide as the config says: a cut of heads
+    or of the hidden width (which runs through them) is refused before any work."""
     family = _family(model)
-    with pytest.raises(LlmpressError, match=rf"^prune: {family}'s multi-head latent attention"):
-        _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
+    kept = "heads" if "heads" in str(cut) else "hidden"
+    with pytest.raises(LlmpressError, match=rf"^prune: {family}'s .* keeps its {kept}"):
+        _compress(model, tmp_path / "p", [{"prune": cut}], wikitext)
+    assert not (tmp_path / "p").exists()
+
+
+def test_pruning_cuts_its_mlp_and_experts_and_both_tools_read_the_result(
+    model, wikitext, tmp_path, ids, tokenizer_dir
+):
+    """Each MLP's (each expert's, the dense layers') width by a quarter and half the
+    experts, the latent attention kept whole: plain transformers reads the pruned model and
+    computes what the runtime computes from it, the attention's tensors are the original's,
+    and a `params` target (its auto splits without heads or hidden) lands near its goal."""
+    from safetensors.torch import load_file
+
+    from compress.model.adapters import Widths
+
+    before = Widths.of(json.loads((model / "config.json").read_text()))
+    if before.groups > 1:  # 2 groups of 2: none can go (V3 scores a group by its best 2)
+        with pytest.raises(LlmpressError, match=r"^prune.experts: .* none can be removed"):
+            _compress(model, tmp_path / "p", [{"prune": {"experts": 0.5}}], wikitext)
+        q_rank = json.loads((model / "config.json").read_text())["q_lora_rank"]
+        wider = dict(q_lora_rank=q_rank, n_routed_experts=8)
+        model = write_family(tmp_path / "wider", _family(model), tokenizer_dir, **wider)
+    config = json.loads((model / "config.json").read_text())
+    before = Widths.of(config)
+    # (the tiny MoE models' one expert layer beside a dense one cannot go; youtu's and
+    # minicpm3's second layer can)
+    cut = {"mlp": 0.25, "multiple": 16, **({"experts": 0.5} if before.experts else {"layers": 1})}
+    repair = {"distill": {"tokens": 256, "batch": 2}}  # trains through the latents too
+    out = _compress(model, tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
+    pruned = json.loads((out / "config.json").read_text())
+    after = Widths.of(pruned)
+    assert after.intermediate == 96 and after.experts == before.experts // 2
+    assert after.dense_intermediate == (96 if before.dense_layers else 0)
+    assert after.layers == before.layers - (0 if before.experts else 1)
+    for key in ("hidden_size", "num_attention_heads", "num_key_value_heads", "kv_lora_rank"):
+        assert pruned.get(key) == config.get(key), key
+    assert pruned.get("head_dim") == config.get("head_dim")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [r["stage"] for r in manifest["stages"]] == ["prune", "distill"]
+    kept = manifest["stages"][0]["kept"]
+    per = before.experts // before.groups
+    for experts in kept.get("experts", ()):  # the same count from every group
+        counts = [sum(e // per == g for e in experts or ()) for g in range(before.groups)]
+        assert experts is None or counts == [per // 2] * before.groups, experts
+    was, now = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
+    kept_layers = manifest["stages"][0]["kept"]["layers"]
+    attention = {  # repaired: trained, the same shapes
+        n.replace(f"layers.{old}.", f"layers.{new}."): n
+        for new, old in enumerate(kept_layers)
+        for n in was
+        if n.startswith(f"model.layers.{old}.self_attn.")
+    }
+    assert attention and all(now[n].shape == was[o].shape for n, o in attention.items())
+    assert any(not torch.equal(now[n], was[o]) for n, o in attention.items())
+    want = _logits(out, ids)
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-3
+    target = {"params": 0.8, "multiple": 16}
+    out = _compress(model, tmp_path / "params", [{"prune": target}], wikitext)
+    record = json.loads((out / "manifest.json").read_text())["stages"][0]
+    n = record["non_embedding_params"]
+    assert abs(n["after"] / n["before"] - 0.8) < 0.1, n
+    stored = sum(  # (the routers' correction biases, one value an expert, uncounted)
+        t.numel()
+        for name, t in load_file(out / "model.safetensors").items()
+        if name.startswith(("model.layers.", "model.norm.")) and "correction_bias" not in name
+    )
+    assert stored == n["after"]
 
 
 def test_deepseek_v3_s_published_config_is_read_as_published():

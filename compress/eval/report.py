@@ -189,12 +189,16 @@ def plot_pruning(path: Path, record: dict) -> None:
     a.set_title("Layer importance")
     a.legend(fontsize=8)
     b = axes[1]
-    heads = torch.tensor(imp["heads"])
-    shown = b.imshow(heads.T.numpy(), aspect="auto", cmap="viridis")
-    b.set_xlabel("layer (original index)")
-    b.set_ylabel("query head")
-    b.set_title("Head importance (RMS contribution norm)")
-    fig.colorbar(shown, ax=b, label="RMS ‖head output · W_o‖")
+    if record["shape_after"].get("attention"):  # latent attention: no head was scored
+        b.text(0.5, 0.5, "heads kept whole\n(latent attention)", ha="center", va="center")
+        b.set_axis_off()
+    else:
+        heads = torch.tensor(imp["heads"])
+        shown = b.imshow(heads.T.numpy(), aspect="auto", cmap="viridis")
+        b.set_xlabel("layer (original index)")
+        b.set_ylabel("query head")
+        b.set_title("Head importance (RMS contribution norm)")
+        fig.colorbar(shown, ax=b, label="RMS ‖head output · W_o‖")
     c = axes[2]
     # per layer [width], or [experts, width]; a Mixture-of-Experts model's dense layers
     # (GLM-4.5's first) hold a [width] of their own width among its [experts, width]

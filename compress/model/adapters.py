@@ -54,7 +54,9 @@ class Widths:
     its shared expert's width, `shared_experts` how many experts wide that is where the
     config says so (GLM-4.5's, ERNIE's: cut with theirs), and where it keeps a dense MLP
     in some layers (GLM-4.5's first), `dense_layers` counts them and `dense_intermediate`
-    is their width."""
+    is their width. `attention`: a layer's attention parameters where pruning leaves the
+    attention whole (multi-head latent attention: its heads share the latents); 0 where
+    they follow from the heads and head_dim."""
 
     hidden: int
     heads: int
@@ -68,11 +70,21 @@ class Widths:
     shared_experts: int = field(default=0, kw_only=True)
     dense_layers: int = field(default=0, kw_only=True)
     dense_intermediate: int = field(default=0, kw_only=True)
+    attention: int = field(default=0, kw_only=True)
+    # routing within groups (DeepSeek-V3's, V2's): the experts split into `groups` equal
+    # groups, the best `groups_chosen` of them scored by their best `group_best` scores
+    groups: int = field(default=1, kw_only=True)
+    groups_chosen: int = field(default=1, kw_only=True)
+    group_best: int = field(default=1, kw_only=True)
 
     @classmethod
     def of(cls, config: dict) -> Widths:
         adapter = adapter_for(config)
         m = adapter.shape(config)
+        attention = 0
+        if adapter.latent:
+            shapes = adapter.latent.shapes(m.heads, m.hidden).values()
+            attention = sum(math.prod(dims) for dims in shapes)
         if adapter.experts:
             moe = adapter.moe(_hf(config))
             dense = len(moe.dense_layers)
@@ -81,13 +93,18 @@ class Widths:
                 m.hidden, m.heads, m.kv_heads, m.head_dim, moe.intermediate, m.layers,
                 experts=moe.experts, top_k=moe.top_k, shared=moe.shared, shared_experts=wide,
                 dense_layers=dense, dense_intermediate=m.intermediate if dense else 0,
+                attention=attention, groups=moe.groups[0], groups_chosen=moe.groups[1],
+                group_best=2 if moe.group_score == "top2" else 1,
             )  # fmt: skip
-        return Widths(m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers)
+        return Widths(
+            m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers,
+            attention=attention,
+        )  # fmt: skip
 
     def non_embedding_params(self) -> int:
         """Block weights plus the final norm: what pruning targets are measured against
         (every expert, the shared one and the router counted; a dense layer's MLP as it is)."""
-        attn = 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
+        attn = self.attention or 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
         mlp = 3 * self.hidden * self.intermediate * max(self.experts, 1)
         mlp += self.experts * self.hidden + 3 * self.hidden * self.shared  # router, shared
         dense = 3 * self.hidden * self.dense_intermediate
@@ -101,15 +118,13 @@ class Widths:
 
     def apply(self, config: dict) -> dict:
         """`config` with these widths (head_dim written out: it no longer follows from hidden);
-        an MoE model's expert count and width under its family's own keys."""
-        out = {
-            **config,
-            "hidden_size": self.hidden,
-            "num_attention_heads": self.heads,
-            "num_key_value_heads": self.kv_heads,
-            "head_dim": self.head_dim,
-            "num_hidden_layers": self.layers,
-        }
+        an MoE model's expert count and width under its family's own keys. An attention
+        left whole (`attention`) keeps its keys as the config has them."""
+        whole = {"num_hidden_layers": self.layers}
+        if not self.attention:
+            whole.update(hidden_size=self.hidden, num_attention_heads=self.heads)
+            whole.update(num_key_value_heads=self.kv_heads, head_dim=self.head_dim)
+        out = {**config, **whole}
         keys = adapter_for(config).moe
         if keys is None or self.dense_layers:  # the dense MLP's width
             out["intermediate_size"] = self.dense_intermediate or self.intermediate
@@ -554,9 +569,12 @@ class Adapter:
         heads, kv_heads = (self.q,), (self.k, self.v)
         if self.qk_norm in ("full", "each_head") and self.q_norm:  # they span the heads' rows
             heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
-        return (
+        head_groups = (
             CutGroup("heads", rows=heads, cols=(self.o,)),
             CutGroup("kv_heads", rows=kv_heads, cols=()),
+        )
+        return (
+            *(() if self.latent else head_groups),  # latent attention's heads stay whole
             CutGroup("mlp", rows=gate_up, cols=(self.down,)),
             CutGroup(
                 "hidden",

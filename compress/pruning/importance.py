@@ -109,7 +109,7 @@ class Scores:
 
         a, w, handles = self.adapter, self.w, []
         weight = block.get_submodule(a.o).weight  # [hidden, heads*head_dim]
-        w_o = weight.view(weight.shape[0], w.heads, w.head_dim)
+        w_o = None if a.latent else weight.view(weight.shape[0], w.heads, w.head_dim)
 
         def on_o(_m, args):
             x = args[0].reshape(-1, w.heads, w.head_dim)
@@ -137,7 +137,8 @@ class Scores:
         def on(path, hook):
             handles.append(block.get_submodule(path).register_forward_pre_hook(hook))
 
-        on(a.o, on_o)
+        if w_o is not None:  # (latent attention keeps every head: no scores to take)
+            on(a.o, on_o)
         if w.experts and i not in self.dense:
             for moe in moe_modules(block):
                 moe.contributions = torch.zeros(w.experts, dtype=torch.float64, device=self.dev)

@@ -58,6 +58,7 @@ def target_shape(
     if step > shape.hidden // 8:
         step = math.lcm(heads, 8)
     intermediate = _round(shape.intermediate, 1 - cuts.get("mlp", 0.0), multiple)
+    per_group = shape.experts // shape.groups
     return Shape(
         hidden=_round(shape.hidden, 1 - cuts.get("hidden", 0.0), step),
         heads=heads,
@@ -65,7 +66,8 @@ def target_shape(
         head_dim=shape.head_dim,
         intermediate=intermediate,
         layers=shape.layers - int(cuts.get("layers", 0)),
-        experts=round(shape.experts * (1 - cuts.get("experts", 0.0))),
+        # (every group of a grouped router keeps as many)
+        experts=round(per_group * (1 - cuts.get("experts", 0.0))) * shape.groups,
         top_k=shape.top_k,
         # a shared expert n experts wide (GLM-4.5's) is cut with them; one of its own width
         # (qwen2_moe's) keeps it: only the hidden width runs through it
@@ -77,6 +79,10 @@ def target_shape(
             if shape.dense_layers
             else 0
         ),
+        attention=shape.attention,  # a whole attention's parameters (latent: never cut)
+        groups=shape.groups,
+        groups_chosen=shape.groups_chosen,
+        group_best=shape.group_best,
     )
 
 
@@ -123,7 +129,21 @@ def check_targets(cuts: dict, split: tuple[str, ...], head_mode: str, shape: Sha
             "layers instead"
         )
     if shape is not None and shape.experts and cuts.get("experts"):
-        kept = round(shape.experts * (1 - cuts["experts"]))
+        kept = target_shape(shape, {"experts": cuts["experts"]}).experts
+        per, g = kept // shape.groups, shape.groups
+        if g > 1 and (per < shape.group_best or per * shape.groups_chosen < shape.top_k):
+            size = shape.experts // g
+            least = max(shape.group_best, -(-shape.top_k // shape.groups_chosen))
+            most = (
+                f"remove at most {1 - least / size:.2f} of them"
+                if least < size
+                else "none can be removed; cut mlp or layers instead"
+            )
+            raise LlmpressError(
+                f"prune.experts: the router chooses within {g} groups of {size} experts; "
+                f"keeping {per} of each leaves too few to route to (at least {least} a "
+                f"group): {most}"
+            )
         if kept < shape.top_k:
             raise LlmpressError(
                 f"prune.experts: keeping {kept} of {shape.experts} experts leaves fewer than "

@@ -71,7 +71,10 @@ class PruneConfig:
         """The candidate splits of a `params` target (one unless `auto`; a
         Mixture-of-Experts model, `full`, also tries removing whole experts)."""
         if self.split == "auto":
-            return list(AUTO_SPLITS) + (list(MOE_SPLITS) if full and full.experts else [])
+            splits = list(AUTO_SPLITS) + (list(MOE_SPLITS) if full and full.experts else [])
+            if full and full.attention:  # an attention left whole: its heads and hidden stay
+                splits = [s for s in splits if not set(s) & WHOLE_ATTENTION]
+            return splits
         return [(self.split,) if isinstance(self.split, str) else tuple(self.split)]
 
 
@@ -85,6 +88,9 @@ AUTO_SPLITS = (
     ("layers",),
 )
 MOE_SPLITS = (("experts",), ("experts", "mlp"))  # `mlp` is each expert's width there
+# what multi-head latent attention keeps: every head reads the latents, which are as wide
+# as the config says, and the hidden width runs through them
+WHOLE_ATTENTION = {"heads", "hidden"}
 
 
 @register_stage("prune", PruneConfig)
@@ -128,12 +134,15 @@ class Prune(Described):
         the first candidate)."""
         c = self.config
         adapter = adapter_for(config)
-        if adapter.latent:  # its heads and hidden run through shared latents
-            raise LlmpressError(
-                f"prune: {adapter.families[0]}'s multi-head latent attention is not supported "
-                "by pruning yet; quantize the model without a prune stage"
-            )
         full = Shape.of(config)
+        asked = {a for a in WHOLE_ATTENTION if getattr(c, a)} if c.params is None else set()
+        asked |= set(split or ()) & WHOLE_ATTENTION
+        if adapter.latent and asked:
+            raise LlmpressError(
+                f"prune: {adapter.families[0]}'s multi-head latent attention keeps its "
+                f"{' and '.join(sorted(asked))} (every head reads latents shared by all); "
+                "cut mlp, experts or layers instead"
+            )
         if full.heads % full.kv_heads:
             raise LlmpressError(
                 f"prune: {full.heads} heads do not split into {full.kv_heads} KV groups"
@@ -218,7 +227,7 @@ class Prune(Described):
         started = time.perf_counter()
         samples = samples[: c.samples] if c.samples else samples
         splits = c.splits(Shape.of(config)) if c.params is not None else [()]
-        candidates = [self.plan(config, split or None) for split in splits]
+        candidates = _reaching([self.plan(config, split or None) for split in splits], c.params)
         full = candidates[0][0]
         if c.importance == "random":
             imp = random_importance(config, c.seed)
@@ -277,14 +286,36 @@ def output_kl(reference, model, samples: torch.Tensor) -> float:
 MOE_ONLY = ("experts", "top_k", "shared", "shared_experts", "dense_layers", "dense_intermediate")
 
 
+GROUPED_ONLY = ("groups", "groups_chosen", "group_best")
+
+
 def _shape_record(shape: Shape) -> dict:
-    """The manifest's shape: the experts' sizes only for a Mixture-of-Experts model."""
-    return {k: v for k, v in vars(shape).items() if shape.experts or k not in MOE_ONLY}
+    """The manifest's shape: the experts' sizes only for a Mixture-of-Experts model, their
+    groups only where the router has them, the attention's count only where it is whole."""
+    left_out = (*(() if shape.experts else MOE_ONLY), *(() if shape.groups > 1 else GROUPED_ONLY))
+    left_out += () if shape.attention else ("attention",)
+    return {k: v for k, v in vars(shape).items() if k not in left_out}
 
 
 def _compose(previous, kept: list[int]):
     kept_t = torch.tensor(kept, device="cpu")
     return kept_t if previous is None else previous[kept_t]
+
+
+REACH = 0.05  # of the non-embedding parameters: how far a split may land from its goal
+
+
+def _reaching(candidates: list, params: float | None) -> list:
+    """The splits that land within REACH of a `params` goal (all of them otherwise, or the
+    closest when none does): a split that cannot cut enough (layers, where a model has too
+    few that may go) would else win the drift contest by removing less."""
+    if params is None or len(candidates) == 1:
+        return candidates
+    before = candidates[0][0].non_embedding_params()
+    goal = params * before if params <= 1 else params
+    miss = [abs(shape.non_embedding_params() - goal) / before for _, shape, _ in candidates]
+    near = [cand for cand, m in zip(candidates, miss, strict=True) if m <= REACH]
+    return near or [candidates[min(range(len(miss)), key=miss.__getitem__)]]
 
 
 def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:

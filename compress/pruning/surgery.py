@@ -92,7 +92,7 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
             shared[-1] = None
             mlp.append(_top(imp.dense_mlp[i], target.dense_intermediate))
         elif full.experts:  # the strongest experts, and each one's strongest neurons
-            experts.append(_top(imp.experts[i], target.experts))
+            experts.append(_top_per_group(imp.experts[i], target.experts, full.groups))
             mlp.append([_top(imp.mlp[i][e], target.intermediate) for e in experts[-1]])
         else:
             mlp.append(_top(imp.mlp[i], target.intermediate))
@@ -101,6 +101,15 @@ def choose(imp: Importance, full: Shape, target: Shape, head_mode: str, layer_me
         layers, heads, kv_heads, mlp, hidden, experts if full.experts else None,
         shared if any(s is not None for s in shared) else None,
     )  # fmt: skip
+
+
+def _top_per_group(scores: torch.Tensor, k: int, groups: int) -> list[int]:
+    """The k highest scores, k / groups from each of `groups` equal runs (a router that
+    chooses within groups keeps them equal), in their original order."""
+    if groups == 1:
+        return _top(scores, k)
+    runs = scores.view(groups, -1)
+    return [g * runs.shape[1] + j for g in range(groups) for j in _top(runs[g], k // groups)]
 
 
 def _units(index: list[int], size: int) -> torch.Tensor:
