@@ -521,13 +521,14 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
     # the original model's hidden states, walked beside the compressed ones when asked
     original = hidden if any(stage.needs_original for stage in stages) else None
     quiet = not distributed.is_writer()
+    unrounded = any(stage.refines or stage.needs_original for stage in stages)
     for i in tqdm(range(ws.num_layers), desc="blocks", unit="block", disable=quiet):
         with clock("read blocks"):
             block = ws.store.block(i)
         if hidden is not None and ws.adapter.layer(i).experts:  # not a dense layer
             with clock("expert routing"):
                 ws.experts[i] = route_calibration(block, hidden, rope)
-        ctx = BlockContext(ws, i, block, hidden, rope, shard=shard)
+        ctx = BlockContext(ws, i, block, hidden, rope, shard=shard, keep_unrounded=unrounded)
         ctx.want_reference = any(stage.needs_reference for stage in stages)
         ctx.original_inputs = original  # the original's own output here: before any
         for k, stage in enumerate(stages):  # transform (a calibration pass may keep it)
@@ -553,6 +554,7 @@ def _run_stages(run: _Run, samples: torch.Tensor | None) -> None:
         if not run.after and run.writer:  # else written once the repair changed its scales
             with clock("write"):
                 run.writer.add_block(i)
+        del ctx, block  # before the next block is read (ctx holds what the stages kept)
     run.records = run.records + [stage.export(ws) for stage in stages]
     if run.after:
         run.records = run.records + repair_quantized(run, samples)

@@ -129,8 +129,12 @@ class BlockContext:
     # the block's output on `inputs` as the stage that just transformed it left it, when that
     # stage computed it anyway (the pipeline then need not run the block again to propagate)
     output: torch.Tensor | None = None
-    # each linear's weight as it was just before it was first rounded (what refiners re-round)
+    # each linear's weight as it was just before it was first rounded (what refiners re-round
+    # and the original's side of observe_original computes with), where a stage reads it:
+    # kept by every recipe, it held a second fp32 copy of each block (a DeepSeek-V2-Lite
+    # expert block's rtn walk peaked at 7.8 GB; 5.5 GB without)
     unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
+    keep_unrounded: bool = True
     # the original side's inputs of named linears, chunk by chunk (observe_original's keep)
     original_kept: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     # set while a stage runs that a later stage will round: it prepares the weights only
@@ -222,7 +226,8 @@ class BlockContext:
         if tuple(qw.shape) != tuple(module.weight.shape):
             raise ValueError(f"{rel}: quantized shape {tuple(qw.shape)} != weight shape")
         self.ws.quantized[f"{self.prefix}.{rel}"] = qw
-        self.unrounded.setdefault(rel, module.weight.detach().clone())
+        if self.keep_unrounded:
+            self.unrounded.setdefault(rel, module.weight.detach().clone())
         self.output = None
         with torch.no_grad():
             module.weight.copy_(qw.dequantize(module.weight.dtype))

@@ -278,3 +278,35 @@ def test_best_preset_is_the_chain_within_its_class():
     assert flagged.calib.samples == 8
     awq_layout = recipe_from_flags(None, "best:w4g64zp", {}, {"export": "awq-gemm"})
     assert [n for n, _ in awq_layout.stages] == ["gptq", "distill"]
+
+
+@pytest.mark.parametrize(
+    ("stages", "kept"),
+    [([{"rtn": {"bits": 4, "group_size": 32}}], False), (["gptq", "tune"], True)],
+    ids=["rtn", "gptq+tune"],
+)
+def test_only_a_recipe_that_reads_them_keeps_the_unrounded_weights(
+    tmp_path, wikitext, tokenizer, monkeypatch, stages, kept
+):
+    """A block's weights from before rounding are a second fp32 copy of the block: kept
+    where a stage reads them (tune re-rounds them; gptq's original side computes with
+    them), dropped by the walk before the next block is read."""
+    import compress.pipeline as pipeline
+
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
+    tokenizer.save_pretrained(str(folder))
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(BlockContext(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(pipeline, "BlockContext", recording)
+    calib = {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 64}
+    compress(str(folder), parse_recipe({"stages": stages, "calib": calib}), tmp_path / "o",
+             log=lambda _: None)  # fmt: skip
+    assert len(seen) == 2 and all(bool(ctx.unrounded) == kept for ctx in seen)
+    if kept:  # each linear's weight as read, before its rounding
+        store = BlockStore(resolve(str(folder)))
+        q = store.block(0).self_attn.q_proj.weight
+        assert torch.equal(seen[0].unrounded["self_attn.q_proj"], q)

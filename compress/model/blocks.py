@@ -16,7 +16,7 @@ import torch
 
 from compress.allocator import THRESHOLD
 from compress.distributed import all_sum
-from compress.model.loading import Checkpoint, read_tensors
+from compress.model.loading import Checkpoint, each_tensor, read_tensors
 from compress.model.moe import install_experts, moe_modules
 from compress.model.rope import RopeSpec, tables
 from compress.model.spec import BlockSpec
@@ -82,7 +82,10 @@ class BlockStore:
         loaded, in fp32, on the store's device (moved as stored, widened there)."""
         prefix = path + "."
         names = [n for n in self.ckpt.tensors if n.startswith(prefix)]
-        tensors = {n[len(prefix) :]: t.to(self.device).float() for n, t in self.read(names).items()}
+        # one stored tensor at a time: widened, then let go (with the whole stored block
+        # held until the last was widened, a DeepSeek-V2-Lite block peaked at 1.5x its fp32)
+        stored = each_tensor(self.ckpt, names)
+        tensors = {n[len(prefix) :]: t.to(self.device).float() for n, t in stored}
         module = self.skeleton.get_submodule(path)
         module.to_empty(device=self.device)
         module.load_state_dict(tensors, strict=True, assign=True)

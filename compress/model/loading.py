@@ -352,9 +352,14 @@ def _all_finite(t: torch.Tensor) -> bool:
 
 def read_tensors(ckpt: Checkpoint, names: list[str] | None = None) -> dict[str, torch.Tensor]:
     """Read tensors (all, or `names`) from the checkpoint, refusing non-finite weights."""
+    return dict(each_tensor(ckpt, names))
+
+
+def each_tensor(ckpt: Checkpoint, names: list[str] | None = None):
+    """read_tensors' (name, tensor) pairs one at a time, for a reader that converts each
+    and lets it go (a block widened to fp32 beside its whole stored copy held both)."""
     from safetensors import safe_open
 
-    out: dict[str, torch.Tensor] = {}
     wanted = set(names) if names is not None else None
     for f in ckpt.files:
         with safe_open(str(f), framework="pt") as handle:
@@ -369,8 +374,7 @@ def read_tensors(ckpt: Checkpoint, names: list[str] | None = None) -> dict[str, 
                             f"weight {name} in {f.name} has {bad} NaN/Inf value(s) of "
                             f"{tensor.numel()}: the checkpoint is damaged; re-export it"
                         )
-                out[name] = tensor
-    return out
+                yield name, tensor
 
 
 def load_tokenizer(ckpt: Checkpoint):
