@@ -268,7 +268,20 @@ def _parse_stages(raw: Any, export: str) -> tuple[tuple[str, Any], ...]:
         codec(export).check_scheme(name, getattr(config, "scheme", None))
         stages.append((name, config))
         _check_order(stages, i)
-    return _fill_base_scheme(stages, export)
+    return _fill_prune_multiple(_fill_base_scheme(stages, export))
+
+
+def _fill_prune_multiple(stages: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """A prune stage without `multiple` keeps widths in whole groups of the quantizing
+    stages after it (their largest group size, and at least the kernels' 32)."""
+    out = []
+    for i, (name, cfg) in enumerate(stages):
+        if name == "prune" and cfg.multiple is None:
+            groups = [getattr(c, "scheme", None) for _, c in stages[i + 1 :]]
+            sizes = [s.group_size for s in groups if s is not None and (s.group_size or 0) > 0]
+            cfg = dataclasses.replace(cfg, multiple=math.lcm(cfg.widths_multiple, *sizes))
+        out.append((name, cfg))
+    return tuple(out)
 
 
 def _fill_base_scheme(stages: list[tuple[str, Any]], export: str) -> tuple[tuple[str, Any], ...]:

@@ -208,3 +208,29 @@ def test_awq_gemm():
     odd = copy.deepcopy(config)
     odd["quantization_config"]["bits"] = 8
     assert "4 bits" in vllm_problems(odd, device=GPU)[0]
+
+
+def test_experts_with_different_schemes_are_named_once_a_kind():
+    """vLLM loads a layer's experts as one fused MoE with one scheme: down_proj in groups
+    of 32 beside gate/up in 64 (a pruned width of 1056 is no multiple of 64) is refused,
+    said once for the kind with each member kind's schemes, not once an expert."""
+    from transformers import Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        hidden_size=256, intermediate_size=512, moe_intermediate_size=96, num_experts=8,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=49152,
+    ).to_dict()  # fmt: skip
+    config["architectures"] = ["Qwen3MoeForCausalLM"]
+    down = _group(["re:.*experts.*down_proj$"], group_size=32)
+    rest = _group([r"re:.*self_attn\..*_proj$", r"re:.*experts.*(gate|up)_proj$"])
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": down, "group_1": rest}, "ignore": ["lm_head"],
+    }  # fmt: skip
+    texts = vllm_verdict(config, device=GPU).texts()
+    fused = [t for t in texts if "different schemes" in t]
+    assert len(fused) == 1, texts
+    assert "gate_proj/up_proj/down_proj have different schemes in 2 block(s)" in fused[0]
+    assert "gate_proj w4g64, up_proj w4g64, down_proj w4g32" in fused[0]
+    assert len(fused[0]) < 300, fused[0]

@@ -199,3 +199,28 @@ def test_a_scaled_embedding_keeps_its_values_when_the_hidden_width_shrinks(tied)
         head = original.get_submodule(adapter.lm_head).weight[:, kept]
         got = pruned.get_submodule(adapter.lm_head)(pruned.get_submodule(adapter.final_norm)(h))
         torch.testing.assert_close(got, normed @ head.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("after", "multiple", "mlp"),
+    [
+        ([{"rtn": {"bits": 4, "group_size": 64}}], 64, 1088),
+        ([{"gptq": {"bits": 4, "group_size": 128}}], 128, 1024),
+        ([], 32, 1056),
+        ([{"rtn": {"bits": 8, "group_size": None}}], 32, 1056),  # per channel: no groups
+    ],
+    ids=["rtn-g64", "gptq-g128", "alone", "per-channel"],
+)
+def test_pruned_widths_are_whole_groups_of_the_quantizer_after_it(
+    default_ckpt, after, multiple, mlp
+):
+    """Without `multiple`, the kept widths are multiples of the next quantizing stage's
+    group size (and of the kernels' 32): 1536 less 31% is 1056 in steps of 32, which a
+    w4g64 quantizer would have had to cut into groups of 32 for down_proj alone."""
+    stages = [{"prune": {"mlp": 0.31}}, *after]
+    (name, config), *_ = parse_recipe({"stages": stages}).stages
+    assert name == "prune" and config.multiple == multiple
+    _, shape, _ = Prune(config).plan(default_ckpt.config)
+    assert shape.intermediate == mlp
+    given = parse_recipe({"stages": [{"prune": {"mlp": 0.31, "multiple": 16}}, *after]})
+    assert given.stages[0][1].multiple == 16  # as written

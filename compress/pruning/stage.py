@@ -26,6 +26,8 @@ from compress.pruning.plan import Shape, check_targets, split_params, target_sha
 from compress.pruning.surgery import Keep, choose, prune_state, pruned_config
 from compress.stage import Described, Figure, ModelContext, register_stage
 
+MULTIPLE = 32  # the CPU kernels pack 32 inputs
+
 
 @dataclass(frozen=True)
 class PruneConfig:
@@ -39,7 +41,11 @@ class PruneConfig:
     head_mode: str = "within_groups"  # or kv_groups: drop a KV head with its query heads
     layer_metric: str = "drift"  # rank layers by removal KL (drift) or block influence (bi)
     importance: str = "activation"  # or random (a baseline)
-    multiple: int = 32  # kept hidden/MLP widths are multiples of this
+    # kept hidden/MLP widths are multiples of this; None: MULTIPLE, or the group size of the
+    # quantizing stage after it where that is larger (recipe.py), so the widths are whole
+    # groups (a V2-Lite MLP pruned to 1056 left its experts' down_proj in groups of 32
+    # beside gate/up in 64, which vLLM's one-scheme fused MoE refuses)
+    multiple: int | None = None
     samples: int | None = None  # calibration samples to score on (default: all)
     drift_samples: int = 2  # samples for the layer-removal KL and the `auto` split
     seed: int = 0  # for importance: random
@@ -61,11 +67,15 @@ class PruneConfig:
             raise LlmpressError(f"prune.importance: {self.importance!r}: use activation or random")
         if self.layer_metric not in ("drift", "bi"):
             raise LlmpressError(f"prune.layer_metric: {self.layer_metric!r}: use drift or bi")
-        if self.multiple < 1:
+        if self.multiple is not None and self.multiple < 1:
             raise LlmpressError("prune.multiple: must be >= 1")
         cuts = {"mlp": self.mlp, "heads": self.heads, "hidden": self.hidden}
         cuts["experts"] = self.experts
         check_targets(cuts, self.splits()[0], self.head_mode, None)
+
+    @property
+    def widths_multiple(self) -> int:
+        return self.multiple or MULTIPLE
 
     def splits(self, full: Shape | None = None) -> list[tuple[str, ...]]:
         """The candidate splits of a `params` target (one unless `auto`; a
@@ -151,7 +161,7 @@ class Prune(Described):
             cuts = {"mlp": c.mlp, "heads": c.heads, "hidden": c.hidden, "layers": c.layers}
             cuts["experts"] = c.experts
             check_targets(cuts, (), c.head_mode, full)
-            shape = target_shape(full, cuts, head_mode=c.head_mode, multiple=c.multiple)
+            shape = target_shape(full, cuts, head_mode=c.head_mode, multiple=c.widths_multiple)
             return full, _check_hidden(config, full, shape), cuts
         before = full.non_embedding_params()
         goal = int(c.params * before) if c.params <= 1 else int(c.params)
@@ -162,7 +172,9 @@ class Prune(Described):
             )
         split = split or c.splits(full)[0]
         check_targets({}, split, c.head_mode, full)
-        cuts, shape = split_params(full, goal, split, head_mode=c.head_mode, multiple=c.multiple)
+        cuts, shape = split_params(
+            full, goal, split, head_mode=c.head_mode, multiple=c.widths_multiple
+        )
         return full, _check_hidden(config, full, shape), cuts
 
     def preflight(self, config: dict) -> None:

@@ -141,10 +141,13 @@ def _fused_problems(config: dict, qc: dict, built: list[Linear]) -> list[Problem
             continue
         chosen = [_scheme_of(config, m) for m in lin.members]
         if len({_key(g, qc) for g in chosen}) > 1:
-            kinds = tuple(m.rsplit(".", 1)[1] for m in lin.members)
-            found.setdefault(kinds, []).append(
-                f"{lin.members[0].rsplit('.', 2)[0]}: {', '.join(map(_describe, chosen))}"
-            )
+            # each kind once with its schemes (an MoE layer's members are every expert's)
+            by_kind: dict[str, dict[str, None]] = {}
+            for member, group in zip(lin.members, chosen, strict=True):
+                by_kind.setdefault(member.rsplit(".", 1)[1], {})[_describe(group)] = None
+            schemes = ", ".join(f"{k} {'/'.join(d)}" for k, d in by_kind.items())
+            prefix = lin.members[0].rsplit(".", 2)[0]
+            found.setdefault(tuple(by_kind), []).append(f"{prefix}: {schemes}")
     return [
         Problem(
             f"{'/'.join(kinds)} have different schemes in {len(where)} block(s) ({where[0]}): "
