@@ -17,6 +17,9 @@ its own process (scale.py's measure: peak RSS, wall time):
 - `llmpress eval` of the rtn artifact against the original through the runtime, twice
   (the second reads the original's cached figures), and once with `--engine
   transformers`, which holds the artifact whole in fp32;
+- `compress` with a prune stage (a quarter of the experts and of each one's width, the
+  latent attention kept whole) then rtn:w4g64, scored on a few samples (`--no-prune`
+  skips it);
 - `llmpress bench --batch 1` of the rtn artifact (the runtime caches the latent once a
   token, in the one-call C decoder; latent_cache.py compares it with every head's k and v);
 - with `--llama-cpp BIN` (scripts/build_llama_cpp prints it): llama.cpp's own converter
@@ -48,7 +51,35 @@ sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
 from random_checkpoint import config_shapes, write_config  # noqa: E402
-from scale import DATA, bench, compress, evaluate, fresh_eval_cache  # noqa: E402
+from scale import DATA, LLMPRESS, bench, compress, evaluate, fresh_eval_cache, measure  # noqa: E402
+
+# pruning's experts and MLP widths (the latent attention stays whole), then 4 bits
+PRUNE = {"prune": {"experts": 0.25, "mlp": 0.25}}
+
+
+def prune(src: Path, out: Path, samples: int, length: int, logs: Path) -> dict:
+    """`compress` with PRUNE then rtn:w4g64 (its widths in whole groups of 64): peak RSS,
+    wall time, time per block and the shape it left."""
+    recipe = logs / "prune.yaml"
+    recipe.write_text(json.dumps({"stages": [PRUNE, {"rtn": {"bits": 4, "group_size": 64}}]}))
+    cmd = [*LLMPRESS, "compress", str(src), "-o", str(out), "--recipe", str(recipe),
+           "--calib", str(DATA / "valid.txt"), "--calib-samples", str(samples),
+           "--calib-len", str(length)]  # fmt: skip
+    row = measure(cmd, logs / "compress-prune.log")
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["stages"][0]
+    layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    row.update(
+        recipe=[PRUNE, "rtn:w4g64"],
+        shape_after={k: record["shape_after"][k] for k in ("experts", "intermediate")},
+        non_embedding_params=record["non_embedding_params"],
+        timing_s=manifest.get("timing_s", {}),
+        prune_s=record["seconds"],
+        s_per_block=round(manifest.get("timing_s", {}).get("rtn transform", 0) / layers, 2),
+        artifact_gb=round(sum(f.stat().st_size for f in out.iterdir()) / 1e9, 2),
+    )
+    return row
+
 
 DEEPSEEK_V2_LITE = {
     "architectures": ["DeepseekV2ForCausalLM"],
@@ -180,6 +211,7 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--llama-cpp", type=Path, help="folder with llama-bench and llama-quantize")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds with llama.cpp")
+    ap.add_argument("--no-prune", dest="prune", action="store_false", help="skip PRUNE's row")
     args = ap.parse_args()
     if not (DATA / "valid.txt").is_file():
         raise SystemExit(f"{DATA} is missing: calibration and eval read WikiText-2")
@@ -220,6 +252,10 @@ def main() -> None:
         print(method, row, flush=True)
         if method != "rtn":
             shutil.rmtree(out)
+    if args.prune:
+        record["prune"] = prune(src, args.work / "pruned", args.samples, args.length, logs)
+        print("prune", record["prune"], flush=True)
+        shutil.rmtree(args.work / "pruned")
     cache = fresh_eval_cache(args.work)
     art = args.work / "w4-rtn"
     record["eval_first"] = evaluate(src, art, logs, "first", cache)

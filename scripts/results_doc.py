@@ -2220,6 +2220,15 @@ def latent_scale(d: dict) -> list[str]:
          f(r["peak_rss_gb"], 2), ""]
         for m, r in d["compress"].items()
     ]  # fmt: skip
+    if "prune" in d:  # experts and widths cut (the latent attention whole), then rtn
+        r, cut = d["prune"], d["prune"]["recipe"][0]["prune"]
+        n, shape = r["non_embedding_params"], r["shape_after"]
+        rows.append([
+            f"`compress` prune {cut} + rtn:w4g64", f(r["s_per_block"], 2), f(r["wall_s"], 1),
+            f(r["peak_rss_gb"], 2),
+            f"{shape['experts']} experts of {shape['intermediate']}; "
+            f"{n['after'] / n['before']:.0%} of the parameters ({r['prune_s']:.0f} s pruning)",
+        ])  # fmt: skip
     evals = [("eval_first", "`eval` (runtime), first"), ("eval_cached", "`eval` (runtime), cached")]
     evals.append(("eval_transformers", "`eval --engine transformers`, first"))
     for key, label in evals:
@@ -2245,7 +2254,7 @@ def latent_scale(d: dict) -> list[str]:
         f"CPU: {d['cpu']}, {d['threads']} threads; the machine was shared, so times are "
         "upper bounds.",
         "",
-        *table(["run", "s/block", "wall s", "peak GB", "decode"], rows),
+        *table(["run", "s/block", "wall s", "peak GB", "decode / shape"], rows),
         *_latent_anchor(d.get("llama_cpp")),
     ]
 

@@ -224,3 +224,29 @@ def test_pruned_widths_are_whole_groups_of_the_quantizer_after_it(
     assert shape.intermediate == mlp
     given = parse_recipe({"stages": [{"prune": {"mlp": 0.31, "multiple": 16}}, *after]})
     assert given.stages[0][1].multiple == 16  # as written
+
+
+def test_a_params_target_never_leaves_a_grouped_router_too_few_experts():
+    """DeepSeek-V3's router scores each of its groups by its best two experts and picks
+    top_k within the chosen groups: however low the target, every group keeps the same
+    count and enough of them (here 2 of 4 in each of 2 groups, one group chosen)."""
+    full = Shape(
+        hidden=128, heads=4, kv_heads=4, head_dim=32, intermediate=128, layers=2,
+        experts=8, top_k=2, groups=2, groups_chosen=1, group_best=2,
+    )  # fmt: skip
+    cuts, shape = split_params(full, full.non_embedding_params() // 4, ("experts",))
+    assert shape.experts == 4 and cuts["experts"] < 0.7
+    with pytest.raises(LlmpressError, match=r"^prune.experts: .* 2 groups of 4 .* at most 0.50"):
+        Prune(PruneConfig(experts=0.75, multiple=16)).plan(_grouped_config())
+
+
+def _grouped_config() -> dict:
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        hidden_size=128, intermediate_size=128, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_group=2,
+        topk_group=1, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=32,
+        q_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+        vocab_size=49152,
+    ).to_dict()  # fmt: skip

@@ -86,6 +86,16 @@ def target_shape(
     )
 
 
+def routable(shape: Shape, kept: int) -> bool:
+    """Whether `kept` experts of `shape` still route: at least top_k, and under a grouped
+    router the same count in each group, enough for a group's score (its best
+    `group_best`) and, in the groups chosen, for top_k."""
+    per = kept // shape.groups
+    if shape.groups > 1 and (per < shape.group_best or per * shape.groups_chosen < shape.top_k):
+        return False
+    return kept >= shape.top_k
+
+
 def split_params(
     shape: Shape,
     target: int,
@@ -103,7 +113,7 @@ def split_params(
         if "layers" in split:
             cuts["layers"] = round(shape.layers * frac)
         candidate = target_shape(shape, cuts, head_mode=head_mode, multiple=multiple)
-        if candidate.layers <= candidate.dense_layers or candidate.experts < candidate.top_k:
+        if candidate.layers <= candidate.dense_layers or not routable(shape, candidate.experts):
             break
         miss = abs(candidate.non_embedding_params() - target)
         if best is None or miss < best[0]:
@@ -131,7 +141,7 @@ def check_targets(cuts: dict, split: tuple[str, ...], head_mode: str, shape: Sha
     if shape is not None and shape.experts and cuts.get("experts"):
         kept = target_shape(shape, {"experts": cuts["experts"]}).experts
         per, g = kept // shape.groups, shape.groups
-        if g > 1 and (per < shape.group_best or per * shape.groups_chosen < shape.top_k):
+        if g > 1 and not routable(shape, kept):
             size = shape.experts // g
             least = max(shape.group_best, -(-shape.top_k // shape.groups_chosen))
             most = (
