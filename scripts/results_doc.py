@@ -2223,11 +2223,13 @@ def latent_scale(d: dict) -> list[str]:
     if "prune" in d:  # experts and widths cut (the latent attention whole), then rtn
         r, cut = d["prune"], d["prune"]["recipe"][0]["prune"]
         n, shape = r["non_embedding_params"], r["shape_after"]
+        cuts = ", ".join(f"{k}: {v}" for k, v in cut.items())
         rows.append([
-            f"`compress` prune {cut} + rtn:w4g64", f(r["s_per_block"], 2), f(r["wall_s"], 1),
-            f(r["peak_rss_gb"], 2),
-            f"{shape['experts']} experts of {shape['intermediate']}; "
-            f"{n['after'] / n['before']:.0%} of the parameters ({r['prune_s']:.0f} s pruning)",
+            f"`compress`, prune {{{cuts}}} then rtn:w4g64", f(r["s_per_block"], 2),
+            f(r["wall_s"], 1), f(r["peak_rss_gb"], 2),
+            f"{shape['experts']} experts of {shape['intermediate']}, "
+            f"{n['after'] / n['before']:.0%} of the parameters; the prune stage "
+            f"{r['timing_s'].get('prune', r['prune_s']):.0f} s, s/block the rtn walk's",
         ])  # fmt: skip
     evals = [("eval_first", "`eval` (runtime), first"), ("eval_cached", "`eval` (runtime), cached")]
     evals.append(("eval_transformers", "`eval --engine transformers`, first"))
