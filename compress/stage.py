@@ -131,8 +131,9 @@ class BlockContext:
     output: torch.Tensor | None = None
     # each linear's weight as it was just before it was first rounded (what refiners re-round
     # and the original's side of observe_original computes with), where a stage reads it:
-    # kept by every recipe, it held a second fp32 copy of each block (a DeepSeek-V2-Lite
-    # expert block's rtn walk peaked at 7.8 GB; 5.5 GB without)
+    # kept by every recipe, it held a second fp32 copy of each block (an rtn walk at
+    # DeepSeek-V2-Lite's widths peaked at 7.86 GB; 4.02 GB once it and the block's stored
+    # copy were no longer held: benchmarks/latent_scale.py)
     unrounded: dict[str, torch.Tensor] = field(default_factory=dict)
     keep_unrounded: bool = True
     # the original side's inputs of named linears, chunk by chunk (observe_original's keep)
