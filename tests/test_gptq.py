@@ -429,3 +429,48 @@ def test_a_block_is_measured_once_however_many_linears_share_an_input(
     compress(str(folder), recipe, tmp_path / "gptq", log=lambda _: None)
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
     assert passes == list(range(layers))
+
+
+def test_experts_calibrated_on_every_token_share_one_hessian(tmp_path, wikitext, monkeypatch):
+    """Experts routed fewer tokens than their width are calibrated on every token
+    (model/moe.py): their gate/up and the shared expert's read the same input, so gptq
+    measures one H for them all, not one each, and writes the artifact that measuring
+    each separately writes, bit for bit."""
+    model = write_family(tmp_path / "moe", "qwen2_moe", resolve("default").path)
+    recipe = parse_recipe(
+        {
+            "stages": [{"gptq": {}}],
+            # 96 tokens: each of the 4 experts (2 a token) is routed fewer than its 128 inputs
+            "calib": {"source": str(wikitext / "valid.txt"), "samples": 4, "length": 24},
+        }
+    )
+    keys, own = [], gptq._shared_inputs
+    monkeypatch.setattr(gptq, "_shared_inputs", lambda ctx: keys.append(own(ctx)) or keys[-1])
+    shared = compress(str(model), recipe, tmp_path / "shared", log=lambda _: None)
+    manifest = json.loads((shared / "manifest.json").read_text())
+    assert manifest["experts"]["blocks"]["0"]["calibrated_on_all_tokens"] == [0, 1, 2, 3]
+    mlp_input = {keys[0][r] for r in keys[0] if r.endswith(("gate_proj", "up_proj"))}
+    assert len(mlp_input) == 1, mlp_input  # 5 experts' gate/up (4 and the shared one)
+    monkeypatch.setattr(gptq, "_every_token_inputs", lambda block: [])
+    keys.clear()
+    each = compress(str(model), recipe, tmp_path / "each", log=lambda _: None)
+    assert len({keys[0][r] for r in keys[0] if r.endswith(("gate_proj", "up_proj"))}) == 5
+    a, b = (load_file(next(f.glob("*.safetensors"))) for f in (shared, each))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("tokens, folded", [(40, False), (600, True)])
+def test_a_hessian_keeps_few_inputs_until_it_is_taken(tokens, folded):
+    """An input seen on fewer tokens than its triangle's bytes is kept as the inputs and
+    summed when taken (a routed expert's): the same H, bit for bit, as summing each chunk
+    as it comes."""
+    gen = torch.Generator().manual_seed(0)
+    chunks = list(torch.randn(tokens, 300, generator=gen).split(tokens // 4))
+    gram = gptq._Gram(300, "cpu")
+    for x in chunks:
+        gram.add(x)
+    assert (gram.slabs is not None) == folded and bool(gram.chunks) != folded
+    slabs = gptq._slabs(300, "cpu")
+    for x in chunks:
+        gptq._accumulate(slabs, x)
+    assert torch.equal(gram.mean(), gptq._mean_fp32(slabs, tokens))

@@ -23,6 +23,7 @@ import torch
 from compress.distributed import all_sum, sum_floats
 from compress.errors import LlmpressError
 from compress.kernels import gptq_loop
+from compress.model.moe import moe_modules
 from compress.quantizers.preflight import check_layers
 from compress.quantizers.rtn import RTNConfig, adjusted_groups
 from compress.quantizers.scale_search import search_qparams
@@ -34,17 +35,18 @@ from compress.quantizers.scheme import (
 from compress.stage import BlockContext, Described, Workspace, register_stage
 
 BLOCK = 128  # columns updated together (the lazy batch update of the paper)
-# Hessian rows accumulated at a time: at a 7B model's down_proj (18,944 inputs) the whole
-# fp32 product and its float64 copy beside the float64 sum peaked compress at 8.6 GB. Only
-# the upper triangle is summed (slab i: rows and columns from i·ROWS on): half the float64
-# memory and half the products of the full matrix.
+# Rows of the in-place inverse's blocks and of the act-order permutation's slices.
 ROWS = 2048
 # Sub-blocks of the in-place inverse's products (_invert_lower_), which skip the zero half
 # of the triangles they multiply: a 1B model's 8192-wide down_proj factor in 0.6 of the time.
 SUB = 512
-# Within a slab the products go a band of BAND rows at a time, each from its own first
-# column on, so the diagonal block is summed about half, not whole: the default model's
-# Hessians in 0.67-0.78 of the time at widths 576 to 4096 (256 beat 128 and 512 there).
+# H is summed a band of BAND rows at a time, each from its own first column on (slab i:
+# rows and columns from i·BAND on), so about half the products and half the float64
+# memory of the whole matrix: the default model's Hessians in 0.67-0.78 of the time at
+# widths 576 to 4096 (256 beat 128 and 512 there). At a 7B model's down_proj (18,944
+# inputs) the whole fp32 product and its float64 copy beside the float64 sum peaked
+# compress at 8.6 GB; slabs of 2048 rows held every H of 2048 inputs or fewer whole (64
+# experts of DeepSeek-V2-Lite's widths: 3.2 GB of float64).
 BAND = 256
 
 # FLOP-equivalents of the column solve (compress/estimate.py): its lazy-batch updates are
@@ -348,11 +350,15 @@ def _reverse_(h: torch.Tensor) -> None:
 
 def _slabs(width: int, device) -> list[torch.Tensor]:
     """Zeroed float64 slabs of a [width, width] Hessian's upper triangle: slab i holds
-    rows i·ROWS on, from that column on."""
+    rows i·BAND on, from that column on."""
     return [
-        torch.zeros(min(ROWS, width - lo), width - lo, dtype=torch.float64, device=device)
-        for lo in range(0, width, ROWS)
+        torch.zeros(min(BAND, width - lo), width - lo, dtype=torch.float64, device=device)
+        for lo in range(0, width, BAND)
     ]
+
+
+def _slab_elements(width: int) -> int:
+    return sum(min(BAND, width - lo) * (width - lo) for lo in range(0, width, BAND))
 
 
 def _hessian_flops(width: int, tokens: int) -> int:
@@ -366,9 +372,52 @@ def _accumulate(slabs: list[torch.Tensor], x: torch.Tensor) -> None:
     temporary stays small and little below the diagonal is computed (what a band puts
     there is dropped: _mean_fp32 mirrors the upper triangle)."""
     for i, slab in enumerate(slabs):
-        lo = i * ROWS
-        for r in range(0, slab.shape[0], BAND):
-            slab[r : r + BAND, r:].add_(x[:, lo + r : lo + r + BAND].T @ x[:, lo + r :], alpha=2)
+        lo = i * BAND
+        slab.add_(x[:, lo : lo + BAND].T @ x[:, lo:], alpha=2)
+
+
+class _Gram:
+    """One input's sum of 2·xᵀx (_accumulate), and its token count. The inputs themselves
+    are kept instead while they take fewer bytes than the float64 triangle, and summed
+    when H is taken, chunk by chunk in the order they came: the same products added in
+    the same order, so the same bits. A routed expert sees a few of the calibration tokens
+    (8 × 256 tokens at DeepSeek-V2-Lite's 64 experts, 6 a token: about 190 an expert,
+    1.5 MB of inputs against 19 MB of triangle)."""
+
+    def __init__(self, width: int, device):
+        self.width, self.device = width, device
+        self.chunks: list[torch.Tensor] = []
+        self.held = 0  # elements in chunks
+        self.slabs: list[torch.Tensor] | None = None
+        self.n = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        """x [tokens, width], in any float dtype (summed in fp32 products)."""
+        self.n += x.shape[0]
+        if self.slabs is not None:
+            _accumulate(self.slabs, x.float())
+            return
+        # a copy: x may be a view of a buffer the forward reuses
+        self.chunks.append(x.clone() if x.dtype == torch.float32 else x.float())
+        self.held += x.numel()
+        if self.held * 4 > _slab_elements(self.width) * 8:
+            self._fold()
+
+    def _fold(self) -> None:
+        if self.slabs is None:
+            self.slabs = _slabs(self.width, self.device)
+        while self.chunks:
+            _accumulate(self.slabs, self.chunks.pop(0))
+        self.held = 0
+
+    def mean(self) -> torch.Tensor:
+        """H over every token of every rank as one symmetric fp32 matrix; the sums are
+        dropped."""
+        self._fold()
+        for slab in self.slabs:  # summed over the ranks under torchrun
+            all_sum(slab)
+        (self.n,) = sum_floats(self.n)
+        return _mean_fp32(self.slabs, self.n)
 
 
 def _mean_fp32(slabs: list[torch.Tensor], n: int) -> torch.Tensor:
@@ -432,15 +481,34 @@ def _keepable(ctx: BlockContext, keys: list[str]) -> list[str]:
 
 def _shared_inputs(ctx: BlockContext) -> dict[str, str]:
     """Each target linear → the linear whose input H is measured on: linears that read the
-    very same tensor (q/k/v, gate/up, one expert's gate/up: adapter.shared_inputs) share
-    one H."""
+    very same tensor (q/k/v, gate/up, one expert's gate/up: adapter.shared_inputs; the
+    gate/up of every expert calibrated on every token) share one H."""
     targets = ctx.targets()
     key = {rel: rel for rel in targets}
-    for group in ctx.adapter.shared_inputs:
+    for group in [*ctx.adapter.shared_inputs, _every_token_inputs(ctx.module)]:
         members = [rel for rel in group if rel in key]
         for rel in members:
-            key[rel] = members[0]
+            key[rel] = key[members[0]]
     return key
+
+
+def _every_token_inputs(block: torch.nn.Module) -> list[str]:
+    """The gate and up linears of the experts calibrated on every token (model/moe.py)
+    and of a shared expert: all read the MLP's whole input. One H for them all, not one
+    each: every expert of DeepSeek-V2-Lite's widths is calibrated so on 2,048 tokens, and
+    64 copies of its H took 1.1 GB."""
+    chosen = set()
+    for moe in moe_modules(block):
+        if moe.all_tokens:
+            chosen |= {id(moe.experts[e]) for e in moe.all_tokens}
+            if moe.shared_names is not None:
+                chosen.add(id(moe.get_submodule(moe.shared_names[0])))
+    names = []
+    for name, module in block.named_modules():
+        if id(module) in chosen:
+            gate, up, _ = module.names
+            names += [f"{name}.{gate}", f"{name}.{up}"]
+    return names
 
 
 @register_stage("gptq", GPTQConfig)
@@ -470,8 +538,7 @@ class GPTQ(Described):
         self.config = config
         self.groups: dict[str, int] = {}
         self.seconds = {"hessians": 0.0, "rounding": 0.0}
-        self._h: dict[str, list[torch.Tensor]] = {}  # each H's upper triangle, float64 slabs
-        self._n: dict[str, int] = {}
+        self._grams: dict[str, _Gram] = {}  # each input's H, taken when its linear is rounded
         self._key: dict[str, str] = {}
         self._c: dict[str, torch.Tensor] = {}  # target original: 2·(x_orig − x)ᵀx, float64
         self.target = config.target  # auto: resolved by preflight, which reads the model
@@ -513,9 +580,7 @@ class GPTQ(Described):
         started = time.perf_counter()
 
         def observe(rel: str, x: torch.Tensor) -> None:
-            x = x.reshape(-1, x.shape[-1]).float()
-            _accumulate(self._h[rel], x)
-            self._n[rel] += x.shape[0]
+            self._grams[rel].add(x.reshape(-1, x.shape[-1]))
 
         def observe_pair(rel: str, x: torch.Tensor, x_orig: torch.Tensor) -> None:
             observe(rel, x)
@@ -526,8 +591,7 @@ class GPTQ(Described):
         for rel in observed:  # allocated before any chunk: a rank may hold no sample
             width = ctx.sub(rel).in_features
             device = ctx.sub(rel).weight.device
-            self._h[rel] = _slabs(width, device)
-            self._n[rel] = 0
+            self._grams[rel] = _Gram(width, device)
             if self.needs_original:
                 self._c[rel] = torch.zeros(width, width, dtype=torch.float64, device=device)
         if self.needs_original:
@@ -536,38 +600,40 @@ class GPTQ(Described):
                 ctx.original_kept.pop(rel, None)
         else:
             ctx.observe(observed, observe)
-        for rel in observed:  # summed over the ranks under torchrun
-            for slab in self._h[rel]:
-                all_sum(slab)
-            if rel in self._c:
-                all_sum(self._c[rel])
-            (self._n[rel],) = sum_floats(self._n[rel])
         self.seconds["hessians"] += time.perf_counter() - started
 
-    def _statistics(self) -> tuple[dict, dict]:
-        """The measured H (and C) as fp32 means, handed over (the sums are dropped)."""
-        hessians = {k: _mean_fp32(self._h.pop(k), n) for k, n in self._n.items()}
-        cross = {k: self._c.pop(k).div_(max(self._n[k], 1)).float() for k in list(self._c)}
-        self._h, self._n, self._c = {}, {}, {}
-        return hessians, cross
+    def _take(self, key: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """H (and, target original, C) of input `key` as fp32 means over every rank's
+        tokens, handed over (the sums are dropped). Taken one input at a time as its
+        linears are rounded: every expert's H at once held 1.6 GB at DeepSeek-V2-Lite's
+        widths."""
+        started = time.perf_counter()
+        gram = self._grams.pop(key)
+        h = gram.mean()
+        c = self._c.pop(key, None)
+        if c is not None:
+            c = all_sum(c).div_(max(gram.n, 1)).float()
+        self.seconds["hessians"] += time.perf_counter() - started
+        return h, c
 
     @torch.no_grad()
     def transform(self, ctx: BlockContext) -> None:
         cfg = self.config
-        hessians, cross = self._statistics()
+        hessians, cross = {}, {}
         started = time.perf_counter()
         targets = ctx.targets()
         users = {key: sum(self._key[rel] == key for rel in targets) for key in self._key.values()}
         factors: dict[str, Factor] = {}  # one per H, for every linear that reads its input
         for rel in targets:
             key = self._key[rel]
-            if key not in hessians and key not in factors:  # target original: measured once
-                self.seconds["rounding"] += time.perf_counter() - started  # the linears before
-                self._measure(ctx, [key])
-                more, more_cross = self._statistics()
-                hessians.update(more)
-                cross.update(more_cross)
-                started = time.perf_counter()  # it are rounded (a factored H is not measured again)
+            if key not in hessians and key not in factors:
+                self.seconds["rounding"] += time.perf_counter() - started
+                if key not in self._grams:  # target original: measured once the linears
+                    self._measure(ctx, [key])  # before it are rounded (a factored H is
+                hessians[key], c = self._take(key)  # not measured again)
+                if c is not None:
+                    cross[key] = c
+                started = time.perf_counter()
             users[key] -= 1
             last = users[key] == 0
             w = ctx.sub(rel).weight
