@@ -227,8 +227,8 @@ class BlockContext:
         if tuple(qw.shape) != tuple(module.weight.shape):
             raise ValueError(f"{rel}: quantized shape {tuple(qw.shape)} != weight shape")
         self.ws.quantized[f"{self.prefix}.{rel}"] = qw
-        if self.keep_unrounded:
-            self.unrounded.setdefault(rel, module.weight.detach().clone())
+        if self.keep_unrounded and rel not in self.unrounded:
+            self.unrounded[rel] = exact_copy(module.weight.detach(), self.ws.storage_dtype)
         self.output = None
         with torch.no_grad():
             module.weight.copy_(qw.dequantize(module.weight.dtype))
@@ -239,6 +239,16 @@ class BlockContext:
         for pname, param in self.sub(rel).named_parameters():
             key = f"{self.prefix}.{rel}.{pname}"
             self.ws.updated[key] = param.detach().to(self.ws.storage_dtype).clone()
+
+
+def exact_copy(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A copy of w, in `dtype` where that holds every value exactly (a 16-bit checkpoint's
+    weights no stage has changed yet: half the bytes), else in w's own dtype."""
+    if dtype != w.dtype and dtype.is_floating_point:
+        narrow = w.to(dtype)
+        if torch.equal(narrow.to(w.dtype), w):
+            return narrow
+    return w.clone()
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,30 @@ def test_awq_gemm_export_round_trip(awq_gemm_artifact, default_ckpt, tmp_path):
             ),
             tmp_path / "x",
         )
+
+
+def test_the_weight_mean_goes_one_linear_at_a_time():
+    """duo scaling's weight term over a group's linears (every expert's gate and up for
+    an MoE MLP), one linear at a time: the mean over their stacked rows."""
+    from compress.quantizers.awq import _weight_mean
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(rows, 256, generator=gen) for rows in (96, 32, 160)]
+    scheme = QuantScheme(4, 64, False)
+    stacked = torch.cat(weights).abs().reshape(288, 4, 64)
+    want = (stacked / stacked.amax(-1, keepdim=True)).reshape(288, 256).mean(0)
+    torch.testing.assert_close(_weight_mean(weights, scheme), want, rtol=1e-6, atol=0)
+
+
+def test_a_kept_copy_is_narrow_only_where_exact():
+    """Weights kept to try scales on (AWQ) or to re-round (tune) take the checkpoint's
+    16 bits while those hold them exactly, and their own dtype once a stage changed them."""
+    from compress.stage import exact_copy
+
+    w = torch.randn(64, 64).to(torch.bfloat16).float()
+    kept = exact_copy(w, torch.bfloat16)
+    assert kept.dtype == torch.bfloat16 and torch.equal(kept.float(), w)
+    scaled = w * 1.001
+    kept = exact_copy(scaled, torch.bfloat16)
+    assert kept.dtype == torch.float32 and torch.equal(kept, scaled)
+    assert kept.data_ptr() != scaled.data_ptr()

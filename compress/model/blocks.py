@@ -225,7 +225,10 @@ def observe_inputs(
 
     handles = [block.get_submodule(n).register_forward_pre_hook(hook(n)) for n in names]
     device, kwargs, chunk = _device(block), rope.kwargs(block), rope.chunk
+    moes = moe_modules(block)
     try:
+        for moe in moes:
+            moe.observing = True
         for lo in range(0, hidden.shape[0], chunk):
             fired.clear()
             try:
@@ -235,6 +238,8 @@ def observe_inputs(
             if outputs is not None:
                 outputs[lo : lo + chunk] = out
     finally:
+        for moe in moes:
+            moe.observing = False
         for h in handles:
             h.remove()
 

@@ -105,6 +105,10 @@ class MoeMLP(nn.Module):
         # when scoring experts for pruning: Σ over routed tokens of ‖weight · output‖²
         self.contributions: torch.Tensor | None = None
         self.all_tokens: set[int] = set()  # experts calibrated on every token
+        # while a pass records linears' inputs (blocks.observe_inputs): only then do the
+        # all_tokens experts run every token; the scale searches and the block's output
+        # passes ran 64 experts on every token at DeepSeek-V2-Lite's widths, 10x the work
+        self.observing = False
 
     def _owner(self, path: str) -> tuple[nn.Module, str]:
         """The module that holds `path`'s last name (made empty on the way), and that name."""
@@ -141,7 +145,7 @@ class MoeMLP(nn.Module):
             rows, slot = torch.where(chosen == e)
             if self.counts is not None:
                 self.counts[e] += rows.numel()
-            if e in self.all_tokens:  # calibrated as if selected by every token
+            if e in self.all_tokens and self.observing:  # calibrated as if every token chose it
                 y = expert(flat)[rows]
             elif rows.numel() or torch.is_grad_enabled():
                 # training: an expert no token chose still runs (on no rows), so its
