@@ -29,7 +29,7 @@ its own process (scale.py's measure: peak RSS, wall time):
   q_lora_rank for V2-Lite only at V2-Lite's own depth (27 layers), so not at 4.
 
     python benchmarks/latent_scale.py [--shape deepseek-v2-lite|glm-4.7-flash]
-        [--layers 4] [--methods rtn,gptq] [--llama-cpp BIN] [--rounds 3] [--keep]
+        [--layers 4] [--methods rtn,awq,gptq] [--llama-cpp BIN] [--rounds 3] [--keep]
 
 Quality figures of random weights mean nothing and are left out.
 """
@@ -202,7 +202,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", choices=list(SHAPES), default="deepseek-v2-lite")
     ap.add_argument("--layers", type=int, default=4, help="depth (the first one dense)")
-    ap.add_argument("--methods", default="rtn,gptq")
+    ap.add_argument("--methods", default="rtn,awq,gptq")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--work", type=Path, default=HERE / "work" / "latent_scale")
@@ -234,7 +234,7 @@ def main() -> None:
         "command": "python benchmarks/latent_scale.py"
         + (f" --shape {args.shape}" if args.shape != "deepseek-v2-lite" else "")
         + (f" --layers {args.layers}" if args.layers != 4 else "")
-        + (f" --methods {args.methods}" if args.methods != "rtn,gptq" else ""),
+        + (f" --methods {args.methods}" if args.methods != "rtn,awq,gptq" else ""),
         "cpu": cpu_flags(),
         "threads": os.cpu_count(),
         "shape": args.shape,
