@@ -159,3 +159,41 @@ def test_not_a_model(tmp_path):
         resolve(str(tmp_path / "nothing-here"))
     with pytest.raises(LlmpressError, match=r"has no config.json"):
         resolve(str(tmp_path))
+
+
+def test_stored_tensors_are_read_as_safetensors_reads_them(tmp_path):
+    """Tensors come from plain reads of the file (no mapping whose touched pages count in
+    the process's memory): every stored dtype, a scalar and an empty tensor, bit for bit
+    as the safetensors library loads them."""
+    from compress.model.loading import _stored
+
+    g = torch.Generator().manual_seed(0)
+    made = {
+        "bool": torch.rand(3, 5, generator=g) > 0.5,
+        "u8": torch.randint(0, 255, (7,), dtype=torch.uint8, generator=g),
+        "i8": torch.randint(-128, 127, (2, 3), dtype=torch.int8, generator=g),
+        "e4m3": torch.randn(4, 4, generator=g).to(torch.float8_e4m3fn),
+        "e5m2": torch.randn(4, 4, generator=g).to(torch.float8_e5m2),
+        "i16": torch.randint(-9, 9, (5,), dtype=torch.int16, generator=g),
+        "u16": torch.arange(6).to(torch.uint16),
+        "f16": torch.randn(3, 2, generator=g).half(),
+        "bf16": torch.randn(2, 3, 4, generator=g).bfloat16(),
+        "i32": torch.arange(9, dtype=torch.int32),
+        "u32": torch.arange(4).to(torch.uint32),
+        "f32": torch.randn(5, 7, generator=g),
+        "i64": torch.arange(3),
+        "u64": torch.arange(2).to(torch.uint64),
+        "f64": torch.randn(3, generator=g).double(),
+        "scalar": torch.tensor(1.5, dtype=torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+    }
+    path = tmp_path / "all.safetensors"
+    save_file(made, str(path))
+    want = load_file(str(path))
+    got = dict(_stored(path, None))
+    assert sorted(got) == sorted(want) == sorted(made)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        raw = (t.reshape(-1).view(torch.uint8) for t in (got[name], tensor))
+        assert torch.equal(*raw), name
+    assert sorted(n for n, _ in _stored(path, {"f16", "i8"})) == ["f16", "i8"]
