@@ -93,6 +93,8 @@ def _tensors(value):
     elif isinstance(value, list | tuple):  # GPTQ's Hessians: slabs of rows
         for v in value:
             yield from _tensors(v)
+    elif type(value).__module__.startswith("compress.quantizers"):  # GPTQ's _Gram
+        yield from _tensors(vars(value))
 
 
 @pytest.mark.parametrize("method", ["gptq", "awq", "int8"])

@@ -376,7 +376,7 @@ def _stored(path: Path, wanted: set[str] | None):
             if wanted is not None and name not in wanted:
                 continue
             entry = header[name]
-            tensor = torch.empty(entry["shape"], dtype=_STORED[entry["dtype"]])
+            tensor = torch.empty(entry["shape"], dtype=_STORED[entry["dtype"]], device="cpu")
             raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
             f.seek(base + entry["data_offsets"][0])
             done = 0

@@ -362,17 +362,18 @@ class AWQ(Described):
 
 def _weight_mean(weights: list[torch.Tensor], scheme: QuantScheme) -> torch.Tensor:
     """Per input channel, the mean over every row of the linears of |w| over its weight
-    group's largest, one linear at a time (all stacked, 64 experts' gate/up at
-    DeepSeek-V2-Lite's widths took three 1.5 GB copies)."""
-    total = torch.zeros(weights[0].shape[1], dtype=torch.float64, device=weights[0].device)
-    rows = 0
-    for w in weights:
-        g = scheme.group_for(w.shape[1])
-        norm = w.detach().abs().reshape(w.shape[0], -1, g)
+    group's largest: the linears' rows stacked a weight group of columns at a time (all
+    columns at once, 64 experts' gate/up at DeepSeek-V2-Lite's widths took three 1.5 GB
+    copies), the same values as the whole stack's."""
+    cols = weights[0].shape[1]
+    g = scheme.group_for(cols)
+    out = torch.empty(cols, dtype=torch.float32, device=weights[0].device)
+    for lo in range(0, cols, g):
+        stacked = torch.cat([w.detach()[:, lo : lo + g] for w in weights]).float()
+        norm = stacked.abs()
         norm = norm / norm.amax(dim=-1, keepdim=True).clamp(min=1e-8)
-        total += norm.reshape(w.shape).sum(0, dtype=torch.float64)
-        rows += w.shape[0]
-    return (total / rows).float()
+        out[lo : lo + g] = norm.mean(0)
+    return out
 
 
 def _device(ctx: BlockContext) -> torch.device:
