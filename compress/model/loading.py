@@ -369,12 +369,13 @@ def _stored(path: Path, wanted: set[str] | None):
     process's resident memory until the file was closed: a DeepSeek-V2-Lite-shaped
     block's 1.2 GB on top of its fp32 copy, or not, as the kernel's timing fell (rtn's
     peak moved between 3.7 and 4.8 GB from run to run)."""
-    header = check_safetensors(path)  # validated: offsets, sizes and dtypes
+    stat = path.stat()
+    base, header = _header(str(path), stat.st_size, stat.st_mtime_ns)
+    names = sorted(n for n in header if n != "__metadata__" and (wanted is None or n in wanted))
+    if not names:  # a shard without any of them is not opened
+        return
     with open(path, "rb") as f:
-        base = 8 + int.from_bytes(f.read(8), "little")
-        for name in sorted(n for n in header if n != "__metadata__"):
-            if wanted is not None and name not in wanted:
-                continue
+        for name in names:
             entry = header[name]
             tensor = torch.empty(entry["shape"], dtype=_STORED[entry["dtype"]], device="cpu")
             raw = memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
@@ -386,6 +387,15 @@ def _stored(path: Path, wanted: set[str] | None):
                     raise LlmpressError(f"{path} ended inside tensor {name}: re-download it")
                 done += got
             yield name, tensor
+
+
+@lru_cache(maxsize=256)
+def _header(path: str, size: int, mtime_ns: int) -> tuple[int, dict]:
+    """Where a file's data starts, and its validated header: read once while the file is
+    unchanged, not again for every block the walk reads from it."""
+    header = check_safetensors(Path(path))  # offsets, sizes and dtypes
+    with open(path, "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little"), header
 
 
 def each_tensor(ckpt: Checkpoint, names: list[str] | None = None):
