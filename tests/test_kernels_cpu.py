@@ -499,7 +499,7 @@ def test_widened_slices_go_into_one_kept_buffer(kind, monkeypatch):
 def test_argmax_is_torchs_choice_ties_and_nan_included():
     """Greedy decoding's argmax in C: the first of tied maxima and the first NaN, as
     torch.argmax, at lengths that end inside and outside a vector."""
-    from compress.kernels.cpu import argmax
+    from compress.kernels.cpu import argmax, argmax_rows
 
     g = torch.Generator().manual_seed(0)
     cases = [torch.randn(n, generator=g) for n in (1, 7, 8, 9, 64, 49152, 49157)]
@@ -514,6 +514,11 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
         assert argmax(x) == int(x.argmax()), x
     strided = torch.randn(64, generator=g)[::2]  # not contiguous: torch's own
     assert argmax(strided) == int(strided.argmax())
+    rows = torch.randn(5, 49157, generator=g)  # eval's rows in one call: the same choices
+    rows[1, [7, 900]] = 9.0
+    rows[2, [3, 40000]] = float("nan")
+    rows[3] = float("-inf")
+    assert torch.equal(argmax_rows(rows), rows.argmax(-1))
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress.allocator import THRESHOLD, heap_blocks
+from compress.kernels.cpu import argmax_rows
 
 
 @dataclass
@@ -116,7 +117,7 @@ def measure_drift(
         ):
             targets = window[1:]
             ref = base.reference(i, window) if own else _logprobs(base, window)
-            ref_top = ref.argmax(-1)
+            ref_top = argmax_rows(ref)
             base_nll -= ref.gather(-1, targets[:, None]).sum().item()
             tokens += targets.numel()
             for name, model in candidates.items():
@@ -127,7 +128,7 @@ def measure_drift(
                 s["kl"] += per_token.sum().item()
                 if token_kl is not None:
                     token_kl.setdefault(name, []).append(per_token)
-                s["agree"] += (lp.argmax(-1) == ref_top).sum().item()
+                s["agree"] += (argmax_rows(lp) == ref_top).sum().item()
     base_ppl = float(torch.tensor(base_nll / tokens).exp())
     if token_kl is not None:
         for name in list(token_kl):

@@ -215,6 +215,16 @@ def argmax(x: torch.Tensor) -> int:
     return library().llmp_argmax(x.data_ptr(), x.numel())
 
 
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(-1) of a [rows, n] tensor (int64), rows in one C call for a contiguous
+    fp32 CPU one, with torch's ties and NaN rule: torch's took 31 ms for 511 rows of a
+    49k vocabulary here, three times an eval window."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu" or not x.is_contiguous():
+        return x.argmax(-1)
+    b = x.shape[0]
+    return torch.tensor(choose_tokens(x, [0.0] * b, [0.0] * b), dtype=torch.int64)
+
+
 def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms, top_k=None, top_p=None):
     """A token for each row of logits [B, vocab] (contiguous fp32 on the CPU), in one call
     (llmp_choose_tokens): greedy where the inverse temperature is 0 (argmax's ties and NaN
