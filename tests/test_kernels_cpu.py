@@ -302,7 +302,7 @@ def test_other_instruction_sets_compute_the_same(flags):
             str(Path(__file__).with_name("test_runtime.py")),
             "-k",
             "packed_matmul or shared or exact or zero_input or attention or dense or scale_grid "
-            "or argmax or activation or one_call_draws",
+            "or argmax or activation or one_call_draws or divergence",
         ],
         env=env,
         capture_output=True,
@@ -519,6 +519,39 @@ def test_argmax_is_torchs_choice_ties_and_nan_included():
     rows[2, [3, 40000]] = float("nan")
     rows[3] = float("-inf")
     assert torch.equal(argmax_rows(rows), rows.argmax(-1))
+
+
+def test_divergence_rows_are_the_float64_figures():
+    """eval's per-token KL, log-sum-exp and arg max in one C pass: within float rounding of
+    the same figures in float64, at widths ending inside and outside a vector and a block;
+    tokens the original gives -inf add nothing; a candidate row with a NaN is NaN."""
+    from compress.kernels.cpu import divergence_rows
+
+    g = torch.Generator().manual_seed(0)
+    for vocab in (5, 8, 263, 49157):
+        raw = 3 * torch.randn(7, vocab, generator=g)
+        raw[2, 1] = float("-inf")  # a token the original never predicts
+        ref = torch.log_softmax(raw, -1)
+        logits = 3 * torch.randn(7, vocab, generator=g)
+        logits[4, -1] = 40.0  # the maximum in the scalar tail
+        kl, lse, top = divergence_rows(ref, logits)
+        p, c = ref.double(), logits.double()
+        want_lse = torch.logsumexp(c, -1)
+        terms = p.exp() * (p - (c - want_lse[:, None]))
+        want_kl = torch.where(torch.isfinite(p), terms, 0.0).sum(-1)
+        torch.testing.assert_close(lse, want_lse, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(kl, want_kl, rtol=1e-5, atol=1e-5)
+        assert torch.equal(top, logits.argmax(-1))
+        assert (kl >= -1e-5).all()
+        same = divergence_rows(ref, ref.clone())[0]  # a model against itself: 0
+        assert same.abs().max() < 1e-5
+    logits[3, 2] = float("nan")
+    kl, lse, top = divergence_rows(ref, logits)
+    assert kl[3].isnan() and lse[3].isnan() and top[3] == 2 and not kl[:3].isnan().any()
+    strided = divergence_rows(ref[:, ::2], logits[:, ::2])  # torch's operations: the same
+    want = divergence_rows(ref[:, ::2].contiguous(), logits[:, ::2].contiguous())
+    torch.testing.assert_close(strided[0], want[0], rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.equal(strided[2], want[2])
 
 
 @pytest.mark.parametrize("act", ["silu", "gelu_pytorch_tanh", "gelu"])

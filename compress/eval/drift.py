@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from compress.allocator import THRESHOLD, heap_blocks
-from compress.kernels.cpu import argmax_rows
+from compress.kernels.cpu import argmax_rows, divergence_rows, log_softmax_rows_
 
 
 @dataclass
@@ -67,8 +67,11 @@ def _rows(t: torch.Tensor) -> int:
 
 
 def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
-    """log_softmax over the last dim of fp32 logits [rows, vocab], in place, a slice of rows
-    at a time (rows are independent: the values of one whole call)."""
+    """log_softmax over the last dim of fp32 logits [rows, vocab], in place: in C on the
+    CPU, as divergence_rows normalizes a candidate's logits; elsewhere torch's, a slice of
+    rows at a time (rows are independent: the values of one whole call)."""
+    if log_softmax_rows_(logits):
+        return logits
     step = _rows(logits)
     for lo in range(0, logits.shape[0], step):
         part = logits[lo : lo + step]
@@ -77,20 +80,13 @@ def log_softmax_(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _logits(model, window: torch.Tensor) -> torch.Tensor:
+    """The next-token logits [L-1, vocab] of a window, fp32."""
+    return model(input_ids=window.unsqueeze(0)).logits[0, :-1].float().contiguous()
+
+
 def _logprobs(model, window: torch.Tensor) -> torch.Tensor:
-    logits = model(input_ids=window.unsqueeze(0)).logits[0, :-1]
-    return log_softmax_(logits.float().contiguous())
-
-
-def _token_kl(ref: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
-    """KL(ref ‖ lp) per token from log-probs [tokens, vocab], a few tokens at a time
-    (_rows): whole, its temporaries were three more full-vocabulary tensors (1 GB at
-    512 × 152k)."""
-    rows = _rows(ref)
-    return torch.cat([
-        (ref[lo : lo + rows].exp() * (ref[lo : lo + rows] - lp[lo : lo + rows])).sum(-1)
-        for lo in range(0, ref.shape[0], rows)
-    ])  # fmt: skip
+    return log_softmax_(_logits(model, window))
 
 
 @torch.no_grad()
@@ -121,14 +117,15 @@ def measure_drift(
             base_nll -= ref.gather(-1, targets[:, None]).sum().item()
             tokens += targets.numel()
             for name, model in candidates.items():
-                lp = _logprobs(model, window)
+                logits = _logits(model, window)
+                per_token, lse, top = divergence_rows(ref, logits)
                 s = sums[name]
-                s["nll"] -= lp.gather(-1, targets[:, None]).sum().item()
-                per_token = _token_kl(ref, lp)
+                # the target's log-prob as log_softmax_ gives the original's: c - (float) lse
+                s["nll"] -= (logits.gather(-1, targets[:, None])[:, 0] - lse.float()).sum().item()
                 s["kl"] += per_token.sum().item()
                 if token_kl is not None:
-                    token_kl.setdefault(name, []).append(per_token)
-                s["agree"] += (argmax_rows(lp) == ref_top).sum().item()
+                    token_kl.setdefault(name, []).append(per_token.float())
+                s["agree"] += (top == ref_top).sum().item()
     base_ppl = float(torch.tensor(base_nll / tokens).exp())
     if token_kl is not None:
         for name in list(token_kl):

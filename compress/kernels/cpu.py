@@ -225,6 +225,52 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return torch.tensor(choose_tokens(x, [0.0] * b, [0.0] * b), dtype=torch.int64)
 
 
+def log_softmax_rows_(x: torch.Tensor) -> bool:
+    """Each row of a contiguous fp32 CPU x [rows, vocab] less its log-sum-exp, in place, in
+    C (llmp_log_softmax_rows: the normalization divergence_rows gives a candidate, so two
+    equal models measure a KL of 0); False, x untouched, for any other tensor."""
+    if x.dtype != torch.float32 or x.dim() != 2 or not x.is_cpu or not x.is_contiguous():
+        return False
+    library().llmp_log_softmax_rows(_ptr(x), x.shape[0], x.shape[1])
+    return True
+
+
+def _divergence_torch(ref: torch.Tensor, logits: torch.Tensor):
+    lse = torch.logsumexp(logits.double(), -1)
+    p = ref.double()
+    kept = p > -87
+    terms = torch.where(kept, p.exp() * (p - (logits.double() - lse[:, None])), 0.0)
+    return terms.sum(-1), lse, logits.argmax(-1)
+
+
+def divergence_rows(ref: torch.Tensor, logits: torch.Tensor):
+    """Per row of the original's log-probs `ref` and a candidate's `logits` [rows, vocab]:
+    (KL(original ‖ candidate), the candidate's log-sum-exp, its arg max), float64, float64
+    and int64 [rows], in one C call (llmp_divergence_rows: each row read while it is in
+    cache) for contiguous fp32 CPU tensors, torch's operations otherwise. Tokens whose
+    original log-prob is under -87 add nothing to the KL."""
+    rows, vocab = logits.shape
+    if ref.shape != logits.shape:
+        raise ValueError(f"log-probs {tuple(ref.shape)} and logits {tuple(logits.shape)} differ")
+    native = all(
+        t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+        for t in (ref, logits)
+    )
+    if not native:  # 64 rows at a time: float64 copies of whole windows were 0.6 GB
+        parts = [_divergence_torch(ref[i : i + 64], logits[i : i + 64]) for i in range(0, rows, 64)]
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True)) if parts else (
+            torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64),
+            torch.empty(0, dtype=torch.int64),
+        )  # fmt: skip
+    kl = torch.empty(rows, dtype=torch.float64)
+    lse = torch.empty(rows, dtype=torch.float64)
+    top = torch.empty(rows, dtype=torch.int64)
+    library().llmp_divergence_rows(
+        _ptr(ref), _ptr(logits), rows, vocab, _ptr(kl), _ptr(lse), _ptr(top)
+    )
+    return kl, lse, top
+
+
 def choose_tokens(logits: torch.Tensor, inverse_temperatures, uniforms, top_k=None, top_p=None):
     """A token for each row of logits [B, vocab] (contiguous fp32 on the CPU), in one call
     (llmp_choose_tokens): greedy where the inverse temperature is 0 (argmax's ties and NaN

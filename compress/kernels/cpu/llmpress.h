@@ -228,6 +228,10 @@ int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int
 int64_t llmp_argmax(const float *x, int64_t n);
 void llmp_choose_tokens(const float *logits, int64_t rows, int64_t vocab, const float *it, const int64_t *top_k, const double *top_p, const double *u, int64_t *out);
 
+/* ---- divergence.c: eval's per-token figures */
+void llmp_log_softmax_rows(float *x, int64_t rows, int64_t vocab);
+void llmp_divergence_rows(const float *ref, const float *cand, int64_t rows, int64_t vocab, double *kl, double *lse, int64_t *top);
+
 /* ---- gptq.c and scale_search.c: compression's loops */
 void llmp_gptq_columns(float *wb, int rows, int ldw, int j0, int j1, int nb, const float *hinv, int ldh, const float *scale, const float *zero, int lds, int scs, float qmin, float qmax, int8_t *q, int ldq, float *err, int lde);
 void llmp_scale_search(const float *w, int rows, int cols, int group, const float *d, const float *s, const float *z, int n, float qmin, float qmax, float *err, int32_t *best);
