@@ -33,7 +33,7 @@ def test_workload_of_the_default_model(default_ckpt):
     assert load.block_weights == 30 * per_block
     # q/k/v read one input, gate/up another: four Hessians a block (attention in, o, MLP in,
     # down)
-    assert sorted(load.inputs) == [576, 576, 576, 1536]
+    assert sorted(load.inputs) == [(576, 1.0), (576, 1.0), (576, 1.0), (1536, 1.0)]
     assert load.tokens == 16 * 512 and load.active == 1.0
 
 
@@ -44,6 +44,26 @@ def test_experts_count_at_top_k_of_their_weights(tmp_path):
     experts = 4 * 3 * 128 * 128
     assert load.block_weights == 2 * (attention + experts)
     assert load.active == pytest.approx((attention + experts / 2) / (attention + experts))
+
+
+def test_expert_hessians_count_the_tokens_each_sums(tmp_path):
+    """As calibration sums them (model/moe.py, gptq._every_token_inputs): few tokens, every
+    expert on every token and their gate/up one H; many, each expert on its routed share
+    (top_k of experts)."""
+    folder = write_family(tmp_path / "mixtral", "mixtral")
+    ckpt = resolve(str(folder))
+    experts, top_k = ckpt.adapter.experts, ckpt.adapter.spec(ckpt.config).mlp.top_k
+    hidden = ckpt.adapter.shape(ckpt.config).hidden
+    few = workload(ckpt, 1, hidden * experts // top_k - 1)  # the mean count under `hidden`
+    many = workload(ckpt, 1, hidden * experts // top_k)
+    assert few.inputs[:2] == many.inputs[:2]  # q/k/v's input, o's: every token
+    assert few.inputs[0] == (hidden, 1.0) and few.inputs[1][1] == 1.0
+    assert sorted(few.inputs[2:]) == sorted([(hidden, 1.0)] + [(hidden, 1.0)] * experts)
+    share = top_k / experts
+    assert len(many.inputs) == 2 + 2 * experts and all(s == share for _, s in many.inputs[2:])
+    (stage,) = _stages("gptq:w4g64")
+    per_token = stage.work(many) / many.tokens, stage.work(few) / few.tokens
+    assert per_token[0] < per_token[1]  # the routed share's Hessians cost less a token
 
 
 def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
@@ -59,7 +79,7 @@ def test_each_preset_costs_what_its_stages_do(default_ckpt, monkeypatch):
     assert more["gptq"] > fast["gptq"]  # the Hessians grow with the tokens
     assert max(best, key=best.get) == "distill"  # as measured: 306 s of 9.6 min
     assert estimate_line(fast) == (
-        "estimated time here: ~1 min (gptq 40 s, calibration passes 39 s; reading and "
+        "estimated time here: ~1 min (gptq 39 s, calibration passes 39 s; reading and "
         "writing not counted)"
     )
     assert estimate_line(best).startswith("estimated time here: ~19 min (distill 14 min, ")

@@ -18,7 +18,9 @@ class Workload:
 
     layers: int
     linears: tuple[tuple[int, int], ...]  # one block's [out, in], every expert's too
-    inputs: tuple[int, ...]  # one block's distinct linear input widths (GPTQ's Hessians)
+    # one block's distinct linear inputs (GPTQ's Hessians): (width, share of the
+    # calibration tokens it is summed over: top_k / experts for a routed expert's)
+    inputs: tuple[tuple[int, float], ...]
     active: float  # share of a block's weights one token multiplies (top_k of experts)
     hidden: int
     vocab: int
@@ -47,13 +49,14 @@ def workload(ckpt, samples: int, length: int) -> Workload:
     shape = adapter.shape(config)
     shapes = adapter.linear_shapes(shape)
     shared = {name: group[0] for group in adapter.shared_inputs for name in group}
-    inputs = {shared.get(name, name): shapes[name][1] for name in shapes}
     mlp = adapter.spec(config).mlp
+    inputs = {shared.get(name, name): (shapes[name][1], 1.0) for name in shapes}
     total = sum(o * i for o, i in shapes.values())
     active = 1.0
     if mlp is not None:  # a token multiplies top_k of the experts' weights
         experts = sum(o * i for n, (o, i) in shapes.items() if n in adapter.expert_linears)
         active = (total - experts + experts * mlp.top_k / mlp.experts) / total
+        inputs = _expert_inputs(adapter, shapes, shared, mlp, samples * length, shape.hidden)
     return Workload(
         layers=shape.layers,
         linears=tuple(shapes.values()),
@@ -64,6 +67,28 @@ def workload(ckpt, samples: int, length: int) -> Workload:
         samples=samples,
         length=length,
     )
+
+
+def _expert_inputs(adapter, shapes, shared, mlp, tokens: int, hidden: int) -> dict:
+    """The inputs of an MoE block as calibration sums them (model/moe.py): an expert routed
+    fewer tokens than its input width (here: at the mean count) is calibrated on every
+    token, and every such expert's gate/up share one H with the shared expert's
+    (gptq._every_token_inputs), each down its own on every token; otherwise each expert's
+    inputs sum its routed share. Counted as one H per expert on every token, a gptq run of
+    2:16 at DeepSeek-V2-Lite's widths was estimated at ~4 min."""
+    every = tokens * mlp.top_k / mlp.experts < hidden
+    downs = {adapter.expert_linear(e, "down") for e in range(adapter.experts)}
+    joined = set(adapter.expert_linears) - downs | set(adapter.shared_linears[:2])
+    inputs = {}
+    for name in shapes:
+        width, share = shapes[name][1], 1.0
+        key = shared.get(name, name)
+        if every and name in joined:
+            key = "every token"
+        elif not every and name in adapter.expert_linears:
+            share = mlp.top_k / mlp.experts
+        inputs[key] = (width, share)
+    return inputs
 
 
 @functools.cache

@@ -61,9 +61,14 @@ FACTOR_FLOPS = 1.5
 
 
 def solve_flops(out: int, inp: int) -> float:
-    """FLOP-equivalents of rounding one [out, inp] linear (the estimate's model)."""
-    solve = SOLVE_FACTOR * out * inp * inp + SEARCH_FLOPS * out * inp
-    return solve + COLUMN_FLOPS * inp + FACTOR_FLOPS * inp**3
+    """FLOP-equivalents of rounding one [out, inp] linear (the estimate's model), H⁻¹'s
+    factor included."""
+    return _rounding_flops(out, inp) + FACTOR_FLOPS * inp**3
+
+
+def _rounding_flops(out: int, inp: int) -> float:
+    """solve_flops without the factor, which linears reading one input share (Factor)."""
+    return SOLVE_FACTOR * out * inp * inp + SEARCH_FLOPS * out * inp + COLUMN_FLOPS * inp
 
 
 @dataclass(frozen=True)
@@ -518,19 +523,22 @@ class GPTQ(Described):
     needs_calibration = True
 
     def work(self, load) -> float:
-        """The Hessians (x·xᵀ over every token, per distinct input) and the column solve
-        (out·in² for the lazy-batch updates, plus each column's own steps). Target original
-        adds the full (x_o − x)ᵀx product per input, each linear's fit, and the passes that
-        measure each later input once those before it are rounded, each stopping at that
-        input (about half a block): a pass over both streams for each input after the
-        first, over one where the original's side is kept from the first."""
-        hessians = sum(_hessian_flops(d, load.tokens) for d in load.inputs)
-        solve = sum(solve_flops(o, i) for o, i in load.linears)
+        """The Hessians (x·xᵀ over the tokens each distinct input sums) and the column solve
+        (out·in² for the lazy-batch updates, plus each column's own steps; H⁻¹'s factor
+        once an input: the 64 experts' gate/up at DeepSeek-V2-Lite's widths share one).
+        Target original adds the full (x_o − x)ᵀx product per input, each linear's fit,
+        and the passes that measure each later input once those before it are rounded,
+        each stopping at that input (about half a block): a pass over both streams for
+        each input after the first, over one where the original's side is kept from the
+        first."""
+        hessians = sum(_hessian_flops(d, round(load.tokens * share)) for d, share in load.inputs)
+        solve = sum(_rounding_flops(o, i) for o, i in load.linears)
+        solve += sum(FACTOR_FLOPS * d**3 for d, _ in load.inputs)  # one factor an H
         if not self.needs_original:
             return load.layers * (hessians + solve)
-        cross = sum(2 * load.tokens * d * d for d in load.inputs)
+        cross = sum(2 * load.tokens * share * d * d for d, share in load.inputs)
         fit = sum(4 * o * i * i + i**3 for o, i in load.linears)
-        kept = _keep_deepest([load.tokens * 4 * d for d in load.inputs[1:]])  # fp32
+        kept = _keep_deepest([load.tokens * 4 * d for d, _ in load.inputs[1:]])  # fp32
         passes = sum(0.5 if k else 1.0 for k in kept) * load.forward(load.tokens)
         return load.layers * (hessians + solve + cross + fit) + passes
 
