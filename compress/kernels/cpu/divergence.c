@@ -1,6 +1,6 @@
 /* eval's per-token figures of a candidate's logits against the original's log-probs, a
- * row (token) at a time in one pass over the vocabulary: what log_softmax, the KL sum and
- * argmax took three full-vocabulary passes and two [rows, vocab] temporaries for. */
+ * row (token) at a time while it is in cache: what torch's log_softmax, KL sum and argmax
+ * took three passes over whole windows and two [rows, vocab] temporaries for. */
 /* Each log-prob as one float subtraction, c - lse, wherever it is formed (in place, or
  * inside a KL term), so that a model against itself measures exactly 0: reassociating
  * p - (c - lse) into (p - c) + lse would not. */
