@@ -74,8 +74,8 @@ def _expert_inputs(adapter, shapes, shared, mlp, tokens: int, hidden: int) -> di
     fewer tokens than its input width (here: at the mean count) is calibrated on every
     token, and every such expert's gate/up share one H with the shared expert's
     (gptq._every_token_inputs), each down its own on every token; otherwise each expert's
-    inputs sum its routed share. Counted as one H per expert on every token, a gptq run of
-    2:16 at DeepSeek-V2-Lite's widths was estimated at ~4 min."""
+    inputs sum its routed share (each expert counted on every token, 64 experts' gate/up
+    at DeepSeek-V2-Lite's widths were 64 Hessians where calibration sums one)."""
     every = tokens * mlp.top_k / mlp.experts < hidden
     downs = {adapter.expert_linear(e, "down") for e in range(adapter.experts)}
     joined = set(adapter.expert_linears) - downs | set(adapter.shared_linears[:2])
