@@ -258,10 +258,8 @@ def divergence_rows(ref: torch.Tensor, logits: torch.Tensor):
     )
     if not native:  # 64 rows at a time: float64 copies of whole windows were 0.6 GB
         parts = [_divergence_torch(ref[i : i + 64], logits[i : i + 64]) for i in range(0, rows, 64)]
-        return tuple(torch.cat(p) for p in zip(*parts, strict=True)) if parts else (
-            torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64),
-            torch.empty(0, dtype=torch.int64),
-        )  # fmt: skip
+        parts = parts or [_divergence_torch(ref, logits)]  # no rows: empty results
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
     kl = torch.empty(rows, dtype=torch.float64)
     lse = torch.empty(rows, dtype=torch.float64)
     top = torch.empty(rows, dtype=torch.int64)

@@ -50,13 +50,14 @@ def workload(ckpt, samples: int, length: int) -> Workload:
     shapes = adapter.linear_shapes(shape)
     shared = {name: group[0] for group in adapter.shared_inputs for name in group}
     mlp = adapter.spec(config).mlp
-    inputs = {shared.get(name, name): (shapes[name][1], 1.0) for name in shapes}
     total = sum(o * i for o, i in shapes.values())
     active = 1.0
     if mlp is not None:  # a token multiplies top_k of the experts' weights
         experts = sum(o * i for n, (o, i) in shapes.items() if n in adapter.expert_linears)
         active = (total - experts + experts * mlp.top_k / mlp.experts) / total
         inputs = _expert_inputs(adapter, shapes, shared, mlp, samples * length, shape.hidden)
+    else:
+        inputs = {shared.get(name, name): (shapes[name][1], 1.0) for name in shapes}
     return Workload(
         layers=shape.layers,
         linears=tuple(shapes.values()),

@@ -21,12 +21,12 @@
 #define first_index first_index_ref
 #endif
 
-/* The row's log-sum-exp (NaN for a row with a NaN or no finite maximum); *top: the first
- * index of its maximum, or of its first NaN. */
+/* The row's log-sum-exp (NaN for a row with a NaN or no finite maximum); *top, unless
+ * NULL: the first index of its maximum, or of its first NaN. */
 static double row_lse(const float *c, int64_t vocab, int64_t *top) {
     int nan;
     float m = row_max(c, vocab, &nan);
-    *top = first_index(c, vocab, m, nan);
+    if (top) *top = first_index(c, vocab, m, nan);
     if (nan || m == INFINITY || m == -INFINITY) return NAN;
     return (double)m + log(exp_sum(c, vocab, m));
 }
@@ -39,8 +39,7 @@ void llmp_log_softmax_rows(float *x, int64_t rows, int64_t vocab) {
     #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         float *c = x + r * vocab;
-        int64_t top;
-        float lse = (float)row_lse(c, vocab, &top);
+        float lse = (float)row_lse(c, vocab, NULL);
         for (int64_t i = 0; i < vocab; i++) c[i] -= lse;
     }
 }
