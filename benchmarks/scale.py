@@ -142,8 +142,12 @@ def bench(artifact: Path, logs: Path) -> dict:
     cmd = [*LLMPRESS, "bench", str(artifact), "--batch", "1", "--prompt-len", "32",
            "--output-len", "32", "--json", str(out)]  # fmt: skip
     row = measure(cmd, logs / f"bench-{artifact.name}.log")
-    result = json.loads(out.read_text())["results"][0]
-    row.update(tok_s=round(result["tokens_per_s"], 1), mbu=round(result["mbu"], 3))
+    record = json.loads(out.read_text())
+    result = record["results"][0]
+    cache = record.get("last_level_cache_bytes") or 0
+    row.update(tok_s=round(result["tokens_per_s"], 1), mbu=round(result["mbu"], 3),
+               mb_per_step=round(result["bytes_per_step"] / 1e6, 1),
+               last_level_cache_mib=cache // 2**20)  # fmt: skip
     return row
 
 

@@ -2120,6 +2120,13 @@ def scale(d: dict) -> list[str]:
                 + f" with {notes[0]['calibrated_blocks']} block(s) (same widths and vocabulary): "
                 "their search takes minutes per block on 2 cores, and memory and time per "
                 "block do not depend on depth (rtn ran every shape at full depth)."]  # fmt: skip
+    cached = [r for r in d["rows"] if (r.get("bench") or {}).get("mbu", 0) > 1]
+    if cached:
+        out += ["", "MBU past 100% (" + ", ".join(
+            f"{r['shape']}: {r['bench'].get('mb_per_step', '?')} MB a step, "
+            f"{r['bench'].get('last_level_cache_mib', '?')} MiB of last-level cache"
+            for r in cached) + "): the step fits the CPU's last-level cache, so part of it "
+            "is read from there, not from the memory whose bandwidth MBU divides by."]  # fmt: skip
     for r in d["rows"]:
         if r.get("heads"):
             hrows = [[k, v["head"], v["tok_s"], v["artifact_gb"]] for k, v in r["heads"].items()]

@@ -10,8 +10,8 @@ from test_cli import llmpress
 from compress.artifact.dense import load_model
 from compress.eval.run import evaluate
 from compress.model.loading import resolve
-from compress.runtime import load_weights
-from compress.runtime.bench import mfu_ceiling
+from compress.runtime import bench, load_weights
+from compress.runtime.bench import last_level_cache_bytes, mfu_ceiling
 from compress.runtime.kv_cache import KVScheme
 from compress.runtime.linears import DenseLinear
 from compress.runtime.lm import RuntimeLM
@@ -50,6 +50,27 @@ def test_mfu_is_a_share_of_what_the_linears_compute_with(artifacts):
     rate, name = mfu_ceiling(w, 100.0, 400.0)
     assert rate == pytest.approx(total / ((total - dense) / 400.0 + dense / 100.0))
     assert name.startswith("int8 dot products and fp32 matmul")
+
+
+def test_mbu_past_100_percent_names_the_cache_it_fits(artifacts, tmp_path, monkeypatch):
+    """A model whose step fits the last-level cache reads it partly from there: bench says
+    so when MBU, counted against the memory, passes 100%, and only then."""
+    for i, (kind, size) in enumerate((("Data", "48K"), ("Instruction", "64K"), ("Unified", "3M"))):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "type").write_text(kind + "\n")
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 3 * 2**20
+    assert last_level_cache_bytes(tmp_path / "none") is None
+    w = load_weights(resolve(str(artifacts["rtn:w4g64"])))
+    monkeypatch.setattr(bench, "measure_matmul_flops", lambda *a, **k: 1e11)
+    monkeypatch.setattr(bench, "int8_dot_rate", lambda *a, **k: 1e11)
+    for cache, bandwidth, says in ((2**30, 1e6, True), (2**10, 1e6, False), (2**30, 1e15, False)):
+        monkeypatch.setattr(bench, "last_level_cache_bytes", lambda cache=cache: cache)
+        monkeypatch.setattr(bench, "measure_bandwidth", lambda bw=bandwidth, **k: bw)
+        lines = []
+        record = bench.run_bench(w, [1], 4, 3, log=lines.append)
+        assert ("MBU over 100%" in "\n".join(lines)) is says, lines
+        assert record["last_level_cache_bytes"] == cache
 
 
 def test_eval_through_the_runtime_agrees_with_transformers(artifacts, wikitext):
