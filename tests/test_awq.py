@@ -81,6 +81,55 @@ def test_clip_search_lowers_the_output_error():
     assert out_err(clip) < out_err(1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_fake_quantization_is_quantize_then_dequantize(monkeypatch, zero_point, dtype):
+    """The scale search's stand-in weights, a slice of rows at a time with the codes kept
+    in fp32: exactly dequantize(quantize_weight(w·s)) / s, scales as `dtype` holds them."""
+    from compress.quantizers import awq as module
+
+    torch.manual_seed(2)
+    w = (torch.randn(100, 192) * 0.02).to(dtype)
+    w[::9, ::7] *= 20
+    s = torch.rand(192) + 0.5
+    scheme = QuantScheme(4, 64, zero_point)
+    monkeypatch.setattr(module, "cpu_slice_rows", lambda cols: 30)  # 4 slices, the last of 10
+    out = torch.full((100, 192), float("nan"))
+    module._fake_quant_into(out, w, s, scheme, dtype)
+    want = quantize_weight(w.float() * s, scheme, dtype).dequantize() / s
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("zero_point", [False, True])
+def test_clip_search_in_slices_picks_the_whole_weight_ratios(monkeypatch, zero_point):
+    """The search works a slice of rows at a time in a [group, row, g] layout: the same
+    ratios as whole-weight passes through compute_qparams and quantize_with, on a weight
+    of several slices with a partial last one."""
+    from compress.quantizers import awq as module
+
+    torch.manual_seed(1)
+    w = torch.randn(200, 256) * 0.02
+    w[::5, ::11] *= 15
+    x = torch.randn(300, 256)
+    scheme = QuantScheme(4, 64, zero_point)
+    awq = AWQ(AWQConfig(zero_point=zero_point))
+    monkeypatch.setattr(module, "cpu_slice_rows", lambda cols: 48)  # 4 slices and 8 rows
+    got = awq._search_clip(w, x, 64, scheme, 64)
+    gram = module._gram(x, 4, 64, w.device, 64)
+    best, best_err = torch.ones(200, 4), torch.full((200, 4), float("inf"))
+    for i in range(10):
+        ratio = 1 - i / 20
+        scale, zp = compute_qparams(w, scheme, 64, torch.float32, clip=ratio)
+        q = quantize_with(w, scale, zp, scheme, 64).float().reshape(200, 4, 64)
+        if zp is not None:
+            q = q - zp.float()[..., None]
+        delta = (q * scale[..., None] - w.reshape(200, 4, 64)).transpose(0, 1)
+        err = ((delta @ gram) * delta).sum(-1).T
+        best = torch.where(err < best_err, ratio, best)
+        best_err = torch.minimum(err, best_err)
+    assert torch.equal(got, best) and got.is_contiguous() and (got < 1).any()
+
+
 def test_awq_beats_rtn_on_wikitext(tmp_path, wikitext, base_model, tokenizer, artifacts):
     # the scale and clip searches on one 256-token sample (the statistics use all four):
     # the searches are most of this test's time

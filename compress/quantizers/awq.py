@@ -31,7 +31,8 @@ from compress.quantizers.scheme import (
     compute_qparams,
     cpu_slice_rows,
     default_group_size,
-    dequantize,
+    grouped_range,
+    qparams_from_range,
     quantize_with,
     resolve_auto,
 )
@@ -72,14 +73,22 @@ def _fake_quant_into(
     """out = dequantize(quantize(w·s)) / s, a slice of rows at a time on a CPU: the values
     of quantize_weight and dequantize, while each slice's passes stay in cache and no
     whole-weight temporary is mapped and faulted in (two a linear for every α: the
-    search over 64 experts took 3 minutes a block at DeepSeek-V2-Lite's widths)."""
-    group = scheme.group_for(w.shape[1])
-    rows = cpu_slice_rows(w.shape[1]) if w.device.type == "cpu" else w.shape[0]
+    search over 64 experts took 3 minutes a block at DeepSeek-V2-Lite's widths). The codes
+    stay in fp32 in place, with no int8 copy and back: 4.5 ms against 6.5 an expert."""
+    cols = w.shape[1]
+    group = scheme.group_for(cols)
+    rows = cpu_slice_rows(cols) if w.device.type == "cpu" else w.shape[0]
     for lo in range(0, w.shape[0], rows):
-        part = w[lo : lo + rows].float() * s
-        scale, zp = compute_qparams(part, scheme, group, dtype)
-        q = quantize_with(part, scale, zp, scheme, group)
-        out[lo : lo + rows] = dequantize(q, scale, zp, group).div_(s)
+        part = (w[lo : lo + rows].float() * s).reshape(-1, cols // group, group)
+        scale, zp = qparams_from_range(grouped_range(part, scheme), scheme, dtype)
+        step = scale.float()[..., None]
+        q = torch.round(part.div_(step))
+        if zp is None:
+            q.clamp_(scheme.qmin, scheme.qmax)
+        else:
+            z = zp.float()[..., None]
+            q.add_(z).clamp_(scheme.qmin, scheme.qmax).sub_(z)
+        torch.div(q.mul_(step).reshape(-1, cols), s, out=out[lo : lo + rows])
 
 
 class _SharedChannels:
@@ -324,27 +333,39 @@ class AWQ(Described):
 
         The error of one group's contribution, mean over tokens of (x_g · δ)², equals
         δ H_g δᵀ with H_g = x_gᵀ x_g / n, so each ratio costs out × g² per group instead
-        of out × g × tokens, and every search token counts.
+        of out × g × tokens, and every search token counts. On a CPU the rows go a slice
+        at a time, laid out [group, row, g] once, so every ratio's passes stay in cache
+        and the products need no copy: 2.5× faster at DeepSeek-V2-Lite's expert widths
+        than whole-weight passes, the same ratios (quantize_with's arithmetic).
         """
         cfg = self.config
         rows, cols = w.shape
-        gram = _gram(x, cols // group, group, w.device, chunk)  # [G, g, g], over the ranks
-        wg = w.reshape(rows, cols // group, group)
+        groups = cols // group
+        gram = _gram(x, groups, group, w.device, chunk)  # [G, g, g], over the ranks
         steps = max(1, int(cfg.max_shrink * cfg.clip_grid))
-        best_err = torch.full((rows, cols // group), float("inf"), device=w.device)
-        best = torch.ones(rows, cols // group, device=w.device)
-        for i in range(steps):
-            ratio = 1 - i / cfg.clip_grid
-            scale, zp = compute_qparams(w, scheme, group, torch.float32, clip=ratio)
-            q = quantize_with(w, scale, zp, scheme, group).float().reshape(wg.shape)
-            if zp is not None:
-                q = q - zp.float()[..., None]
-            delta = (q * scale.float()[..., None] - wg).transpose(0, 1)  # [G, out, g]
-            err = ((delta @ gram) * delta).sum(-1).T  # [out, G]
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best = torch.where(better, torch.full_like(best, ratio), best)
-        return best
+        best = torch.ones(groups, rows, device=w.device)
+        step = cpu_slice_rows(cols) if w.device.type == "cpu" else max(rows, 1)
+        for lo in range(0, rows, step):
+            wg = w[lo : lo + step].float().reshape(-1, groups, group).transpose(0, 1)
+            wg = wg.contiguous()  # [G, rows, g]
+            extent = grouped_range(wg, scheme)
+            best_err = torch.full(wg.shape[:2], float("inf"), device=w.device)
+            for i in range(steps):
+                ratio = 1 - i / cfg.clip_grid
+                scale, zp = qparams_from_range(extent, scheme, torch.float32, clip=ratio)
+                s = scale[..., None]
+                q = torch.round(wg / s)
+                if zp is None:
+                    q.clamp_(scheme.qmin, scheme.qmax)
+                else:
+                    z = zp.float()[..., None]
+                    q.add_(z).clamp_(scheme.qmin, scheme.qmax).sub_(z)
+                delta = q.mul_(s).sub_(wg)
+                err = torch.bmm(delta, gram).mul_(delta).sum(-1)  # [G, rows]
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best[:, lo : lo + step].masked_fill_(better, ratio)
+        return best.T.contiguous()
 
     def export(self, ws: Workspace) -> dict:
         scheme = self.config.scheme

@@ -153,7 +153,11 @@ def compute_qparams(
 def group_range(w: torch.Tensor, scheme: QuantScheme, group_size: int):
     """What a group's min-max parameters are made of: (min ≤ 0, max ≥ 0) with a zero
     point, (max |w|, None) without; a search over clip factors computes it once."""
-    g = _grouped(w.float(), group_size)
+    return grouped_range(_grouped(w.float(), group_size), scheme)
+
+
+def grouped_range(g: torch.Tensor, scheme: QuantScheme):
+    """group_range of weights already grouped along the last dimension, in any layout."""
     if scheme.zero_point:
         return g.amin(dim=-1).clamp(max=0), g.amax(dim=-1).clamp(min=0)
     return g.abs().amax(dim=-1), None
