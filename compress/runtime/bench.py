@@ -227,12 +227,12 @@ def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draf
     if runs:
         log(f"MFU: prefill's share of {runs[0].mfu_of}")
     cache = last_level_cache_bytes() if torch.device(device).type == "cpu" else None
-    over = [r for r in runs if r.mbu * before / bandwidth > 1]
-    if cache and over and min(r.bytes_per_step for r in over) < cache:
+    over = [r.bytes_per_step for r in runs if r.mbu * before / bandwidth > 1]
+    if cache and over and min(over) < cache:
         log(
-            f"MBU over 100%: a step's {min(r.bytes_per_step for r in over) / 1e6:.0f} MB fit "
-            f"in this CPU's {cache / 2**20:.0f} MiB last-level cache, so part of each step "
-            "reads from the cache, not the memory MBU counts against"
+            f"MBU over 100%: a step's {min(over) / 1e6:.0f} MB fits in this CPU's "
+            f"{cache / 2**20:.0f} MiB last-level cache, so part of each step is read from "
+            "the cache, not from the memory MBU counts against"
         )
     results = []
     for r in runs:
