@@ -144,10 +144,10 @@ def bench(artifact: Path, logs: Path) -> dict:
     row = measure(cmd, logs / f"bench-{artifact.name}.log")
     record = json.loads(out.read_text())
     result = record["results"][0]
-    cache = record.get("last_level_cache_bytes") or 0
+    cache = record.get("last_level_cache_bytes")  # None where sysfs did not say
     row.update(tok_s=round(result["tokens_per_s"], 1), mbu=round(result["mbu"], 3),
                mb_per_step=round(result["bytes_per_step"] / 1e6, 1),
-               last_level_cache_mib=cache // 2**20)  # fmt: skip
+               last_level_cache_mib=cache // 2**20 if cache else None)  # fmt: skip
     return row
 
 

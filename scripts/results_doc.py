@@ -2124,7 +2124,7 @@ def scale(d: dict) -> list[str]:
     if cached:
         out += ["", "MBU past 100% (" + ", ".join(
             f"{r['shape']}: {r['bench'].get('mb_per_step', '?')} MB a step, "
-            f"{r['bench'].get('last_level_cache_mib', '?')} MiB of last-level cache"
+            f"{r['bench'].get('last_level_cache_mib') or '?'} MiB of last-level cache"
             for r in cached) + "): the step fits the CPU's last-level cache, so part of it "
             "is read from there, not from the memory whose bandwidth MBU divides by."]  # fmt: skip
     for r in d["rows"]:
