@@ -429,11 +429,12 @@ def test_the_c_boundary_refuses_views_it_would_misread():
         rope_(x, torch.arange(4), cos, sin)
 
 
-@pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37), (3, 16)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37), (3, 16), (21, 1536)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 13, 16, 31, 32])
 def test_dense_fp32_decode_product_matches_torch(n, k, rows):
-    """Dense weights at decode batches (a tied head, a router) stream through C; ragged
-    widths take the scalar tail."""
+    """Dense weights at decode batches (a tied head, a router, a batch of self-generated
+    calibration text) stream through C in tiles of rows by outputs; ragged widths take the
+    scalar tail, ragged row and output counts the smaller tiles."""
     from compress.kernels.cpu import gemv_f32
     from compress.runtime.linears import DenseLinear
 
@@ -449,7 +450,7 @@ def test_dense_fp32_decode_product_matches_torch(n, k, rows):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("n", "k"), [(67, 576), (40, 37)])
-@pytest.mark.parametrize("rows", [1, 3, 7, 9])
+@pytest.mark.parametrize("rows", [1, 3, 7, 9, 18, 32, 33])
 def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
     """A bf16/fp16 head or embedding is widened as it streams, never upcast into a copy:
     the products equal fp32 arithmetic on the stored values (decode batches through C,
@@ -467,6 +468,30 @@ def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
     torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
     if rows <= GEMV_ROWS:
         torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "rows", "c_tiles"),
+    [
+        (torch.float32, 16, True),
+        (torch.float32, 17, False),
+        (torch.bfloat16, 32, True),
+        (torch.bfloat16, 33, False),
+    ],
+)
+def test_dense_linear_takes_the_c_tiles_up_to_the_measured_rows(dtype, rows, c_tiles, monkeypatch):
+    """Where the C tiles beat torch's products (GEMV_ROWS_FOR: fp32 to 16 rows, 16-bit
+    weights, which torch multiplies only widened a slice at a time, to 32), DenseLinear
+    sends its batch there, and to torch beyond."""
+    import compress.runtime.linears as linears
+
+    calls = []
+    real = linears.gemv_f32
+    monkeypatch.setattr(linears, "gemv_f32", lambda x, w: calls.append(x.shape) or real(x, w))
+    w, x = torch.randn(24, 64).to(dtype), torch.randn(rows, 64)
+    want = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(linears.DenseLinear(w)(x), want, rtol=1e-5, atol=1e-4)
+    assert calls == ([(rows, 64)] if c_tiles else [])
 
 
 @pytest.mark.parametrize("kind", ["packed", "bf16"])

@@ -10,8 +10,7 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
-    GEMV_DTYPES,
-    GEMV_ROWS,
+    GEMV_ROWS_FOR,
     FusedLinear,
     PackedLinear,
     QuantizedInput,
@@ -38,7 +37,7 @@ class DenseLinear:
         x = x.x if isinstance(x, QuantizedInput) else x
         w = self.weight
         cpu = w.device.type == "cpu"
-        if cpu and w.dtype in GEMV_DTYPES and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS:
+        if cpu and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS_FOR.get(w.dtype, 0):
             y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
         elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
             widen = lambda lo, hi, buf: buf.copy_(w[lo:hi])  # noqa: E731
