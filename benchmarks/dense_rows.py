@@ -113,7 +113,7 @@ def generation(rounds: int, n: int, length: int) -> dict:
     return {
         "samples": n,
         "tokens": length,
-        "weights": "fp32 (the GGUF's Q4_1 dequantized)",
+        "weights": "fp32, its GGUF's Q4_1 dequantized",
         "c_ms_per_step": round(c, 1),
         "torch_ms_per_step": round(t, 1),
         "torch / C": round(t / c, 2),

@@ -1263,6 +1263,32 @@ def kernel_ab(d: dict) -> list[str]:
     ]
 
 
+def dense_rows(d: dict) -> list[str]:
+    gen = d["self_generation"]
+    env = d["command"].split(" python ")[0] if " python " in d["command"] else ""
+    rows = [
+        [r["dtype"], f(r["weights_mb"], 0), r["rows"], f(r["c_ms"], 1), f(r["torch_ms"], 1),
+         f(r["torch / C"], 2), "yes" if r["c_takes_it"] else "no"]
+        for r in d["kernels"]
+    ]  # fmt: skip
+    return [
+        "Dense weights at small batches: one pass over the default model's linear shapes "
+        "(random weights), the runtime's C tiles against the route DenseLinear takes past "
+        "its C rows (torch's fp32 product; a 16-bit weight widened a slice at a time first), "
+        f"alternating rounds, medians; CPU: {d['cpu']}, {d['threads']} threads"
+        + (f"; built and run with `{env}`" if env else "")
+        + ". `C takes it`: whether DenseLinear sends that many rows of that dtype to C.",
+        "",
+        *table(["weights", "MB", "rows", "C ms", "torch ms", "torch / C", "C takes it"], rows),
+        "",
+        f"`--calib self`'s text generation ({gen['samples']} samples of {gen['tokens']} "
+        f"tokens from the default model's original, {gen['weights']}): "
+        f"{f(gen['c_ms_per_step'], 1)} ms a "
+        f"step through the C tiles, {f(gen['torch_ms_per_step'], 1)} ms with every dense "
+        f"product sent to torch ({f(gen['torch / C'], 2)}×).",
+    ]
+
+
 def batched_decode(d: dict) -> list[str]:
     c = d["ceilings_before_after"]
     body = [
@@ -2760,6 +2786,18 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         "The int4 kernel on AVX2 without VNNI: four rows by two tiles",
         "benchmarks/kernel_ab.py --rev 4026a45 --rows 1,4,8,32,256 --name kernel_ab_avx2",
         kernel_ab,
+    ),
+    (
+        "dense_rows.json",
+        "Dense weights at small batches: C tiles against torch",
+        "benchmarks/dense_rows.py",
+        dense_rows,
+    ),
+    (
+        "dense_rows_avx2.json",
+        "Dense weights at small batches on AVX2",
+        "benchmarks/dense_rows.py --name dense_rows_avx2",
+        dense_rows,
     ),
     (
         "kv_default.json",
