@@ -47,7 +47,7 @@ from compress.plan import (
 )
 from compress.quantizers.scheme import quantize_weight
 from compress.recipe import Recipe, resolve_lm_head
-from compress.runtime.calib_text import runtime_writer
+from compress.runtime.calib_text import generation_probe, held_bytes, runtime_writer
 from compress.stage import BlockContext, Workspace
 
 _CPU = torch.device("cpu")
@@ -201,7 +201,8 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     if recipe.needs_calibration:
         c = recipe.calib
         check_context(ckpt, c.length, "calibration length (--calib-len)")
-        log(calibration_plan(c, ckpt))  # where the text comes from, and generating it
+        # where the text comes from, and what the runtime will take to write it
+        log(calibration_plan(c, ckpt, generation_probe(ckpt), held_bytes(ckpt)))
         with _Clock(timing)("calibration data"):  # rank 0 first: it fills the cache
             samples = distributed.first_then_rest(
                 lambda: load_calibration(

@@ -149,6 +149,40 @@ def test_long_self_generation_says_how_to_skip_it(default_ckpt, monkeypatch):
         assert plan.endswith(hint) == long, plan
 
 
+def test_self_generation_is_estimated_by_the_runtime_writers_own_product(tmp_path):
+    """The writer is the runtime, holding a 16-bit checkpoint as stored and multiplying
+    it in C tiles: its estimate divides by its own product's rate at the rows it decodes
+    (a Llama-3.2-1B shape in bf16 wrote 73 tokens/s where torch's fp32 product as the
+    probe said 37), and the memory it names is the model as stored, not in fp32."""
+    from safetensors.torch import load_file, save_file
+
+    from compress.calib_data import cost
+    from compress.calib_data.config import CalibConfig
+    from compress.model.workload import workload
+    from compress.runtime.calib_text import generation_probe, held_bytes, held_dtype
+
+    fp32 = resolve(str(tiny_model(tmp_path / "fp32")))
+    folder = tiny_model(tmp_path / "bf16")
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v.bfloat16() for k, v in weights.items()}, folder / "model.safetensors")
+    bf16 = resolve(str(folder))
+    numel = sum(v.numel() for v in weights.values())
+    assert (held_dtype(bf16), held_bytes(bf16)) == (torch.bfloat16, 2 * numel)
+    assert (held_dtype(fp32), held_bytes(fp32)) == (torch.float32, 4 * numel)
+    assert generation_probe(bf16)(4) > 0
+
+    cfg = CalibConfig(seed=987655, samples=8, length=64)  # never cached
+    asked = []
+    probe = lambda rows: asked.append(rows) or 1e9  # noqa: E731
+    plan = cost.calibration_plan(cfg, bf16, probe, held_bytes(bf16))
+    seconds = workload(bf16, 8, 64).forward(8 * 64, head=True) / (1e9 * cost.GENERATION_EFFICIENCY)
+    assert asked == [8]  # the runtime decodes every sample together, up to 32
+    assert f"(~{8 * 64 / seconds:.0f} tokens/s here)" in plan, plan
+    assert plan.endswith(f"(~{2 * numel / 1e9:.1f} GB as stored)"), plan
+    plan = cost.calibration_plan(cfg, fp32, probe, held_bytes(fp32))
+    assert plan.endswith("GB in fp32)"), plan
+
+
 def test_self_generated_text_that_cannot_fit_is_refused_before_any_work(
     tmp_path, monkeypatch, fresh_cache
 ):

@@ -20,7 +20,8 @@ from tqdm.auto import tqdm
 from compress.draw import draw
 from compress.model.default import cache_dir
 
-BATCH = 16  # samples generated together
+BATCH = 16  # samples generated together (transformers)
+RUNTIME_BATCH = 32  # samples the runtime decodes together (runtime/calib_text.py)
 
 
 def cache_path(cache_key: str, n: int, length: int, seed: int) -> Path:

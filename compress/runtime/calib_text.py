@@ -13,12 +13,55 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
+from compress.calib_data.generated import RUNTIME_BATCH
 from compress.errors import LlmpressError
+from compress.model.workload import peak_rate
 from compress.runtime.engine import Engine, Request
+from compress.runtime.linears import DenseLinear
 from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import load_weights
 
-RUNTIME_BATCH = 32  # sequences decoded together
+_STORED_16 = {"BF16": torch.bfloat16, "F16": torch.float16}
+PROBE_BYTES = (64 * 2**20, 2**30)  # the probe's weight: the model's bytes, within these
+
+
+def held_dtype(ckpt) -> torch.dtype:
+    """The dtype the runtime holds the original's dense weights in: a 16-bit checkpoint's
+    as stored (DenseLinear widens them as it streams), any other in fp32."""
+    stored = {dtype for _, _, dtype in ckpt.tensors.values()}
+    return next((_STORED_16[d] for d in _STORED_16 if d in stored), torch.float32)
+
+
+def held_bytes(ckpt) -> int:
+    """Bytes of the original as the runtime holds it to write the text (held_dtype)."""
+    size = torch.tensor([], dtype=held_dtype(ckpt)).element_size()
+    return sum(size * _numel(shape) for _, shape, _ in ckpt.tensors.values())
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def generation_probe(ckpt) -> Callable[[int], float]:
+    """`rate(rows)`: FLOP/s of the product that writes the text, measured now: DenseLinear
+    at that many rows on a weight of held_dtype, as many bytes as the model holds (within
+    PROBE_BYTES), so it is read from where the model's weights will be (a 64 MB probe
+    fits some CPUs' last-level cache, a 1B model does not)."""
+
+    def rate(rows: int, width: int = 4096) -> float:
+        dtype = held_dtype(ckpt)
+        size = torch.tensor([], dtype=dtype).element_size()
+        nbytes = min(max(held_bytes(ckpt), PROBE_BYTES[0]), PROBE_BYTES[1])
+        n = nbytes // (size * width)
+        linear = DenseLinear(torch.empty(n, width, dtype=dtype).fill_(0.01))
+        x = torch.randn(rows, width)
+        linear(x)  # warm-up: threads started
+        return peak_rate(lambda: linear(x), 2 * rows * n * width, 0.2)
+
+    return rate
 
 
 def runtime_writer(ckpt, tokenizer, log: Callable[[str], None] = print):
