@@ -37,6 +37,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   0 under qwen3's per-head q/k norms; flex_olmo with olmo2's output-only norms and q/k
   norms over all heads around olmoe's experts; hunyuan_v1_moe with softmax routing,
   renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope;
+  phimoe with sparsemixer routing, LayerNorms with a bias, biased q/k/v/o and head and
+  LongRoPE at its published mscale;
   mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
   a rope base each; solar_open with glm4_moe's routing and shared expert in every layer
   under llama's attention).
@@ -261,6 +263,24 @@ MOE_SETTINGS = {
     # hunyuan_v1_moe: Hunyuan-A13B's softmax routing, renormalized, an ungated shared MLP as
     # wide as an expert, q/k norms after rope and its NTK-alpha rope (the tiny model's)
     "hunyuan_v1_moe": {"num_experts": 8, "moe_topk": 2, "intermediate_size": 1024},
+    # phimoe: Phi-3.5-MoE's sparsemixer routing (its published threshold), LayerNorms with
+    # a bias, biased q/k/v/o and head, LongRoPE at its published mscale (the tiny model's
+    # factors stretched to the head)
+    "phimoe": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 1024,
+        "max_position_embeddings": 131072,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.05 * i for i in range(32)],
+            "long_factor": [1.0 + 0.3 * i for i in range(32)],
+            "short_mscale": 1.243163121016122,
+            "long_mscale": 1.243163121016122,
+            "original_max_position_embeddings": 4096,
+        },
+    },
     # olmoe: OLMoE's routing (no renormalization) and q/k norms over all heads
     "olmoe": {"num_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     "qwen2_moe": {  # and a shared expert twice as wide, as Qwen1.5-MoE's is 4 experts wide

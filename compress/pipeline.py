@@ -186,7 +186,8 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     )
     if not model_stages:  # after pruning the widths are known only once it has run
         warn_engines(planned_engine_problems(recipe, stages, ws), log)
-    note = vllm_note(ckpt.adapter.architecture)
+    # the name the artifact's config.json keeps (writer.py), which vLLM's registry reads
+    note = vllm_note((ckpt.config.get("architectures") or [ckpt.adapter.architecture])[0])
     if note:
         log(f"note: {note}")
     tokenizer = load_tokenizer(ckpt)

@@ -3112,6 +3112,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_phimoe.json",
+        "phimoe beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families phimoe,qwen3_moe --name families_phimoe "
+        "--skip-anchors --rounds 7",
+        families,
+    ),
+    (
         "families_flex_olmo.json",
         "flex_olmo beside qwen3_moe at a realistic width, AVX-512 EPYC",
         "benchmarks/families.py --families flex_olmo,qwen3_moe --name families_flex_olmo "

@@ -6,6 +6,8 @@ import dataclasses
 import json
 import os
 import shutil
+from operator import attrgetter
+from pathlib import Path
 
 import pytest
 import torch
@@ -322,7 +324,17 @@ ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded ex
     "ernie4_5_moe choice bias": {"choice_bias": None},
     "minimax_m2 choice bias": {"choice_bias": None},
     "minimax_m2 sigmoid scores": {"sigmoid": False},
+    "phimoe sparsemixer": {"sparsemixer": None, "renormalize": True},  # mixtral's top 2
+    "phimoe router's folded norm bias": {"router.bias": None},
 }
+
+
+def test_a_phimoe_config_routing_more_than_two_experts_is_refused_in_one_line():
+    """transformers' sparsemixer picks 2 experts whatever num_experts_per_tok says (its
+    experts then read top_k of them): llmpress refuses the config rather than guess."""
+    config = family_config("phimoe", num_experts_per_tok=4).to_dict()
+    with pytest.raises(LlmpressError, match="picks 2 experts whatever it says: set it to 2"):
+        adapter_for(config).spec(config)
 
 
 @pytest.mark.parametrize("fact", ROUTING_FACTS)
@@ -337,7 +349,8 @@ def test_dropping_a_routing_fact_shows(models, ids, fact):
     for layer in weights.layers:
         if layer.moe is not None:
             for key, value in ROUTING_FACTS[fact].items():
-                setattr(layer.moe, key, value)
+                owner, _, attr = f"moe.{key}".rpartition(".")  # "router.bias": the router's
+                setattr(attrgetter(owner)(layer), attr, value)
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() > 1e-2
 
@@ -804,17 +817,28 @@ def test_pruning_block_by_block_is_pruning_the_model_in_memory(
 def test_where_vllm_runs_a_family_otherwise_is_said_at_compress(models, tmp_path):
     """smollm3 and helium would run in vLLM's Transformers backend, which the vLLM verdict
     does not model, and vLLM's cohere2 multiplies by the embedding whatever lm_head the
-    artifact holds: compress says so in a note, for them only."""
+    artifact holds: compress says so in a note, for them only. phimoe by the name its
+    config gives: transformers' (a tiny model's), which vLLM's registry lacks, or the
+    published one, which it has."""
+    published = tmp_path / "published"
+    shutil.copytree(models["phimoe"], published)
+    config = json.loads((published / "config.json").read_text())
+    (published / "config.json").write_text(
+        json.dumps({**config, "architectures": ["PhiMoEForCausalLM"]})
+    )
     said = {
         "helium": "vLLM has no model of its own",
         "smollm3": "vLLM has no model of its own",
         "cohere2": "vLLM's Cohere2ForCausalLM computes the logits with the embedding",
         "glm4": None,
+        "phimoe": "vLLM has no model of its own for PhimoeForCausalLM",
+        published: None,
     }
     for name, note in said.items():
         lines = []
         recipe = parse_recipe({"stages": [parse_quant("rtn:w4g32")]})
-        compress(str(models[name]), recipe, tmp_path / name, log=lines.append)
+        src = models[name] if isinstance(name, str) else name
+        compress(str(src), recipe, tmp_path / f"out-{Path(name).name}", log=lines.append)
         noted = [x for x in lines if x.startswith("note: vLLM")]
         assert noted == ([] if note is None else noted[:1]), (name, lines)
         assert note is None or noted[0].startswith(f"note: {note}"), (name, lines)

@@ -870,6 +870,32 @@ def test_routing_in_c_equals_the_families_routing_in_torch(sigmoid, biased):
             assert not torch.equal(plain.sort(-1).values, order.values)
 
 
+@pytest.mark.parametrize("jitter", [0.01, 0.3, 5.0])
+@pytest.mark.parametrize("shift", [0.0, -3.0])
+def test_sparsemixer_routing_in_torch_and_c_equals_transformers(jitter, shift):
+    """PhiMoE's router at inference, from transformers' own sparsemixer: the top 2, each
+    weighted by a softmax over the experts within the relative threshold of it. Wide
+    thresholds mask some experts and keep others; `shift`, a bias on every logit (the
+    router's folded norm bias in C), makes them all negative, where the divisor is |s|."""
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer
+
+    from compress.kernels.cpu import route
+    from compress.model.moe import route_scores
+
+    g = torch.Generator().manual_seed(11)
+    x, router = torch.randn(96, 64, generator=g), torch.randn(8, 64, generator=g) * 0.2
+    bias = torch.full((8,), shift)
+    logits = (x @ router.T).float() + bias
+    want_w, want_c = sparsemixer(logits, jitter, training=False)
+    torch_route = route_scores(logits, 2, False, sparsemixer=jitter)
+    c_route = route(x, router, 2, False, sparsemixer=jitter, router_bias=bias)
+    for w, c in (torch_route, c_route):
+        assert torch.equal(c, want_c)
+        torch.testing.assert_close(w, want_w, rtol=2e-6, atol=1e-7)
+    kinds = (want_w > 0.999).sum().item(), (want_w < 0.999).sum().item()
+    assert kinds[1] > 0 and (jitter > 1 or kinds[0] > 0), kinds  # both kinds drawn
+
+
 def test_expert_groups_limit_the_choice_to_the_best_groups():
     """DeepSeek-style group-limited routing (compression's; the runtime refuses it): the
     chosen experts lie in the topk_group groups whose best two scores sum highest."""

@@ -57,8 +57,10 @@ DTYPE = r"not implemented for 'Float'"
 
 # Architectures llmpress runs that vLLM's registry has no model of its own for
 # (`model_executor/models/registry.py` `_TEXT_GENERATION_MODELS`, stored commit 0002bff0):
-# vLLM runs them through its Transformers backend, which these rules do not model
-NO_NATIVE_VLLM_MODEL = ("SmolLM3ForCausalLM", "HeliumForCausalLM")
+# vLLM runs them through its Transformers backend, which these rules do not model.
+# PhimoeForCausalLM is transformers' name, which a config it saves carries; the registry's
+# (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM
+NO_NATIVE_VLLM_MODEL = ("SmolLM3ForCausalLM", "HeliumForCausalLM", "PhimoeForCausalLM")
 
 # Architectures whose vLLM model computes the logits with the embedding and skips any
 # lm_head tensor (`commandr.py`: "lm_head is not used in vllm as it is tied")

@@ -345,25 +345,41 @@ def route(
     scale: float = 1.0,
     groups: tuple[int, int] = (1, 1),
     group_score: str = "top2",
+    sparsemixer: float | None = None,
+    router_bias: torch.Tensor | None = None,
 ):
-    """Routing of rows x [B, hidden] by an fp32 router [E, hidden], as the one-call decoder
+    """Routing of rows x [B, hidden] by an fp32 router [E, hidden] (plus `router_bias` [E]
+    on its logits: a LayerNorm's bias folded in), as the one-call decoder
     routes (llmp_route: softmax or sigmoid scores, chosen with `choice_bias` added within
-    the best `groups[1]` of `groups[0]` expert groups, weights renormalized and scaled):
-    (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
+    the best `groups[1]` of `groups[0]` expert groups, weights renormalized and scaled; or
+    with `sparsemixer`, PhiMoE's top 2 at that threshold): (weights [B, top_k] fp32, chosen
+    [B, top_k] int64)."""
     x = x.float().contiguous()
     _check_f32(router, "router weight")
     if choice_bias is not None:
         _check_f32(choice_bias, "expert choice bias")
+    if router_bias is not None:
+        _check_f32(router_bias, "router bias")
     b, e = x.shape[0], router.shape[0]
     logits = torch.empty(b, e)
     chosen = torch.empty(b, top_k, dtype=torch.int32)
     weights = torch.empty(b, top_k)
     library().llmp_route(
-        _ptr(x), b, x.shape[1], _ptr(router), e, router.shape[1], top_k, int(renormalize),
-        int(sigmoid), _opt(choice_bias), float(scale), *_groups(groups, group_score, e),
-        _ptr(logits), _ptr(chosen), _ptr(weights),
+        _ptr(x), b, x.shape[1], _ptr(router), _opt(router_bias), e, router.shape[1], top_k,
+        int(renormalize),
+        *_scoring(sigmoid, sparsemixer, top_k), _opt(choice_bias), float(scale),
+        *_groups(groups, group_score, e), _ptr(logits), _ptr(chosen), _ptr(weights),
     )  # fmt: skip
     return weights, chosen.long()
+
+
+def _scoring(sigmoid: bool, sparsemixer: float | None, top_k: int) -> tuple[int, float]:
+    """llmp_route's (scoring, jitter)."""
+    if sparsemixer is None:
+        return int(sigmoid), 0.0
+    if top_k != 2:
+        raise ValueError(f"sparsemixer routes 2 experts, not {top_k}")
+    return 2, float(sparsemixer)
 
 
 def _groups(groups: tuple[int, int], score: str, experts: int) -> tuple[int, int, int]:
@@ -761,7 +777,8 @@ class FusedExperts:
     """A Mixture-of-Experts MLP for the one-call decoder: the fp32 router [E, hidden],
     each expert's (gate_up, down), and `reads` (int64 [E]), which the C step adds 1 to for
     each expert it reads; a shared expert's (gate_up, down) and its fp32 gate [1, hidden]
-    (None: ungated); the routing's sigmoid scores, choice bias [E] and scale (route)."""
+    (None: ungated); the routing's sigmoid scores or sparsemixer threshold, choice bias
+    [E] and scale (route)."""
 
     router: torch.Tensor
     experts: list[tuple[FusedLinear, FusedLinear]]
@@ -775,6 +792,8 @@ class FusedExperts:
     scale: float = 1.0
     groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
     group_score: str = "top2"  # a group's score: its best two summed, or its "max"
+    sparsemixer: float | None = None  # PhiMoE's routing, at this threshold
+    router_bias: torch.Tensor | None = None  # fp32 [E] on the logits (a norm's bias folded)
 
     @property
     def inter(self) -> int:
@@ -802,12 +821,14 @@ class FusedExperts:
                 gate = _ptr(self.shared_gate)
         if self.choice_bias is not None:
             _check_f32(self.choice_bias, "expert choice bias")
+        if self.router_bias is not None:
+            _check_f32(self.router_bias, "router bias")
         moe = _QMoe(
-            _ptr(self.router), ctypes.addressof(table), len(self.experts), self.top_k,
-            int(self.renormalize), self.inter, _ptr(self.reads),
+            _ptr(self.router), _opt(self.router_bias), ctypes.addressof(table),
+            len(self.experts), self.top_k, int(self.renormalize), self.inter, _ptr(self.reads),
             None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
-            int(self.sigmoid), _opt(self.choice_bias), float(self.scale),
-            *_groups(self.groups, self.group_score, len(self.experts)),
+            *_scoring(self.sigmoid, self.sparsemixer, self.top_k), _opt(self.choice_bias),
+            float(self.scale), *_groups(self.groups, self.group_score, len(self.experts)),
         )  # fmt: skip
         return moe, (table, shared)
 

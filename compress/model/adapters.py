@@ -676,7 +676,8 @@ class MoeKeys:
     moe_span: tuple[str, str, str] | None = None
     # or a key listing each layer's MLP, "dense" or "sparse" (glm4_moe_lite's)
     layer_kinds: str | None = None
-    scoring: str = "softmax"  # or "sigmoid"
+    scoring: str = "softmax"  # or "sigmoid", or "sparsemixer" (PhiMoE's top-2)
+    jitter: str | None = None  # sparsemixer's threshold key (router_jitter_noise)
     scale: str | None = None  # the weights' multiplier
     groups: tuple[str, str] | None = None  # the group count and how many are chosen
     # (key, value): the groups count only where that key says so (DeepSeek-V2's
@@ -711,14 +712,21 @@ class MoeKeys:
         renormalize = self.renormalize
         if isinstance(renormalize, str):
             renormalize = bool(getattr(hf, renormalize))
+        top_k = _per_model(hf, "num_experts_per_tok")
+        if self.scoring == "sparsemixer" and top_k != 2:
+            raise LlmpressError(
+                f"config.json gives num_experts_per_tok {top_k}, but this family's router "
+                "(sparsemixer) picks 2 experts whatever it says: set it to 2"
+            )
         return MoeSpec(
             experts=_per_model(hf, self.count),
-            top_k=_per_model(hf, "num_experts_per_tok"),
+            top_k=top_k,
             intermediate=width,
             renormalize=renormalize is None or renormalize,
             dense_layers=tuple(sorted(i for i in dense if i < layers)),
             shared=shared,
             scoring=self.scoring,
+            jitter=float(getattr(hf, self.jitter)) if self.jitter else 0.0,
             scale=float(getattr(hf, self.scale)) if self.scale else 1.0,
             groups=groups,
             group_score=self.group_score,
@@ -1136,6 +1144,29 @@ ADAPTERS: dict[str, Adapter] = {
         router="block_sparse_moe.gate",
         expert="block_sparse_moe.experts",
         expert_names=("w1", "w3", "w2"),
+    ),
+    # phimoe (Phi-3.5-MoE): mixtral's names and experts, routed by sparsemixer (each of the
+    # top 2 weighted by a softmax over the experts near it, not renormalized); LayerNorms
+    # with a bias, biased q/k/v/o by attention_bias, a head bias by lm_head_bias, LongRoPE
+    # whose cos and sin are scaled by short_mscale (model/rope.py)
+    "phimoe": replace(
+        LLAMA,
+        families=("phimoe",),
+        architecture="PhimoeForCausalLM",
+        norm="layer",
+        norm_bias=True,
+        moe=MoeKeys(
+            "num_local_experts",
+            "intermediate_size",
+            False,
+            scoring="sparsemixer",
+            jitter="router_jitter_noise",
+        ),
+        mlp="block_sparse_moe",
+        router="block_sparse_moe.gate",
+        expert="block_sparse_moe.experts",
+        expert_names=("w1", "w3", "w2"),
+        head_bias=True,
     ),
     # minimax_m2 (MiniMax-M2): mixtral's names, sigmoid routing steered by a choice bias
     # (always renormalized), q/k norms over all heads (olmo2's), a partial rotary

@@ -50,13 +50,17 @@ def route_scores(
     scale: float = 1.0,
     groups: tuple[int, int] = (1, 1),
     group_score: str = "top2",
+    sparsemixer: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32, experts [T, k]) from router logits [T, E] fp32, as the
     families route: scores are the softmax of the logits or each one's sigmoid (glm4_moe);
     the top k of score plus `choice_bias` are chosen (e_score_correction_bias steers the
     choice only), among the `groups[1]` of `groups[0]` expert groups whose best two score
     highest (or whose best one, `group_score` "max": DeepSeek-V2's); their scores,
-    renormalized when asked, times `scale` are the weights."""
+    renormalized when asked, times `scale` are the weights. `sparsemixer`: PhiMoE's
+    routing at inference, with that threshold (top_k 2; sparsemixer below)."""
+    if sparsemixer is not None:
+        return sparsemixer_route(logits, sparsemixer)
     scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
     choice = scores if choice_bias is None else scores + choice_bias
     n_group, top_groups = groups
@@ -71,6 +75,23 @@ def route_scores(
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return (weights * scale if scale != 1.0 else weights), chosen
+
+
+def sparsemixer_route(logits: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """PhiMoE's top-2 as transformers' sparsemixer computes it outside training: the arg
+    max of the logits, weighted by the softmax over the experts whose logit is within a
+    relative 2·eps of it (|s| floored at the max as the divisor), evaluated at it; then the
+    same over the other experts for the second. The two weights do not sum to 1."""
+    picks, weights = [], []
+    scores = logits
+    for _ in range(2):
+        top, best = scores.max(-1, keepdim=True)
+        factor = logits.abs().clamp(min=top)
+        near = scores.masked_fill((top - logits) / factor > 2 * eps, -torch.inf)
+        weights.append(torch.softmax(near, -1).gather(-1, best))
+        picks.append(best)
+        scores = scores.scatter(-1, best, -torch.inf)
+    return torch.cat(weights, -1), torch.cat(picks, -1)
 
 
 class MoeMLP(nn.Module):
@@ -134,6 +155,7 @@ class MoeMLP(nn.Module):
             s.scale,
             s.groups,
             s.group_score,
+            s.jitter if s.scoring == "sparsemixer" else None,
         )
         return weights.to(flat.dtype), chosen
 

@@ -128,8 +128,15 @@ def _yarn(spec: RopeSpec, base: torch.Tensor, orig: int) -> tuple[torch.Tensor, 
 
 
 def _longrope(spec: RopeSpec, context: int, orig: int) -> tuple[torch.Tensor, float]:
+    """Phi-3's LongRoPE: the short factors within the original context, the long ones past
+    it, cos and sin times the attention factor. PhiMoE's (short_mscale in the config)
+    divides by the short factors at any length (transformers' PhimoeRotaryEmbedding
+    computes them without the sequence's length) and scales cos and sin by short_mscale
+    within the original context, long_mscale past it."""
     d = spec.rotary_dim
-    ext = spec.get("long_factor") if context > orig else spec.get("short_factor")
+    mscales = spec.get("short_mscale"), spec.get("long_mscale")
+    long = context > orig and mscales[0] is None
+    ext = spec.get("long_factor") if long else spec.get("short_factor")
     if ext is None or len(ext) != d // 2:
         raise LlmpressError(
             f"longrope needs short_factor and long_factor of {d // 2} values each in "
@@ -138,6 +145,8 @@ def _longrope(spec: RopeSpec, context: int, orig: int) -> tuple[torch.Tensor, fl
     exponent = torch.arange(0, d, 2, dtype=torch.float64) / d
     inv = 1.0 / (torch.tensor(ext, dtype=torch.float64) * spec.theta**exponent)
     factor_attn = spec.get("attention_factor")
+    if mscales[0] is not None:
+        factor_attn = mscales[1] if context > orig and mscales[1] is not None else mscales[0]
     if factor_attn is None:
         scale = spec.get("factor") or spec.max_positions / orig
         factor_attn = 1.0 if scale <= 1 else math.sqrt(1 + math.log(scale) / math.log(orig))

@@ -33,7 +33,10 @@ class MoeSpec:
     shared: int = 0  # width of a shared expert every token runs (0: none), its output
     # times sigmoid(shared_gate · x) (qwen2_moe) or as it is (glm4_moe), added to the
     # routed experts'
-    scoring: str = "softmax"  # the router's scores: softmax of the logits, or "sigmoid"s
+    # the router's scores: softmax of the logits, "sigmoid"s, or "sparsemixer" (PhiMoE's
+    # top-2, each weight a softmax over the experts within `jitter` of its pick: route_scores)
+    scoring: str = "softmax"
+    jitter: float = 0.0  # sparsemixer's threshold (router_jitter_noise)
     scale: float = 1.0  # the chosen weights times this (glm4_moe's routed_scaling_factor)
     groups: tuple[int, int] = (1, 1)  # (n_group, topk_group): chosen within the best groups
     group_score: str = "top2"  # a group's score: its best two summed (V3's), or its "max" (V2's)

@@ -115,7 +115,7 @@ def backend_for(weights: ModelWeights, ropes):
 
 def _experts(moe) -> FusedExperts | None:
     router = moe.router
-    if not isinstance(router, DenseLinear) or router.bias is not None:
+    if not isinstance(router, DenseLinear) or router.weight.dtype != torch.float32:
         return None
     if not all(isinstance(x, QuantLinear) for pair in moe.experts for x in pair):
         return None
@@ -123,6 +123,7 @@ def _experts(moe) -> FusedExperts | None:
     fused = FusedExperts(router.weight, pairs, moe.top_k, moe.renormalize, moe.reads)
     fused.sigmoid, fused.choice_bias, fused.scale = moe.sigmoid, moe.choice_bias, moe.scale
     fused.groups, fused.group_score = moe.groups, moe.group_score
+    fused.sparsemixer, fused.router_bias = moe.sparsemixer, router.bias
     if moe.shared is not None:
         if not all(isinstance(x, QuantLinear) for x in moe.shared):
             return None

@@ -113,9 +113,9 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
     expert's packed weights are read once per step and an unchosen one not at all."""
     xf = x.x if isinstance(x, QuantizedInput) else x
     routing = (moe.top_k, moe.renormalize, moe.sigmoid, moe.choice_bias, moe.scale)
-    routing += (moe.groups, moe.group_score)
+    routing += (moe.groups, moe.group_score, moe.sparsemixer)
     if xf.device.type == "cpu":  # the one-call decoder's routing, ties and rounding alike
-        weights, chosen = route(xf, moe.router.weight, *routing)
+        weights, chosen = route(xf, moe.router.weight, *routing, router_bias=moe.router.bias)
     else:
         weights, chosen = route_scores(moe.router(xf).float(), *routing)
     out = torch.zeros(xf.shape[0], moe.experts[0][1].out_features, device=xf.device)

@@ -108,6 +108,7 @@ class MoeWeights:
     scale: float = 1.0  # the chosen weights times this
     groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
     group_score: str = "top2"  # a group's score: its best two summed, or its "max" (V2's)
+    sparsemixer: float | None = None  # PhiMoE's routing, at this threshold (route_scores)
 
     def __post_init__(self):
         if self.reads is None:
@@ -496,16 +497,26 @@ def _linear(prefix, tensors, codec, layers, fallbacks, device="cpu", kernels="c"
 def _fold_norm_biases(layer: Layer, tensors, prefix: str, adapter, spec: BlockSpec, device):
     """A LayerNorm's bias added to what it feeds (spec.norm_bias): the linears reading the
     norm compute W·(n + b) as W·n plus W·b in their biases, so every path (torch, C,
-    Triton) runs the norm without one."""
-    if layer.moe is not None or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
+    Triton) runs the norm without one. Experts' (PhiMoE's): the router's logits and each
+    expert's gate/up take theirs the same way."""
+    moe = layer.moe
+    gated = moe is not None and moe.shared_gate is not None
+    if gated or layer.post_attn_norm is not None or layer.post_mlp_norm is not None:
         raise LlmpressError(
-            "norms with a bias beside experts or output norms are not supported by the "
-            "runtime yet: evaluate this model with --engine transformers"
+            "norms with a bias beside a gated shared expert or output norms are not supported "
+            "by the runtime yet: evaluate this model with --engine transformers"
         )
     attn = tensors[f"{prefix}.{adapter.attn_norm}.bias"].float().to(device)
     fold_input_shift(layer.qkv, attn)
     mlp = attn if adapter.one_norm else tensors[f"{prefix}.{adapter.mlp_norm}.bias"].float()
-    fold_input_shift(layer.gate_up, mlp.to(device))
+    mlp = mlp.to(device)
+    if moe is None:
+        fold_input_shift(layer.gate_up, mlp)
+        return
+    for lin in (moe.router, *(gate_up for gate_up, _ in moe.experts)):
+        fold_input_shift(lin, mlp)
+    if moe.shared is not None:
+        fold_input_shift(moe.shared[0], mlp)
 
 
 XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}  # transformers' XIELUActivation's buffers
@@ -602,6 +613,8 @@ def load_weights(
             moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
             moe.sigmoid, moe.scale = spec.mlp.scoring == "sigmoid", spec.mlp.scale
             moe.groups, moe.group_score = spec.mlp.groups, spec.mlp.group_score
+            if spec.mlp.scoring == "sparsemixer":
+                moe.sparsemixer = spec.mlp.jitter
             if adapter.choice_bias:
                 bias = tensors[f"{p}.{adapter.choice_bias}"].reshape(-1)
                 moe.choice_bias = bias.to(device, torch.float32).contiguous()

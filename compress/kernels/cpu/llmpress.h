@@ -85,13 +85,14 @@ typedef struct {
 } QLin;
 
 /* A Mixture-of-Experts MLP: an fp32 router [E, hidden], softmax over its logits (or each
- * one's sigmoid), top_k (chosen by score plus an optional per-expert bias, within the
+ * one's sigmoid, or PhiMoE's sparsemixer), top_k (chosen by score plus an optional per-expert bias, within the
  * best expert groups where there are groups), optional
  * renormalization of the chosen weights, times `scale` (llmp_route); then the rows routed
  * to each chosen expert gathered and run through its gate_up and down, so an expert's
  * weights are read once per step and an unchosen one not at all. */
 typedef struct {
     const float *router;
+    const float *router_bias; /* [E] added to the logits (a LayerNorm's bias folded in); or NULL */
     const QLin *experts; /* [2E]: gate_up of expert e at 2e, its down at 2e + 1 */
     int n_experts, top_k, renorm, inter;
     int64_t *reads;      /* [E]: steps that read each expert (the runtime's MBU) */
@@ -99,7 +100,8 @@ typedef struct {
     const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x);
                                * NULL: added as it is (glm4_moe's shared experts) */
     int shared_inter;
-    int sigmoid;              /* scores: each logit's sigmoid, not the softmax */
+    int scoring;              /* scores: 0 the softmax, 1 each logit's sigmoid, 2 sparsemixer */
+    float jitter;             /* sparsemixer's threshold (router_jitter_noise) */
     const float *choice_bias; /* [E] added to the scores to choose (NULL: none) */
     float scale;              /* the weights times this (routed_scaling_factor) */
     int n_group, topk_group;  /* chosen within topk_group of n_group expert groups (1, 1:
@@ -216,7 +218,7 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
-void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K, int renorm, int sigmoid, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
+void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias, int E, int hidden, int K, int renorm, int scoring, float jitter, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
 
 /* ---- layers.c: whole steps of a layer stack */
 int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int mla, int E, int K, int I);

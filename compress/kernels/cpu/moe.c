@@ -8,24 +8,53 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
         gate[b] = 1.f / (1.f + expf(-dot_f32(xf + (int64_t)b * ld, w, hidden)));
 }
 
+/* PhiMoE's sparsemixer outside training, for one row of logits p [E]: the arg max (ties:
+ * the lower index), weighted by the softmax over the experts whose logit s is within
+ * (max - s) / max(|s|, max) <= 2 jitter of it, evaluated at it; then the same over the
+ * other experts for the second pick. Not renormalized (the two need not sum to 1). */
+static void sparsemixer(const float *p, int E, float jitter, int32_t *c, float *cw) {
+    for (int k = 0; k < 2; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if ((k == 0 || e != c[0]) && (best < 0 || p[e] > p[best])) best = e;
+        float top = p[best], sum = 0.f;
+        for (int e = 0; e < E; e++) {
+            float factor = fabsf(p[e]) > top ? fabsf(p[e]) : top;
+            if ((k == 0 || e != c[0]) && !((top - p[e]) / factor > 2.f * jitter))
+                sum += expf(p[e] - top);
+        }
+        c[k] = best, cw[k] = 1.f / sum;
+    }
+}
+
 /* Routing of B rows xf [B, ld] by an fp32 router [E, hidden]: each expert's score is the
- * softmax of the logits, or with `sigmoid` each logit's sigmoid (glm4_moe); the top K
+ * softmax of the logits, or with `scoring` 1 each logit's sigmoid (glm4_moe), or with 2
+ * PhiMoE's sparsemixer (K = 2; everything after the logits is its own); the top K
  * scores (ties: the lower index) are chosen, each plus bias[e] where a bias is given
  * (e_score_correction_bias: it steers the choice, not the weights), and with n_group > 1
  * only from the topk_group of n_group groups of experts whose best two choice scores sum
  * highest (DeepSeek-V3's), or whose best one is highest (`group_max`: V2's); the chosen
  * scores, renormalized to sum to 1 when asked, times `scale`, are the weights. logits
- * [B, E] is scratch; choice and weight [B, K] the result. */
-void llmp_route(const float *xf, int B, int ld, const float *router, int E, int hidden, int K,
-                int renorm, int sigmoid, const float *bias, float scale, int n_group,
-                int topk_group, int group_max, float *logits, int32_t *choice, float *weight) {
+ * [B, E] is scratch (the router's products plus router_bias, where given); choice and
+ * weight [B, K] the result. */
+void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias,
+                int E, int hidden, int K,
+                int renorm, int scoring, float jitter, const float *bias, float scale,
+                int n_group, int topk_group, int group_max, float *logits, int32_t *choice,
+                float *weight) {
+    int sigmoid = scoring == 1;
     #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
     for (int64_t i = 0; i < (int64_t)B * E; i++)
-        logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden);
+        logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden)
+                    + (router_bias ? router_bias[i % E] : 0.f);
     for (int b = 0; b < B; b++) {
         float *p = logits + (int64_t)b * E, mx = p[0], sum = 0.f, chosen = 0.f;
         int32_t *c = choice + (int64_t)b * K;
         float *cw = weight + (int64_t)b * K;
+        if (scoring == 2) {
+            sparsemixer(p, E, jitter, c, cw);
+            continue;
+        }
         if (sigmoid) {
             for (int e = 0; e < E; e++) p[e] = 1.f / (1.f + expf(-p[e]));
         } else {
@@ -105,8 +134,9 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     float *adx = apad + R * wp, *abs_ = adx + R * nbi;
     float *y = abs_ + R * nbi;
     int8_t *gx8 = (int8_t *)(y + R * hidden), *ax8 = gx8 + R * hp;
-    llmp_route(xf, B, hp, M->router, E, hidden, K, M->renorm, M->sigmoid, M->choice_bias,
-               M->scale, M->n_group, M->topk_group, M->group_max, logits, choice, cw);
+    llmp_route(xf, B, hp, M->router, M->router_bias, E, hidden, K, M->renorm, M->scoring, M->jitter,
+               M->choice_bias, M->scale, M->n_group, M->topk_group, M->group_max, logits, choice,
+               cw);
     int starts[E + 1], used[E], n_used = 0, n = 0;
     GemmJob jobs[E];
     for (int e = 0; e < E; e++) { /* gather: expert e's rows at starts[e].. */
