@@ -1761,6 +1761,9 @@ def mixed_fused(d: dict) -> list[str]:
 
 
 def families(d: dict) -> list[str]:
+    runs = {len(r.get("runs_tok_s") or []) for r in d.get("rows", [])} - {0}
+    n = runs.pop() if len(runs) == 1 else 3  # the rounds each row was benched in
+    runs_said = {1: "one", 3: "three"}.get(n, str(n))
     return [
         "Every family at a realistic width (random weights, about 0.5B parameters dense, "
         "8 experts of 16 layers MoE; shapes in the script's docstring), compressed with the "
@@ -1770,7 +1773,7 @@ def families(d: dict) -> list[str]:
         "beside from_pretrained is its own difference to the runtime: for MoE it "
         "dequantizes a compressed artifact's fused experts into bfloat16 parameters even "
         "when asked for float32, so that figure is bfloat16 rounding. Decode tok/s is the median "
-        "of three `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
+        f"of {runs_said} `bench` runs; MBU counts the bytes decode actually read (for MoE, the "
         "experts routing chose, with qwen2_moe's shared expert every step). "
         + ("The anchors ran interleaved over rounds" if d.get("anchors") else "No anchors")
         + f"; {d['minutes']} minutes in all"
