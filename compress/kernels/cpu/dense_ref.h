@@ -36,6 +36,7 @@ INLINE void dense_tile_from(int MT, int NT, const float *x, int K, const void *w
 /* y[m * N + n] = weight row n . activation row m, for an MT x NT tile. */
 INLINE void dense_tile_ref(int MT, int NT, const float *x, int K, const void *w, int64_t width,
                            int kind, const void *next, float *y, int N) {
+    (void)next; /* the vector tiles prefetch the next tiles' weights; plain C leaves it */
     float acc[DENSE_MAX][DENSE_MAX] = {{0.f}};
     dense_tile_from(MT, NT, x, K, w, width, kind, 0, acc);
     for (int m = 0; m < MT; m++)
