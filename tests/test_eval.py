@@ -75,3 +75,35 @@ def test_log_probs_in_place_are_the_float64_log_softmax(rows, vocab):
     want = torch.log_softmax(view.double(), dim=-1)
     assert log_softmax_(view) is view  # (torch's own is up to 1.4e-5 off float64's here)
     torch.testing.assert_close(view.double(), want, rtol=1e-6, atol=5e-5)
+
+
+def test_self_text_is_written_by_the_runtime_as_compress_writes_it(
+    tmp_path, fresh_cache, monkeypatch, tokenizer_dir
+):
+    """`eval`'s default data, the text the original writes itself, comes from the runtime
+    holding the original as stored (what compress's calibration text comes from), not from
+    transformers' forward in fp32; a second call reads the cached text."""
+    from conftest import write_tiny_llama
+
+    import compress.calib_data.generated as generated
+    from compress.calib_data.sources import SELF
+    from compress.eval.run import EVAL_SEED, windows_for
+    from compress.model.loading import load_tokenizer
+    from compress.runtime.calib_text import runtime_samples
+    from compress.runtime.weights import load_weights
+
+    folder = write_tiny_llama(tmp_path / "tiny", vocab_size=49152)
+    load_tokenizer(resolve(str(tokenizer_dir))).save_pretrained(str(folder))
+    ckpt = resolve(str(folder))
+    tokenizer = load_tokenizer(ckpt)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("transformers wrote the text")
+
+    monkeypatch.setattr(generated, "generate_samples", refuse)
+    wins = windows_for(SELF, ckpt, tokenizer, 24, 3, "text", ckpt.sha256, log=lambda s: None)
+    want = runtime_samples(load_weights(ckpt), tokenizer, 3, 24, EVAL_SEED)
+    assert torch.equal(wins, want)
+    assert generated.cached_samples(ckpt.sha256, 3, 24, EVAL_SEED) is not None
+    monkeypatch.setattr("compress.eval.run.runtime_writer", refuse)  # cached: none written
+    assert torch.equal(windows_for(SELF, ckpt, tokenizer, 24, 3, "text", ckpt.sha256), want)

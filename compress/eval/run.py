@@ -15,6 +15,7 @@ from compress.errors import LlmpressError, first_line
 from compress.eval.drift import Drift, measure_drift
 from compress.eval.reference import BlockwiseOriginal, Cached, cache_key, load_cached, save_cached
 from compress.model.loading import load_tokenizer, resolve
+from compress.runtime.calib_text import held_bytes, runtime_writer
 
 EVAL_SEED = 20240601  # differs from the calibration default so `self` never reuses its text
 
@@ -27,16 +28,25 @@ def windows_for(
     limit: int | None,
     text_field: str,
     cache_key: str | None = None,
+    log=print,
 ) -> torch.Tensor:
     """Token windows [n, ctx] of `data`; for `self`, text the original `base` (a
-    Checkpoint, loaded only when its cached text is missing) writes."""
+    Checkpoint, loaded only when its cached text is missing) writes: through the runtime,
+    holding it as stored, as compress's calibration text is written (runtime/calib_text.py;
+    transformers' forward in fp32, where the runtime cannot run it)."""
     if data == SELF:
 
         def whole():
             refuse_if_too_big(whole_model_bytes(base), "--data self", "--data FILE.txt")
             return load_model(base)
 
-        return self_generated(whole, tokenizer, limit or 16, ctx, EVAL_SEED, cache_key)
+        def runtime(n: int, length: int, seed: int):
+            fp32 = held_bytes(base) >= whole_model_bytes(base)
+            refuse_if_too_big(held_bytes(base), "--data self", "--data FILE.txt", fp32)
+            return runtime_writer(base, tokenizer, log)(n, length, seed)
+
+        n = limit or 16
+        return self_generated(whole, tokenizer, n, ctx, EVAL_SEED, cache_key, runtime)
     return eval_windows(source_stream(tokenizer, data, text_field), ctx, limit)
 
 
@@ -141,7 +151,9 @@ def evaluate(
         base_ckpt = resolve(base)
     log(f"eval {artifact} against {base} on {data} (ctx {ctx}, windows {windows or 'all'})")
     tokenizer = load_tokenizer(base_ckpt)
-    wins = windows_for(data, base_ckpt, tokenizer, ctx, windows, text_field, base_ckpt.sha256)
+    wins = windows_for(
+        data, base_ckpt, tokenizer, ctx, windows, text_field, base_ckpt.sha256, log=log
+    )
     key = cache_key(base_ckpt.sha256, wins)
     cached = load_cached(key)
     if cached is not None:
