@@ -43,7 +43,7 @@ def windows_for(
         def runtime(n: int, length: int, seed: int):
             fp32 = held_bytes(base) >= whole_model_bytes(base)
             refuse_if_too_big(held_bytes(base), "--data self", "--data FILE.txt", fp32)
-            return runtime_writer(base, tokenizer, log)(n, length, seed)
+            return runtime_writer(base, tokenizer, log, "eval text")(n, length, seed)
 
         n = limit or 16
         return self_generated(whole, tokenizer, n, ctx, EVAL_SEED, cache_key, runtime)

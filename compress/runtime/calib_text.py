@@ -64,7 +64,9 @@ def generation_probe(ckpt) -> Callable[[int], float]:
     return rate
 
 
-def runtime_writer(ckpt, tokenizer, log: Callable[[str], None] = print):
+def runtime_writer(
+    ckpt, tokenizer, log: Callable[[str], None] = print, what: str = "calibration text"
+):
     """A `writer(n, length, seed)` for generated.self_generated: the runtime's samples,
     or None (said in one line) when the runtime cannot run `ckpt`."""
 
@@ -72,21 +74,23 @@ def runtime_writer(ckpt, tokenizer, log: Callable[[str], None] = print):
         try:
             weights = load_weights(ckpt)
         except LlmpressError as e:
-            log(f"generating calibration text with transformers (slower): {e}")
+            log(f"generating {what} with transformers (slower): {e}")
             return None
-        return runtime_samples(weights, tokenizer, n, length, seed)
+        return runtime_samples(weights, tokenizer, n, length, seed, what)
 
     return write
 
 
 @torch.no_grad()
-def runtime_samples(weights, tokenizer, n: int, length: int, seed: int) -> torch.Tensor:
+def runtime_samples(
+    weights, tokenizer, n: int, length: int, seed: int, what: str = "calibration text"
+) -> torch.Tensor:
     """[n, length] token ids sampled at temperature 1 by the runtime, sample i from its
     own generator seeded (seed, i): the same ids whatever the batch."""
     engine = Engine(weights, max_batch=min(RUNTIME_BATCH, n), max_len=length)
     start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
     out = torch.empty(n, length, dtype=torch.long)
-    bar = tqdm(total=n * (length - 1), desc="generating calibration text", unit="tok")
+    bar = tqdm(total=n * (length - 1), desc=f"generating {what}", unit="tok")
     reqs = []
     for i in range(n):
         params = SamplingParams(
