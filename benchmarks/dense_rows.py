@@ -5,12 +5,13 @@ torch's products, and what that makes of `--calib self`'s text generation.
 
 Part 1 times one pass over the default model's linears (30 blocks of q/k/v, o, gate/up,
 down, and the 49,152-word tied head; random weights of those shapes, fp32 and bf16) at
-each row count, by the C tiles and by the route DenseLinear takes past GEMV_ROWS_FOR
+each row count, by the C tiles and by the route DenseLinear takes past gemv_rows
 (torch's fp32 product; for bf16 a slice widened at a time, then torch's product), in
 alternating rounds: medians of each.
 
 Part 2 generates the default model's self-calibration text as `compress default` does
-(its fp32 original, 16 samples of 128 tokens) once through the C tiles and once with
+(its fp32 original, 16 samples of 128 tokens; and 32 samples, the batch the runtime
+writes other presets' 128 and eval's 64 at) once through the C tiles and once with
 DenseLinear sent to torch at every row count, alternating, and reports ms per step.
 
 Set LLMPRESS_KERNEL_FLAGS to time another instruction set's build (e.g. "-O3 -mavx2 -mfma
@@ -35,7 +36,7 @@ sys.path.insert(0, str(HERE))
 
 from batched_decode import cpu_flags  # noqa: E402
 
-from compress.kernels.cpu import GEMV_ROWS_FOR, gemv_f32, sliced_product  # noqa: E402
+from compress.kernels.cpu import gemv_f32, gemv_rows, sliced_product  # noqa: E402
 
 BLOCK = [(1728, 576), (576, 576), (3072, 576), (576, 1536)]  # q/k/v, o, gate/up, down
 SHAPES = BLOCK * 30 + [(49152, 576)]
@@ -82,7 +83,7 @@ def kernel_rows(rounds: int) -> list[dict]:
                 "c_ms": round(c, 1),
                 "torch_ms": round(t, 1),
                 "torch / C": round(t / c, 2),
-                "c_takes_it": rows <= GEMV_ROWS_FOR[dtype],
+                "c_takes_it": rows <= gemv_rows(dtype),
             }
             print(row, flush=True)
             out.append(row)
@@ -99,16 +100,16 @@ def generation(rounds: int, n: int, length: int) -> dict:
 
     ckpt = resolve(str(convert_gguf(default_gguf())))
     weights, tokenizer = load_weights(ckpt), load_tokenizer(ckpt)
-    kept = dict(linears.GEMV_ROWS_FOR)
+    kept = linears.gemv_rows
     times = {"C tiles": [], "torch": []}
     runtime_samples(weights, tokenizer, n, 16, 0)  # warm
     for _ in range(rounds):
         for route in times:
-            linears.GEMV_ROWS_FOR = kept if route == "C tiles" else {}
+            linears.gemv_rows = kept if route == "C tiles" else (lambda dtype: 0)
             start = time.perf_counter()
             runtime_samples(weights, tokenizer, n, length, 0)
             times[route].append((time.perf_counter() - start) / (length - 1) * 1e3)
-    linears.GEMV_ROWS_FOR = kept
+    linears.gemv_rows = kept
     c, t = (statistics.median(v) for v in times.values())
     return {
         "samples": n,
@@ -141,8 +142,9 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "kernels": kernel_rows(args.rounds),
         "self_generation": generation(args.generation_rounds, 16, 128),
+        "self_generation_32": generation(args.generation_rounds, 32, 128),
     }
-    print(record["self_generation"], flush=True)
+    print(record["self_generation"], record["self_generation_32"], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
 

@@ -1285,7 +1285,13 @@ def dense_rows(d: dict) -> list[str]:
         f"tokens from the default model's original, {gen['weights']}): "
         f"{f(gen['c_ms_per_step'], 1)} ms a "
         f"step through the C tiles, {f(gen['torch_ms_per_step'], 1)} ms with every dense "
-        f"product sent to torch ({f(gen['torch / C'], 2)}×).",
+        f"product sent to torch ({f(gen['torch / C'], 2)}×)."
+        + (
+            f" At {g32['samples']} samples (rows) a step: {f(g32['c_ms_per_step'], 1)} "
+            f"against {f(g32['torch_ms_per_step'], 1)} ms ({f(g32['torch / C'], 2)}×)."
+            if (g32 := d.get("self_generation_32"))
+            else ""
+        ),
     ]
 
 

@@ -470,28 +470,25 @@ def test_dense_16bit_weights_are_read_as_stored(dtype, n, k, rows):
         torch.testing.assert_close(gemv_f32(x, w), want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    ("dtype", "rows", "c_tiles"),
-    [
-        (torch.float32, 16, True),
-        (torch.float32, 17, False),
-        (torch.bfloat16, 32, True),
-        (torch.bfloat16, 33, False),
-    ],
-)
-def test_dense_linear_takes_the_c_tiles_up_to_the_measured_rows(dtype, rows, c_tiles, monkeypatch):
-    """Where the C tiles beat torch's products (GEMV_ROWS_FOR: fp32 to 16 rows, 16-bit
-    weights, which torch multiplies only widened a slice at a time, to 32), DenseLinear
-    sends its batch there, and to torch beyond."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("past", [0, 1])
+def test_dense_linear_takes_the_c_tiles_up_to_the_measured_rows(dtype, past, monkeypatch):
+    """Where the C tiles beat torch's products (gemv_rows: 16-bit weights, which torch
+    multiplies only widened a slice at a time, to 32 rows; fp32 to 32 with AVX-512, to 16
+    on the other builds), DenseLinear sends its batch there, and to torch beyond."""
     import compress.runtime.linears as linears
+    from compress.kernels.cpu import gemv_rows, library
 
+    wide = library().llmp_dense_isa() == 2
+    assert gemv_rows(dtype) == (32 if dtype == torch.bfloat16 or wide else 16)
+    rows = gemv_rows(dtype) + past
     calls = []
     real = linears.gemv_f32
     monkeypatch.setattr(linears, "gemv_f32", lambda x, w: calls.append(x.shape) or real(x, w))
     w, x = torch.randn(24, 64).to(dtype), torch.randn(rows, 64)
     want = (x.double() @ w.double().T).float()
     torch.testing.assert_close(linears.DenseLinear(w)(x), want, rtol=1e-5, atol=1e-4)
-    assert calls == ([(rows, 64)] if c_tiles else [])
+    assert calls == ([] if past else [(rows, 64)])
 
 
 @pytest.mark.parametrize("kind", ["packed", "bf16"])

@@ -11,6 +11,7 @@ measures the weights alone.
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import statistics
 import threading
@@ -305,14 +306,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, center: bool = F
 
 
 # up to this many rows, a dense weight can take llmp_gemv_f32 / llmp_gemv_16 (one read);
-# DenseLinear sends it there up to GEMV_ROWS_FOR its dtype
+# DenseLinear sends it there up to gemv_rows(its dtype)
 GEMV_ROWS = 32
-# measured against torch's products (MKL, forced to AVX2 as well) on the default model's
-# shapes: at 16 rows the C tiles took 40-44 ms (AVX-512) and 59-63 ms (AVX2) where torch
-# took 60-73; at 32 rows, fp32 was even on AVX2 (96 against 98 ms), while bf16 weights, which
-# torch can only multiply widened a slice at a time, took 55-89 ms against 84-99 ms
-GEMV_ROWS_FOR = {torch.float32: 16, torch.bfloat16: 32, torch.float16: 32}
 _KIND16 = {torch.bfloat16: 1, torch.float16: 2}
+
+
+@functools.cache
+def gemv_rows(dtype: torch.dtype) -> int:
+    """The most rows DenseLinear sends a weight of `dtype` to the C tiles for, where they
+    beat torch's products (benchmarks/dense_rows.py, the default model's shapes, MKL held
+    to AVX2 for the AVX2 build): 16-bit weights, which torch multiplies only widened a
+    slice at a time, up to 32 rows (at 32: 47.5 against 85.6 ms, AVX2 80.5 against
+    100.6); fp32 up to 32 rows with AVX-512 (55.8 against 63.4 ms), up to 16 elsewhere
+    (AVX2 at 32: 88.5 against 91.9, even)."""
+    if dtype in _KIND16:
+        return GEMV_ROWS
+    if dtype == torch.float32:
+        return GEMV_ROWS if library().llmp_dense_isa() == 2 else 16
+    return 0
 
 
 def gemv_f32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

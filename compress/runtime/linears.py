@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
-    GEMV_ROWS_FOR,
     FusedLinear,
     PackedLinear,
     QuantizedInput,
     gemv_f32,
+    gemv_rows,
     quantize_input,
     sliced_product,
 )
@@ -37,7 +37,7 @@ class DenseLinear:
         x = x.x if isinstance(x, QuantizedInput) else x
         w = self.weight
         cpu = w.device.type == "cpu"
-        if cpu and x.dim() == 2 and 0 < x.shape[0] <= GEMV_ROWS_FOR.get(w.dtype, 0):
+        if cpu and x.dim() == 2 and 0 < x.shape[0] <= gemv_rows(w.dtype):
             y = gemv_f32(x, w)  # decode: w streamed once, in its stored width
         elif cpu and w.dtype != torch.float32:  # fp32 products, a slice of w widened at a time
             widen = lambda lo, hi, buf: buf.copy_(w[lo:hi])  # noqa: E731

@@ -7,15 +7,18 @@
 #include "dense_ref.h"
 #if defined(__AVX512F__)
 #include "dense_avx512.h"
+#define DENSE_ISA 2
 #define dense_tile dense_tile_avx512
 #define MT_ISA DENSE_MT_AVX512
 #define NT_ISA DENSE_NT_AVX512
 #elif defined(__AVX2__)
 #include "dense_avx2.h"
+#define DENSE_ISA 1
 #define dense_tile dense_tile_avx2
 #define MT_ISA DENSE_MT_AVX2
 #define NT_ISA DENSE_NT_AVX2
 #else
+#define DENSE_ISA 0
 #define dense_tile dense_tile_ref
 #define MT_ISA DENSE_MT_REF
 #define NT_ISA DENSE_NT_REF
@@ -74,6 +77,8 @@ static void gemv_kind(const float *x, int M, int K, const void *w, int kind, int
         else dense_tiles(x, M, K, w, width, 2, n0, n1, N, y);
     }
 }
+
+int llmp_dense_isa(void) { return DENSE_ISA; }
 
 void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y) {
     gemv_kind(x, M, K, w, 0, N, y);

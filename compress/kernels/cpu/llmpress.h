@@ -202,6 +202,8 @@ int llmp_amx_state(void);
 int64_t llmp_dot_peak(int64_t reps);
 
 /* ---- dense.c: dense fp32 (kind 0), bf16 (1) or fp16 (2) weights at decode batches */
+/* The instruction set the dense tiles were built for: 2 AVX-512, 1 AVX2, 0 plain C. */
+int llmp_dense_isa(void);
 void llmp_gemv_f32(const float *x, int M, int K, const float *w, int N, float *y);
 void llmp_gemv_16(const float *x, int M, int K, const uint16_t *w, int kind, int N, float *y);
 
