@@ -316,8 +316,8 @@ def gemv_rows(dtype: torch.dtype) -> int:
     """The most rows DenseLinear sends a weight of `dtype` to the C tiles for, where they
     beat torch's products (benchmarks/dense_rows.py, the default model's shapes, MKL held
     to AVX2 for the AVX2 build): 16-bit weights, which torch multiplies only widened a
-    slice at a time, up to 32 rows (at 32: 47.5 against 85.6 ms, AVX2 80.5 against
-    100.6); fp32 up to 32 rows with AVX-512 (55.8 against 63.4 ms), up to 16 elsewhere
+    slice at a time, up to 32 rows (at 32: 58.7 against 100.1 ms, AVX2 80.5 against
+    100.6); fp32 up to 32 rows with AVX-512 (66.4 against 73.5 ms), up to 16 elsewhere
     (AVX2 at 32: 88.5 against 91.9, even)."""
     if dtype in _KIND16:
         return GEMV_ROWS
