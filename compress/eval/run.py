@@ -41,8 +41,9 @@ def windows_for(
             return load_model(base)
 
         def runtime(n: int, length: int, seed: int):
-            fp32 = held_bytes(base) >= whole_model_bytes(base)
-            refuse_if_too_big(held_bytes(base), "--data self", "--data FILE.txt", fp32)
+            held = held_bytes(base)
+            fp32 = held >= whole_model_bytes(base)
+            refuse_if_too_big(held, "--data self", "--data FILE.txt", fp32)
             return runtime_writer(base, tokenizer, log, "eval text")(n, length, seed)
 
         n = limit or 16

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from tqdm.auto import tqdm
 
+from compress.calib_data.cost import whole_model_bytes
 from compress.calib_data.generated import RUNTIME_BATCH
 from compress.errors import LlmpressError
 from compress.model.workload import peak_rate
@@ -35,14 +36,7 @@ def held_dtype(ckpt) -> torch.dtype:
 def held_bytes(ckpt) -> int:
     """Bytes of the original as the runtime holds it to write the text (held_dtype)."""
     size = torch.tensor([], dtype=held_dtype(ckpt)).element_size()
-    return sum(size * _numel(shape) for _, shape, _ in ckpt.tensors.values())
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return whole_model_bytes(ckpt) // 4 * size
 
 
 def generation_probe(ckpt) -> Callable[[int], float]:
