@@ -25,7 +25,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   the parallel block under one LayerNorm with a bias, biased gelu MLP without a gate and
   head; stablelm: LayerNorms with a bias, q/k/v biases, a quarter of each head rotated;
   phi3: fused tensors, LongRoPE; vaultgemma: gemma2's block without the output norms;
-  ministral: mistral's block, 1 sliding : 1 full layers);
+  ministral: mistral's block, 1 sliding : 1 full layers; internlm3 and iquestcoder:
+  llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
+  scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
@@ -39,6 +41,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope;
   phimoe with sparsemixer routing, LayerNorms with a bias, biased q/k/v/o and head and
   LongRoPE at its published mscale;
+  exaone_moe with dots1's routing, shared expert, dense layer 0 and q/k norms, 3
+  sliding : 1 full layers, the full ones without rope;
   mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
   a rope base each; solar_open with glm4_moe's routing and shared expert in every layer
   under llama's attention).
@@ -191,6 +195,22 @@ DENSE = {
         "sliding_window": 512,
         "layer_types": ["sliding_attention", "full_attention"] * 12,
     },
+    # InternLM3's and IQuest-Coder's: llama's block (InternLM3 with its biases on, as the
+    # tiny model), Jais-2's: LayerNorms with biases, relu² MLP without a gate, every linear
+    # biased
+    "internlm3": {},
+    "iquestcoder": {},
+    "jais2": {},
+    # Code World Model's: 1 full : 3 sliding layers, Llama 3 rope scaling at its class
+    # default, the original context scaled to this one
+    "cwm": {
+        "sliding_window": 512,
+        "layer_types": None,
+        "rope_parameters": {
+            **FAMILIES["cwm"][1]["rope_parameters"],
+            "original_max_position_embeddings": 1024,
+        },
+    },
     "phi3": {
         "original_max_position_embeddings": 1024,
         "rope_parameters": {
@@ -254,6 +274,17 @@ MOE_SETTINGS = {
         "intermediate_size": 4096,
         "mlp_layer_types": ["dense"] + ["sparse"] * 15,
         "layer_types": ["sliding_attention", "full_attention"] * 8,
+        "sliding_window": 512,
+    },
+    # exaone_moe: K-EXAONE's DeepSeek-V3 routing, shared expert and layer 0 dense under
+    # per-head q/k norms, 3 sliding : 1 full layers, the full ones without rope
+    "exaone_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 15,
+        "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 4,
         "sliding_window": 512,
     },
     # solar_open: glm4_moe's routing and shared expert in every layer under llama's attention

@@ -236,6 +236,37 @@ FAMILIES = {
             "eos_token_id": 2,
         },
     ),
+    # llama's block under names of their own: InternLM3's biases by its own keys (qkv_bias
+    # and bias, which it requires equal), IQuest-Coder's defaults
+    "internlm3": (
+        "InternLM3Config",
+        {"qkv_bias": True, "bias": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    "iquestcoder": (
+        "IQuestCoderConfig",
+        {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2},
+    ),
+    # cwm's first layer full and the next sliding (its 1 : 3 pattern), llama3 rope on both
+    "cwm": (
+        "CwmConfig",
+        {
+            "sliding_window": 8,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 1000000.0,
+                "factor": 4.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # jais2's LayerNorms with biases, relu² MLP without a gate, every linear biased (its
+    # defaults)
+    "jais2": ("Jais2Config", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     # arcee's MLP without a gate (relu², its class default), with mlp biases
     "arcee": (
         "ArceeConfig",
@@ -562,6 +593,29 @@ MOE_FAMILIES = {
             "num_experts_per_tok": 2,
             "intermediate_size": 128,
             "rotary_dim": 4,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # V3's routing (sigmoid, renormalized, scaled), a shared expert, the first layer
+    # dense by mlp_layer_types; per-head q/k norms; the sliding layer rotated, the full one
+    # not
+    "exaone_moe": (
+        "ExaoneMoeConfig",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "num_shared_experts": 1,
+            "mlp_layer_types": ["dense", "sparse"],
+            "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True,
+            "n_group": 1,
+            "topk_group": 1,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": 2,
         },

@@ -324,6 +324,7 @@ ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded ex
     "ernie4_5_moe choice bias": {"choice_bias": None},
     "minimax_m2 choice bias": {"choice_bias": None},
     "minimax_m2 sigmoid scores": {"sigmoid": False},
+    "exaone_moe choice bias": {"choice_bias": None},  # read beside the router, not in it
     "phimoe sparsemixer": {"sparsemixer": None, "renormalize": True},  # mixtral's top 2
     "phimoe router's folded norm bias": {"router.bias": None},
 }

@@ -59,8 +59,16 @@ DTYPE = r"not implemented for 'Float'"
 # (`model_executor/models/registry.py` `_TEXT_GENERATION_MODELS`, stored commit 0002bff0):
 # vLLM runs them through its Transformers backend, which these rules do not model.
 # PhimoeForCausalLM is transformers' name, which a config it saves carries; the registry's
-# (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM
-NO_NATIVE_VLLM_MODEL = ("SmolLM3ForCausalLM", "HeliumForCausalLM", "PhimoeForCausalLM")
+# (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's and
+# K-EXAONE's (transformers' spelling and the published one) came after that commit
+NO_NATIVE_VLLM_MODEL = (
+    "SmolLM3ForCausalLM",
+    "HeliumForCausalLM",
+    "PhimoeForCausalLM",
+    "IQuestCoderForCausalLM",
+    "ExaoneMoeForCausalLM",
+    "ExaoneMoEForCausalLM",
+)
 
 # Architectures whose vLLM model computes the logits with the embedding and skips any
 # lm_head tensor (`commandr.py`: "lm_head is not used in vllm as it is tied")

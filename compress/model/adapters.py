@@ -1070,6 +1070,32 @@ ADAPTERS: dict[str, Adapter] = {
         qk_norm="head",
         full_layers_without_rope=True,
     ),
+    # internlm3 (InternLM3-8B) and iquestcoder (IQuest-Coder-V1 7B-40B): llama's block, which
+    # transformers runs them as; a head width of 128 where the config gives none
+    "internlm3": replace(LLAMA, families=("internlm3",), head_dim=128),
+    "iquestcoder": replace(LLAMA, families=("iquestcoder",), head_dim=128),
+    # cwm (Code World Model 32B): llama's block (llama3 rope on every layer) with 1 full : 3
+    # sliding layers listed by layer_types, q/k/v/o never biased
+    "cwm": replace(
+        LLAMA,
+        families=("cwm",),
+        architecture="CwmForCausalLM",
+        bias_options=(("mlp_bias", ("gate", "up", "down")),),
+        head_dim=128,
+    ),
+    # jais2 (Jais-2 8B, 70B): LayerNorms with a bias, an MLP without a gate (relu²), q/k/v/o
+    # biased by attention_bias and up/down by mlp_bias (both on by default)
+    "jais2": replace(
+        LLAMA,
+        families=("jais2",),
+        architecture="Jais2ForCausalLM",
+        gate=None,
+        norm="layer",
+        norm_eps="layer_norm_eps",
+        norm_bias=True,
+        bias_options=(_ATTENTION_BIAS[0], ("mlp_bias", ("up", "down"))),
+        head_dim=128,
+    ),
     "arcee": _ARCEE,
     "starcoder2": _STARCODER2,
     "nemotron": _NEMOTRON,
@@ -1245,6 +1271,27 @@ ADAPTERS: dict[str, Adapter] = {
             "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
         },
         predictor_layers="num_nextn_predict_layers",
+    ),
+    # exaone_moe (K-EXAONE-236B-A23B): llama's pre-norm block, unbiased, with per-head q/k
+    # norms; 3 sliding : 1 full layers, the full ones without rope (exaone4's); DeepSeek-V3's
+    # experts in the layers mlp_layer_types calls sparse, the choice bias beside the router
+    "exaone_moe": replace(
+        LLAMA,
+        families=("exaone_moe",),
+        architecture="ExaoneMoeForCausalLM",
+        bias_options=(),
+        full_layers_without_rope=True,
+        **{
+            **_DEEPSEEK_V3_EXPERTS,
+            "moe": replace(
+                _V3_MOE_EVERY_LAYER,
+                count="num_experts",
+                shared_count="num_shared_experts",
+                layer_kinds="mlp_layer_types",
+            ),
+            "choice_bias": "mlp.e_score_correction_bias",
+        },
+        **_QK_NORMS,
     ),
     # deepseek_v2 (DeepSeek-V2, V2.5, V2-Lite, DeepSeek-Coder-V2): V3's latent attention,
     # its rope taken as complex numbers; softmax routing, never renormalized, scaled, within
