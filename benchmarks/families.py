@@ -41,6 +41,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   renormalized, an ungated shared MLP as wide as an expert and q/k norms after rope;
   phimoe with sparsemixer routing, LayerNorms with a bias, biased q/k/v/o and head and
   LongRoPE at its published mscale;
+  afmoe with sandwich norms, per-head q/k norms and the attention's output gated by a
+  sigmoid, 3 sliding : 1 full layers, the full ones without rope, sigmoid routing
+  steered by a choice bias, renormalized and scaled, a shared expert and layer 0 dense;
   exaone_moe with dots1's routing, shared expert, dense layer 0 and q/k norms, 3
   sliding : 1 full layers, the full ones without rope;
   mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
@@ -274,6 +277,17 @@ MOE_SETTINGS = {
         "intermediate_size": 4096,
         "mlp_layer_types": ["dense"] + ["sparse"] * 15,
         "layer_types": ["sliding_attention", "full_attention"] * 8,
+        "sliding_window": 512,
+    },
+    # afmoe: Trinity's sandwich norms, per-head q/k norms and attention output gate, 3
+    # sliding : 1 full layers (the full ones without rope), sigmoid routing steered by a
+    # choice bias, renormalized and scaled, a shared expert, layer 0 dense, muP's embedding
+    "afmoe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "global_attn_every_n_layers": 4,
         "sliding_window": 512,
     },
     # exaone_moe: K-EXAONE's DeepSeek-V3 routing, shared expert and layer 0 dense under

@@ -3121,6 +3121,15 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_composed.json",
+        "internlm3, iquestcoder, cwm, jais2 and exaone_moe beside llama3 and qwen3_moe at a "
+        "realistic width, AMX Xeon",
+        "benchmarks/families.py --families "
+        "internlm3,iquestcoder,cwm,jais2,llama3,exaone_moe,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_composed",
+        families,
+    ),
+    (
         "families_phimoe.json",
         "phimoe beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families phimoe,qwen3_moe --name families_phimoe "

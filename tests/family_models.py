@@ -429,9 +429,11 @@ def build_family(name: str, seed: int | None = None, **overrides):
                 p.copy_(0.2 * torch.randn_like(p))
             elif pname.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # apertus's xIELU
                 p.copy_(p + 0.3 * torch.randn_like(p))
+            elif pname.endswith("mlp.router.gate.weight"):  # afmoe's starts at zeros
+                p.copy_(config.initializer_range * torch.randn_like(p))
         held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
         for name_, t in held:
-            if name_.endswith("e_score_correction_bias"):  # steers the choice of experts
+            if name_.endswith(("e_score_correction_bias", "expert_bias")):  # steers the choice
                 t.copy_(0.1 * torch.randn_like(t))
     return model
 
@@ -593,6 +595,28 @@ MOE_FAMILIES = {
             "num_experts_per_tok": 2,
             "intermediate_size": 128,
             "rotary_dim": 4,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # sandwich norms under afmoe's names, per-head q/k norms, the attention's output gate;
+    # V3's sigmoid routing without groups steered by expert_bias, renormalized, scaled; a
+    # shared expert; layer 0 dense and sliding (rotated), layer 1 full (not rotated); the
+    # embedding scaled (mup_enabled)
+    "afmoe": (
+        "AfmoeConfig",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "num_shared_experts": 1,
+            "num_dense_layers": 1,
+            "route_scale": 2.5,
+            "global_attn_every_n_layers": 2,
+            "sliding_window": 8,
+            "mup_enabled": True,
+            "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": 2,
         },

@@ -325,6 +325,8 @@ ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded ex
     "minimax_m2 choice bias": {"choice_bias": None},
     "minimax_m2 sigmoid scores": {"sigmoid": False},
     "exaone_moe choice bias": {"choice_bias": None},  # read beside the router, not in it
+    "afmoe choice bias": {"choice_bias": None},
+    "afmoe routed scale": {"scale": 1.0},
     "phimoe sparsemixer": {"sparsemixer": None, "renormalize": True},  # mixtral's top 2
     "phimoe router's folded norm bias": {"router.bias": None},
 }
@@ -336,6 +338,20 @@ def test_a_phimoe_config_routing_more_than_two_experts_is_refused_in_one_line():
     config = family_config("phimoe", num_experts_per_tok=4).to_dict()
     with pytest.raises(LlmpressError, match="picks 2 experts whatever it says: set it to 2"):
         adapter_for(config).spec(config)
+
+
+def test_dropping_afmoe_attention_output_gate_shows(models, ids, monkeypatch):
+    """afmoe's attention output times sigmoid(gate_proj(x)): the runtime's agreement with
+    transformers (the family battery) depends on it, on the per-op path and in C."""
+    import compress.runtime.model as runtime_model
+
+    want = _transformers_logits(models["afmoe"], ids)
+    weights = load_weights(resolve(str(models["afmoe"])), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    monkeypatch.setattr(runtime_model, "gate_rows", lambda att, gate: att)
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("fact", ROUTING_FACTS)

@@ -401,6 +401,18 @@ def _groups(groups: tuple[int, int], score: str, experts: int) -> tuple[int, int
     return n, top, int(score == "max")
 
 
+def gate_rows(att: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """att [T, width] times sigmoid(gate [T, width]), in place (both contiguous fp32):
+    attention's output gate, as the one-call decoder computes it."""
+    _check_f32(att, "attention output")
+    _check_f32(gate, "attention output gate")
+    if att.shape != gate.shape:
+        raise ValueError(f"gate {tuple(gate.shape)} for attention output {tuple(att.shape)}")
+    t, width = att.shape
+    library().llmp_gate_rows(_ptr(att), t, width, _ptr(gate), width)
+    return att
+
+
 def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """sigmoid(weight · x_b) [B, 1] for rows x [B, hidden] and an fp32 weight [1, hidden]:
     a shared expert's gate, as the one-call decoder computes it."""
@@ -923,6 +935,7 @@ class FusedLayer:
     ungated: bool = False  # the MLP is down(act(up(x))), gate_up holding up alone (arcee)
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's (apertus)
     mla: FusedLatent | None = None  # latent attention: qkv holds what reads the norm
+    gated: bool = False  # qkv's last heads * D outputs gate attention's (afmoe)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -948,7 +961,7 @@ class FusedLayer:
             self.residual, int(self.qk_full),
             ctypes.addressof(keep[0]) if self.moe is not None else None, int(self.center),
             int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
-            None if mla is None else ctypes.addressof(mla),
+            None if mla is None else ctypes.addressof(mla), int(self.gated),
         )  # fmt: skip
         return layer, keep
 

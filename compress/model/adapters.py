@@ -312,6 +312,11 @@ class Adapter:
     # key but transformers' Gemma3Attention never applies it)
     attn_softcap: bool = False
     scaled_embedding: bool = False  # the embedding is multiplied by sqrt(hidden)
+    # or so where this config key is true (afmoe's mup_enabled)
+    scaled_embedding_option: str | None = None
+    # the linear whose sigmoid gates attention's output before o (afmoe's gate_proj: as
+    # wide as q, reading what q reads)
+    attn_gate: str | None = None
     # with a sliding window, the full-attention layers rotate nothing (exaone4)
     full_layers_without_rope: bool = False
     # the config's embedding, attention and residual multipliers and logits_scaling set
@@ -429,7 +434,8 @@ class Adapter:
         """The attention's linears but o: q/k/v (one fused tensor, or three), or MLA's."""
         if self.latent:
             return self.latent.linears
-        return (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+        gate = (self.attn_gate,) if self.attn_gate else ()
+        return (self.qkv, *gate) if self.qkv else (self.q, self.k, self.v, *gate)
 
     @property
     def block_linears(self) -> tuple[str, ...]:
@@ -502,7 +508,7 @@ class Adapter:
             mlp = tuple(g for g in mlp if g.producer not in (self.attn_norm, self.v))
             return (*self.latent.input_groups(self.attn_norm), *mlp)
         if self.qkv or self.gate_up:
-            attn = (self.qkv,) if self.qkv else (self.q, self.k, self.v)
+            attn = self.attn_linears
             mlp = self.mlp_inputs
             v_to_o = () if self.qkv else (InputGroup(self.v, (self.o,)),)  # v is its own
             return (InputGroup(self.attn_norm, attn), *v_to_o, InputGroup(self.mlp_norm, mlp))
@@ -521,7 +527,7 @@ class Adapter:
                 norm_fed = (*norm_fed, *gate, sg, su)
                 per_expert = (*per_expert, InputGroup(su, (sd,)))
             return (
-                InputGroup(self.attn_norm, (self.q, self.k, self.v)),
+                InputGroup(self.attn_norm, self.attn_linears),
                 InputGroup(self.v, (self.o,)),
                 InputGroup(self.mlp_norm, norm_fed),
                 *per_expert,
@@ -531,12 +537,12 @@ class Adapter:
         up_down = (InputGroup(self.up, (self.down,)),) if self.gate else ()
         if self.one_norm:  # one norm feeds both branches
             return (
-                InputGroup(self.attn_norm, (self.q, self.k, self.v, *self.mlp_inputs)),
+                InputGroup(self.attn_norm, (*self.attn_linears, *self.mlp_inputs)),
                 InputGroup(self.v, (self.o,)),
                 *up_down,
             )
         return (
-            InputGroup(self.attn_norm, (self.q, self.k, self.v)),
+            InputGroup(self.attn_norm, self.attn_linears),
             InputGroup(self.v, (self.o,)),
             InputGroup(self.mlp_norm, self.mlp_inputs),
             *up_down,
@@ -566,7 +572,8 @@ class Adapter:
         """Per-block axes; `hidden` also runs through the embedding, norms and lm_head."""
         fused = tuple(n for n in (self.qkv, self.gate_up) if n)
         gate_up = tuple(n for n in (self.gate, self.up) if n)  # (up alone without a gate)
-        heads, kv_heads = (self.q,), (self.k, self.v)
+        attn_gate = (self.attn_gate,) if self.attn_gate else ()  # as wide as q, head by head
+        heads, kv_heads = (self.q, *attn_gate), (self.k, self.v)
         if self.qk_norm in ("full", "each_head") and self.q_norm:  # they span the heads' rows
             heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
         head_groups = (
@@ -579,7 +586,7 @@ class Adapter:
             CutGroup(
                 "hidden",
                 rows=(self.o, self.down, *self.block_norms),
-                cols=(self.q, self.k, self.v, *gate_up, *fused),
+                cols=(self.q, self.k, self.v, *attn_gate, *gate_up, *fused),
             ),
         )
 
@@ -616,6 +623,8 @@ class Adapter:
             every[self.qkv] = (q + 2 * kv, hidden)
         if self.gate:
             every[self.gate] = (inter, hidden)
+        if self.attn_gate:
+            every[self.attn_gate] = (q, hidden)
         if self.gate_up:
             every[self.gate_up] = (2 * inter, hidden)
         width = self.expert_width
@@ -1271,6 +1280,39 @@ ADAPTERS: dict[str, Adapter] = {
             "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
         },
         predictor_layers="num_nextn_predict_layers",
+    ),
+    # afmoe (Arcee Trinity Nano, Mini, Large): sandwich norms under their own names (the
+    # attention's output normed by post_attention_layernorm), per-head q/k norms, attention's
+    # output times sigmoid(gate_proj(x)); 3 sliding : 1 full layers, only the sliding ones
+    # rotated; DeepSeek-V3's sigmoid scores steered by expert_bias (no groups), always
+    # renormalized, times route_scale; ungated shared experts; the first num_dense_layers
+    # dense; the embedding times sqrt(hidden) where mup_enabled
+    "afmoe": replace(
+        LLAMA,
+        families=("afmoe",),
+        architecture="AfmoeForCausalLM",
+        mlp_norm="pre_mlp_layernorm",
+        post_attn_norm="post_attention_layernorm",
+        post_mlp_norm="post_mlp_layernorm",
+        bias_options=_ATTENTION_BIAS,
+        full_layers_without_rope=True,
+        attn_gate="self_attn.gate_proj",
+        scaled_embedding_option="mup_enabled",
+        moe=MoeKeys(
+            "num_experts",
+            "moe_intermediate_size",
+            None,
+            shared_count="num_shared_experts",
+            first_dense="num_dense_layers",
+            scoring="sigmoid",
+            scale="route_scale",
+        ),
+        router="mlp.router.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
+        choice_bias="mlp.expert_bias",
+        head_dim=128,
+        **_QK_NORMS,
     ),
     # exaone_moe (K-EXAONE-236B-A23B): llama's pre-norm block, unbiased, with per-head q/k
     # norms; 3 sliding : 1 full layers, the full ones without rope (exaone4's); DeepSeek-V3's

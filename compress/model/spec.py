@@ -76,6 +76,9 @@ class BlockSpec:
     norm_bias: bool = False  # the norms add a bias after the weight (starcoder2, nemotron)
     # DeepSeek's multi-head latent attention (Adapter.latent) in place of q/k/v
     latent_attention: bool = False
+    # attention's output times sigmoid(gate(x)), channel by channel, before o: x the
+    # attention's input, gate a linear as wide as q (afmoe's self_attn.gate_proj)
+    attn_gate: bool = False
 
     @property
     def layers(self) -> int:
@@ -138,7 +141,10 @@ def describe(config: dict, adapter) -> BlockSpec:
     act = getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
     scalar = getattr(hf, "query_pre_attn_scalar", None) if adapter.query_pre_attn_scalar else None
     attn_scale = float((scalar or head_dim) ** -0.5)
-    embed_scale = float(hf.hidden_size**0.5) if adapter.scaled_embedding else 1.0
+    scaled = adapter.scaled_embedding or bool(
+        adapter.scaled_embedding_option and getattr(hf, adapter.scaled_embedding_option, False)
+    )
+    embed_scale = float(hf.hidden_size**0.5) if scaled else 1.0
     residual_scale = 1.0
     logit_scale = getattr(hf, adapter.logit_scale) if adapter.logit_scale else 1.0
     if adapter.depth_scaled:  # MiniCPM's
@@ -175,4 +181,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         gated_mlp=adapter.gate is not None or adapter.gate_up is not None,
         norm_bias=adapter.norm_bias,
         latent_attention=adapter.latent is not None,
+        attn_gate=adapter.attn_gate is not None,
     )

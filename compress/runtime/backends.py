@@ -192,6 +192,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 ungated=not w.spec.gated_mlp,
                 act_params=layer.act_params,
                 mla=mla,
+                gated=layer.gated,
             )
         )
     s, spec = w.shape, w.spec

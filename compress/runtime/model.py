@@ -16,6 +16,7 @@ from compress.kernels.cpu import (
     QuantizedInput,
     act_mul_quantized,
     act_quantized,
+    gate_rows,
     prefill_attention,
     quantize_input,
     rms_norm_quantized,
@@ -151,9 +152,14 @@ def _mlp(layer: Layer, h: torch.Tensor, w: ModelWeights, packed: bool) -> torch.
     return rms_norm(out, layer.post_mlp_norm, spec.eps, spec.centered)
 
 
-def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool) -> torch.Tensor:
+def _attn_out(layer: Layer, att: torch.Tensor, spec, packed: bool, gate=None) -> torch.Tensor:
     if layer.latent is not None:  # each head's weighted latent through its value rows
         att = layer.latent.values(att, packed)
+    if gate is not None:  # times sigmoid(gate), channel by channel (spec.attn_gate)
+        if att.device.type == "cpu":  # the one-call decoder's arithmetic
+            att = gate_rows(att.contiguous(), gate.contiguous())
+        else:
+            att = att * torch.sigmoid(gate)
     out = layer.o(quantize_input(att) if packed else att)
     if layer.post_attn_norm is None:
         return out
@@ -186,10 +192,12 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
     t = h.shape[0]
     if layer.latent is not None:
         x = _norm(h, layer.attn_norm, spec, packed)
-        return _latent_qkv(layer, x, w, rope, positions, packed)
+        return (*_latent_qkv(layer, x, w, rope, positions, packed), None)
     qkv = layer.qkv(_norm(h, layer.attn_norm, spec, packed))
     kv = s.kv_heads * s.head_dim
-    q, k, v = qkv.split([s.heads * s.head_dim, kv, kv], -1)
+    parts = [s.heads * s.head_dim, kv, kv] + ([s.heads * s.head_dim] if layer.gated else [])
+    q, k, v, *gate = qkv.split(parts, -1)
+    layer_gate = gate[0] if gate else None
 
     def normed(q, k):  # the q/k norms, of the family's kind
         c = spec.centered
@@ -207,7 +215,7 @@ def _qkv(layer: Layer, h, w: ModelWeights, rope: Rope, positions, packed: bool):
         q, k = normed(q, k)
     if rope.q_scale is not None:  # Llama 4's temperature past the original context
         q = q * rope.q_scale[positions][:, None, None]
-    return q, k, v.reshape(t, s.kv_heads, s.head_dim)
+    return q, k, v.reshape(t, s.kv_heads, s.head_dim), layer_gate
 
 
 def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
@@ -215,11 +223,12 @@ def _add(h: torch.Tensor, branch: torch.Tensor, scale: float) -> torch.Tensor:
     return h + branch if scale == 1.0 else h + branch * scale
 
 
-def _block_end(layer: Layer, h, att, w: ModelWeights, packed: bool) -> torch.Tensor:
-    """The block's output from its input h and attention's `att`: attention's branch added,
-    then the MLP's on that sum, or (spec.parallel) on h itself."""
+def _block_end(layer: Layer, h, att, w: ModelWeights, packed: bool, gate=None) -> torch.Tensor:
+    """The block's output from its input h and attention's `att` (and its output gate's
+    logits, spec.attn_gate): attention's branch added, then the MLP's on that sum, or
+    (spec.parallel) on h itself."""
     spec = w.spec
-    after = _add(h, _attn_out(layer, att, spec, packed), spec.residual_scale)
+    after = _add(h, _attn_out(layer, att, spec, packed, gate), spec.residual_scale)
     return _add(after, _mlp(layer, h if spec.parallel else after, w, packed), spec.residual_scale)
 
 
@@ -405,7 +414,7 @@ class Model:
         s, dev, spec = self.w.shape, self.device, self.w.spec
         in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):
-            q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
+            q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             att = torch.empty(h.shape[0], s.heads * s.head_dim, device=dev)
             parts = []
             for c, (a, b) in zip(chunks, bounds, strict=True):
@@ -433,7 +442,7 @@ class Model:
                 prefill_attention(
                     q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap
                 )
-            h = _block_end(layer, h, att, self.w, packed)
+            h = _block_end(layer, h, att, self.w, packed, gate)
         return h
 
     @torch.inference_mode()
@@ -488,11 +497,11 @@ class Model:
             return self._capped(done)
         if done is None:
             for i, layer in enumerate(self.w.layers):
-                q, k, v = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
+                q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(
                     q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i],
                     spec.attn_softcap,
                 )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)
-                h = _block_end(layer, h, att, self.w, packed)
+                h = _block_end(layer, h, att, self.w, packed, gate)
         return self._logits(h)

@@ -77,6 +77,7 @@ RUNS = {
     "norm_bias": _any,
     # one cached head of the latent, shared by every query head (Latent)
     "latent_attention": _any,
+    "attn_gate": _any,  # a fourth part of Layer.qkv (Layer.gated), applied before o
 }
 
 
@@ -307,6 +308,7 @@ class Layer:
     moe: MoeWeights | None = None  # in place of gate_up/down
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's alpha_p, alpha_n, beta, eps
     latent: Latent | None = None  # MLA: qkv holds what reads the attention norm
+    gated: bool = False  # qkv's last heads * head_dim columns gate attention's output
 
     def attn_linears(self):
         return (self.qkv, *(self.latent.linears() if self.latent else ()), self.o)
@@ -661,6 +663,8 @@ def load_weights(
             ]
         else:
             qkv = [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
+        if adapter.attn_gate:  # after q, k and v, as every kernel reads it
+            qkv.append(lin(adapter.attn_gate))
         blocks.append(
             Layer(
                 act_params=_act_params(tensors, f"{p}.{adapter.act_module}", spec, device),
@@ -678,6 +682,7 @@ def load_weights(
                 post_attn_norm=opt(adapter.post_attn_norm),
                 post_mlp_norm=opt(adapter.post_mlp_norm),
                 latent=latent,
+                gated=adapter.attn_gate is not None,
             )
         )
         if spec.norm_bias:

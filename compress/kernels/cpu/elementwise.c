@@ -111,6 +111,21 @@ void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, flo
     rms_rows(x, rows, D, w, wrows, eps, center, 0);
 }
 
+/* att [rows, width] times sigmoid(gate), gate row r at gate + r * ld: attention's output
+ * gate (afmoe). One expf per value, so any split of the rows rounds alike. */
+void gate_rows(float *att, int64_t rows, int width, const float *gate, int64_t ld, int par) {
+    #pragma omp parallel for schedule(static) if (par)
+    for (int64_t r = 0; r < rows; r++) {
+        float *a = att + r * width;
+        const float *g = gate + r * ld;
+        for (int i = 0; i < width; i++) a[i] *= 1.f / (1.f + expf(-g[i]));
+    }
+}
+
+void llmp_gate_rows(float *att, int64_t rows, int width, const float *gate, int64_t ld) {
+    gate_rows(att, rows, width, gate, ld, 0);
+}
+
 
 void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
                           int8_t *x8, float *dx, float *bs) {

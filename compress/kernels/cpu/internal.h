@@ -159,6 +159,7 @@ HIDDEN void rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, f
 HIDDEN void quantize_rows_padded(const float *x, int M, int K, int ld, int Kp, float *pad,
                                  int8_t *x8, float *dx, float *bs);
 HIDDEN void add_rows(float *h, float *x, int64_t n, float s, int par);
+HIDDEN void gate_rows(float *att, int64_t rows, int width, const float *gate, int64_t ld, int par);
 
 /* linear.c: y [M, n] = x @ W.T; x both quantized (x8/dx/bs) and in fp32 (xf, row stride
  * ld) for the outlier columns. */

@@ -18,7 +18,9 @@ static int widest_row(int hidden, int heads, int D, int inter) {
 static int64_t dense_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter,
                                int mla) {
     int widest = widest_row(hidden, heads, D, inter), nqkv = (heads + 2 * kv_heads) * D;
-    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + heads * D + 2 * inter + hidden + mla)
+    /* q/k/v twice (as the linear gives them, then apart), an output gate's heads * D
+     * (QLayer.gated) beside the first */
+    return (int64_t)B * (widest + 2 * (widest / 32) + 2 * nqkv + 2 * heads * D + 2 * inter + hidden + mla)
            + (int64_t)B * widest / 4 + 16;
 }
 
@@ -151,12 +153,12 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
                       const Spans *sp) {
     int hp = (hidden + 31) / 32 * 32, ap = (heads * D + 31) / 32 * 32, ip = (inter + 31) / 32 * 32;
     int widest = widest_row(hidden, heads, D, inter);
-    int nqkv = (heads + 2 * kv_heads) * D;
+    int nqkv = (heads + 2 * kv_heads) * D, room = nqkv + heads * D; /* room: with a gate */
     float *pad = work;
     float *dx = pad + (int64_t)B * widest;
     float *bs = dx + (int64_t)B * (widest / 32);
     float *qkv = bs + (int64_t)B * (widest / 32);
-    float *att = qkv + (int64_t)B * nqkv;
+    float *att = qkv + (int64_t)B * room;
     float *gu = att + (int64_t)B * heads * D;
     float *tmp = gu + (int64_t)B * 2 * inter;
     int8_t *x8 = (int8_t *)(tmp + (int64_t)B * hidden);
@@ -175,7 +177,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         } else {
             #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
             for (int b = 0; b < B; b++) {
-                const float *row = qkv + (int64_t)b * nqkv;
+                const float *row = qkv + (int64_t)b * L->qkv.n;
                 memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
                 memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
                 memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
@@ -215,6 +217,8 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
         }
         int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
         const float *o_in = att;
+        if (L->gated) /* each output value times the sigmoid of its gate value */
+            gate_rows(att, B, heads * D, qkv + nqkv, L->qkv.n, B >= PAR_ROWS);
         if (L->mla) {
             float *y = mla_work + (int64_t)B * mla_normed(L->mla), *vals = q; /* q: read */
             if (mla_values(L->mla, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;

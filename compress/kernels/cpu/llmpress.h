@@ -158,6 +158,9 @@ typedef struct {
     const float *act_params;                    /* [4]: ACT_XIELU's p; or NULL */
     const QMla *mla;                            /* latent attention in place of q/k/v
                                                  * (qkv holds what reads the norm); or NULL */
+    int gated;                                  /* qkv's rows end with heads * D gate
+                                                 * values: attention's output times their
+                                                 * sigmoid before o (afmoe) */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -213,6 +216,7 @@ void llmp_act_mul_quant(const float *gu, int M, int I, int Ip, int act, float *o
 void llmp_act_quant(const float *u, int M, int I, int Ip, int act, const float *p, float *out, int8_t *x8, float *dx, float *bsum);
 void llmp_rope(float *x, const int64_t *positions, const float *cos_t, const float *sin_t, int T, int heads, int D, int R);
 void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, float eps, int center);
+void llmp_gate_rows(float *att, int64_t rows, int width, const float *gate, int64_t ld);
 
 /* ---- decode_attention.c and prefill_attention.c */
 int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float softcap, float *out);
