@@ -359,6 +359,10 @@ def write_model(folder: Path, name: str, config=None, seed: int = 0) -> Path:
     config = config or realistic_config(name)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.no_grad():  # afmoe's router starts at zeros: every expert tied, chosen by
+        for pname, p in model.named_parameters():  # each engine's tie-breaking
+            if pname.endswith("mlp.router.gate.weight") and not p.any():
+                p.normal_(0.0, config.initializer_range)
     model.save_pretrained(folder)
     tokenizer = convert_gguf(default_gguf())
     for f in tokenizer.iterdir():

@@ -761,6 +761,16 @@ LATENT_FAMILIES["minicpm3"] = (
         "dim_model_base": 32,
     },
 )
+# Sarvam-105B's: DeepSeek-V3's model with one q_proj and ungrouped routing (its class
+# defaults), rope over interleaved pairs
+LATENT_FAMILIES["sarvam_mla"] = (
+    "SarvamMLAConfig",
+    {
+        k: v
+        for k, v in LATENT_FAMILIES["deepseek_v3"][1].items()
+        if k not in ("q_lora_rank", "n_group", "topk_group")
+    },
+)
 LATENT_FAMILIES["glm4_moe_lite"] = (
     "Glm4MoeLiteConfig",
     {

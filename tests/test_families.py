@@ -1037,8 +1037,11 @@ def _recipe_file(tmp_path, stages):
 TRITON_NAMES = (
     NAMES
     if DEVICE == "cuda"
-    else ["gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe", "cohere2"]
-)
+    else [
+        "gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe", "cohere2",
+        "afmoe",
+    ]
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("name", TRITON_NAMES)
@@ -1047,9 +1050,10 @@ def test_the_triton_backend_runs_the_description(w4, ids, name):
     gemma3's scale, windows, sandwich and q/k norms, phi3's partial rotary, the experts
     (qwen2_moe's shared one too), granite's multipliers, exaone4's branches without input
     norms and its full layer without rope, glm4's q/k rows reordered from the stored words
-    for its interleaved rope. Its prefill and decode steps (Triton attention over a
-    window shorter than the sequence) equal transformers' forward on the artifact's fp32
-    weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
+    for its interleaved rope, afmoe's gated attention output. Its prefill and decode steps
+    (Triton attention over a window shorter than the sequence) equal transformers' forward
+    on the artifact's fp32 weights (plain from_pretrained keeps a quantized MoE's experts
+    in bf16)."""
     triton_steps_match_reference(w4[name], ids, DEVICE)
 
 

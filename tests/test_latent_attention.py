@@ -44,8 +44,9 @@ def ids():
         ("glm4_moe_lite", 64),
         ("youtu", 64),
         ("minicpm3", 64),
+        ("sarvam_mla", None),
     ],
-    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite", "youtu", "minicpm3"],
+    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite", "youtu", "minicpm3", "sarvam_mla"],
 )
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
@@ -173,6 +174,7 @@ RUNNABLE = {
     "glm4_moe_lite": ("glm4_moe_lite", {}),
     "youtu": ("youtu", {}),
     "minicpm3": ("minicpm3", {}),
+    "sarvam_mla": ("sarvam_mla", {}),
 }
 
 

@@ -1244,6 +1244,17 @@ ADAPTERS: dict[str, Adapter] = {
         **_DEEPSEEK_V3_EXPERTS,
         predictor_layers="num_mtp_layers",
     ),
+    # sarvam_mla (Sarvam-105B): DeepSeek-V3's model (transformers runs it as such) with one
+    # q_proj and ungrouped routing by default; its config class converts the published
+    # legacy keys (head_dim as the latent's width, "deepseek_yarn" rope scaling)
+    "sarvam_mla": replace(
+        LLAMA,
+        families=("sarvam_mla",),
+        architecture="DeepseekV3ForCausalLM",
+        latent_attention=True,
+        **_DEEPSEEK_V3_EXPERTS,
+        predictor_layers="num_mtp_layers",
+    ),
     # youtu (Youtu-LLM): DeepSeek-V3's latent attention in llama's block, a dense MLP in
     # every layer, the head tied by default
     "youtu": replace(
