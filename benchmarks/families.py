@@ -25,7 +25,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   the parallel block under one LayerNorm with a bias, biased gelu MLP without a gate and
   head; stablelm: LayerNorms with a bias, q/k/v biases, a quarter of each head rotated;
   phi3: fused tensors, LongRoPE; vaultgemma: gemma2's block without the output norms;
-  ministral: mistral's block, 1 sliding : 1 full layers; internlm3 and iquestcoder:
+  ministral: mistral's block, 1 sliding : 1 full layers; hyperclovax: granite's
+  multipliers, the logits multiplied, norms on the branch outputs; internlm3 and iquestcoder:
   llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
   scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
@@ -202,6 +203,9 @@ DENSE = {
     # tiny model), Jais-2's: LayerNorms with biases, relu² MLP without a gate, every linear
     # biased
     "internlm3": {},
+    # HyperCLOVA X's: granite's multipliers (the tiny model's), the logits multiplied,
+    # Peri-LN's norms on the branch outputs
+    "hyperclovax": {},
     "iquestcoder": {},
     "jais2": {},
     # Code World Model's: 1 full : 3 sliding layers, Llama 3 rope scaling at its class

@@ -127,6 +127,20 @@ FAMILIES = {
             "logits_scaling": 1.5,
         },
     ),
+    # granite's scalars with the logits multiplied, not divided, and Peri-LN's norms on each
+    # branch's output (use_post_norm, its default)
+    "hyperclovax": (
+        "HyperCLOVAXConfig",
+        {
+            "embedding_multiplier": 0.5,
+            "attention_multiplier": 1.0,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 1.5,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "olmo2": ("Olmo2Config", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
     "olmo3": (
         "Olmo3Config",

@@ -340,6 +340,19 @@ def test_a_phimoe_config_routing_more_than_two_experts_is_refused_in_one_line():
         adapter_for(config).spec(config)
 
 
+def test_hyperclovax_without_its_post_norms_runs_as_transformers(tmp_path, tokenizer_dir, ids):
+    """use_post_norm false leaves HyperCLOVA X's blocks without Peri-LN's output norms
+    (transformers' nn.Identity): the checkpoint holds none, and the runtime computes the
+    model transformers computes."""
+    src = write_family(tmp_path / "src", "hyperclovax", tokenizer_dir, use_post_norm=False)
+    assert _adapter("hyperclovax").post_attn_norm == "post_norm1"
+    config = json.loads((src / "config.json").read_text())
+    assert adapter_for(config).post_attn_norm is None
+    weights = load_weights(resolve(str(src)), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+
+
 def test_dropping_afmoe_attention_output_gate_shows(models, ids, monkeypatch):
     """afmoe's attention output times sigmoid(gate_proj(x)): the runtime's agreement with
     transformers (the family battery) depends on it, on the per-op path and in C."""

@@ -59,13 +59,15 @@ DTYPE = r"not implemented for 'Float'"
 # (`model_executor/models/registry.py` `_TEXT_GENERATION_MODELS`, stored commit 0002bff0):
 # vLLM runs them through its Transformers backend, which these rules do not model.
 # PhimoeForCausalLM is transformers' name, which a config it saves carries; the registry's
-# (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's and
-# K-EXAONE's (transformers' spelling and the published one) came after that commit
+# (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's,
+# HyperCLOVA X's text model and K-EXAONE's (transformers' spelling and the published one)
+# are not in it
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
     "PhimoeForCausalLM",
     "IQuestCoderForCausalLM",
+    "HyperCLOVAXForCausalLM",
     "ExaoneMoeForCausalLM",
     "ExaoneMoEForCausalLM",
 )

@@ -322,6 +322,11 @@ class Adapter:
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
+    # logits_scaling multiplies the logits where granite's divides them (hyperclovax)
+    logits_scaling_multiplies: bool = False
+    # the config key without which the branch outputs' norms do not exist (hyperclovax's
+    # use_post_norm; adapter_for drops them where it is false)
+    post_norm_option: str | None = None
     # MiniCPM's scales: the embedding times scale_emb, each branch times
     # scale_depth / sqrt(layers), the logits divided by logits_scaling (hidden / dim_model_base)
     depth_scaled: bool = False
@@ -1019,6 +1024,19 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     # smollm3: llama's block; every few layers without rope (spec.py: no_rope_layers)
     "smollm3": replace(LLAMA, families=("smollm3",), architecture="SmolLM3ForCausalLM"),
+    # hyperclovax (HyperCLOVA X SEED Think 14B): granite's four multipliers, its logits
+    # times logits_scaling (granite divides), and with use_post_norm each branch's output
+    # normed before the scaled residual add (post_norm1, post_norm2: Peri-LN)
+    "hyperclovax": replace(
+        LLAMA,
+        families=("hyperclovax",),
+        architecture="HyperCLOVAXForCausalLM",
+        multipliers=True,
+        logits_scaling_multiplies=True,
+        post_attn_norm="post_norm1",
+        post_mlp_norm="post_norm2",
+        post_norm_option="use_post_norm",
+    ),
     # qwen2: q/k/v always carry biases; cuts slice them too
     "qwen2": replace(
         LLAMA,
@@ -1572,7 +1590,12 @@ def adapter_for(config: dict) -> Adapter:
             f"unsupported architecture {model_type!r}: llmpress supports {supported}; "
             "open an issue with the model's config.json"
         )
-    options = (adapter.qk_norm_option, adapter.parallel_option, *adapter.refused_options)
+    options = (
+        adapter.qk_norm_option,
+        adapter.parallel_option,
+        adapter.post_norm_option,
+        *adapter.refused_options,
+    )
     if adapter.moe is None and not any(options) and not adapter.latent_attention:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
@@ -1589,6 +1612,8 @@ def adapter_for(config: dict) -> Adapter:
             )
     if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
+    if adapter.post_norm_option and not getattr(hf, adapter.post_norm_option, False):
+        adapter = replace(adapter, post_attn_norm=None, post_mlp_norm=None)
     if adapter.moe is not None:
         moe = adapter.moe(hf)
         adapter = replace(

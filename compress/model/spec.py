@@ -155,7 +155,9 @@ def describe(config: dict, adapter) -> BlockSpec:
         attn_scale = latent_attn_scale(ropes[0], hf.qk_nope_head_dim + hf.qk_rope_head_dim)
     if adapter.multipliers:  # granite's four config scalars, in place of the derived ones
         attn_scale, embed_scale = float(hf.attention_multiplier), float(hf.embedding_multiplier)
-        residual_scale, logit_scale = float(hf.residual_multiplier), 1.0 / hf.logits_scaling
+        residual_scale = float(hf.residual_multiplier)
+        scaling = float(hf.logits_scaling)
+        logit_scale = scaling if adapter.logits_scaling_multiplies else 1.0 / scaling
     return BlockSpec(
         norm=adapter.norm,
         eps=float(getattr(hf, adapter.norm_eps)),
