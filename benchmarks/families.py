@@ -45,6 +45,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   afmoe with sandwich norms, per-head q/k norms and the attention's output gated by a
   sigmoid, 3 sliding : 1 full layers, the full ones without rope, sigmoid routing
   steered by a choice bias, renormalized and scaled, a shared expert and layer 0 dense;
+  minicpm5_moe with the gate's rows inside q, every attention linear biased, glm4_moe's
+  routing and shared expert, layer 0 dense;
   exaone_moe with dots1's routing, shared expert, dense layer 0 and q/k norms, 3
   sliding : 1 full layers, the full ones without rope;
   mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
@@ -282,6 +284,15 @@ MOE_SETTINGS = {
         "mlp_layer_types": ["dense"] + ["sparse"] * 15,
         "layer_types": ["sliding_attention", "full_attention"] * 8,
         "sliding_window": 512,
+    },
+    # minicpm5_moe: MiniCPM5-MoE's q_proj holding each head's query and output gate,
+    # biased attention, V3's routing, a shared expert, layer 0 dense
+    "minicpm5_moe": {
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 15,
     },
     # afmoe: Trinity's sandwich norms, per-head q/k norms and attention output gate, 3
     # sliding : 1 full layers (the full ones without rope), sigmoid routing steered by a

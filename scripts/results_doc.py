@@ -3121,6 +3121,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_hyperclovax.json",
+        "hyperclovax beside granite at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families hyperclovax,granite --skip-anchors --rounds 5 "
+        "--name families_hyperclovax",
+        families,
+    ),
+    (
         "families_afmoe.json",
         "afmoe beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families afmoe,qwen3_moe --skip-anchors --rounds 5 "

@@ -443,8 +443,8 @@ def build_family(name: str, seed: int | None = None, **overrides):
                 p.copy_(0.2 * torch.randn_like(p))
             elif pname.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # apertus's xIELU
                 p.copy_(p + 0.3 * torch.randn_like(p))
-            elif pname.endswith("mlp.router.gate.weight"):  # afmoe's starts at zeros
-                p.copy_(config.initializer_range * torch.randn_like(p))
+            elif pname.endswith("gate.weight") and p.dim() == 2 and not p.any():  # a router
+                p.copy_(config.initializer_range * torch.randn_like(p))  # at zeros: afmoe's
         held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
         for name_, t in held:
             if name_.endswith(("e_score_correction_bias", "expert_bias")):  # steers the choice
@@ -609,6 +609,24 @@ MOE_FAMILIES = {
             "num_experts_per_tok": 2,
             "intermediate_size": 128,
             "rotary_dim": 4,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # q_proj holding each head's query and output gate, every attention linear biased; V3's
+    # routing, a shared expert, layer 0 dense by mlp_layer_types
+    "minicpm5_moe": (
+        "MiniCPM5MoeConfig",
+        {
+            "hidden_size": 128,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "n_shared_experts": 1,
+            "mlp_layer_types": ["dense", "sparse"],
+            "routed_scaling_factor": 2.5,
+            "attention_bias": True,
+            "pad_token_id": 0,
             "bos_token_id": 1,
             "eos_token_id": 2,
         },

@@ -340,6 +340,16 @@ def test_a_phimoe_config_routing_more_than_two_experts_is_refused_in_one_line():
         adapter_for(config).spec(config)
 
 
+@pytest.mark.parametrize("cut", [{"heads": 0.5}, {"hidden": 0.25, "mlp": 0.25}])
+def test_pruning_minicpm5_moe_s_attention_is_refused_in_one_line(models, wikitext, tmp_path, cut):
+    """Each head's query and output gate share MiniCPM5-MoE's q_proj: a cut of its heads
+    or of the hidden width is refused before any work (mlp, experts and layers are cut)."""
+    kept = "heads" if "heads" in cut else "hidden"
+    with pytest.raises(LlmpressError, match=rf"^prune: minicpm5_moe's attention keeps its {kept}"):
+        _compress(models["minicpm5_moe"], tmp_path / "p", [{"prune": cut}], wikitext)
+    assert not (tmp_path / "p").exists()
+
+
 def test_hyperclovax_without_its_post_norms_runs_as_transformers(tmp_path, tokenizer_dir, ids):
     """use_post_norm false leaves HyperCLOVA X's blocks without Peri-LN's output norms
     (transformers' nn.Identity): the checkpoint holds none, and the runtime computes the
@@ -684,6 +694,8 @@ def test_pruning_experts_then_quantizing_each_moe_family(models, wikitext, tmp_p
     artifact is read by plain transformers and the runtime alike, and it quantizes."""
     hidden = 0.5 if _adapter(name).heads_span_hidden else 0.25  # olmoe keeps heads × head_dim
     cut = {"experts": 0.5, "mlp": 0.25, "heads": 0.5, "hidden": hidden, "multiple": 16}
+    if _adapter(name).attn_gate_in_q:  # its attention stays whole (the refusal's test)
+        cut = {"experts": 0.5, "mlp": 0.25, "multiple": 16}
     repair = {"distill": {"tokens": 512, "batch": 2}}  # the repair trains through the experts
     out = _compress(models[name], tmp_path / "pruned", [{"prune": cut}, repair], wikitext)
     before = Widths.of(json.loads((models[name] / "config.json").read_text()))

@@ -60,14 +60,15 @@ DTYPE = r"not implemented for 'Float'"
 # vLLM runs them through its Transformers backend, which these rules do not model.
 # PhimoeForCausalLM is transformers' name, which a config it saves carries; the registry's
 # (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's,
-# HyperCLOVA X's text model and K-EXAONE's (transformers' spelling and the published one)
-# are not in it
+# HyperCLOVA X's text model, MiniCPM5-MoE's and K-EXAONE's (transformers' spelling and the
+# published one) are not in it
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
     "PhimoeForCausalLM",
     "IQuestCoderForCausalLM",
     "HyperCLOVAXForCausalLM",
+    "MiniCPM5MoeForCausalLM",
     "ExaoneMoeForCausalLM",
     "ExaoneMoEForCausalLM",
 )

@@ -96,6 +96,11 @@ def artifact_config(
         if alias and head not in layers:
             ignore.append(alias)
         aliases = {head: alias} if alias else {}
+        for i in range(ws.num_layers):  # block modules transformers names otherwise
+            p = ws.adapter.block_prefix(i)
+            for stored, attribute in ws.adapter.module_aliases:
+                aliases[f"{p}.{stored}"] = f"{p}.{attribute}"
+        ignore += [aliases[n] for n in unquantized if n in aliases and n != head]
         config["quantization_config"] = codec(export).config(layers, block_names, ignore, aliases)
     if ws.adapter.lm_head in layers:
         config["tie_word_embeddings"] = False

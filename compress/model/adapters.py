@@ -85,6 +85,10 @@ class Widths:
         if adapter.latent:
             shapes = adapter.latent.shapes(m.heads, m.hidden).values()
             attention = sum(math.prod(dims) for dims in shapes)
+        if adapter.attn_gate_in_q:  # each head's q and gate rows interleave: kept whole
+            shapes = adapter.layer(0).linear_shapes(m)
+            attention = sum(math.prod(shapes[n]) for n in (adapter.q, adapter.k, adapter.v))
+            attention += math.prod(shapes[adapter.o])
         if adapter.experts:
             moe = adapter.moe(_hf(config))
             dense = len(moe.dense_layers)
@@ -317,6 +321,12 @@ class Adapter:
     # the linear whose sigmoid gates attention's output before o (afmoe's gate_proj: as
     # wide as q, reading what q reads)
     attn_gate: str | None = None
+    # or q's own rows hold each head's query then its gate, [q_h; g_h] (MiniCPM5-MoE's
+    # q_gate_proj): q twice as wide; pruning keeps the attention whole
+    attn_gate_in_q: bool = False
+    # (checkpoint name, transformers' attribute) of a block's modules named apart
+    # (MiniCPM5-MoE's q_proj, its model's q_gate_proj): model/aliases.py
+    module_aliases: tuple[tuple[str, str], ...] = ()
     # with a sliding window, the full-attention layers rotate nothing (exaone4)
     full_layers_without_rope: bool = False
     # the config's embedding, attention and residual multipliers and logits_scaling set
@@ -586,7 +596,8 @@ class Adapter:
             CutGroup("kv_heads", rows=kv_heads, cols=()),
         )
         return (
-            *(() if self.latent else head_groups),  # latent attention's heads stay whole
+            # latent attention's heads stay whole, and q's interleaved with the gate's
+            *(() if self.latent or self.attn_gate_in_q else head_groups),
             CutGroup("mlp", rows=gate_up, cols=(self.down,)),
             CutGroup(
                 "hidden",
@@ -617,7 +628,7 @@ class Adapter:
             shape.intermediate,
         )
         every = {
-            self.q: (q, hidden),
+            self.q: (2 * q if self.attn_gate_in_q else q, hidden),
             self.k: (kv, hidden),
             self.v: (kv, hidden),
             self.o: (hidden, q),
@@ -1309,6 +1320,23 @@ ADAPTERS: dict[str, Adapter] = {
             "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
         },
         predictor_layers="num_nextn_predict_layers",
+    ),
+    # minicpm5_moe (MiniCPM5-15B-A2.5B): llama's attention whose q_proj holds each head's
+    # query and output gate ([q_h; g_h]; transformers' q_gate_proj), the attention's output
+    # times the gate's sigmoid; q/k/v/o biased by attention_bias; DeepSeek-V3's experts in
+    # the layers mlp_layer_types calls sparse
+    "minicpm5_moe": replace(
+        LLAMA,
+        families=("minicpm5_moe",),
+        architecture="MiniCPM5MoeForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        attn_gate_in_q=True,
+        module_aliases=(("self_attn.q_proj", "self_attn.q_gate_proj"),),
+        **{
+            **_DEEPSEEK_V3_EXPERTS,
+            "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
+        },
+        head_dim=128,
     ),
     # afmoe (Arcee Trinity Nano, Mini, Large): sandwich norms under their own names (the
     # attention's output normed by post_attention_layernorm), per-head q/k norms, attention's

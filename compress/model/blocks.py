@@ -16,6 +16,7 @@ import torch
 
 from compress.allocator import THRESHOLD
 from compress.distributed import all_sum
+from compress.model.aliases import install_aliases
 from compress.model.loading import Checkpoint, each_tensor, read_tensors
 from compress.model.moe import install_experts, moe_modules
 from compress.model.rope import RopeSpec, tables
@@ -54,6 +55,7 @@ def skeleton(config: dict, adapter=None) -> torch.nn.Module:
         model = AutoModelForCausalLM.from_config(hf)
     if spec.mlp is not None:  # per-expert linears, as the checkpoint names them
         install_experts(model, adapter, spec)
+    install_aliases(model, adapter)
     return model
 
 

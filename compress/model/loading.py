@@ -23,6 +23,7 @@ from compress.model.adapters import (
     check_config,
     dense_shapes,
 )
+from compress.model.aliases import install_aliases
 from compress.model.default import convert_gguf, default_gguf
 from compress.model.fp8_source import dense_folder as fp8_dense_folder
 from compress.model.fp8_source import is_fp8
@@ -451,6 +452,7 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         from compress.model.moe import install_experts
 
         install_experts(model, adapter, spec)
+    install_aliases(model, adapter)
     model.to_empty(device="cpu")
     state_dict = adapter.model_names(state_dict)
     missing, unexpected = model.load_state_dict(state_dict, strict=False, assign=True)

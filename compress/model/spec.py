@@ -183,5 +183,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         gated_mlp=adapter.gate is not None or adapter.gate_up is not None,
         norm_bias=adapter.norm_bias,
         latent_attention=adapter.latent is not None,
-        attn_gate=adapter.attn_gate is not None,
+        attn_gate=adapter.attn_gate is not None or adapter.attn_gate_in_q,
     )

@@ -153,6 +153,13 @@ class Prune(Described):
                 f"{' and '.join(sorted(asked))} (every head reads latents shared by all); "
                 "cut mlp, experts or layers instead"
             )
+        if adapter.attn_gate_in_q and asked:
+            raise LlmpressError(
+                f"prune: {adapter.families[0]}'s attention keeps its "
+                f"{' and '.join(sorted(asked))} (each head's query and output gate share one "
+                "projection, which pruning does not split yet); cut mlp, experts or layers "
+                "instead"
+            )
         if full.heads % full.kv_heads:
             raise LlmpressError(
                 f"prune: {full.heads} heads do not split into {full.kv_heads} KV groups"

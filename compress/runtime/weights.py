@@ -448,6 +448,13 @@ def interleaved_rows(heads: int, head_dim: int, rotary: int) -> torch.Tensor:
     return (torch.arange(heads)[:, None] * head_dim + one).reshape(-1)
 
 
+def gate_in_q_rows(heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a q projection holding each head's query then its output gate
+    ([q_h; g_h], MiniCPM5-MoE's): every head's query rows, and every head's gate rows."""
+    at = torch.arange(heads)[:, None] * 2 * head_dim + torch.arange(head_dim)
+    return at.reshape(-1), (at + head_dim).reshape(-1)
+
+
 def rows_by_part(heads: int, head_dim: int) -> torch.Tensor:
     """The row order that turns a q/k/v fused head by head (gpt_neox's: head h's q, k, v
     rows in turn) into all of q, then k, then v, as the runtime splits it."""
@@ -661,6 +668,10 @@ def load_weights(
                 lin(adapter.k, rows=interleaved_rows(shape.kv_heads, shape.head_dim, rotary)),
                 lin(adapter.v),
             ]
+        elif adapter.attn_gate_in_q:  # each head's [q_h; g_h] rows: q's, then the gate's
+            q_rows, gate_rows = gate_in_q_rows(shape.heads, shape.head_dim)
+            qkv = [lin(adapter.q, rows=q_rows), lin(adapter.k), lin(adapter.v)]
+            qkv.append(lin(adapter.q, rows=gate_rows))
         else:
             qkv = [lin(r) for r in (adapter.q, adapter.k, adapter.v)]
         if adapter.attn_gate:  # after q, k and v, as every kernel reads it
@@ -682,7 +693,7 @@ def load_weights(
                 post_attn_norm=opt(adapter.post_attn_norm),
                 post_mlp_norm=opt(adapter.post_mlp_norm),
                 latent=latent,
-                gated=adapter.attn_gate is not None,
+                gated=adapter.attn_gate is not None or adapter.attn_gate_in_q,
             )
         )
         if spec.norm_bias:
