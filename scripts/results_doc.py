@@ -3121,6 +3121,20 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_minicpm5_moe.json",
+        "minicpm5_moe beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families minicpm5_moe,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_minicpm5_moe",
+        families,
+    ),
+    (
+        "families_minicpm5_moe.json",
+        "minicpm5_moe beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families minicpm5_moe,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_minicpm5_moe",
+        families,
+    ),
+    (
         "families_hyperclovax.json",
         "hyperclovax beside granite at a realistic width, AMX Xeon",
         "benchmarks/families.py --families hyperclovax,granite --skip-anchors --rounds 5 "

@@ -613,6 +613,28 @@ MOE_FAMILIES = {
             "eos_token_id": 2,
         },
     ),
+    # cohere2's parallel block under one LayerNorm with experts: layer 0 dense (typed full,
+    # rotated: force_rope), layer 1 sliding and sparse, layer 2 full, sparse and unrotated;
+    # softmax of the chosen logits, one shared expert averaged with the routed ones
+    "cohere2_moe": (
+        "Cohere2MoeConfig",
+        {
+            "hidden_size": 128,
+            "num_hidden_layers": 3,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 128,
+            "prefix_dense_intermediate_size": 128,
+            "num_shared_experts": 1,
+            "layer_types": ["full_attention", "sliding_attention", "full_attention"],
+            "mlp_layer_types": ["dense", "sparse", "sparse"],
+            "sliding_window": 8,
+            "logit_scale": 0.5,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # q_proj holding each head's query and output gate, every attention linear biased; V3's
     # routing, a shared expert, layer 0 dense by mlp_layer_types
     "minicpm5_moe": (

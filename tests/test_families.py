@@ -326,6 +326,7 @@ ROUTING_FACTS = {  # glm4_moe's and ernie4_5_moe's, each undone on the loaded ex
     "minimax_m2 sigmoid scores": {"sigmoid": False},
     "exaone_moe choice bias": {"choice_bias": None},  # read beside the router, not in it
     "afmoe choice bias": {"choice_bias": None},
+    "cohere2_moe shared average": {"shared_scale": 1.0},
     "afmoe routed scale": {"scale": 1.0},
     "phimoe sparsemixer": {"sparsemixer": None, "renormalize": True},  # mixtral's top 2
     "phimoe router's folded norm bias": {"router.bias": None},
@@ -348,6 +349,30 @@ def test_pruning_minicpm5_moe_s_attention_is_refused_in_one_line(models, wikitex
     with pytest.raises(LlmpressError, match=rf"^prune: minicpm5_moe's attention keeps its {kept}"):
         _compress(models["minicpm5_moe"], tmp_path / "p", [{"prune": cut}], wikitext)
     assert not (tmp_path / "p").exists()
+
+
+def test_cohere2_moe_s_config_chosen_kinds_run_as_transformers(tmp_path, tokenizer_dir, ids):
+    """Command A+'s config picks its norm (RMS where rms_norm_eps is set), its scores
+    (sigmoid, renormalized by norm_topk_prob), how the shared expert joins (sum) and the
+    dense layers' width (prefix_dense_intermediate_size): each as transformers reads it."""
+    overrides = {
+        "rms_norm_eps": 1e-6,
+        "expert_selection_fn": "sigmoid",
+        "shared_expert_combination_strategy": "sum",
+        "prefix_dense_intermediate_size": 192,
+    }
+    src = write_family(tmp_path / "src", "cohere2_moe", tokenizer_dir, **overrides)
+    config = json.loads((src / "config.json").read_text())
+    adapter = adapter_for(config)
+    spec = adapter.spec(config)
+    assert spec.norm == "rms" and spec.mlp.scoring == "sigmoid"
+    assert (spec.mlp.scale, spec.mlp.shared_scale) == (1.0, 1.0)
+    assert adapter.shape(config).intermediate == 192
+    weights = load_weights(resolve(str(src)), device="cpu")
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - _transformers_logits(src, ids)).abs().max() < 1e-4
+    with pytest.raises(LlmpressError, match="by softmax or sigmoid; set one of them"):
+        adapter_for({**config, "expert_selection_fn": "relu"}).spec(config)
 
 
 def test_hyperclovax_without_its_post_norms_runs_as_transformers(tmp_path, tokenizer_dir, ids):

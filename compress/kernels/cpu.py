@@ -817,6 +817,7 @@ class FusedExperts:
     group_score: str = "top2"  # a group's score: its best two summed, or its "max"
     sparsemixer: float | None = None  # PhiMoE's routing, at this threshold
     router_bias: torch.Tensor | None = None  # fp32 [E] on the logits (a norm's bias folded)
+    shared_scale: float = 1.0  # the shared expert's output times this (cohere2_moe's 0.5)
 
     @property
     def inter(self) -> int:
@@ -852,6 +853,7 @@ class FusedExperts:
             None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
             *_scoring(self.sigmoid, self.sparsemixer, self.top_k), _opt(self.choice_bias),
             float(self.scale), *_groups(self.groups, self.group_score, len(self.experts)),
+            float(self.shared_scale),
         )  # fmt: skip
         return moe, (table, shared)
 

@@ -129,9 +129,11 @@ class Widths:
             whole.update(hidden_size=self.hidden, num_attention_heads=self.heads)
             whole.update(num_key_value_heads=self.kv_heads, head_dim=self.head_dim)
         out = {**config, **whole}
-        keys = adapter_for(config).moe
+        adapter = adapter_for(config)
+        keys = adapter.moe
         if keys is None or self.dense_layers:  # the dense MLP's width
-            out["intermediate_size"] = self.dense_intermediate or self.intermediate
+            dense = adapter.dense_width if adapter.dense_width and keys else "intermediate_size"
+            out[dense] = self.dense_intermediate or self.intermediate
         if keys is None:
             return out
         aliases = type(_hf(config)).attribute_map  # e.g. num_experts is num_local_experts
@@ -329,6 +331,15 @@ class Adapter:
     module_aliases: tuple[tuple[str, str], ...] = ()
     # with a sliding window, the full-attention layers rotate nothing (exaone4)
     full_layers_without_rope: bool = False
+    # only the sliding layers rotate (whatever the window), and the dense layers where
+    # prefix_dense_sliding_window_pattern is 1 (cohere2_moe's force_rope)
+    rotate_sliding_only: bool = False
+    # where this config key is set (not None), every norm is RMS with it as epsilon
+    # (cohere2_moe's rms_norm_eps; else its LayerNorms)
+    rms_option: str | None = None
+    # the config key of the dense layers' MLP width beside experts, where it is not
+    # intermediate_size (cohere2_moe's prefix_dense_intermediate_size; null: that)
+    dense_width: str | None = None
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
@@ -389,7 +400,10 @@ class Adapter:
     dense_layers: tuple[int, ...] = ()
 
     def shape(self, config: dict) -> ModelShape:
-        return ModelShape.of(config, self.head_dim)
+        shape = ModelShape.of(config, self.head_dim)
+        if self.dense_width and config.get(self.dense_width):
+            shape = replace(shape, intermediate=config[self.dense_width])
+        return shape
 
     def layer(self, i: int) -> Adapter:
         """Block i's adapter: this one, or, for a layer a Mixture-of-Experts model keeps
@@ -541,6 +555,12 @@ class Adapter:
                 gate = (self.shared_gate,) if self.shared_gate else ()
                 norm_fed = (*norm_fed, *gate, sg, su)
                 per_expert = (*per_expert, InputGroup(su, (sd,)))
+            if self.one_norm:  # one norm feeds attention and the experts (cohere2_moe)
+                return (
+                    InputGroup(self.attn_norm, (*self.attn_linears, *norm_fed)),
+                    InputGroup(self.v, (self.o,)),
+                    *per_expert,
+                )
             return (
                 InputGroup(self.attn_norm, self.attn_linears),
                 InputGroup(self.v, (self.o,)),
@@ -709,6 +729,12 @@ class MoeKeys:
     # topk_method "group_limited_greedy"; its "greedy" ignores them)
     groups_if: tuple[str, str] | None = None
     group_score: str = "top2"
+    # a key naming the scores instead (cohere2_moe's expert_selection_fn): "softmax" (of
+    # the chosen logits: renormalized), or "sigmoid" (renormalized iff norm_topk_prob)
+    scoring_key: str | None = None
+    # a key whose "average" halves the routed and the shared experts' outputs, "sum" adds
+    # them (cohere2_moe's shared_expert_combination_strategy)
+    shared_average: str | None = None
 
     def __call__(self, hf) -> MoeSpec:
         layers = hf.num_hidden_layers
@@ -737,6 +763,26 @@ class MoeKeys:
         renormalize = self.renormalize
         if isinstance(renormalize, str):
             renormalize = bool(getattr(hf, renormalize))
+        scoring = self.scoring
+        if self.scoring_key:
+            scoring = getattr(hf, self.scoring_key)
+            if scoring not in ("softmax", "sigmoid"):
+                raise LlmpressError(
+                    f"config.json gives {self.scoring_key} {scoring!r}: this family scores "
+                    "experts by softmax or sigmoid; set one of them"
+                )
+            renormalize = scoring == "softmax" or bool(getattr(hf, "norm_topk_prob", True))
+        scale = float(getattr(hf, self.scale)) if self.scale else 1.0
+        shared_scale = 1.0
+        if self.shared_average and shared:
+            combine = getattr(hf, self.shared_average)
+            if combine not in ("average", "sum"):
+                raise LlmpressError(
+                    f"config.json gives {self.shared_average} {combine!r}: this family adds "
+                    "its shared expert by 'sum' or 'average'; set one of them"
+                )
+            if combine == "average":  # (routed + shared) / 2, each halved exactly
+                scale, shared_scale = scale / 2, 0.5
         top_k = _per_model(hf, "num_experts_per_tok")
         if self.scoring == "sparsemixer" and top_k != 2:
             raise LlmpressError(
@@ -750,11 +796,12 @@ class MoeKeys:
             renormalize=renormalize is None or renormalize,
             dense_layers=tuple(sorted(i for i in dense if i < layers)),
             shared=shared,
-            scoring=self.scoring,
+            scoring=scoring,
             jitter=float(getattr(hf, self.jitter)) if self.jitter else 0.0,
-            scale=float(getattr(hf, self.scale)) if self.scale else 1.0,
+            scale=scale,
             groups=groups,
             group_score=self.group_score,
+            shared_scale=shared_scale,
         )
 
     def place_dense(self, config: dict, dense: list[int]) -> dict:
@@ -1371,6 +1418,35 @@ ADAPTERS: dict[str, Adapter] = {
         head_dim=128,
         **_QK_NORMS,
     ),
+    # cohere2_moe (Command A+): cohere2's parallel block under one norm (RMS where
+    # rms_norm_eps is set, else the LayerNorm), rope over interleaved pairs on the sliding
+    # layers only (and on the dense ones where prefix_dense_sliding_window_pattern is 1);
+    # experts as wide as intermediate_size, scored by expert_selection_fn (softmax of the
+    # chosen, or sigmoid), ungated shared experts averaged with the routed ones or added;
+    # dense layers by mlp_layer_types, prefix_dense_intermediate_size wide
+    "cohere2_moe": replace(
+        _COHERE,
+        families=("cohere2_moe",),
+        architecture="Cohere2MoeForCausalLM",
+        q_norm=None,
+        k_norm=None,
+        qk_norm_option=None,
+        rotate_sliding_only=True,
+        rms_option="rms_norm_eps",
+        dense_width="prefix_dense_intermediate_size",
+        moe=MoeKeys(
+            "num_experts",
+            "intermediate_size",
+            None,
+            shared_count="num_shared_experts",
+            layer_kinds="mlp_layer_types",
+            scoring_key="expert_selection_fn",
+            shared_average="shared_expert_combination_strategy",
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
+    ),
     # exaone_moe (K-EXAONE-236B-A23B): llama's pre-norm block, unbiased, with per-head q/k
     # norms; 3 sliding : 1 full layers, the full ones without rope (exaone4's); DeepSeek-V3's
     # experts in the layers mlp_layer_types calls sparse, the choice bias beside the router
@@ -1622,6 +1698,7 @@ def adapter_for(config: dict) -> Adapter:
         adapter.qk_norm_option,
         adapter.parallel_option,
         adapter.post_norm_option,
+        adapter.rms_option,
         *adapter.refused_options,
     )
     if adapter.moe is None and not any(options) and not adapter.latent_attention:
@@ -1640,6 +1717,8 @@ def adapter_for(config: dict) -> Adapter:
             )
     if adapter.qk_norm_option and not getattr(hf, adapter.qk_norm_option, False):
         adapter = replace(adapter, q_norm=None, k_norm=None)
+    if adapter.rms_option and getattr(hf, adapter.rms_option, None) is not None:
+        adapter = replace(adapter, norm="rms", norm_eps=adapter.rms_option)
     if adapter.post_norm_option and not getattr(hf, adapter.post_norm_option, False):
         adapter = replace(adapter, post_attn_norm=None, post_mlp_norm=None)
     if adapter.moe is not None:

@@ -183,6 +183,8 @@ class MoeMLP(nn.Module):
         if self.shared_names is not None:
             expert, gate = self.shared_names
             shared = getattr(self, expert)(flat)
+            if self.spec.shared_scale != 1.0:  # cohere2_moe's average (a power of two)
+                shared = shared * self.spec.shared_scale
             out = out + (
                 shared if gate is None else torch.sigmoid(getattr(self, gate)(flat)) * shared
             )

@@ -40,6 +40,9 @@ class MoeSpec:
     scale: float = 1.0  # the chosen weights times this (glm4_moe's routed_scaling_factor)
     groups: tuple[int, int] = (1, 1)  # (n_group, topk_group): chosen within the best groups
     group_score: str = "top2"  # a group's score: its best two summed (V3's), or its "max" (V2's)
+    # the shared expert's output times this (cohere2_moe's "average" of routed and shared:
+    # both halved, the routed ones through `scale`)
+    shared_scale: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,13 @@ def describe(config: dict, adapter) -> BlockSpec:
     if adapter.full_layers_without_rope and window is not None:  # exaone4's global layers
         for i, t in enumerate(types):
             if t == "full_attention":
+                ropes[i] = replace(ropes[i], kind="none", params=())
+    if adapter.rotate_sliding_only:  # cohere2_moe's: the sliding layers, and force_rope's
+        kinds = getattr(hf, "mlp_layer_types", None) or ["sparse"] * layers
+        forced = getattr(hf, "prefix_dense_sliding_window_pattern", None) == 1
+        for i, t in enumerate(types):
+            sliding = t == "sliding_attention" and window is not None
+            if not (sliding or (forced and kinds[i] == "dense")):
                 ropes[i] = replace(ropes[i], kind="none", params=())
     biases = set(adapter.biased)
     for key, roles in adapter.bias_options:

@@ -128,6 +128,7 @@ def _experts(moe) -> FusedExperts | None:
         if not all(isinstance(x, QuantLinear) for x in moe.shared):
             return None
         fused.shared = tuple(x.fused_form() for x in moe.shared)
+        fused.shared_scale = moe.shared_scale
         fused.shared_gate = None if moe.shared_gate is None else moe.shared_gate.weight
     return fused
 

@@ -128,7 +128,10 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
         y = _gated(gate_up, down, xe, act, packed, exact=None if packed else True)
         out.index_add_(0, rows, y * weights[rows, slot, None])
     if moe.shared is not None and moe.shared_gate is None:  # every token, as it is
-        out = out + _gated(*moe.shared, x, act, packed)
+        shared = _gated(*moe.shared, x, act, packed)
+        if moe.shared_scale != 1.0:  # cohere2_moe's average: halved (exactly)
+            shared = shared * moe.shared_scale
+        out = out + shared
     elif moe.shared is not None:  # every token, gated by sigmoid(shared_gate · x)
         if xf.device.type == "cpu":  # the one-call decoder's dot product
             gate = sigmoid_gate(xf, moe.shared_gate.weight)

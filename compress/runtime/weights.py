@@ -110,6 +110,7 @@ class MoeWeights:
     groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
     group_score: str = "top2"  # a group's score: its best two summed, or its "max" (V2's)
     sparsemixer: float | None = None  # PhiMoE's routing, at this threshold (route_scores)
+    shared_scale: float = 1.0  # the shared expert's output times this (cohere2_moe's 0.5)
 
     def __post_init__(self):
         if self.reads is None:
@@ -630,6 +631,7 @@ def load_weights(
             if spec.mlp.shared:
                 gate, up, down = (lin(n) for n in adapter.shared_linears)
                 moe.shared = (fuse([gate, up]), down)
+                moe.shared_scale = spec.mlp.shared_scale
                 if adapter.shared_gate:
                     weight = tensors[f"{p}.{adapter.shared_gate}.weight"]
                     moe.shared_gate = DenseLinear(weight.to(device, torch.float32))

@@ -107,6 +107,7 @@ typedef struct {
     int n_group, topk_group;  /* chosen within topk_group of n_group expert groups (1, 1:
                                * none), each scored by its best two, or its best (group_max) */
     int group_max;
+    float shared_scale;       /* the shared expert's output times this (cohere2_moe's 0.5) */
 } QMoe;
 
 /* Multi-head latent attention (DeepSeek's MLA) in the absorbed form (runtime/weights.py's

@@ -189,6 +189,8 @@ int moe_mlp(const QMoe *M, int B, int hidden, int act, const float *xf,
     if (qlin(M->shared + 1, ax8, adx, abs_, B, y, apad, sp)) return -1;
     if (M->shared_gate)
         for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= gate[i / hidden];
+    if (M->shared_scale != 1.f) /* cohere2_moe's average: halved, as the per-op path */
+        for (int64_t i = 0; i < (int64_t)B * hidden; i++) y[i] *= M->shared_scale;
     for (int64_t i = 0; i < (int64_t)B * hidden; i++) out[i] += y[i];
     return 0;
 }
