@@ -45,6 +45,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   afmoe with sandwich norms, per-head q/k norms and the attention's output gated by a
   sigmoid, 3 sliding : 1 full layers, the full ones without rope, sigmoid routing
   steered by a choice bias, renormalized and scaled, a shared expert and layer 0 dense;
+  cohere2_moe with the parallel block under one LayerNorm, softmax routing, a shared
+  expert averaged with the routed ones, layer 0 dense and rotated, 3 sliding : 1 full
+  layers after it, the full ones unrotated;
   minicpm5_moe with the gate's rows inside q, every attention linear biased, glm4_moe's
   routing and shared expert, layer 0 dense;
   exaone_moe with dots1's routing, shared expert, dense layer 0 and q/k norms, 3
@@ -283,6 +286,20 @@ MOE_SETTINGS = {
         "intermediate_size": 4096,
         "mlp_layer_types": ["dense"] + ["sparse"] * 15,
         "layer_types": ["sliding_attention", "full_attention"] * 8,
+        "sliding_window": 512,
+    },
+    # cohere2_moe: Command A+'s parallel block with experts, layer 0 dense (typed full,
+    # rotated) and 4096 wide, then 3 sliding : 1 full layers (the full ones unrotated), the
+    # shared expert averaged with the routed ones
+    "cohere2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 1024,
+        "prefix_dense_intermediate_size": 4096,
+        "mlp_layer_types": ["dense"] + ["sparse"] * 15,
+        "layer_types": ["full_attention"]
+        + (["sliding_attention"] * 3 + ["full_attention"]) * 3
+        + ["sliding_attention"] * 3,
         "sliding_window": 512,
     },
     # minicpm5_moe: MiniCPM5-MoE's q_proj holding each head's query and output gate,
