@@ -3121,6 +3121,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_cohere2_moe.json",
+        "cohere2_moe beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families cohere2_moe,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_cohere2_moe",
+        families,
+    ),
+    (
         "families_minicpm5_moe.json",
         "minicpm5_moe beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families minicpm5_moe,qwen3_moe --skip-anchors --rounds 5 "
