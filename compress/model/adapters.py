@@ -730,7 +730,7 @@ class MoeKeys:
     groups_if: tuple[str, str] | None = None
     group_score: str = "top2"
     # a key naming the scores instead (cohere2_moe's expert_selection_fn): "softmax" (of
-    # the chosen logits: renormalized), or "sigmoid" (renormalized iff norm_topk_prob)
+    # the chosen logits: renormalized), or "sigmoid" (renormalized as `renormalize` says)
     scoring_key: str | None = None
     # a key whose "average" halves the routed and the shared experts' outputs, "sum" adds
     # them (cohere2_moe's shared_expert_combination_strategy)
@@ -771,7 +771,7 @@ class MoeKeys:
                     f"config.json gives {self.scoring_key} {scoring!r}: this family scores "
                     "experts by softmax or sigmoid; set one of them"
                 )
-            renormalize = scoring == "softmax" or bool(getattr(hf, "norm_topk_prob", True))
+            renormalize = scoring == "softmax" or renormalize  # the chosen's softmax sums to 1
         scale = float(getattr(hf, self.scale)) if self.scale else 1.0
         shared_scale = 1.0
         if self.shared_average and shared:
@@ -1437,7 +1437,7 @@ ADAPTERS: dict[str, Adapter] = {
         moe=MoeKeys(
             "num_experts",
             "intermediate_size",
-            None,
+            "norm_topk_prob",  # the sigmoid's; the softmax of the chosen is renormalized
             shared_count="num_shared_experts",
             layer_kinds="mlp_layer_types",
             scoring_key="expert_selection_fn",

@@ -18,7 +18,8 @@ def install_aliases(model: nn.Module, adapter) -> None:
         block = model.get_submodule(adapter.block_prefix(i))
         for stored, attribute in adapter.module_aliases:
             parent_path, _, name = stored.rpartition(".")
+            old = attribute.rpartition(".")[2]  # (both under the same parent)
             parent = block.get_submodule(parent_path) if parent_path else block
-            module = parent._modules.pop(attribute.rpartition(".")[2])
+            module = parent._modules.pop(old)
             parent._modules[name] = module
-            object.__setattr__(parent, attribute.rpartition(".")[2], module)
+            object.__setattr__(parent, old, module)

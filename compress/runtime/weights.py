@@ -695,7 +695,7 @@ def load_weights(
                 post_attn_norm=opt(adapter.post_attn_norm),
                 post_mlp_norm=opt(adapter.post_mlp_norm),
                 latent=latent,
-                gated=adapter.attn_gate is not None or adapter.attn_gate_in_q,
+                gated=spec.attn_gate,
             )
         )
         if spec.norm_bias:
