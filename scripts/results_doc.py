@@ -3135,13 +3135,6 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
-        "families_minicpm5_moe.json",
-        "minicpm5_moe beside qwen3_moe at a realistic width, AMX Xeon",
-        "benchmarks/families.py --families minicpm5_moe,qwen3_moe --skip-anchors --rounds 5 "
-        "--name families_minicpm5_moe",
-        families,
-    ),
-    (
         "families_hyperclovax.json",
         "hyperclovax beside granite at a realistic width, AMX Xeon",
         "benchmarks/families.py --families hyperclovax,granite --skip-anchors --rounds 5 "
@@ -3325,6 +3318,10 @@ def generic(d) -> list[str]:
 
 
 def render() -> str:
+    titles = [title for _, title, *_ in SECTIONS]
+    twice = sorted({t for t in titles if titles.count(t) > 1})
+    if twice:  # one anchor for two sections: the contents would link one of them twice
+        raise SystemExit(f"results_doc.py lists a section twice: {twice[0]!r}")
     known = {name for name, *_ in SECTIONS} | {"device_compress_8b.json"}  # read by its section
     extra = sorted(
         str(p.relative_to(RESULTS))
