@@ -26,7 +26,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   head; stablelm: LayerNorms with a bias, q/k/v biases, a quarter of each head rotated;
   phi3: fused tensors, LongRoPE; vaultgemma: gemma2's block without the output norms;
   ministral: mistral's block, 1 sliding : 1 full layers; hyperclovax: granite's
-  multipliers, the logits multiplied, norms on the branch outputs; internlm3 and iquestcoder:
+  multipliers, the logits multiplied, norms on the branch outputs; granite_swa: granite's
+  multipliers, 3 sliding : 1 full layers, the full ones without rope, an attention sink
+  per head; internlm3 and iquestcoder:
   llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
   scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
@@ -211,6 +213,17 @@ DENSE = {
     # HyperCLOVA X's: granite's multipliers (the tiny model's), the logits multiplied,
     # Peri-LN's norms on the branch outputs
     "hyperclovax": {},
+    # Granite SWASH's: granite's multipliers (as the granite row's), 3 sliding layers of
+    # its class's 128 : 1 full layer, each head's attention sink (drawn at random in
+    # write_model); the full layers without rope (layer_rope_theta 0), chosen here
+    "granite_swa": {
+        "attention_multiplier": 1 / 64,
+        "tie_word_embeddings": True,
+        "layer_types": None,
+        "sliding_window": 128,
+        "num_hidden_layers": 24,
+        "layer_rope_theta": [0 if i % 4 == 0 else 10000.0 for i in range(24)],
+    },
     "iquestcoder": {},
     "jais2": {},
     # Code World Model's: 1 full : 3 sliding layers, Llama 3 rope scaling at its class
@@ -395,6 +408,8 @@ def write_model(folder: Path, name: str, config=None, seed: int = 0) -> Path:
         for pname, p in model.named_parameters():  # each engine's tie-breaking
             if pname.endswith("mlp.router.gate.weight") and not p.any():
                 p.normal_(0.0, config.initializer_range)
+            if pname.endswith("self_attn.sinks"):  # at zeros, each head's alike
+                p.normal_(0.0, 1.0)
     model.save_pretrained(folder)
     tokenizer = convert_gguf(default_gguf())
     for f in tokenizer.iterdir():

@@ -127,6 +127,25 @@ FAMILIES = {
             "logits_scaling": 1.5,
         },
     ),
+    # granite's scalars and each head's attention sink (drawn at random below: transformers
+    # starts them at zeros), a full layer without rope and two sliding layers with rope
+    # bases of their own
+    "granite_swa": (
+        "GraniteSWAConfig",
+        {
+            "embedding_multiplier": 0.5,
+            "attention_multiplier": 0.3,
+            "residual_multiplier": 0.22,
+            "logits_scaling": 1.5,
+            "num_hidden_layers": 3,
+            "layer_types": ["full_attention", "sliding_attention", "sliding_attention"],
+            "sliding_window": 8,
+            "layer_rope_theta": [0, 10000.0, 500.0],
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     # granite's scalars with the logits multiplied, not divided, and Peri-LN's norms on each
     # branch's output (use_post_norm, its default)
     "hyperclovax": (
@@ -445,6 +464,8 @@ def build_family(name: str, seed: int | None = None, **overrides):
                 p.copy_(p + 0.3 * torch.randn_like(p))
             elif pname.endswith("gate.weight") and p.dim() == 2 and not p.any():  # a router
                 p.copy_(config.initializer_range * torch.randn_like(p))  # at zeros: afmoe's
+            elif pname.endswith("self_attn.sinks"):  # at zeros, each head's alike
+                p.copy_(torch.randn_like(p))
         held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
         for name_, t in held:
             if name_.endswith(("e_score_correction_bias", "expert_bias")):  # steers the choice

@@ -194,6 +194,7 @@ OWN_FACTS = {
     "arcee": lambda s: {"activation": "silu"},  # its relu² (an MLP without a gate)
     "phi parallel": lambda s: {"parallel": False},
     "gpt_neox parallel": lambda s: {"parallel": False},
+    "granite_swa rope": lambda s: {"rope": (s.rope[1],) * s.layers},  # one base, none NoPE
 }
 
 
@@ -208,6 +209,39 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     weights.spec = dataclasses.replace(weights.spec, **OWN_FACTS[fact](weights.spec))
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() > 1e-2
+
+
+def test_dropping_the_attention_sinks_shows(models, ids):
+    """granite_swa's sinks, read from each layer by every kernel (Layer.sinks): without
+    them the runtime no longer computes what transformers does."""
+    want = _transformers_logits(models["granite_swa"], ids)
+    weights = load_weights(resolve(str(models["granite_swa"])), device="cpu")
+    assert all(layer.sinks is not None for layer in weights.layers)
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    for layer in weights.layers:
+        layer.sinks = None
+    got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() > 1e-2
+
+
+def test_rope_modules_of_the_model_are_rebuilt_each_from_its_own_config(models, ids):
+    """granite_swa's model holds one rotary module per rope base (`model.rotary_embs`):
+    transformers' model built from the checkpoint computes what transformers' own does,
+    and an adapter that did not name them is refused for that module, where it had taken
+    `rotary_embs` for `rotary_emb` and left their tables uninitialized."""
+    from compress.artifact.dense import load_model
+    from compress.artifact.reader import dense_state_dict
+    from compress.model.loading import build_model
+
+    ckpt = resolve(str(models["granite_swa"]))
+    want = _transformers_logits(models["granite_swa"], ids)
+    with torch.no_grad():
+        got = load_model(ckpt)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-5
+    blind = dataclasses.replace(ckpt.adapter, derived_modules=("model.rotary_emb",))
+    with pytest.raises(LlmpressError, match=r"model\.rotary_embs\.0\.\w*inv_freq is computed"):
+        build_model(ckpt.config, dense_state_dict(ckpt), blind)
 
 
 @pytest.mark.parametrize("name", ["stablelm", "gpt_neox"])
@@ -1089,7 +1123,7 @@ TRITON_NAMES = (
     if DEVICE == "cuda"
     else [
         "gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe", "cohere2",
-        "afmoe",
+        "afmoe", "granite_swa",
     ]
 )  # fmt: skip
 

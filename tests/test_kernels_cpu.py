@@ -314,18 +314,27 @@ def test_other_instruction_sets_compute_the_same(flags):
 
 
 @pytest.mark.parametrize(
-    "heads,kvh,d,softcap",
-    [(9, 3, 64, None), (16, 4, 128, None), (8, 2, 96, None), (9, 3, 64, 2.0), (20, 1, 576, None)],
+    "heads,kvh,d,softcap,sinks",
+    [
+        (9, 3, 64, None, False),
+        (16, 4, 128, None, False),
+        (8, 2, 96, None, False),
+        (9, 3, 64, 2.0, False),
+        (20, 1, 576, None, False),
+        (8, 2, 64, None, True),
+        (9, 3, 96, 2.0, True),
+    ],
 )
 @pytest.mark.parametrize("kv", ["none", "int8", "int4", "int8:g16", "int4:g64"])
-def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softcap):
+def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softcap, sinks):
     """The C attention stores each new token (quantizing a KIVI group as it completes,
     exactly as kv_cache.py does) and attends over quantized prefix + fp32 residual: same
     cache contents and the same output as kv_cache.read + plain softmax attention. Head
     sizes 64 and 128 take the 16-lane code loops on AVX-512 (sizes compiled in), 96 the
     8-lane ones; 4 query heads a KV head leave one over after a group of three. With a
     softcap (gemma2) the scores are capped as transformers caps them. 576: latent
-    attention's one cached head (HEAD_MAX), which 20 query heads read in two passes."""
+    attention's one cached head (HEAD_MAX), which 20 query heads read in two passes. With
+    sinks (gpt-oss, granite_swa) each head's denominator holds exp(its sink) besides."""
     import copy
 
     from compress.kernels.cpu import decode_attention
@@ -341,6 +350,7 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softc
             ref.write(layer, s, 0, torch.randn(kvh, n, d), torch.randn(kvh, n, d) * 3)
         ref.lengths[s] = n
     fast = copy.deepcopy(ref)
+    sinks = 2 * torch.randn(heads) if sinks else None
     use = torch.tensor([3, 0, 1])  # ragged, out of slot order
     for _ in range(40):  # crosses several group boundaries per sequence
         positions = ref.lengths[use].clone()
@@ -348,12 +358,14 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softc
             cache.prepare_rows(use.tolist(), positions.tolist())
         q, k, v = torch.randn(3, heads, d), torch.randn(3, kvh, d), torch.randn(3, kvh, d)
         for layer in range(layers):
-            got = decode_attention(q, k, v, fast, layer, use, positions, softcap=softcap)
+            got = decode_attention(
+                q, k, v, fast, layer, use, positions, softcap=softcap, sinks=sinks
+            )
             ref.write_tokens(layer, use, positions, k, v)
             lengths = positions + 1
             keys, values = ref.read(layer, use, int(lengths.max()), lengths)
             mask = (torch.arange(int(lengths.max()))[None] < lengths[:, None])[:, None, None, :]
-            want = _decode_attention(q, keys, values, mask, softcap=softcap)
+            want = _decode_attention(q, keys, values, mask, softcap=softcap, sinks=sinks)
             torch.testing.assert_close(got, want.reshape(3, heads, d), rtol=1e-4, atol=1e-4)
         ref.lengths[use] += 1
         fast.lengths[use] += 1
@@ -364,18 +376,25 @@ def test_c_decode_attention_matches_the_torch_reference(kv, heads, kvh, d, softc
 
 @pytest.mark.parametrize("kv", ["none", "int8", "int4:g64"])
 @pytest.mark.parametrize(
-    "window,kvh,heads,softcap",
-    [(0, 3, 9, None), (300, 3, 9, None), (0, 1, 20, None), (0, 3, 9, 2.0)],
+    "window,kvh,heads,softcap,sinks",
+    [
+        (0, 3, 9, None, False),
+        (300, 3, 9, None, False),
+        (0, 1, 20, None, False),
+        (0, 3, 9, 2.0, False),
+        (0, 2, 8, None, True),
+        (300, 3, 9, None, True),
+    ],
 )
 def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(
-    kv, window, kvh, heads, softcap
+    kv, window, kvh, heads, softcap, sinks
 ):
     """A decode row past 512 positions is attended in spans of 512 positions and the spans'
     softmaxes merged, a lone sequence's spans split over the threads: it matches the torch
     reference, and its bits do not depend on the rows beside it or on the thread count
     (speculation's check compares a verify pass's rows with decode steps' bit for bit).
     20 query heads on one KV head take two passes of up to 16; capped scores (gemma2) merge
-    as any others."""
+    as any others; sinks join the merged denominator once."""
     import copy
 
     from compress.kernels.cpu import decode_attention, set_threads
@@ -390,6 +409,7 @@ def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(
         before.lengths[s] = n
     q, k, v = torch.randn(4, heads, d), torch.randn(4, kvh, d), torch.randn(4, kvh, d)
     slots, positions = torch.arange(4), torch.tensor(lengths)
+    sinks = 2 * torch.randn(heads) if sinks else None
 
     def step(rows, n_threads=None):
         cache = copy.deepcopy(before)
@@ -398,7 +418,8 @@ def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(
         set_threads(n_threads or saved)
         try:
             return decode_attention(q[rows], k[rows], v[rows], cache, 0, slots[rows],
-                                    positions[rows], window=window, softcap=softcap)  # fmt: skip
+                                    positions[rows], window=window, softcap=softcap,
+                                    sinks=sinks)  # fmt: skip
         finally:
             set_threads(saved)
 
@@ -410,7 +431,7 @@ def test_long_rows_are_attended_span_by_span_with_the_bits_of_the_row_alone(
     keys, values = ref.read(0, slots, int(n.max()), n)
     at = torch.arange(int(n.max()))[None]
     mask = (at < n[:, None]) & (at >= (n[:, None] - window if window else 0))
-    want = _decode_attention(q, keys, values, mask[:, None, None, :], softcap=softcap)
+    want = _decode_attention(q, keys, values, mask[:, None, None, :], softcap=softcap, sinks=sinks)
     torch.testing.assert_close(got, want.reshape(4, heads, d), rtol=1e-4, atol=1e-4)
     for b in range(4):
         assert torch.equal(step(torch.tensor([b]))[0], got[b])
@@ -645,22 +666,26 @@ def test_the_activation_without_a_gate_is_transformers_and_quantized_as_any_row(
     # GQA; a group wider than 8 with 40 dims; MHA, 36; latent attention's one head of 576
     [(9, 3, 64), (18, 1, 40), (4, 4, 36), (20, 1, 576)],
 )
-@pytest.mark.parametrize("window,softcap", [(0, None), (16, None), (0, 1.0)])
+@pytest.mark.parametrize(
+    "window,softcap,sinks", [(0, None, False), (16, None, False), (0, 1.0, False), (16, None, True)]
+)
 @pytest.mark.parametrize("n", [45, 150])  # 150: the weighted values in more than one pass
 def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
-    heads, kv_heads, d, window, softcap, n
+    heads, kv_heads, d, window, softcap, sinks, n
 ):
     """Every chunk of a step in one C call: the same output as the torch reference, and a
     prompt's rows the same bits whether it was attended whole, in chunks (the later ones
-    over the earlier ones' keys) or beside other prompts in the call; with a softcap too."""
+    over the earlier ones' keys) or beside other prompts in the call; with a softcap, and
+    with each head's sink in its denominator, too."""
     from compress.kernels.cpu import prefill_attention
     from compress.runtime.model import _prefill_attention
 
     torch.manual_seed(heads + d + window + n)
     q, k, v = torch.randn(n, heads, d), torch.randn(kv_heads, n, d), torch.randn(kv_heads, n, d)
+    sinks = 2 * torch.randn(heads) if sinks else None
     whole = torch.empty(n, heads * d)
-    prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window, softcap)
-    ref = _prefill_attention(q.transpose(0, 1), k, v, 0, 0.2, window or None, softcap)
+    prefill_attention(q, whole, [(0, n, k, v, 0)], 0.2, window, softcap, sinks)
+    ref = _prefill_attention(q.transpose(0, 1), k, v, 0, 0.2, window or None, softcap, sinks)
     tol = 1e-5 * max(1.0, (d / 64) ** 0.5)  # sums of d products, in another order
     torch.testing.assert_close(whole, ref.transpose(0, 1).reshape(n, -1), rtol=tol, atol=tol)
 
@@ -671,7 +696,7 @@ def test_c_prefill_attention_matches_torch_and_ignores_how_a_prompt_was_split(
     chunks = [(0, 7, other_k, other_v, 0)]
     for a, b in [(0, 1), (1, 17), (17, 18), (18, n)]:  # one row, a span, one row, the rest
         chunks.append((7 + a, 7 + b, k[:, :b].contiguous(), v[:, :b].contiguous(), a))
-    prefill_attention(both_q, split, chunks[::-1], 0.2, window, softcap)
+    prefill_attention(both_q, split, chunks[::-1], 0.2, window, softcap, sinks)
     assert torch.equal(split[7:], whole)
 
 

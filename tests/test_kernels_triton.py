@@ -66,10 +66,12 @@ def test_triton_linear_reads_the_artifact_tensors(artifacts):
 
 
 @pytest.mark.parametrize("bits", [None, 8, 4])
-@pytest.mark.parametrize("softcap", [None, 2.0])  # gemma2's capped scores
+# gemma2's capped scores; a sink in each head's softmax (gpt-oss, granite_swa)
+@pytest.mark.parametrize("softcap,sinks", [(None, False), (2.0, False), (None, True)])
 @pytest.mark.parametrize("dim", [64, 96])  # 96: no power of two (a latent of 64, rope 32)
-def test_decode_attention_matches_reference(bits, softcap, dim):
+def test_decode_attention_matches_reference(bits, softcap, sinks, dim):
     torch.manual_seed(0)
+    sinks = (2 * torch.randn(9)).to(DEVICE) if sinks else None
     cache = KVCache(2, 4, 3, 128, dim, KVScheme(bits, group=32), device=DEVICE)
     lengths = {0: 70, 1: 5, 2: 32, 3: 1}  # a residual only, a group boundary, one token
     for slot, n in lengths.items():
@@ -80,25 +82,28 @@ def test_decode_attention_matches_reference(bits, softcap, dim):
     slots = torch.tensor([2, 0, 3, 1], device=DEVICE)
     lens = cache.lengths[slots]
     q = torch.randn(4, 9, dim).to(DEVICE)
-    out = decode_attention(q, cache, 1, slots, lens, softcap=softcap)
+    out = decode_attention(q, cache, 1, slots, lens, softcap=softcap, sinks=sinks)
     keys, values = cache.read(1, slots, int(lens.max()))
     mask = (torch.arange(int(lens.max()), device=DEVICE)[None] < lens[:, None])[:, None, None, :]
-    ref = _decode_attention(q, keys, values, mask, softcap=softcap).reshape(4, 9, dim)
+    ref = _decode_attention(q, keys, values, mask, softcap=softcap, sinks=sinks)
+    ref = ref.reshape(4, 9, dim)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
-SPAN_CASES = [(b, w, 64) for b in (None, 8, 4) for w in (0, 300)] + [(8, 0, 96)]
+SPAN_CASES = [(b, w, 64, False) for b in (None, 8, 4) for w in (0, 300)]
+SPAN_CASES += [(8, 0, 96, False), (8, 300, 64, True)]
 
 
-@pytest.mark.parametrize(("bits", "window", "dim"), SPAN_CASES)
+@pytest.mark.parametrize(("bits", "window", "dim", "sinks"), SPAN_CASES)
 def test_decode_attention_in_spans_matches_reference_with_the_bits_of_a_row_alone(
-    bits, window, dim
+    bits, window, dim, sinks
 ):
     """A cache whose rows may pass 512 positions is attended in spans of 512 (a program
     each), merged in order: the reference's output, and each row's bits the same alone as
     in the batch. Two query heads a key head (the interpreter's time goes with the heads:
-    the grouping itself is tested with three above)."""
+    the grouping itself is tested with three above). Sinks join the merged denominator."""
     torch.manual_seed(1)
+    sinks = (2 * torch.randn(4)).to(DEVICE) if sinks else None
     cache = KVCache(1, 4, 2, 1200, dim, KVScheme(bits, group=32), device=DEVICE)
     lengths = {0: 700, 1: 5, 2: 1100, 3: 512}  # one span, spans with and without a residual
     for slot, n in lengths.items():
@@ -108,15 +113,15 @@ def test_decode_attention_in_spans_matches_reference_with_the_bits_of_a_row_alon
     slots = torch.tensor([2, 0, 3, 1], device=DEVICE)
     lens = cache.lengths[slots]
     q = torch.randn(4, 4, dim).to(DEVICE)
-    out = decode_attention(q, cache, 0, slots, lens, window=window)
+    out = decode_attention(q, cache, 0, slots, lens, window=window, sinks=sinks)
     keys, values = cache.read(0, slots, int(lens.max()))
     at = torch.arange(int(lens.max()), device=DEVICE)[None]
     mask = (at < lens[:, None]) & (at >= (lens[:, None] - window if window else 0))
-    ref = _decode_attention(q, keys, values, mask[:, None, None, :]).reshape(4, 4, dim)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    ref = _decode_attention(q, keys, values, mask[:, None, None, :], sinks=sinks)
+    torch.testing.assert_close(out, ref.reshape(4, 4, dim), rtol=1e-5, atol=1e-5)
     for j in range(4):
         alone = decode_attention(q[j : j + 1], cache, 0, slots[j : j + 1], lens[j : j + 1],
-                                 window=window)  # fmt: skip
+                                 window=window, sinks=sinks)  # fmt: skip
         assert torch.equal(alone[0], out[j])
 
 

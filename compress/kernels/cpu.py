@@ -480,12 +480,14 @@ def decode_attention(
     scale: float | None = None,
     window: int = 0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write k/v [B, kv_heads, D] into `layer` of `cache` (fp32 or KIVI int8/int4) at
     `positions` (their blocks prepared: `KVCache.prepare_rows`), then attend q
     [B, heads, D] over the last `window` positions up to each sequence's own (0: all of
     them), scores times `scale` (default D**-0.5) and capped at `softcap` (softcap *
-    tanh(score / softcap); None: not), in C."""
+    tanh(score / softcap); None: not), each head's softmax with exp(sinks[h]) in its
+    denominator where `sinks` (fp32 [heads]) is given, in C."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_f32(t, name)
@@ -498,9 +500,20 @@ def decode_attention(
     if library().llmp_decode_attention(
         ctypes.byref(kv_struct(cache)), layer, _ptr(q), _ptr(k), _ptr(v), _ptr(slots),
         _ptr(positions), b, heads, scale, window or 0, softcap or 0.0, _ptr(out),
+        _sinks_ptr(sinks, heads),
     ):  # fmt: skip
         raise MemoryError("llmp_decode_attention: out of memory")
     return out
+
+
+def _sinks_ptr(sinks: torch.Tensor | None, heads: int) -> int | None:
+    """The address of a layer's attention sinks (fp32 [heads]), or None (no sinks)."""
+    if sinks is None:
+        return None
+    _check_f32(sinks, "sinks")
+    if sinks.shape != (heads,):
+        raise TypeError(f"sinks: one per query head, [{heads}], got {tuple(sinks.shape)}")
+    return _ptr(sinks)
 
 
 def _rows_ptr(t: torch.Tensor, name: str) -> int:
@@ -512,13 +525,20 @@ def _rows_ptr(t: torch.Tensor, name: str) -> int:
 
 
 def prefill_attention(
-    q, out, chunks: list, scale: float, window: int = 0, softcap: float | None = None
+    q,
+    out,
+    chunks: list,
+    scale: float,
+    window: int = 0,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Causal attention of every chunk of a prefill step in one C call. q [N, heads, D]
     holds the step's query rows and out [N, heads * D] receives theirs; each chunk is
     (a, b, keys, values, start): rows a..b-1 at positions start.. against keys/values
     [kv_heads, start + b - a, D], each row seeing the keys up to its own (the last
-    `window` of them; 0: all), scores capped at `softcap` (None: not). A row's result is
+    `window` of them; 0: all), scores capped at `softcap` (None: not), sinks as
+    decode_attention's. A row's result is
     the same bits however its prompt was split into chunks or batched with others (see
     prefill_attention.c)."""
     n, heads, d = q.shape
@@ -536,7 +556,15 @@ def prefill_attention(
         c.T, c.start = b - a, start
     lib = library()
     if lib.llmp_prefill_attention(
-        arr, len(chunks), heads, kv_heads, d, scale, window, softcap or 0.0
+        arr,
+        len(chunks),
+        heads,
+        kv_heads,
+        d,
+        scale,
+        window,
+        softcap or 0.0,
+        _sinks_ptr(sinks, heads),
     ):
         raise MemoryError("llmp_prefill_attention: out of memory")
 
@@ -938,6 +966,7 @@ class FusedLayer:
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's (apertus)
     mla: FusedLatent | None = None  # latent attention: qkv holds what reads the norm
     gated: bool = False  # qkv's last heads * D outputs gate attention's (afmoe)
+    sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -948,7 +977,7 @@ class FusedLayer:
         lins = (_qlin(x) for x in (self.qkv, self.o, self.gate_up, self.down))
         norms = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_mlp_norm)
         tensors = (self.attn_norm, self.mlp_norm, self.cos, self.sin, self.q_scale, *norms)
-        for t in (*tensors, self.act_params):
+        for t in (*tensors, self.act_params, self.sinks):
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
@@ -964,6 +993,7 @@ class FusedLayer:
             ctypes.addressof(keep[0]) if self.moe is not None else None, int(self.center),
             int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
             None if mla is None else ctypes.addressof(mla), int(self.gated),
+            _opt(self.sinks),
         )  # fmt: skip
         return layer, keep
 

@@ -85,6 +85,7 @@ def _decode_attention(
     sm_scale,
     window,  # keys within the last `window` positions (0: all)
     softcap,  # scores softcap * tanh(score / softcap) where CAP
+    sink_ptr,  # [H]: each head's sink, in its softmax's denominator where SINK
     m_ptr,  # with SPLIT: each span's running max [B, H, NS], its sum, its weighted sum [.., D]
     l_ptr,
     acc_ptr,
@@ -97,6 +98,7 @@ def _decode_attention(
     SPAN_T: tl.constexpr,  # positions per program (with SPLIT) or every position
     SPLIT: tl.constexpr,
     CAP: tl.constexpr,
+    SINK: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -170,6 +172,8 @@ def _decode_attention(
         tl.store(l_ptr + at, l_i)
         tl.store(acc_ptr + at * D + d, acc, mask=d < D)
     else:
+        if SINK:
+            l_i += tl.exp(tl.load(sink_ptr + h) - m_i)
         tl.store(o_ptr + (b * H + h) * D + d, acc / l_i, mask=d < D)
 
 
@@ -180,11 +184,13 @@ def _merge_spans(
     acc_ptr,
     o_ptr,
     len_ptr,
+    sink_ptr,
     H,
     NS,
     D: tl.constexpr,
     DP: tl.constexpr,
     SPAN_T: tl.constexpr,
+    SINK: tl.constexpr,
 ):
     """o = the spans' weighted sums over their sums, each rescaled to the largest max, span
     by span in order over the spans the row reaches (one span: the one-pass bits)."""
@@ -202,6 +208,8 @@ def _merge_spans(
         w = tl.exp(tl.load(m_ptr + base + i) - top)
         den += tl.load(l_ptr + base + i) * w
         acc += tl.load(acc_ptr + (base + i) * D + d, mask=d < D, other=0.0) * w
+    if SINK:
+        den += tl.exp(tl.load(sink_ptr + h) - top)
     tl.store(o_ptr + (b * H + h) * D + d, acc / den, mask=d < D)
 
 
@@ -214,11 +222,13 @@ def decode_attention(
     scale: float | None = None,
     window: int = 0,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ):
     """o [B, H, D] for queries q [B, H, D] of sequences in cache `slots`, each attending to
     its first `lengths[b]` cached tokens (its current token already written), only the
     last `window` of them when given; scores times `scale` (default D**-0.5), capped at
-    `softcap` when given."""
+    `softcap` when given; each head's softmax with exp(sinks[h]) in its denominator
+    where `sinks` [H] is given."""
     b, heads, dim = q.shape
     q = q.contiguous().float()
     out = torch.empty_like(q)
@@ -273,6 +283,7 @@ def decode_attention(
         dim**-0.5 if scale is None else scale,
         window or 0,
         float(softcap or 0.0),
+        q if sinks is None else sinks.float().contiguous(),  # never read without sinks
         m,
         l_sum,
         acc,
@@ -285,8 +296,13 @@ def decode_attention(
         SPAN_T=span if ns > 1 else 1 << 30,
         SPLIT=ns > 1,
         CAP=bool(softcap),
+        SINK=sinks is not None,
     )
     if ns > 1:
         dp = triton.next_power_of_2(dim)
-        _merge_spans[(b, heads)](m, l_sum, acc, out, lengths, heads, ns, D=dim, DP=dp, SPAN_T=span)
+        sink = q if sinks is None else sinks.float().contiguous()
+        _merge_spans[(b, heads)](
+            m, l_sum, acc, out, lengths, sink, heads, ns, D=dim, DP=dp, SPAN_T=span,
+            SINK=sinks is not None,
+        )  # fmt: skip
     return out

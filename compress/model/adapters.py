@@ -326,6 +326,9 @@ class Adapter:
     # or q's own rows hold each head's query then its gate, [q_h; g_h] (MiniCPM5-MoE's
     # q_gate_proj): q twice as wide; pruning keeps the attention whole
     attn_gate_in_q: bool = False
+    # each head's learned attention sink, a parameter [heads] beside q/k/v (gpt-oss's and
+    # granite_swa's `self_attn.sinks`): a score no value stands behind, in every softmax
+    sinks: str | None = None
     # (checkpoint name, transformers' attribute) of a block's modules named apart
     # (MiniCPM5-MoE's q_proj, its model's q_gate_proj): model/aliases.py
     module_aliases: tuple[tuple[str, str], ...] = ()
@@ -1079,6 +1082,17 @@ ADAPTERS: dict[str, Adapter] = {
     # granite: llama's block with its embedding, attention, residual and logit scalars
     "granite": replace(
         LLAMA, families=("granite",), architecture="GraniteForCausalLM", multipliers=True
+    ),
+    # granite_swa (Granite SWASH): granite's block and multipliers with sliding layers
+    # (layer_types), each head's learned attention sink (`self_attn.sinks`), and a rope
+    # base per layer, 0 for none (spec.py: layer_rope_theta)
+    "granite_swa": replace(
+        LLAMA,
+        families=("granite_swa",),
+        architecture="GraniteSWAForCausalLM",
+        multipliers=True,
+        sinks="self_attn.sinks",
+        derived_modules=("model.rotary_emb", "model.rotary_embs"),
     ),
     # smollm3: llama's block; every few layers without rope (spec.py: no_rope_layers)
     "smollm3": replace(LLAMA, families=("smollm3",), architecture="SmolLM3ForCausalLM"),

@@ -129,8 +129,9 @@ def _widest(hf, spec: BlockSpec) -> int:
 
 def attention_kernel(spec: BlockSpec) -> str:
     """transformers' attention for a block: SDPA, except where scores are softcapped
-    (gemma2), which SDPA cannot do: eager, which then needs an explicit causal mask."""
-    return "eager" if spec.attn_softcap else "sdpa"
+    (gemma2) or a sink joins the softmax (gpt-oss, granite_swa), which SDPA cannot do:
+    eager, which then needs an explicit causal mask."""
+    return "eager" if spec.attn_softcap or spec.attn_sinks else "sdpa"
 
 
 @dataclass(frozen=True)

@@ -468,7 +468,12 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
     for name in adapter.derived_modules:  # buffers computed from the config, e.g. rotary
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
-        setattr(owner, child, type(getattr(owner, child))(config=hf_config))
+        held = getattr(owner, child)
+        if isinstance(held, torch.nn.ModuleList):  # granite_swa's: one per rope base, each
+            for i, module in enumerate(held):  # built from a config of its own
+                held[i] = type(module)(config=module.config)
+        else:
+            setattr(owner, child, type(held)(config=hf_config))
     _fill_init_buffers(model, adapter)
     return model.eval()
 
@@ -477,9 +482,9 @@ def _fill_init_buffers(model, adapter: Adapter) -> None:
     """Buffers a module computes at init and no checkpoint stores (gemma3's embedding
     scale, kept beside its float as `scalar_<buffer>`) are left empty by the meta-device
     build: fill them, and refuse one that cannot be rebuilt rather than compute with it."""
-    derived = tuple(adapter.derived_modules)
+    derived = adapter.derived_modules
     for name, module in model.named_modules():
-        if name.startswith(derived):
+        if any(name == d or name.startswith(d + ".") for d in derived):
             continue
         for buffer in module._non_persistent_buffers_set:
             scalar = getattr(module, f"scalar_{buffer}", None)

@@ -82,6 +82,9 @@ class BlockSpec:
     # attention's output times sigmoid(gate(x)), channel by channel, before o: x the
     # attention's input, gate a linear as wide as q (afmoe's self_attn.gate_proj)
     attn_gate: bool = False
+    # each head's softmax denominator plus exp(sink), a learned per-head score with no value
+    # behind it (Adapter.sinks: gpt-oss, granite_swa)
+    attn_sinks: bool = False
 
     @property
     def layers(self) -> int:
@@ -126,10 +129,15 @@ def describe(config: dict, adapter) -> BlockSpec:
     params = hf.rope_parameters or {}
     top = {"partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
     ropes = []
-    for t in types:
+    # granite_swa's base per layer, 0 for a layer without rope (its model builds one
+    # rotary embedding per distinct base)
+    thetas = getattr(hf, "layer_rope_theta", None) or [None] * layers
+    for t, theta in zip(types, thetas, strict=True):
         p = params.get(t, params) if isinstance(params.get(t), dict) else params
         p = {**{k: v for k, v in top.items() if v is not None}, **p}
-        ropes.append(rope_spec(p, head_dim, hf.max_position_embeddings))
+        p = p if theta is None else {**p, "rope_theta": theta or p.get("rope_theta")}
+        rope = rope_spec(p, head_dim, hf.max_position_embeddings)
+        ropes.append(rope if theta != 0 else replace(rope, kind="none", params=()))
     for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):
         if not rotates:  # SmolLM3's NoPE layers: 0 in no_rope_layers
             ropes[i] = replace(ropes[i], kind="none", params=())
@@ -194,4 +202,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         norm_bias=adapter.norm_bias,
         latent_attention=adapter.latent is not None,
         attn_gate=adapter.attn_gate is not None or adapter.attn_gate_in_q,
+        attn_sinks=adapter.sinks is not None,
     )

@@ -180,6 +180,9 @@ def prune_block(
         if module == adapter.shared_gate and block.shared_width:
             out[f"{prefix}.{rel}"] = tensor.index_select(1, hidden)
             continue
+        if rel == adapter.sinks:  # one per query head: the kept heads'
+            out[f"{prefix}.{rel}"] = tensor.index_select(0, torch.tensor(keep.heads[new]))
+            continue
         if rel == adapter.choice_bias and block.experts:  # [E] or [1, E]
             kept = torch.tensor(keep.experts[new], device="cpu")
             out[f"{prefix}.{rel}"] = tensor.index_select(-1, kept)

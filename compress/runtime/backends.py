@@ -77,9 +77,13 @@ class CpuBackend:
             return None
         return self.fused.from_ids(tokens, slots, cache)
 
-    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap):
+    def attend(
+        self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap, sinks
+    ):
         """Store this step's k/v, then attend over 0..position (one C call)."""
-        return decode_attention(q, k, v, cache, layer, slots, positions, scale, window, softcap)
+        return decode_attention(
+            q, k, v, cache, layer, slots, positions, scale, window, softcap, sinks
+        )
 
 
 class TritonBackend:
@@ -98,11 +102,14 @@ class TritonBackend:
     def decode_ids(self, tokens, slots, cache):
         return None
 
-    def attend(self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap):
+    def attend(
+        self, q, k, v, cache: KVCache, layer, slots, positions, scale, window, softcap, sinks
+    ):
         from compress.kernels.triton_attention import decode_attention as triton_attention
 
         cache.write_tokens(layer, slots, positions, k, v)
-        return triton_attention(q, cache, layer, slots, positions + 1, scale, window, softcap)
+        lengths = positions + 1
+        return triton_attention(q, cache, layer, slots, lengths, scale, window, softcap, sinks)
 
 
 BACKENDS = {b.name: b for b in (CpuBackend, TritonBackend)}
@@ -194,6 +201,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 act_params=layer.act_params,
                 mla=mla,
                 gated=layer.gated,
+                sinks=layer.sinks,
             )
         )
     s, spec = w.shape, w.spec

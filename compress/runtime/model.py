@@ -251,7 +251,7 @@ def softcapped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores
 
 
-def _decode_attention(q, keys, values, mask, scale: float | None = None, softcap=None):
+def _decode_attention(q, keys, values, mask, scale: float | None = None, softcap=None, sinks=None):
     """One query per sequence against its cached keys; query heads grouped by KV head
     (two small matmuls beat the fused SDPA kernel's setup cost for a single query)."""
     b, heads, hd = q.shape
@@ -260,7 +260,18 @@ def _decode_attention(q, keys, values, mask, scale: float | None = None, softcap
     scale = hd**-0.5 if scale is None else scale
     scores = torch.matmul(qg, keys.transpose(-1, -2)) * scale  # [B, kv, rep, L]
     scores = softcapped(scores, softcap).masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, -1), values)  # [B, kv, rep, hd]
+    sink = None if sinks is None else sinks.view(kv_heads, -1, 1)
+    return torch.matmul(_softmax(scores, sink), values)  # [B, kv, rep, hd]
+
+
+def _softmax(scores: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """The softmax over the last dimension of scores; with `sink` (each row's sink score,
+    broadcast to scores' rows), each row's denominator has exp(sink) besides: a score with
+    no value, its column dropped after the softmax."""
+    if sink is None:
+        return torch.softmax(scores, -1)
+    column = sink.expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat((scores, column), -1), -1)[..., :-1]
 
 
 PREFILL_BLOCK = 128  # query rows per block of the causal prefill attention
@@ -282,7 +293,9 @@ class Chunk:
     prefix: list | None = None
 
 
-def _prefill_attention(q, keys, values, start: int, scale: float, window=None, softcap=None):
+def _prefill_attention(
+    q, keys, values, start: int, scale: float, window=None, softcap=None, sinks=None
+):
     """Causal attention of q [heads, T, hd] at positions start.. over keys/values
     [kv_heads, start + T, hd], scores capped at `softcap` when given: blocks of query rows,
     each against only the keys it may see (the last `window` positions, when a sliding
@@ -308,7 +321,8 @@ def _prefill_attention(q, keys, values, start: int, scale: float, window=None, s
         cols = torch.arange(lo, n, device=q.device)[None]
         hidden = (cols > rows) | (cols <= rows - window) if window else cols > rows
         scores.masked_fill_(hidden, float("-inf"))
-        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, -1), v)[:, :, : r1 - r0]
+        weights = _softmax(scores, None if sinks is None else sinks.view(kv_heads, -1, 1, 1))
+        out[:, :, r0:r1] = torch.matmul(weights, v)[:, :, : r1 - r0]
     return out.view(heads, t, hd)
 
 
@@ -438,13 +452,14 @@ class Model:
                     continue
                 out = _prefill_attention(
                     q[a:b].transpose(0, 1), keys, values, c.start, spec.attn_scale,
-                    spec.windows[i], spec.attn_softcap,
+                    spec.windows[i], spec.attn_softcap, layer.sinks,
                 )  # fmt: skip
                 att[a:b] = out.transpose(0, 1).reshape(b - a, s.heads * s.head_dim)
             if parts:
                 prefill_attention(
-                    q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap
-                )
+                    q, att, parts, spec.attn_scale, spec.windows[i] or 0, spec.attn_softcap,
+                    layer.sinks,
+                )  # fmt: skip
             h = _block_end(layer, h, att, self.w, packed, gate)
         return h
 
@@ -503,7 +518,7 @@ class Model:
                 q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(
                     q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i],
-                    spec.attn_softcap,
+                    spec.attn_softcap, layer.sinks,
                 )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)
                 h = _block_end(layer, h, att, self.w, packed, gate)

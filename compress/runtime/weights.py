@@ -78,6 +78,7 @@ RUNS = {
     # one cached head of the latent, shared by every query head (Latent)
     "latent_attention": _any,
     "attn_gate": _any,  # a fourth part of Layer.qkv (Layer.gated), applied before o
+    "attn_sinks": _any,  # Layer.sinks, read by torch's, C's and Triton's attention
 }
 
 
@@ -310,6 +311,7 @@ class Layer:
     act_params: torch.Tensor | None = None  # fp32 [4]: xIELU's alpha_p, alpha_n, beta, eps
     latent: Latent | None = None  # MLA: qkv holds what reads the attention norm
     gated: bool = False  # qkv's last heads * head_dim columns gate attention's output
+    sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
 
     def attn_linears(self):
         return (self.qkv, *(self.latent.linears() if self.latent else ()), self.o)
@@ -532,6 +534,11 @@ def _fold_norm_biases(layer: Layer, tensors, prefix: str, adapter, spec: BlockSp
 XIELU_DEFAULTS = {"beta": 0.5, "eps": -1e-6}  # transformers' XIELUActivation's buffers
 
 
+def _sinks(tensors, name: str, device) -> torch.Tensor:
+    """A layer's attention sinks as every kernel reads them: fp32 [heads]."""
+    return tensors[name].to(device, torch.float32).reshape(-1).contiguous()
+
+
 def _act_params(tensors, module: str, spec: BlockSpec, device) -> torch.Tensor | None:
     """xIELU's effective parameters (alpha_p, alpha_n, beta, eps) from a layer's stored
     ones (apertus: softplus of the alphas, alpha_n offset by beta); None for the other
@@ -696,6 +703,7 @@ def load_weights(
                 post_mlp_norm=opt(adapter.post_mlp_norm),
                 latent=latent,
                 gated=spec.attn_gate,
+                sinks=_sinks(tensors, f"{p}.{adapter.sinks}", device) if adapter.sinks else None,
             )
         )
         if spec.norm_bias:

@@ -99,8 +99,8 @@ static void weighted_rows(const float *w, const float *rows, int n, int D, float
  * r's m and sum of exp(score - m): one span's share, for merge_spans. Scores are capped at
  * `cap` (0: not). */
 static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo, int hi, int L,
-                        int pf, int rep, float scale, float cap, const float *q, float *out,
-                        float *ml) {
+                        int pf, int rep, float scale, float cap, const float *sink,
+                        const float *q, float *out, float *ml) {
     int D = c->d;
     float m[REP_MAX], l[REP_MAX], vmin_acc[REP_MAX], s[REP_MAX][CHUNK_T], wr[REP_MAX][CHUNK_T];
     float qs[REP_MAX][HEAD_MAX], qc[REP_MAX], kbuf[CHUNK_T * HEAD_MAX], vbuf[CHUNK_T * HEAD_MAX];
@@ -175,6 +175,7 @@ static void attend_head(const KVC *c, int layer, int64_t slot, int head, int lo,
     }
     for (int r = 0; r < rep; r++) {
         if (ml) ml[2 * r] = m[r], ml[2 * r + 1] = l[r];
+        else if (sink) l[r] += expf(sink[r] - m[r]); /* the sink's share of the softmax */
         for (int d = 0; d < D; d++)
             out[r * D + d] = ml ? out[r * D + d] + vmin_acc[r] : (out[r * D + d] + vmin_acc[r]) / l[r];
     }
@@ -197,7 +198,8 @@ static int spans_of(int lo, int L) { return (L - 1) / SPAN_T - lo / SPAN_T + 1; 
 /* out [rep, D] = the normalized attention of n spans' shares part[s] (rep * D floats, then
  * rep (m, l) pairs, `per` floats apart), in span order. One span gives attend_head's own
  * bits: its share times exp(0) = 1, over its l times 1. */
-static void merge_spans(const float *part, int64_t per, int n, int rep, int D, float *out) {
+static void merge_spans(const float *part, int64_t per, int n, int rep, int D, const float *sink,
+                        float *out) {
     for (int r = 0; r < rep; r++) {
         float M = -INFINITY, den = 0.f, *o = out + r * D;
         for (int s = 0; s < n; s++) M = fmaxf(M, part[s * per + (int64_t)rep * D + 2 * r]);
@@ -208,17 +210,21 @@ static void merge_spans(const float *part, int64_t per, int n, int rep, int D, f
             den += ml[1] * w;
             for (int d = 0; d < D; d++) o[d] += x[d] * w;
         }
+        if (sink) den += expf(sink[r] - M);
         for (int d = 0; d < D; d++) o[d] /= den;
     }
 }
 
 /* One decode step of one layer: each sequence's new k/v [B, kv_heads, D] is stored at its
  * position, then its query heads q [B, heads, D] attend over position-window+1..position
- * (window 0: from 0), scores times `scale`, then capped at `softcap` (0: not). out
- * [B, heads, D]. 0, or -1 out of memory. */
+ * (window 0: from 0), scores times `scale`, then capped at `softcap` (0: not), each head's
+ * softmax denominator plus exp(sinks[h]) where `sinks` [H] is given (gpt-oss's and
+ * granite_swa's learned sink: a score no value stands behind). out [B, heads, D]. 0, or -1
+ * out of memory. */
 int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew,
                            const float *vnew, const int64_t *slots, const int64_t *positions,
-                           int B, int H, float scale, int window, float softcap, float *out) {
+                           int B, int H, float scale, int window, float softcap, float *out,
+                           const float *sinks) {
     int KVH = c->kv_heads, D = c->d, rep = H / KVH;
     for (int b = 0; b < B; b++)
         for (int g = 0; g < KVH; g++)
@@ -237,7 +243,9 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
                     int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                     int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
                     int L = (int)positions[b] + 1, lo = window > 0 && L > window ? L - window : 0;
-                    attend_head(c, layer, slots[b], g, lo, L, L, L, nr, scale, softcap, q + h * D, out + h * D, NULL);
+                    const float *sk = sinks ? sinks + g * rep + r0 : NULL;
+                    attend_head(c, layer, slots[b], g, lo, L, L, L, nr, scale, softcap, sk, q + h * D,
+                                out + h * D, NULL);
                 }
         return 0;
     }
@@ -292,13 +300,14 @@ int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *
             for (int r0 = 0; r0 < rep; r0 += REP_MAX) {
                 int nr = rep - r0 < REP_MAX ? rep - r0 : REP_MAX;
                 int64_t h = (int64_t)b * H + (int64_t)g * rep + r0;
-                attend_head(c, layer, slots[b], g, a, z, L, run_end, nr, scale, softcap, q + h * D,
-                            share + r0 * D, share + (int64_t)rep * D + 2 * r0);
+                attend_head(c, layer, slots[b], g, a, z, L, run_end, nr, scale, softcap, NULL,
+                            q + h * D, share + r0 * D, share + (int64_t)rep * D + 2 * r0);
             }
         }
         /* the last run of a (sequence, KV head) to finish merges its spans */
         if (np == 1 || __atomic_sub_fetch(&left[b * KVH + g], 1, __ATOMIC_ACQ_REL) == 0)
-            merge_spans(shares, per, n, rep, D, out + ((int64_t)b * H + (int64_t)g * rep) * D);
+            merge_spans(shares, per, n, rep, D, sinks ? sinks + g * rep : NULL,
+                        out + ((int64_t)b * H + (int64_t)g * rep) * D);
     }
     return 0;
 }

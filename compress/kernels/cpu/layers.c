@@ -50,7 +50,7 @@ typedef struct {
 
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
-                          int window, float softcap, float *att);
+                          int window, float softcap, const float *sinks, float *att);
 
 /* What a branch's linears read: h normed by `norm` and quantized, or (no norm: olmo2) h as
  * it is, quantized; the residual h itself unchanged. */
@@ -203,16 +203,17 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             }
         if (sp == NULL) {
             if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
-                                      L->softcap, att))
+                                      L->softcap, att, L->sinks))
                 break;
         } else {
             int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
-            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap, att))
+            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap,
+                                         L->sinks, att))
                 break;
             if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
                                                 vn + P * kv_heads * D, sp->dslot, positions + P,
                                                 sp->nd, heads, scale, L->window, L->softcap,
-                                                att + P * heads * D))
+                                                att + P * heads * D, L->sinks))
                 break;
         }
         int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
@@ -306,7 +307,7 @@ int llmp_decode_tokens(const DecodeCtx *c, const KVC *cache, const int64_t *toke
  * All chunks attend in one llmp_prefill_attention call: the same bits. -1: out of memory. */
 static int prefill_attend(const KVC *c, int layer, const float *q, const float *kn,
                           const float *vn, const Spans *sp, int heads, int D, float scale,
-                          int window, float softcap, float *att) {
+                          int window, float softcap, const float *sinks, float *att) {
     int kvh = c->kv_heads, bsz = c->block, L_all = sp->layers;
     int64_t row = (int64_t)bsz * D, head = (int64_t)c->n_blocks * row;
     float *k0 = c->bits ? NULL : c->k + (int64_t)layer * kvh * head;
@@ -371,7 +372,7 @@ static int prefill_attend(const KVC *c, int layer, const float *q, const float *
             kv_write(c, layer, sp->slot[i], start + r, g, kr, vr);
         }
     }
-    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window, softcap);
+    int rc = llmp_prefill_attention(pc, sp->nc, heads, kvh, D, scale, window, softcap, sinks);
     free(buf), free(pc), free(off);
     return rc;
 }

@@ -162,6 +162,9 @@ typedef struct {
     int gated;                                  /* qkv's rows end with heads * D gate
                                                  * values: attention's output times their
                                                  * sigmoid before o (afmoe) */
+    const float *sinks;                         /* [heads]: each head's softmax denominator
+                                                 * plus exp(sink) (gpt-oss, granite_swa);
+                                                 * or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -220,8 +223,8 @@ void llmp_rms_rows(float *x, int64_t rows, int D, const float *w, int wrows, flo
 void llmp_gate_rows(float *att, int64_t rows, int width, const float *gate, int64_t ld);
 
 /* ---- decode_attention.c and prefill_attention.c */
-int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float softcap, float *out);
-int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D, float scale, int window, float softcap);
+int llmp_decode_attention(const KVC *c, int layer, const float *q, const float *knew, const float *vnew, const int64_t *slots, const int64_t *positions, int B, int H, float scale, int window, float softcap, float *out, const float *sinks);
+int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D, float scale, int window, float softcap, const float *sinks);
 
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);

@@ -1,7 +1,8 @@
 /* Causal prefill attention of a step's chunks: q [T, heads, D] (row stride qs floats) at
  * positions start..start+T-1 against keys and values [kv_heads, L, D] (L = start + T,
  * contiguous); row r of head h sees keys lo..p, p = start + r, lo = max(0, p - window + 1)
- * with a sliding window (window 0: none), scores capped at softcap (0: not); out
+ * with a sliding window (window 0: none), scores capped at softcap (0: not), each head's
+ * softmax denominator plus exp(sinks[h]) where sinks is given; out
  * [T, heads * D] (row stride os). One call a layer for every chunk of a step (torch took
  * ten small ops a chunk: 0.2 ms each, 18% of a 32-prompt step).
  *
@@ -48,7 +49,8 @@
 __attribute__((optimize("no-associative-math", "no-tree-vectorize")))
 static void attend_group(const float *const *qv, const int *lo, const int *hi,
                          const float *kt, const float *v, int64_t ldv, int D,
-                         float scale, float cap, float *s, int lds, float *const *out) {
+                         float scale, float cap, const float *sink, float *s, int lds,
+                         float *const *out) {
     int j0 = lo[0], j1 = hi[QG - 1]; /* keys any query of the group sees: j0..j1 */
     for (int q = 1; q < QG; q++) j0 = lo[q] < j0 ? lo[q] : j0;
     j0 -= j0 % KB; /* from a whole block: the keys before lo weigh exactly 0, as past hi */
@@ -61,7 +63,9 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
         float *sq = s + (int64_t)q * lds;
         int a = lo[q] - j0, b = hi[q] - j0 + 1;
         float m = scores_max(sq, a, b);
-        float r = 1.f / exp_sum(sq, a, b, m);
+        float den = exp_sum(sq, a, b, m);
+        if (sink) den += expf(sink[q] - m); /* the sink's share (see llmp_decode_attention) */
+        float r = 1.f / den;
         for (int i = 0; i < a; i++) sq[i] = 0.f;
         scale_scores(sq, a, b, r);
         for (int i = b; i < n; i++) sq[i] = 0.f;
@@ -76,7 +80,7 @@ static void attend_group(const float *const *qv, const int *lo, const int *hi,
 /* Every chunk of a step in one call, its (chunk, KV head, query group) tasks spread over
  * the threads. Returns -1 when it cannot allocate its scratch. */
 int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int D,
-                           float scale, int window, float softcap) {
+                           float scale, int window, float softcap, const float *sinks) {
     int rep = heads / kv_heads, failed = 0;
     int64_t *kto = malloc(sizeof(int64_t) * (nc + 1)); /* chunk i's keys as [kvh, D, L] */
     int *first = malloc(sizeof(int) * (nc + 1));       /* its first task */
@@ -131,19 +135,22 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
             const float *qv[QG];
             float *ov[QG];
             int lo[QG], hi[QG], nq = 0;
+            float sk[QG];
             for (int u = grp * QG; u < per && u < (grp + 1) * QG; u++, nq++) {
                 int r = u / rep, h = g * rep + u % rep, p = ch->start + r;
+                sk[nq] = sinks ? sinks[h] : 0.f;
                 qv[nq] = ch->q + (int64_t)r * ch->qs + (int64_t)h * D;
                 ov[nq] = ch->out + (int64_t)r * ch->os + (int64_t)h * D;
                 hi[nq] = p;
                 lo[nq] = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
             }
             for (; nq < QG; nq++) { /* a short group: its last query again, into scratch */
-                qv[nq] = qv[nq - 1], lo[nq] = lo[nq - 1], hi[nq] = hi[nq - 1];
+                qv[nq] = qv[nq - 1], lo[nq] = lo[nq - 1], hi[nq] = hi[nq - 1], sk[nq] = sk[nq - 1];
                 ov[nq] = s + (int64_t)QG * (Lmax + 2 * KT_PAD);
             }
             attend_group(qv, lo, hi, kt + kto[i] + (int64_t)g * D * KT_LEN(L),
-                         ch->v + g * ch->vg, ch->vj, D, scale, softcap, s, Lmax + 2 * KT_PAD, ov);
+                         ch->v + g * ch->vg, ch->vj, D, scale, softcap, sinks ? sk : NULL, s,
+                         Lmax + 2 * KT_PAD, ov);
         }
         free(s);
     }
