@@ -3135,6 +3135,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_granite_swa.json",
+        "granite_swa beside granite at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families granite_swa,granite --skip-anchors --rounds 5 "
+        "--name families_granite_swa",
+        families,
+    ),
+    (
         "families_hyperclovax.json",
         "hyperclovax beside granite at a realistic width, AMX Xeon",
         "benchmarks/families.py --families hyperclovax,granite --skip-anchors --rounds 5 "
