@@ -52,6 +52,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   layers after it, the full ones unrotated;
   minicpm5_moe with the gate's rows inside q, every attention linear biased, glm4_moe's
   routing and shared expert, layer 0 dense;
+  flint with qwen3_moe's attention and a sink per head, rope on the sliding layers only,
+  sigmoid routing renormalized, an ungated shared expert and layer 0 dense;
   exaone_moe with dots1's routing, shared expert, dense layer 0 and q/k norms, 3
   sliding : 1 full layers, the full ones without rope;
   mellum with qwen3_moe's block, layer 0 dense and 4096 wide, 1 sliding : 1 full layers,
@@ -379,6 +381,20 @@ MOE_SETTINGS = {
         "moe_intermediate_size": 1024,
         "shared_expert_intermediate_size": 2048,
     },
+    # flint: Flint's attention (per-head q/k norms, a sink per head drawn in write_model),
+    # its class's full layers (the first two, every fourth from 1, the last) without rope and
+    # sliding ones of 512, sigmoid routing renormalized, an ungated shared expert as wide as
+    # one, layer 0 dense (its 4096-wide intermediate_size)
+    "flint": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "shared_expert_intermediate_size": 1024,
+        "intermediate_size": 4096,
+        "mlp_only_layers": [0],
+        "layer_types": None,
+        "sliding_window": 512,
+    },
 }
 
 
@@ -408,8 +424,8 @@ def write_model(folder: Path, name: str, config=None, seed: int = 0) -> Path:
         for pname, p in model.named_parameters():  # each engine's tie-breaking
             if pname.endswith("mlp.router.gate.weight") and not p.any():
                 p.normal_(0.0, config.initializer_range)
-            if pname.endswith("self_attn.sinks"):  # at zeros, each head's alike
-                p.normal_(0.0, 1.0)
+            if pname.endswith("self_attn.sinks"):  # granite_swa's at zeros, each head's
+                p.normal_(0.0, 1.0)  # alike
     model.save_pretrained(folder)
     tokenizer = convert_gguf(default_gguf())
     for f in tokenizer.iterdir():

@@ -464,8 +464,8 @@ def build_family(name: str, seed: int | None = None, **overrides):
                 p.copy_(p + 0.3 * torch.randn_like(p))
             elif pname.endswith("gate.weight") and p.dim() == 2 and not p.any():  # a router
                 p.copy_(config.initializer_range * torch.randn_like(p))  # at zeros: afmoe's
-            elif pname.endswith("self_attn.sinks"):  # at zeros, each head's alike
-                p.copy_(torch.randn_like(p))
+            elif pname.endswith("self_attn.sinks"):  # at zeros, each head's alike (or
+                p.copy_(torch.randn_like(p))  # drawn at the initializer's 0.08: Flint's)
         held = [*model.named_parameters(), *model.named_buffers()]  # a buffer in glm4_moe
         for name_, t in held:
             if name_.endswith(("e_score_correction_bias", "expert_bias")):  # steers the choice
@@ -545,6 +545,25 @@ MOE_FAMILIES = {
     "solar_open": (
         "SolarOpenConfig",
         {k: v for k, v in _DEEPSEEK_V3_MOE.items() if k != "first_k_dense_replace"},
+    ),
+    # qwen3_moe's block with a sink per head (stored as softmax_offset), rope on the
+    # sliding layer only (layers 0, 1 and 3 full, by the class's pattern), sigmoid routing
+    # renormalized, an ungated shared expert, layer 0 dense
+    "flint": (
+        "FlintConfig",
+        {
+            "hidden_size": 128,
+            "num_hidden_layers": 4,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 192,
+            "mlp_only_layers": [0],
+            "sliding_window": 8,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
     ),
     "qwen2_moe": (
         "Qwen2MoeConfig",

@@ -211,11 +211,13 @@ def test_dropping_a_familys_own_fact_shows(models, ids, fact):
     assert (got - want).abs().max() > 1e-2
 
 
-def test_dropping_the_attention_sinks_shows(models, ids):
-    """granite_swa's sinks, read from each layer by every kernel (Layer.sinks): without
-    them the runtime no longer computes what transformers does."""
-    want = _transformers_logits(models["granite_swa"], ids)
-    weights = load_weights(resolve(str(models["granite_swa"])), device="cpu")
+@pytest.mark.parametrize("name", ["granite_swa", "flint"])
+def test_dropping_the_attention_sinks_shows(models, ids, name):
+    """granite_swa's and Flint's sinks (the latter stored under another name), read from
+    each layer by every kernel (Layer.sinks): without them the runtime no longer computes
+    what transformers does."""
+    want = _transformers_logits(models[name], ids)
+    weights = load_weights(resolve(str(models[name])), device="cpu")
     assert all(layer.sinks is not None for layer in weights.layers)
     got = RuntimeLM(weights, LENGTH, exact=True)(ids).logits[0]
     assert (got - want).abs().max() < 1e-4

@@ -46,6 +46,21 @@ class CutGroup:
     cols: tuple[str, ...]
 
 
+def _suffixes_renamed(state: dict, pairs: tuple[tuple[str, str], ...]) -> dict:
+    """`state` with each key ending in a block-relative name `old` ending in `new` instead,
+    for each (old, new) of `pairs`."""
+    if not pairs:
+        return state
+    out = {}
+    for key, value in state.items():
+        for old, new in pairs:
+            if key == old or key.endswith("." + old):
+                key = key[: len(key) - len(old)] + new
+                break
+        out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class Widths:
     """The sizes pruning changes, and the parameter count they imply. In a
@@ -329,6 +344,11 @@ class Adapter:
     # each head's learned attention sink, a parameter [heads] beside q/k/v (gpt-oss's and
     # granite_swa's `self_attn.sinks`): a score no value stands behind, in every softmax
     sinks: str | None = None
+    # (checkpoint name, transformers' name) of a block's parameters named apart (Flint's
+    # sinks: self_attn.softmax_offset, which its model calls self_attn.sinks): renamed
+    # where a transformers module takes the tensors (model_names) and back where its state
+    # is written (checkpoint_names)
+    param_aliases: tuple[tuple[str, str], ...] = ()
     # (checkpoint name, transformers' attribute) of a block's modules named apart
     # (MiniCPM5-MoE's q_proj, its model's q_gate_proj): model/aliases.py
     module_aliases: tuple[tuple[str, str], ...] = ()
@@ -433,13 +453,16 @@ class Adapter:
 
     def model_names(self, state: dict) -> dict:
         """A checkpoint's state dict under the names transformers' model gives it
-        (gpt_neox: embed_out.* as lm_head.*), for load_state_dict."""
-        return self._renamed(state, self.lm_head, self.head_module)
+        (gpt_neox: embed_out.* as lm_head.*; param_aliases), for load_state_dict: a whole
+        model's, or one block's (names relative to it)."""
+        state = self._renamed(state, self.lm_head, self.head_module)
+        return _suffixes_renamed(state, self.param_aliases)
 
     def checkpoint_names(self, state: dict) -> dict:
         """A transformers model's state dict under the names checkpoints of the family use
-        (gpt_neox: lm_head.* as embed_out.*, which vLLM's loader reads)."""
-        return self._renamed(state, self.head_module, self.lm_head)
+        (gpt_neox: lm_head.* as embed_out.*, which vLLM's loader reads; param_aliases)."""
+        state = self._renamed(state, self.head_module, self.lm_head)
+        return _suffixes_renamed(state, tuple((b, a) for a, b in self.param_aliases))
 
     @staticmethod
     def _renamed(state: dict, old: str, new: str) -> dict:
@@ -1219,6 +1242,24 @@ ADAPTERS: dict[str, Adapter] = {
         moe=MoeKeys(*_QWEN_MOE_KEYS),
         router="mlp.gate",
         expert="mlp.experts",
+        **_QK_NORMS,
+    ),
+    # flint (Flint): qwen3_moe's block with an attention sink per head (stored as
+    # self_attn.softmax_offset), rope on the sliding layers only, sigmoid routing (no
+    # choice bias), renormalized where norm_topk_prob, an ungated shared expert added in
+    # full, the layers mlp_only_layers lists dense
+    "flint": replace(
+        LLAMA,
+        families=("flint",),
+        architecture="FlintForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        moe=MoeKeys(*_QWEN_MOE_KEYS, shared="shared_expert_intermediate_size", scoring="sigmoid"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_expert",
+        rotate_sliding_only=True,
+        sinks="self_attn.softmax_offset",
+        param_aliases=(("self_attn.softmax_offset", "self_attn.sinks"),),
         **_QK_NORMS,
     ),
     # mellum (Mellum): qwen3_moe's block, its dense layers listed by mlp_layer_types, its

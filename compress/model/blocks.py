@@ -88,6 +88,7 @@ class BlockStore:
         # held until the last was widened, a DeepSeek-V2-Lite block peaked at 1.5x its fp32)
         stored = each_tensor(self.ckpt, names)
         tensors = {n[len(prefix) :]: t.to(self.device).float() for n, t in stored}
+        tensors = self.adapter.model_names(tensors)  # (param_aliases: the block's own)
         module = self.skeleton.get_submodule(path)
         module.to_empty(device=self.device)
         module.load_state_dict(tensors, strict=True, assign=True)
