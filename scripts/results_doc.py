@@ -3135,6 +3135,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_flint.json",
+        "flint beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families flint,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_flint",
+        families,
+    ),
+    (
         "families_granite_swa.json",
         "granite_swa beside granite at a realistic width, AMX Xeon",
         "benchmarks/families.py --families granite_swa,granite --skip-anchors --rounds 5 "
