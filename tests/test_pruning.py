@@ -250,3 +250,17 @@ def _grouped_config() -> dict:
         q_lora_rank=64, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
         vocab_size=49152,
     ).to_dict()  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["llama3", "arcee", "jais2", "afmoe", "qwen3_moe", "flint"])
+def test_the_parameter_count_a_target_is_measured_against_is_the_models(name):
+    """Widths.non_embedding_params, what a `params` target is measured against and the
+    manifest reports, counts a block's matrices as the model holds them: an MLP without a
+    gate as two (arcee's, jais2's), afmoe's attention gate, every expert, the router, a
+    shared expert and dense layers; plus two norms a block and the final norm."""
+    model = build_family(name)
+    widths = Shape.of(model.config.to_dict())
+    blocks = model.model.layers
+    matrices = sum(p.numel() for p in blocks.parameters() if p.dim() >= 2)
+    hidden = model.config.hidden_size
+    assert widths.non_embedding_params() == matrices + 2 * hidden * len(blocks) + hidden

@@ -71,7 +71,9 @@ class Widths:
     in some layers (GLM-4.5's first), `dense_layers` counts them and `dense_intermediate`
     is their width. `attention`: a layer's attention parameters where pruning leaves the
     attention whole (multi-head latent attention: its heads share the latents); 0 where
-    they follow from the heads and head_dim."""
+    they follow from the heads and head_dim. `gated_mlp`: an MLP is gate, up and down
+    (else up and down: arcee's, starcoder2's); `attn_gate`: attention has a gate as wide as
+    q (afmoe's)."""
 
     hidden: int
     heads: int
@@ -91,6 +93,8 @@ class Widths:
     groups: int = field(default=1, kw_only=True)
     groups_chosen: int = field(default=1, kw_only=True)
     group_best: int = field(default=1, kw_only=True)
+    gated_mlp: bool = field(default=True, kw_only=True)
+    attn_gate: bool = field(default=False, kw_only=True)
 
     @classmethod
     def of(cls, config: dict) -> Widths:
@@ -104,6 +108,10 @@ class Widths:
             shapes = adapter.layer(0).linear_shapes(m)
             attention = sum(math.prod(shapes[n]) for n in (adapter.q, adapter.k, adapter.v))
             attention += math.prod(shapes[adapter.o])
+        kinds = {
+            "gated_mlp": adapter.gate is not None or adapter.gate_up is not None,
+            "attn_gate": adapter.attn_gate is not None,
+        }
         if adapter.experts:
             moe = adapter.moe(_hf(config))
             dense = len(moe.dense_layers)
@@ -113,20 +121,24 @@ class Widths:
                 experts=moe.experts, top_k=moe.top_k, shared=moe.shared, shared_experts=wide,
                 dense_layers=dense, dense_intermediate=m.intermediate if dense else 0,
                 attention=attention, groups=moe.groups[0], groups_chosen=moe.groups[1],
-                group_best=2 if moe.group_score == "top2" else 1,
+                group_best=2 if moe.group_score == "top2" else 1, **kinds,
             )  # fmt: skip
         return Widths(
             m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.layers,
-            attention=attention,
+            attention=attention, **kinds,
         )  # fmt: skip
 
     def non_embedding_params(self) -> int:
         """Block weights plus the final norm: what pruning targets are measured against
-        (every expert, the shared one and the router counted; a dense layer's MLP as it is)."""
+        (every expert, the shared one and the router counted; a dense layer's MLP as it is;
+        biases and q/k norms not)."""
         attn = self.attention or 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
-        mlp = 3 * self.hidden * self.intermediate * max(self.experts, 1)
-        mlp += self.experts * self.hidden + 3 * self.hidden * self.shared  # router, shared
-        dense = 3 * self.hidden * self.dense_intermediate
+        if self.attn_gate and not self.attention:  # a gate as wide as q
+            attn += self.hidden * self.head_dim * self.heads
+        per = 3 if self.gated_mlp else 2  # the matrices of an MLP
+        mlp = per * self.hidden * self.intermediate * max(self.experts, 1)
+        mlp += self.experts * self.hidden + per * self.hidden * self.shared  # router, shared
+        dense = per * self.hidden * self.dense_intermediate
         blocks = self.layers * (attn + 2 * self.hidden)
         return (
             blocks

@@ -83,6 +83,8 @@ def target_shape(
         groups=shape.groups,
         groups_chosen=shape.groups_chosen,
         group_best=shape.group_best,
+        gated_mlp=shape.gated_mlp,
+        attn_gate=shape.attn_gate,
     )
 
 
