@@ -73,9 +73,11 @@ def test_the_runtime_writes_self_generated_text(
     default_ckpt, base_model, tokenizer, tmp_path, monkeypatch
 ):
     """compress has the runtime write `self` text (it decodes many samples together):
-    each sample from its own seeded generator, so the same ids in any batch, and far
-    more likely under the original (transformers' forward) than random tokens. (Mean
-    NLL against transformers' own samples, 64 × 64 tokens each: 3.633 vs 3.608.)"""
+    each sample from its own seeded generator, so the same ids in any batch and on any
+    number of threads (every sum in one thread, in one order), and far more likely under
+    the original (transformers' forward) than random tokens. (Mean NLL against
+    transformers' own samples, 64 × 64 tokens each: 3.633 vs 3.608.)"""
+    from compress.kernels.cpu import set_threads
     from compress.runtime.calib_text import runtime_samples, runtime_writer
     from compress.runtime.weights import load_weights
 
@@ -83,6 +85,13 @@ def test_the_runtime_writes_self_generated_text(
     a = runtime_samples(weights, tokenizer, 5, 40, seed=3)
     assert a.shape == (5, 40) and bool((a[:, 0] == tokenizer.bos_token_id).all())
     assert torch.equal(runtime_samples(weights, tokenizer, 2, 40, seed=3), a[:2])
+    saved = torch.get_num_threads()
+    for n in {1, 3} - {saved}:
+        set_threads(n)
+        try:
+            assert torch.equal(runtime_samples(weights, tokenizer, 5, 40, seed=3), a), n
+        finally:
+            set_threads(saved)
     assert not torch.equal(runtime_samples(weights, tokenizer, 2, 40, seed=4), a[:2])
     with torch.no_grad():
         nll = base_model(input_ids=a, labels=a).loss
