@@ -246,6 +246,20 @@ def test_rope_modules_of_the_model_are_rebuilt_each_from_its_own_config(models, 
         build_model(ckpt.config, dense_state_dict(ckpt), blind)
 
 
+def test_a_params_target_weighs_candidates_that_cut_a_renamed_sink(models, wikitext, tmp_path):
+    """Flint at a `params` target: `split: auto` weighs candidates that cut its heads, each
+    cut from transformers' block as it is read (pruning/streamed.py), whose sinks are
+    `sinks` there and `softmax_offset` in the checkpoint; the chosen cut is read by both
+    tools alike."""
+    cut = {"params": 0.8, "split": "auto", "multiple": 16}
+    out = _compress(models["flint"], tmp_path / "pruned", [{"prune": cut}], wikitext)
+    tried = json.loads((out / "manifest.json").read_text())["stages"][0]["splits_tried"]
+    assert any(t["cuts"].get("heads") for t in tried)
+    want = _transformers_logits(out, ids := torch.arange(3, 40)[None])
+    got = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)(ids)
+    assert (got.logits[0] - want).abs().max() < 1e-3
+
+
 @pytest.mark.parametrize("name", ["stablelm", "gpt_neox"])
 def test_a_sequential_block_where_the_option_says_equals_transformers(
     tmp_path, tokenizer_dir, ids, name

@@ -96,14 +96,17 @@ def candidate_kls(
                disable=not distributed.is_writer())  # fmt: skip
     for i in bar:
         block = store.block(i)
-        # cut in host memory, as the surgery's indices are (a block's copy on a GPU run)
-        tensors = {k: v.detach().cpu() for k, v in block.state_dict().items()}
+        # cut in host memory, as the surgery's indices are (a block's copy on a GPU run),
+        # under the checkpoint's names the surgery reads (Adapter.param_aliases)
+        state = {k: v.detach().cpu() for k, v in block.state_dict().items()}
+        tensors = adapter.checkpoint_names(state)
         for c, (_, keep) in enumerate(candidates):
             if i not in keep.layers:
                 continue
             new = keep.layers.index(i)
             prefix = adapter.block_prefix(new)
             cut = _under(prune_block(tensors, adapter, full, keep, new), prefix)
+            cut = adapter.model_names(cut)
             module = _materialize(models[c], prefix, cut, store.device)
             streams[c] = run_block(module, streams[c], ropes[c])
             module.to("meta")
