@@ -26,7 +26,7 @@ def test_bench_reports_speed_and_mbu(artifacts, tmp_path):
     assert [row["batch"] for row in record["results"]] == [1, 2]
     assert record["bandwidth_bytes_per_s"] > 1e9
     # bytes that must move ÷ what this machine's memory can move: past 1 where the step's
-    # bytes fit in the last-level cache (2.16 measured here, on a 480 MiB L3), so
+    # bytes fit in the last-level cache (2.16 measured on a Xeon with a 300 MiB L3), so
     # bounded there by what a cache gives over memory, not by memory
     cache = record["last_level_cache_bytes"] or 0
     fits = record["weights_bytes_per_step"] <= cache
