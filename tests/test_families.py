@@ -1363,3 +1363,12 @@ def test_a_16bit_embedding_is_looked_up_inside_the_one_call_step(models, wikitex
     for tokens, slots in (([rows], [0]), ([-1], [0]), ([1], [1])):  # refused, not read
         with pytest.raises(IndexError):
             model.decode_ids(tokens, cache, slots)
+
+
+def test_a_rope_base_list_that_misses_layers_is_refused_in_one_line(models):
+    """granite_swa's layer_rope_theta must give each layer a base: one short is refused
+    with what to fix, not read as fewer layers."""
+    config = json.loads((models["granite_swa"] / "config.json").read_text())
+    config["layer_rope_theta"] = config["layer_rope_theta"][:-1]
+    with pytest.raises(LlmpressError, match=r"layer_rope_theta names 2 layers, its layer_types 3"):
+        adapter_for(config).spec(config)

@@ -131,7 +131,12 @@ def describe(config: dict, adapter) -> BlockSpec:
     ropes = []
     # granite_swa's base per layer, 0 for a layer without rope (its model builds one
     # rotary embedding per distinct base)
-    thetas = getattr(hf, "layer_rope_theta", None) or [None] * layers
+    thetas = getattr(hf, "layer_rope_theta", None) or [None] * len(types)
+    if len(thetas) != len(types):
+        raise LlmpressError(
+            f"config.json's layer_rope_theta names {len(thetas)} layers, its layer_types "
+            f"{len(types)}: give each layer one base (0: no rope)"
+        )
     for t, theta in zip(types, thetas, strict=True):
         p = params.get(t, params) if isinstance(params.get(t), dict) else params
         p = {**{k: v for k, v in top.items() if v is not None}, **p}
