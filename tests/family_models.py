@@ -358,6 +358,18 @@ FAMILIES = {
     ),
     # apertus's xIELU MLP without a gate and per-head q/k norms
     "apertus": ("ApertusConfig", {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}),
+    # apertus's block, the embedding over the whole (extended) vocabulary and the head over
+    # its first output_vocab_size ids only
+    "apertus1p5_text": (
+        "Apertus1p5TextConfig",
+        {
+            "vocab_size": 49152 + 64,
+            "output_vocab_size": 49152,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "glm4": ("Glm4Config", _GLM),
     "glm": ("GlmConfig", _GLM),
     # every bias key on: q/k/v (its default), o and the MLP
@@ -1374,6 +1386,28 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 128},
     ),
+    # Apertus 1.5: image and audio tokenizers (a VQ encoder, WavTokenizer's) whose codes are
+    # vocabulary ids past the text's, which the head leaves out
+    "apertus1p5": (
+        "Apertus1p5Config", "Apertus1p5ForConditionalGeneration", "apertus1p5_text",
+        {"codebook_size": 32, "embed_dim": 32, "latent_channels": 32, "base_channels": 32,
+         "channel_multiplier": [1], "num_res_blocks": 1, "attn_resolutions": [],
+         "resolution": 16, "spatial_scale_factor": 1},
+    ),
+}  # fmt: skip
+# what a multimodal config takes besides its text and vision configs
+MULTIMODAL_EXTRA = {
+    "gemma3": {"mm_tokens_per_image": 4},
+    "apertus1p5": {  # the codes' ranges within the tiny text model's vocabulary
+        "audio_config": {
+            "model_type": "wavtokenizer_encoder", "num_filters": 4, "upsampling_ratios": [2],
+            "hidden_size": 16, "codebook_size": 32, "codebook_dim": 16, "num_lstm_layers": 1,
+            "decoder_hidden_size": 16, "decoder_intermediate_size": 32,
+            "decoder_num_layers": 1, "decoder_attention_num_groups": 4,
+        },
+        "image_token_id": 5, "audio_token_id": 6,
+        "image_token_offset": 49152, "audio_token_offset": 49184,
+    },
 }  # fmt: skip
 # the Qwen-VL language models' M-RoPE, as published (the sections of a 16-wide head's 8
 # frequencies; Qwen3-VL's interleaved), at their family's default rope otherwise
@@ -1437,7 +1471,7 @@ def write_multimodal(
     overrides = {"final_logit_softcapping": None} if gemma else {}
     overrides.update(MULTIMODAL_TEXT.get(model_type, {}))
     text_cfg = family_config(text or default_text, **overrides).to_dict()
-    extra = {"mm_tokens_per_image": 4} if gemma else {}
+    extra = MULTIMODAL_EXTRA.get(model_type, {})
     config = getattr(transformers, config_cls)(
         text_config=text_cfg, vision_config=vision, tie_word_embeddings=tied, **extra
     )

@@ -60,8 +60,9 @@ DTYPE = r"not implemented for 'Float'"
 # vLLM runs them through its Transformers backend, which these rules do not model.
 # PhimoeForCausalLM is transformers' name, which a config it saves carries; the registry's
 # (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's,
-# HyperCLOVA X's text model, MiniCPM5-MoE's, Command A+'s, Granite SWASH's, Flint's and
-# K-EXAONE's (transformers' spelling and the published one) are not in it
+# HyperCLOVA X's text model, MiniCPM5-MoE's, Command A+'s, Granite SWASH's, Flint's,
+# Apertus 1.5's text model and K-EXAONE's (transformers' spelling and the published one)
+# are not in it
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
@@ -72,6 +73,7 @@ NO_NATIVE_VLLM_MODEL = (
     "Cohere2MoeForCausalLM",
     "GraniteSWAForCausalLM",
     "FlintForCausalLM",
+    "Apertus1p5TextForCausalLM",
     "ExaoneMoeForCausalLM",
     "ExaoneMoEForCausalLM",
 )

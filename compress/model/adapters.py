@@ -177,6 +177,9 @@ class ModelShape(Widths):
 
     vocab: int
     max_positions: int  # what the block computes (eps, rope) is in the BlockSpec
+    # the head's rows: the vocabulary, or its first output_vocab_size ids where the head
+    # is kept to them (Apertus 1.5's: the text ids of a vocabulary with image and audio codes)
+    head_rows: int = 0
 
     @classmethod
     def of(cls, config: dict, head_dim: int | None = None) -> ModelShape:
@@ -192,6 +195,7 @@ class ModelShape(Widths):
             layers=config["num_hidden_layers"],
             vocab=config["vocab_size"],
             max_positions=config.get("max_position_embeddings", 2048),
+            head_rows=config.get("output_vocab_size") or config["vocab_size"],
         )
 
 
@@ -1237,6 +1241,12 @@ ADAPTERS: dict[str, Adapter] = {
     "stablelm": _STABLELM,
     "gpt_neox": _GPT_NEOX,
     "apertus": _APERTUS,
+    # apertus1p5_text (Apertus 1.5's language model): apertus's block over a vocabulary
+    # extended with visual and audio codes, its head kept to the text ids where
+    # output_vocab_size says (fewer rows than the embedding)
+    "apertus1p5_text": replace(
+        _APERTUS, families=("apertus1p5_text",), architecture="Apertus1p5TextForCausalLM"
+    ),
     "cohere": _COHERE,
     # cohere2 (Command R7B, Command A): cohere's block; 3 sliding : 1 full layers, the full
     # ones without rope
@@ -1715,7 +1725,7 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
     out = {
         f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
         f"{adapter.final_norm}.weight": (shape.hidden,),
-        f"{adapter.lm_head}.weight": (shape.vocab, shape.hidden),
+        f"{adapter.lm_head}.weight": (shape.head_rows or shape.vocab, shape.hidden),
     }
     for i in range(shape.layers):
         block = adapter.layer(i)

@@ -59,6 +59,7 @@ MULTIMODAL = {
     "qwen3_vl_moe": "qwen3_moe",  # Qwen3-VL-30B-A3B, 235B-A22B
     "glm4v": "glm4",  # GLM-4.1V-9B-Thinking
     "glm4v_moe": "glm4_moe",  # GLM-4.5V
+    "apertus1p5": "apertus1p5_text",  # Apertus 1.5 (image and audio code tokenizers beside)
 }
 # text_config model types that are a family's model with M-RoPE -> that family
 MROPE_TEXT = {
