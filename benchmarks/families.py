@@ -28,7 +28,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   ministral: mistral's block, 1 sliding : 1 full layers; hyperclovax: granite's
   multipliers, the logits multiplied, norms on the branch outputs; granite_swa: granite's
   multipliers, 3 sliding : 1 full layers, the full ones without rope, an attention sink
-  per head; internlm3 and iquestcoder:
+  per head; apertus1p5_text: apertus's block, the head over a third of the embedding's
+  rows; internlm3 and iquestcoder:
   llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
   scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
@@ -182,6 +183,9 @@ DENSE = {
     },
     "arcee": {"mlp_bias": False},  # AFM-4.5B's: relu² MLP without a gate, no biases
     "apertus": {},  # xIELU MLP without a gate (its initial parameters), per-head q/k norms
+    # Apertus 1.5's: apertus's block, the head over the first 49,152 ids (the tokenizer's
+    # words) of the 151,936-row embedding, as its head leaves out the image and audio codes
+    "apertus1p5_text": {"output_vocab_size": 49152},
     "starcoder2": {"tie_word_embeddings": True},  # StarCoder2's biases, LayerNorms, window
     "nemotron": {},  # LayerNorm1P with a bias, relu² MLP without a gate, half the head rotated
     "gemma": {"tie_word_embeddings": True},  # (1+w) norms, scaled embedding, tied head
