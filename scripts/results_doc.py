@@ -3135,6 +3135,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_apertus1p5.json",
+        "apertus1p5_text beside apertus at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families apertus1p5_text,apertus --skip-anchors --rounds 5 "
+        "--name families_apertus1p5",
+        families,
+    ),
+    (
         "families_flint.json",
         "flint beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families flint,qwen3_moe --skip-anchors --rounds 5 "
