@@ -78,6 +78,7 @@ def source_info(ckpt: Checkpoint) -> dict:
         "bytes": sum(f.stat().st_size for f in ckpt.files),
         "license": source_license(ckpt),
         **({"text_part_of": ckpt.text_part_of} if ckpt.text_part_of else {}),
+        **({"renamed_from": ckpt.renamed_from} if ckpt.renamed_from else {}),
         **({"dequantized_from": ckpt.dequantized_from} if ckpt.dequantized_from else {}),
     }
 
@@ -178,6 +179,10 @@ def _compress(model, recipe, output, overwrite, resume, command, log, device) ->
     part = ckpt.text_part_of
     if part:
         log(f"{model} is a {part}: compressing its language model; the vision part is left out")
+    if ckpt.renamed_from:
+        family = ckpt.config["model_type"]
+        log(f"{model} is a {ckpt.renamed_from}, {family}'s model under names of its own: "
+            f"read as {family}, and the artifact is {family}'s")  # fmt: skip
     if ckpt.dequantized_from:
         log(f"{model} is stored in FP8: compressing the dense model its weights stand for")
     log(

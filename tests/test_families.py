@@ -1373,3 +1373,48 @@ def test_a_rope_base_list_that_misses_layers_is_refused_in_one_line(models):
     config["layer_rope_theta"] = config["layer_rope_theta"][:-1]
     with pytest.raises(LlmpressError, match=r"layer_rope_theta names 2 layers, its layer_types 3"):
         adapter_for(config).spec(config)
+
+
+def test_an_exaone_checkpoint_is_read_as_llama_under_its_own_names(tmp_path, tokenizer_dir, ids):
+    """EXAONE 3.0/3.5 (`ExaoneForCausalLM`) is llama's model under names of its own
+    (transformer.h.N.attn.attention.q_proj, ln_1, mlp.c_fc_0, ...), which transformers
+    renames as it loads it: llmpress reads it as llama once (text_part.RENAMED), computes
+    what transformers computes, says so at compress and records it, and the artifact is a
+    LlamaForCausalLM that plain transformers opens."""
+    import transformers
+    from family_models import COMMON
+    from safetensors import safe_open
+
+    config = transformers.ExaoneConfig(**{**COMMON, **FAMILIES["llama3"][1]})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    src = tmp_path / "exaone"
+    model.save_pretrained(src)
+    saved = json.loads((src / "config.json").read_text())
+    saved["architectures"] = ["ExaoneForCausalLM"]  # as the published configs say
+    (src / "config.json").write_text(json.dumps(saved))
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy2(f, src / f.name)
+    names = list(safe_open(str(src / "model.safetensors"), "pt").keys())
+    assert any(".attn.attention.out_proj." in n for n in names)
+    assert any(n.startswith("transformer.h.") for n in names)
+    want = _transformers_logits(src, ids)
+    ckpt = resolve(str(src))
+    assert ckpt.config["model_type"] == "llama" and ckpt.renamed_from == "ExaoneForCausalLM"
+    got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    out = tmp_path / "w4"
+    code, stdout, stderr = run_cli(["compress", str(src), "-o", str(out), "--quant", "rtn:w4g32"])
+    assert code == 0, stderr
+    assert "ExaoneForCausalLM" in stdout + stderr and "read as llama" in stdout + stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["renamed_from"] == "ExaoneForCausalLM"
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
+    exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
+    assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3

@@ -30,7 +30,7 @@ from compress.model.fp8_source import is_fp8
 from compress.model.known_hash import known_sha256
 from compress.model.safetensors_check import check_safetensors
 from compress.model.spec import hf_config
-from compress.model.text_part import is_multimodal, text_config, text_part
+from compress.model.text_part import is_multimodal, is_renamed, text_config, text_part
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt", "*.jinja"]
@@ -77,6 +77,12 @@ class Checkpoint:
     def text_part_of(self) -> str | None:
         """The multimodal architecture whose language model this folder holds (text_part)."""
         return self.origin.get("text_part_of")
+
+    @property
+    def renamed_from(self) -> str | None:
+        """The architecture whose checkpoint this folder holds under its family's names
+        (text_part.RENAMED: EXAONE's), or None."""
+        return self.origin.get("renamed_from")
 
     @property
     def dequantized_from(self) -> str | None:
@@ -148,7 +154,8 @@ def _open_folder(path: Path, source: str) -> Checkpoint:
         origin = json.loads((path / "llmpress_source.json").read_text())
         hash_of = lambda _files: origin["sha256"]  # noqa: E731 - the FP8 files', not the copy's
         carried = {"dequantized_from": origin["dequantized_from"]}
-    if is_multimodal(config):  # its language model, as a text-only folder made once
+    # its language model (or EXAONE's, under llama's names), as a folder made once
+    if is_multimodal(config) or is_renamed(config):
         path = text_part(path, config, _weight_files(path)[0], hash_of, carried)
         config = _read_json(path / "config.json", "remove it from the cache and rerun")
     adapter = adapter_for(config)

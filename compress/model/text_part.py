@@ -99,6 +99,27 @@ TEXT_PREFIXES = (
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
 )
+# checkpoints of another family's model under names of their own: model_type -> the family
+# read and (pattern, replacement) renames of its tensor names, which transformers applies
+# as it loads them. EXAONE 3.0 and 3.5 (`ExaoneForCausalLM`), which transformers runs as
+# LlamaForCausalLM: read once into the cache as a llama folder, and the artifact is llama's
+RENAMED = {
+    "exaone": (
+        "llama",
+        (
+            (r"^transformer\.wte\.", "model.embed_tokens."),
+            (r"^transformer\.h\.", "model.layers."),
+            (r"^transformer\.ln_f\.", "model.norm."),
+            (r"\.attn\.attention\.out_proj\.", ".self_attn.o_proj."),
+            (r"\.attn\.attention\.", ".self_attn."),
+            (r"\.ln_1\.", ".input_layernorm."),
+            (r"\.ln_2\.", ".post_attention_layernorm."),
+            (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
+            (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."),
+            (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
+        ),
+    ),
+}
 # the source's files a text-only folder keeps beside the weights
 KEPT_FILES = (
     "tokenizer*",
@@ -110,6 +131,11 @@ KEPT_FILES = (
 )
 
 
+def is_renamed(config: dict) -> bool:
+    """Whether the checkpoint is another family's model under names of its own (RENAMED)."""
+    return config.get("model_type") in RENAMED
+
+
 def is_multimodal(config: dict) -> bool:
     model_type = config.get("model_type")
     if model_type in FLAT_TEXT and "vision_config" in config:
@@ -118,7 +144,12 @@ def is_multimodal(config: dict) -> bool:
 
 
 def text_name(name: str, model_type: str) -> str | None:
-    """The text model's name for a tensor of the multimodal checkpoint (None: not text)."""
+    """The text model's name for a tensor of the multimodal checkpoint (None: not text);
+    a RENAMED checkpoint's under the family's names."""
+    if model_type in RENAMED:
+        for pattern, to in RENAMED[model_type][1]:
+            name = re.sub(pattern, to, name)
+        return name
     for prefix, to in TEXT_PREFIXES:
         if name.startswith(prefix):
             return to + name[len(prefix) :]
@@ -156,7 +187,17 @@ def text_config(config: dict, has_head: bool | None = None) -> dict:
     `has_head` (whether the checkpoint holds an lm_head) decides the tying where given:
     the two configs disagree in published files (Mistral3Config ties by default, where
     Mistral Small 3.1's text_config says untied and its lm_head is stored), and the
-    tensors are what the model was trained with."""
+    tensors are what the model was trained with. A RENAMED checkpoint's config as its
+    family's, the keys its config class maps (EXAONE's num_layers) under their own names."""
+    if is_renamed(config):
+        from compress.model.spec import hf_config
+
+        family = RENAMED[config["model_type"]][0]
+        text = {k: v for k, v in hf_config(config).to_dict().items() if k != "auto_map"}
+        text.update(model_type=family, architectures=[ADAPTERS[family].architecture])
+        if has_head is not None:
+            text["tie_word_embeddings"] = not has_head
+        return text
     text = _outer_text(config)
     model_type = text.get("model_type") or MULTIMODAL[config["model_type"]]
     text.update(IGNORED_BY_TEXT.get(model_type, {}))
@@ -190,9 +231,10 @@ def text_part(
     target = conversion_target("text", path, config, files)
     if (target / "config.json").is_file():
         return target
+    arch = (config.get("architectures") or [config["model_type"]])[0]
     origin = {
         "path": str(path),
-        "text_part_of": (config.get("architectures") or [config["model_type"]])[0],
+        ("renamed_from" if is_renamed(config) else "text_part_of"): arch,
         "sha256": weights_sha256(files),
         **(carried or {}),
     }
