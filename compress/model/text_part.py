@@ -28,6 +28,9 @@ as such. The folder is written
 file by file (memory bounded by one shard), keyed by the source's files (name, size,
 mtime) so a second run reuses it, and records the source's weight hash, which eval's base
 check compares.
+
+The same writer reads a checkpoint of another family's model under names of its own
+(RENAMED: EXAONE 3.x, llama's model) as that family's folder, once.
 """
 
 from __future__ import annotations
