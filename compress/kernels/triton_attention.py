@@ -254,6 +254,7 @@ def decode_attention(
         acc = torch.empty(b, heads, ns, dim, device=q.device)
     else:
         m = l_sum = acc = out  # never written
+    sink = q if sinks is None else sinks.float().contiguous()  # q: never read without sinks
     _decode_attention[(b, heads, ns)](
         q,
         out,
@@ -283,7 +284,7 @@ def decode_attention(
         dim**-0.5 if scale is None else scale,
         window or 0,
         float(softcap or 0.0),
-        q if sinks is None else sinks.float().contiguous(),  # never read without sinks
+        sink,
         m,
         l_sum,
         acc,
@@ -300,7 +301,6 @@ def decode_attention(
     )
     if ns > 1:
         dp = triton.next_power_of_2(dim)
-        sink = q if sinks is None else sinks.float().contiguous()
         _merge_spans[(b, heads)](
             m, l_sum, acc, out, lengths, sink, heads, ns, D=dim, DP=dp, SPAN_T=span,
             SINK=sinks is not None,

@@ -179,7 +179,7 @@ class ModelShape(Widths):
     max_positions: int  # what the block computes (eps, rope) is in the BlockSpec
     # the head's rows: the vocabulary, or its first output_vocab_size ids where the head
     # is kept to them (Apertus 1.5's: the text ids of a vocabulary with image and audio codes)
-    head_rows: int = 0
+    head_rows: int
 
     @classmethod
     def of(cls, config: dict, head_dim: int | None = None) -> ModelShape:
@@ -1725,7 +1725,7 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
     out = {
         f"{adapter.embed}.weight": (shape.vocab, shape.hidden),
         f"{adapter.final_norm}.weight": (shape.hidden,),
-        f"{adapter.lm_head}.weight": (shape.head_rows or shape.vocab, shape.hidden),
+        f"{adapter.lm_head}.weight": (shape.head_rows, shape.hidden),
     }
     for i in range(shape.layers):
         block = adapter.layer(i)

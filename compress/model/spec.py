@@ -140,7 +140,8 @@ def describe(config: dict, adapter) -> BlockSpec:
     for t, theta in zip(types, thetas, strict=True):
         p = params.get(t, params) if isinstance(params.get(t), dict) else params
         p = {**{k: v for k, v in top.items() if v is not None}, **p}
-        p = p if theta is None else {**p, "rope_theta": theta or p.get("rope_theta")}
+        if theta:
+            p = {**p, "rope_theta": theta}
         rope = rope_spec(p, head_dim, hf.max_position_embeddings)
         ropes.append(rope if theta != 0 else replace(rope, kind="none", params=()))
     for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):

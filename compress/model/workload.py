@@ -64,7 +64,7 @@ def workload(ckpt, samples: int, length: int) -> Workload:
         inputs=tuple(inputs.values()),
         active=active,
         hidden=shape.hidden,
-        vocab=shape.head_rows or shape.vocab,  # the head's rows (Apertus 1.5's: text ids)
+        vocab=shape.head_rows,  # the head's rows (Apertus 1.5's: text ids)
         samples=samples,
         length=length,
     )
