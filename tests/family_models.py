@@ -411,11 +411,14 @@ FAMILIES = {
 }
 
 
-def family_config(name: str, **overrides):
+def family_config(name: str, config_class: str | None = None, **overrides):
+    """The tiny `name` model's config, built by its family's config class or by
+    `config_class` (a checkpoint transformers runs as that family's model)."""
     import transformers
 
     cls_name, settings = FAMILIES[name] if name in FAMILIES else LATENT_FAMILIES[name]
-    return getattr(transformers, cls_name)(**{**COMMON, **settings, **overrides})
+    cls = getattr(transformers, config_class or cls_name)
+    return cls(**{**COMMON, **settings, **overrides})
 
 
 # The draw of a family's random weights where seed 0's is not the usual one: AWQ against
@@ -457,11 +460,11 @@ def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
     torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
 
 
-def build_family(name: str, seed: int | None = None, **overrides):
+def build_family(name: str, seed: int | None = None, config_class: str | None = None, **overrides):
     """The transformers model (fp32, eval, eager attention) of a tiny `name` model."""
     from transformers import AutoModelForCausalLM
 
-    config = family_config(name, **overrides)
+    config = family_config(name, config_class, **overrides)
     config._attn_implementation = "eager"
     torch.manual_seed(DRAWS.get(name, 0) if seed is None else seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

@@ -15,6 +15,7 @@ from family_models import (
     FAMILIES,
     LATENT_FAMILIES,
     MOE_FAMILIES,
+    build_family,
     family_config,
     triton_steps_match_reference,
     write_family,
@@ -1418,3 +1419,68 @@ def test_an_exaone_checkpoint_is_read_as_llama_under_its_own_names(tmp_path, tok
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
     assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize(
+    "model_type,config_class,arch",
+    [
+        ("sarvam_moe", "SarvamMoEConfig", "SarvamMoEForCausalLM"),
+        ("param2moe", "Param2MoeConfig", "Param2MoeForCausalLM"),
+    ],
+)
+def test_a_bailing_named_checkpoint_is_read_as_glm4_moe(
+    model_type, config_class, arch, tmp_path, tokenizer_dir, ids
+):
+    """Sarvam-30B and Param-2 are glm4_moe's model rotating whole heads, stored under
+    Bailing's names (a fused query_key_value with its bias, attention.dense,
+    word_embeddings, the router's expert_bias), which transformers renames and splits as
+    it loads them: llmpress reads each as glm4_moe once (text_part.RENAMED), computes what
+    transformers computes, and the artifact is a Glm4MoeForCausalLM plain transformers
+    opens."""
+    from compress.model.text_part import RENAMED
+
+    assert RENAMED[model_type].family == "glm4_moe"
+    model = build_family("glm4_moe", config_class=config_class)
+    assert model.config.model_type == model_type
+    src = tmp_path / model_type
+    model.save_pretrained(src)
+    saved = json.loads((src / "config.json").read_text())
+    saved["architectures"] = [arch]  # as the published configs say
+    (src / "config.json").write_text(json.dumps(saved))
+    for f in tokenizer_dir.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy2(f, src / f.name)
+    names = list(safe_open(str(src / "model.safetensors"), "pt").keys())
+    assert any(n.endswith("attention.query_key_value.bias") for n in names)
+    assert any(n.endswith("mlp.gate.expert_bias") for n in names)
+    want = _transformers_logits(src, ids)
+    ckpt = resolve(str(src))
+    assert ckpt.config["model_type"] == "glm4_moe" and ckpt.renamed_from == arch
+    assert ckpt.config["rope_parameters"]["partial_rotary_factor"] == 1.0
+    got = RuntimeLM(load_weights(ckpt, device="cpu"), LENGTH, exact=True)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    out = tmp_path / "w4"
+    code, stdout, stderr = run_cli(["compress", str(src), "-o", str(out), "--quant", "rtn:w4g32"])
+    assert code == 0, stderr
+    assert f"is a {arch}" in stdout + stderr and "read as glm4_moe" in stdout + stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["source"]["renamed_from"] == arch
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Glm4MoeForCausalLM"]
+    quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
+    exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
+    assert (exact(ids).logits[0] - quantized).abs().max() < 1e-3
+
+
+def test_a_fused_projection_that_does_not_match_the_config_is_refused(tmp_path, tokenizer_dir):
+    """A Bailing-named checkpoint whose query_key_value rows are not the config's heads
+    (a config of another size beside the weights) is refused in one line naming both."""
+    model = build_family("glm4_moe", config_class="SarvamMoEConfig")
+    src = tmp_path / "sarvam"
+    model.save_pretrained(src)
+    saved = json.loads((src / "config.json").read_text())
+    saved["num_key_value_heads"] = 4
+    (src / "config.json").write_text(json.dumps(saved))
+    wrong = r"query_key_value\.(weight|bias) has 128 rows .* 192"
+    with pytest.raises(LlmpressError, match=wrong) as e:
+        resolve(str(src))
+    assert "\n" not in str(e.value)

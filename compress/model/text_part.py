@@ -30,7 +30,8 @@ mtime) so a second run reuses it, and records the source's weight hash, which ev
 check compares.
 
 The same writer reads a checkpoint of another family's model under names of its own
-(RENAMED: EXAONE 3.x, llama's model) as that family's folder, once.
+(RENAMED: EXAONE 3.x, llama's model; Sarvam-30B and Param-2, glm4_moe's under Bailing's
+names with a fused query_key_value) as that family's folder, once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from compress.errors import LlmpressError
@@ -102,12 +104,34 @@ TEXT_PREFIXES = (
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
 )
+
+
 # checkpoints of another family's model under names of their own: model_type -> the family
-# read and (pattern, replacement) renames of its tensor names, which transformers applies
-# as it loads them. EXAONE 3.0 and 3.5 (`ExaoneForCausalLM`), which transformers runs as
-# LlamaForCausalLM: read once into the cache as a llama folder, and the artifact is llama's
+# read, the (pattern, replacement) renames of its tensor names and the fused rows split
+# apart, which transformers applies as it loads them. Each is read once into the cache as
+# that family's folder, and the artifact is the family's.
+@dataclass(frozen=True)
+class Renamed:
+    family: str
+    renames: tuple[tuple[str, str], ...]
+    # a fused projection (renamed name's last module) -> the modules its rows go to, in
+    # order; their widths from the config (FUSED_WIDTHS)
+    fused: tuple[str, tuple[str, ...]] | None = None
+
+
+# Bailing's names (Ling, Sarvam, Param-2): a fused query_key_value, `dense` for o_proj
+_BAILING = (
+    (r"^model\.word_embeddings\.", "model.embed_tokens."),
+    (r"\.attention\.dense\.", ".self_attn.o_proj."),
+    (r"\.attention\.query_layernorm\.", ".self_attn.q_norm."),
+    (r"\.attention\.key_layernorm\.", ".self_attn.k_norm."),
+    (r"\.attention\.", ".self_attn."),
+    (r"\.mlp\.gate\.expert_bias$", ".mlp.gate.e_score_correction_bias"),
+)
+_BAILING_QKV = ("query_key_value", ("q_proj", "k_proj", "v_proj"))
 RENAMED = {
-    "exaone": (
+    # EXAONE 3.0 and 3.5 (`ExaoneForCausalLM`), which transformers runs as LlamaForCausalLM
+    "exaone": Renamed(
         "llama",
         (
             (r"^transformer\.wte\.", "model.embed_tokens."),
@@ -122,7 +146,21 @@ RENAMED = {
             (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
         ),
     ),
+    # Sarvam-30B (`SarvamMoEForCausalLM`) and Param-2 17B-A2.4B (`Param2MoeForCausalLM`),
+    # which transformers runs as Glm4MoeForCausalLM (rotating whole heads)
+    "sarvam_moe": Renamed("glm4_moe", _BAILING, _BAILING_QKV),
+    "param2moe": Renamed("glm4_moe", _BAILING, _BAILING_QKV),
 }
+
+
+def fused_widths(config: dict) -> tuple[int, ...]:
+    """The rows of a fused [q | k | v] projection each of q, k, v holds."""
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    return heads * head_dim, kv * head_dim, kv * head_dim
+
+
 # the source's files a text-only folder keeps beside the weights
 KEPT_FILES = (
     "tokenizer*",
@@ -150,7 +188,7 @@ def text_name(name: str, model_type: str) -> str | None:
     """The text model's name for a tensor of the multimodal checkpoint (None: not text);
     a RENAMED checkpoint's under the family's names."""
     if model_type in RENAMED:
-        for pattern, to in RENAMED[model_type][1]:
+        for pattern, to in RENAMED[model_type].renames:
             name = re.sub(pattern, to, name)
         return name
     for prefix, to in TEXT_PREFIXES:
@@ -195,7 +233,7 @@ def text_config(config: dict, has_head: bool | None = None) -> dict:
     if is_renamed(config):
         from compress.model.spec import hf_config
 
-        family = RENAMED[config["model_type"]][0]
+        family = RENAMED[config["model_type"]].family
         text = {k: v for k, v in hf_config(config).to_dict().items() if k != "auto_map"}
         text.update(model_type=family, architectures=[ADAPTERS[family].architecture])
         if has_head is not None:
@@ -262,11 +300,27 @@ def _unstacked(name: str, stacked) -> dict:
     return out
 
 
+def _split(name: str, fused, parts: tuple[str, ...], widths: tuple[int, ...], path: Path):
+    """A fused projection's weight or bias as its parts' (rows in order)."""
+    if fused.shape[0] != sum(widths):
+        raise LlmpressError(
+            f"{path}: {name} has {fused.shape[0]} rows where the config's heads give "
+            f"{sum(widths)} ({' + '.join(map(str, widths))}): the config is not this "
+            "checkpoint's; re-download it"
+        )
+    stem, leaf = name.rsplit(".", 2)[0], name.rsplit(".", 1)[1]
+    rows = fused.split(list(widths))
+    return {f"{stem}.{part}.{leaf}": r.contiguous() for part, r in zip(parts, rows, strict=True)}
+
+
 def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     weight_map: dict[str, str] = {}
+    renamed = RENAMED.get(config["model_type"])
+    fused = renamed.fused if renamed else None
+    widths = fused_widths(text_config(config)) if fused else ()
     for f in files:
         with safe_open(str(f), "pt") as src:
             names = [(n, text_name(n, config["model_type"])) for n in src.keys()]  # noqa: SIM118
@@ -276,6 +330,8 @@ def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
                     continue
                 if config["model_type"] in STACKED_EXPERTS and _STACKED.search(to):
                     tensors.update(_unstacked(to, src.get_tensor(n)))
+                elif fused and to.split(".")[-2] == fused[0]:
+                    tensors.update(_split(to, src.get_tensor(n), fused[1], widths, path))
                 else:
                     tensors[to] = src.get_tensor(n)
         if tensors:
