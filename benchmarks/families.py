@@ -399,6 +399,27 @@ MOE_SETTINGS = {
         "layer_types": None,
         "sliding_window": 512,
     },
+    # hy_v3: Hy3's per-head q/k norms, sigmoids chosen with a bias (drawn in write_model),
+    # renormalized and scaled, a gated shared expert as wide as one; layer 0 dense (4096)
+    "hy_v3": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "num_shared_experts": 1,
+        "intermediate_size": 4096,
+    },
+    # kolibri1: Kolibri-1's attention (per-head q/k norms; its class's 4 sliding of 512 : 1
+    # full layers, the full ones without rope) in a sandwich of norms, experts in every
+    # layer chosen by logit plus a bias and weighted by sigmoids, a gated shared expert as
+    # wide as one
+    "kolibri1": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "shared_expert_intermediate_size": 1024,
+        "layer_types": None,
+        "sliding_window": 512,
+    },
 }
 
 
@@ -430,6 +451,9 @@ def write_model(folder: Path, name: str, config=None, seed: int = 0) -> Path:
                 p.normal_(0.0, config.initializer_range)
             if pname.endswith("self_attn.sinks"):  # granite_swa's at zeros, each head's
                 p.normal_(0.0, 1.0)  # alike
+        for bname, b in model.named_buffers():  # a choice bias at zeros steers nothing
+            if bname.endswith("e_score_correction_bias") and not b.any():  # (a trained
+                b.normal_(0.0, 0.1)  # one does: Kolibri-1's chooses by logit plus it)
     model.save_pretrained(folder)
     tokenizer = convert_gguf(default_gguf())
     for f in tokenizer.iterdir():

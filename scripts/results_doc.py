@@ -3142,6 +3142,20 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_hy_v3.json",
+        "hy_v3 beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families hy_v3,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_hy_v3",
+        families,
+    ),
+    (
+        "families_kolibri1.json",
+        "kolibri1 beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families kolibri1,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_kolibri1",
+        families,
+    ),
+    (
         "families_flint.json",
         "flint beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families flint,qwen3_moe --skip-anchors --rounds 5 "

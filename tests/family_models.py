@@ -564,6 +564,42 @@ MOE_FAMILIES = {
     # qwen3_moe's block with a sink per head (stored as softmax_offset), rope on the
     # sliding layer only (layers 0, 1 and 3 full, by the class's pattern), sigmoid routing
     # renormalized, an ungated shared expert, layer 0 dense
+    # per-head q/k norms, q/k/v/o biased; sigmoids chosen with a bias, renormalized, scaled,
+    # a gated shared expert; layer 0 dense
+    "hy_v3": (
+        "HYV3Config",
+        {
+            "hidden_size": 128,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "num_shared_experts": 1,
+            "router_scaling_factor": 2.5,
+            "attention_bias": True,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
+    # exaone4's attention (full layers without rope) in glm4's sandwich of norms; experts
+    # in every layer chosen by logit plus a bias, weighted by sigmoids, a gated shared
+    # expert
+    "kolibri1": (
+        "Kolibri1Config",
+        {
+            "hidden_size": 128,
+            "num_hidden_layers": 3,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 128,
+            "shared_expert_intermediate_size": 192,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "sliding_window": 8,
+            "pad_token_id": 0,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+    ),
     "flint": (
         "FlintConfig",
         {

@@ -346,6 +346,14 @@ def test_phi_q_k_layernorms_are_refused_in_one_line():
         adapter_for(config)
 
 
+def test_hy_v3_mlp_biases_are_refused_in_one_line():
+    """Hy3's mlp_bias would put biases on its dense MLPs and shared experts, which its
+    experts' kernels do not add (its published config leaves it off)."""
+    config = family_config("hy_v3", mlp_bias=True).to_dict()
+    with pytest.raises(LlmpressError, match=r"^hy_v3: mlp_bias .* is not supported yet"):
+        adapter_for(config)
+
+
 def test_stablelm_2_12b_s_per_head_q_k_norms_run_prune_and_quantize(
     tokenizer_dir, wikitext, tmp_path, ids
 ):
@@ -1140,7 +1148,7 @@ TRITON_NAMES = (
     if DEVICE == "cuda"
     else [
         "gemma3_text", "phi3", "qwen2_moe", "granite", "exaone4", "glm4", "glm4_moe", "cohere2",
-        "afmoe", "granite_swa",
+        "afmoe", "granite_swa", "kolibri1",
     ]
 )  # fmt: skip
 

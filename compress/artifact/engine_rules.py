@@ -62,7 +62,8 @@ DTYPE = r"not implemented for 'Float'"
 # (and Phi-3.5-MoE's published config's) is PhiMoEForCausalLM. IQuest-Coder's,
 # HyperCLOVA X's text model, MiniCPM5-MoE's, Command A+'s, Granite SWASH's, Flint's,
 # Apertus 1.5's text model and K-EXAONE's (transformers' spelling and the published one)
-# are not in it
+# are not in it; nor are Kolibri-1's (a later vLLM has models/kolibri1.py, which reads the
+# checkpoint's names, as the artifact keeps them) and Hy3's
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
@@ -76,6 +77,8 @@ NO_NATIVE_VLLM_MODEL = (
     "Apertus1p5TextForCausalLM",
     "ExaoneMoeForCausalLM",
     "ExaoneMoEForCausalLM",
+    "Kolibri1ForCausalLM",
+    "HYV3ForCausalLM",
 )
 
 # Architectures whose vLLM model computes the logits with the embedding and skips any

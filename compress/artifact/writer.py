@@ -100,6 +100,10 @@ def artifact_config(
             p = ws.adapter.block_prefix(i)
             for stored, attribute in ws.adapter.module_aliases:
                 aliases[f"{p}.{stored}"] = f"{p}.{attribute}"
+            for stored, loaded in ws.adapter.load_renames:  # (their linears)
+                old, new = f"{p}.{stored}.", f"{p}.{loaded}."
+                for name in (n for n in [*layers, *unquantized] if n.startswith(old)):
+                    aliases[name] = new + name[len(old) :]
         ignore += [aliases[n] for n in unquantized if n in aliases and n != head]
         config["quantization_config"] = codec(export).config(layers, block_names, ignore, aliases)
     if ws.adapter.lm_head in layers:

@@ -357,14 +357,15 @@ def route(
     groups: tuple[int, int] = (1, 1),
     group_score: str = "top2",
     sparsemixer: float | None = None,
+    logit_choice: bool = False,
     router_bias: torch.Tensor | None = None,
 ):
     """Routing of rows x [B, hidden] by an fp32 router [E, hidden] (plus `router_bias` [E]
     on its logits: a LayerNorm's bias folded in), as the one-call decoder
     routes (llmp_route: softmax or sigmoid scores, chosen with `choice_bias` added within
     the best `groups[1]` of `groups[0]` expert groups, weights renormalized and scaled; or
-    with `sparsemixer`, PhiMoE's top 2 at that threshold): (weights [B, top_k] fp32, chosen
-    [B, top_k] int64)."""
+    with `sparsemixer`, PhiMoE's top 2 at that threshold; `logit_choice`: sigmoids chosen by
+    logit plus bias): (weights [B, top_k] fp32, chosen [B, top_k] int64)."""
     x = x.float().contiguous()
     _check_f32(router, "router weight")
     if choice_bias is not None:
@@ -378,14 +379,18 @@ def route(
     library().llmp_route(
         _ptr(x), b, x.shape[1], _ptr(router), _opt(router_bias), e, router.shape[1], top_k,
         int(renormalize),
-        *_scoring(sigmoid, sparsemixer, top_k), _opt(choice_bias), float(scale),
+        *_scoring(sigmoid, sparsemixer, top_k, logit_choice), _opt(choice_bias), float(scale),
         *_groups(groups, group_score, e), _ptr(logits), _ptr(chosen), _ptr(weights),
     )  # fmt: skip
     return weights, chosen.long()
 
 
-def _scoring(sigmoid: bool, sparsemixer: float | None, top_k: int) -> tuple[int, float]:
+def _scoring(
+    sigmoid: bool, sparsemixer: float | None, top_k: int, logit_choice: bool = False
+) -> tuple[int, float]:
     """llmp_route's (scoring, jitter)."""
+    if logit_choice:
+        return 3, 0.0
     if sparsemixer is None:
         return int(sigmoid), 0.0
     if top_k != 2:
@@ -844,6 +849,7 @@ class FusedExperts:
     groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
     group_score: str = "top2"  # a group's score: its best two summed, or its "max"
     sparsemixer: float | None = None  # PhiMoE's routing, at this threshold
+    logit_choice: bool = False  # sigmoids chosen by logit plus choice_bias (Kolibri's)
     router_bias: torch.Tensor | None = None  # fp32 [E] on the logits (a norm's bias folded)
     shared_scale: float = 1.0  # the shared expert's output times this (cohere2_moe's 0.5)
 
@@ -879,7 +885,8 @@ class FusedExperts:
             _ptr(self.router), _opt(self.router_bias), ctypes.addressof(table),
             len(self.experts), self.top_k, int(self.renormalize), self.inter, _ptr(self.reads),
             None if shared is None else ctypes.addressof(shared), gate, self.shared_inter,
-            *_scoring(self.sigmoid, self.sparsemixer, self.top_k), _opt(self.choice_bias),
+            *_scoring(self.sigmoid, self.sparsemixer, self.top_k, self.logit_choice),
+            _opt(self.choice_bias),
             float(self.scale), *_groups(self.groups, self.group_score, len(self.experts)),
             float(self.shared_scale),
         )  # fmt: skip

@@ -368,6 +368,11 @@ class Adapter:
     # (checkpoint name, transformers' attribute) of a block's modules named apart
     # (MiniCPM5-MoE's q_proj, its model's q_gate_proj): model/aliases.py
     module_aliases: tuple[tuple[str, str], ...] = ()
+    # (checkpoint path, transformers' path) of block modules transformers renames as it
+    # loads the checkpoint (conversion_mapping.py; Hy3's mlp.shared_mlp is its
+    # mlp.shared_experts), where llmpress reads them under the checkpoint's name: the
+    # artifact's quantization config targets their linears under both names
+    load_renames: tuple[tuple[str, str], ...] = ()
     # with a sliding window, the full-attention layers rotate nothing (exaone4)
     full_layers_without_rope: bool = False
     # only the sliding layers rotate (whatever the window), and the dense layers where
@@ -763,7 +768,9 @@ class MoeKeys:
     moe_span: tuple[str, str, str] | None = None
     # or a key listing each layer's MLP, "dense" or "sparse" (glm4_moe_lite's)
     layer_kinds: str | None = None
-    scoring: str = "softmax"  # or "sigmoid", or "sparsemixer" (PhiMoE's top-2)
+    # or "sigmoid", "sigmoid_logits" (chosen by logit plus bias: Kolibri's), or
+    # "sparsemixer" (PhiMoE's top-2)
+    scoring: str = "softmax"
     jitter: str | None = None  # sparsemixer's threshold key (router_jitter_noise)
     scale: str | None = None  # the weights' multiplier
     groups: tuple[str, str] | None = None  # the group count and how many are chosen
@@ -1284,6 +1291,32 @@ ADAPTERS: dict[str, Adapter] = {
         param_aliases=(("self_attn.softmax_offset", "self_attn.sinks"),),
         **_QK_NORMS,
     ),
+    # kolibri1 (Aleph Alpha's Kolibri-1): exaone4's attention (per-head q/k norms; 4 sliding
+    # : 1 full layers, the full ones without rope) in glm4's sandwich of norms (stored as
+    # post_attn_norm, post_ffn_norm), experts in every layer beside a gated shared expert,
+    # chosen by logit plus the bias the checkpoint keeps beside the MLP (moe.router),
+    # weighted by the chosen logits' sigmoids, renormalized where norm_topk_prob says
+    "kolibri1": replace(
+        LLAMA,
+        families=("kolibri1",),
+        architecture="Kolibri1ForCausalLM",
+        bias_options=(),
+        full_layers_without_rope=True,
+        post_attn_norm="post_attn_norm",
+        post_mlp_norm="post_ffn_norm",
+        module_aliases=(
+            ("post_attn_norm", "post_self_attn_layernorm"),
+            ("post_ffn_norm", "post_mlp_layernorm"),
+        ),
+        moe=MoeKeys(
+            *_QWEN_MOE_KEYS, shared="shared_expert_intermediate_size", scoring="sigmoid_logits"
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_experts",
+        choice_bias="moe.router.expert_bias",
+        **_QK_NORMS,
+    ),
     # mellum (Mellum): qwen3_moe's block, its dense layers listed by mlp_layer_types, its
     # sliding layers by layer_types, rope per layer type
     "mellum": replace(
@@ -1370,6 +1403,33 @@ ADAPTERS: dict[str, Adapter] = {
         expert_names=("w1", "w3", "w2"),
         choice_bias="block_sparse_moe.e_score_correction_bias",
         qk_norm="full",
+        **_QK_NORMS,
+    ),
+    # hy_v3 (Tencent's Hy3): llama's pre-norm block with per-head q/k norms (apertus's
+    # attention); DeepSeek-V3's routing (sigmoids chosen with a bias), always renormalized,
+    # times router_scaling_factor, an fp32 router stored as mlp.router.gate, the bias as
+    # mlp.expert_bias, gated shared experts as mlp.shared_mlp; dense layers by
+    # mlp_layer_types
+    "hy_v3": replace(
+        LLAMA,
+        families=("hy_v3",),
+        architecture="HYV3ForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        refused_options=(("mlp_bias", "biases on the dense MLPs and the shared experts"),),
+        moe=MoeKeys(
+            "num_experts",
+            "moe_intermediate_size",
+            None,
+            shared_count="num_shared_experts",
+            layer_kinds="mlp_layer_types",
+            scoring="sigmoid",
+            scale="router_scaling_factor",
+        ),
+        router="mlp.router.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_mlp",
+        load_renames=(("mlp.shared_mlp", "mlp.shared_experts"),),
+        choice_bias="mlp.expert_bias",
         **_QK_NORMS,
     ),
     # glm4_moe (GLM-4.5, GLM-4.5-Air, GLM-4.6): glm's attention (biased q/k/v, half of each

@@ -51,6 +51,7 @@ def route_scores(
     groups: tuple[int, int] = (1, 1),
     group_score: str = "top2",
     sparsemixer: float | None = None,
+    logit_choice: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, k] fp32, experts [T, k]) from router logits [T, E] fp32, as the
     families route: scores are the softmax of the logits or each one's sigmoid (glm4_moe);
@@ -58,11 +59,14 @@ def route_scores(
     choice only), among the `groups[1]` of `groups[0]` expert groups whose best two score
     highest (or whose best one, `group_score` "max": DeepSeek-V2's); their scores,
     renormalized when asked, times `scale` are the weights. `sparsemixer`: PhiMoE's
-    routing at inference, with that threshold (top_k 2; sparsemixer below)."""
+    routing at inference, with that threshold (top_k 2; sparsemixer below).
+    `logit_choice`: the logits plus `choice_bias` choose, and the chosen logits' sigmoids
+    are the scores (Kolibri's; a bias steers otherwise than beside the sigmoids)."""
     if sparsemixer is not None:
         return sparsemixer_route(logits, sparsemixer)
-    scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
-    choice = scores if choice_bias is None else scores + choice_bias
+    scores = torch.sigmoid(logits) if sigmoid or logit_choice else torch.softmax(logits, -1)
+    choice = logits if logit_choice else scores
+    choice = choice if choice_bias is None else choice + choice_bias
     n_group, top_groups = groups
     if n_group > 1:
         grouped = choice.view(choice.shape[0], n_group, -1)
@@ -104,7 +108,12 @@ class MoeMLP(nn.Module):
         owner, name = self._owner(self.router_path)
         owner.add_module(name, nn.Linear(hidden, moe.experts, bias=False))
         self.bias_path = None  # the choice bias, where the checkpoint keeps it (glm4_moe)
-        if adapter.choice_bias:
+        # or beside the MLP, on the block (Kolibri's moe.router.expert_bias): install()
+        # registers it there, and _block holds the block (unregistered)
+        self.block_bias_path, self._block = None, []
+        if adapter.choice_bias and not adapter.choice_bias.startswith(adapter.mlp + "."):
+            self.block_bias_path = adapter.choice_bias
+        elif adapter.choice_bias:
             self.bias_path = adapter.choice_bias.removeprefix(adapter.mlp + ".")
             owner, name = self._owner(self.bias_path)  # e.g. on the router itself
             shape = (1, moe.experts) if adapter.choice_bias_2d else (moe.experts,)
@@ -144,7 +153,11 @@ class MoeMLP(nn.Module):
     def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, k], expert indices [T, k]) for tokens [T, hidden]."""
         logits = self.get_submodule(self.router_path)(flat).float()
-        bias = self.get_buffer(self.bias_path).float().reshape(-1) if self.bias_path else None
+        bias = None
+        if self.bias_path:
+            bias = self.get_buffer(self.bias_path).float().reshape(-1)
+        elif self.block_bias_path:
+            bias = self._block[0].get_buffer(self.block_bias_path).float().reshape(-1)
         s = self.spec
         weights, chosen = route_scores(
             logits,
@@ -156,6 +169,7 @@ class MoeMLP(nn.Module):
             s.groups,
             s.group_score,
             s.jitter if s.scoring == "sparsemixer" else None,
+            s.scoring == "sigmoid_logits",
         )
         return weights.to(flat.dtype), chosen
 
@@ -195,9 +209,20 @@ def install(block: nn.Module, spec: BlockSpec, adapter, hidden: int) -> None:
     """Replace the transformers MoE module of a decoder layer (on any device, meta
     included) by a MoeMLP registered under the checkpoint's name (mixtral: block_sparse_moe)
     while the layer's forward still finds it as `mlp`."""
-    moe = MoeMLP(spec, adapter, hidden).to(next(block.parameters()).device)
+    device = next(block.parameters()).device
+    moe = MoeMLP(spec, adapter, hidden).to(device)
     block._modules.pop("mlp", None)
     block.add_module(adapter.mlp, moe)
+    if moe.block_bias_path:  # on the block, beside the MLP
+        *heads, name = moe.block_bias_path.split(".")
+        owner = block
+        for head in heads:
+            if not hasattr(owner, head):
+                owner.add_module(head, nn.Module())
+            owner = getattr(owner, head)
+        shape = (1, spec.mlp.experts) if adapter.choice_bias_2d else (spec.mlp.experts,)
+        owner.register_buffer(name, torch.zeros(shape, device=device))
+        moe._block[:] = [block]
     if adapter.mlp != "mlp":
         block.__dict__["mlp"] = moe  # the attribute the decoder layer's forward calls
 

@@ -33,8 +33,9 @@ class MoeSpec:
     shared: int = 0  # width of a shared expert every token runs (0: none), its output
     # times sigmoid(shared_gate · x) (qwen2_moe) or as it is (glm4_moe), added to the
     # routed experts'
-    # the router's scores: softmax of the logits, "sigmoid"s, or "sparsemixer" (PhiMoE's
-    # top-2, each weight a softmax over the experts within `jitter` of its pick: route_scores)
+    # the router's scores: softmax of the logits, "sigmoid"s, "sigmoid_logits" (sigmoids
+    # chosen by logit plus the choice bias: Kolibri's), or "sparsemixer" (PhiMoE's top-2,
+    # each weight a softmax over the experts within `jitter` of its pick: route_scores)
     scoring: str = "softmax"
     jitter: float = 0.0  # sparsemixer's threshold (router_jitter_noise)
     scale: float = 1.0  # the chosen weights times this (glm4_moe's routed_scaling_factor)

@@ -131,6 +131,7 @@ def _experts(moe) -> FusedExperts | None:
     fused.sigmoid, fused.choice_bias, fused.scale = moe.sigmoid, moe.choice_bias, moe.scale
     fused.groups, fused.group_score = moe.groups, moe.group_score
     fused.sparsemixer, fused.router_bias = moe.sparsemixer, router.bias
+    fused.logit_choice = moe.logit_choice
     if moe.shared is not None:
         if not all(isinstance(x, QuantLinear) for x in moe.shared):
             return None

@@ -114,7 +114,7 @@ def _experts(moe: MoeWeights, x, act: str, packed: bool) -> torch.Tensor:
     expert's packed weights are read once per step and an unchosen one not at all."""
     xf = x.x if isinstance(x, QuantizedInput) else x
     routing = (moe.top_k, moe.renormalize, moe.sigmoid, moe.choice_bias, moe.scale)
-    routing += (moe.groups, moe.group_score, moe.sparsemixer)
+    routing += (moe.groups, moe.group_score, moe.sparsemixer, moe.logit_choice)
     if xf.device.type == "cpu":  # the one-call decoder's routing, ties and rounding alike
         weights, chosen = route(xf, moe.router.weight, *routing, router_bias=moe.router.bias)
     else:

@@ -106,6 +106,7 @@ class MoeWeights:
     shared: tuple[object, object] | None = None  # a shared expert's (gate_up, down)
     shared_gate: DenseLinear | None = None  # [1, hidden] fp32: sigmoid of it gates `shared`
     sigmoid: bool = False  # the router's scores: sigmoids, not the softmax (glm4_moe)
+    logit_choice: bool = False  # sigmoids, chosen by logit plus choice_bias (Kolibri's)
     choice_bias: torch.Tensor | None = None  # fp32 [E]: added to the scores to choose
     scale: float = 1.0  # the chosen weights times this
     groups: tuple[int, int] = (1, 1)  # chosen within the best groups[1] of groups[0]
@@ -629,6 +630,7 @@ def load_weights(
             router = DenseLinear(tensors[f"{p}.{adapter.router}.weight"].to(device, torch.float32))
             moe = MoeWeights(router, experts, spec.mlp.top_k, spec.mlp.renormalize)
             moe.sigmoid, moe.scale = spec.mlp.scoring == "sigmoid", spec.mlp.scale
+            moe.logit_choice = spec.mlp.scoring == "sigmoid_logits"
             moe.groups, moe.group_score = spec.mlp.groups, spec.mlp.group_score
             if spec.mlp.scoring == "sparsemixer":
                 moe.sparsemixer = spec.mlp.jitter

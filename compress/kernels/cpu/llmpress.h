@@ -100,7 +100,8 @@ typedef struct {
     const float *shared_gate; /* [hidden]: its output is times sigmoid(shared_gate . x);
                                * NULL: added as it is (glm4_moe's shared experts) */
     int shared_inter;
-    int scoring;              /* scores: 0 the softmax, 1 each logit's sigmoid, 2 sparsemixer */
+    int scoring;              /* scores: 0 the softmax, 1 each logit's sigmoid, 2 sparsemixer,
+                               * 3 sigmoids chosen by logit plus choice_bias (Kolibri's) */
     float jitter;             /* sparsemixer's threshold (router_jitter_noise) */
     const float *choice_bias; /* [E] added to the scores to choose (NULL: none) */
     float scale;              /* the weights times this (routed_scaling_factor) */

@@ -31,8 +31,9 @@ static void sparsemixer(const float *p, int E, float jitter, int32_t *c, float *
  * softmax of the logits, or with `scoring` 1 each logit's sigmoid (glm4_moe), or with 2
  * PhiMoE's sparsemixer (K = 2; everything after the logits is its own); the top K
  * scores (ties: the lower index) are chosen, each plus bias[e] where a bias is given
- * (e_score_correction_bias: it steers the choice, not the weights), and with n_group > 1
- * only from the topk_group of n_group groups of experts whose best two choice scores sum
+ * (e_score_correction_bias: it steers the choice, not the weights; with `scoring` 3 the
+ * logits plus bias choose and the chosen logits' sigmoids weigh: Kolibri's), and with
+ * n_group > 1 only from the topk_group of n_group groups of experts whose best two choice scores sum
  * highest (DeepSeek-V3's), or whose best one is highest (`group_max`: V2's); the chosen
  * scores, renormalized to sum to 1 when asked, times `scale`, are the weights. logits
  * [B, E] is scratch (the router's products plus router_bias, where given); choice and
@@ -42,7 +43,7 @@ void llmp_route(const float *xf, int B, int ld, const float *router, const float
                 int renorm, int scoring, float jitter, const float *bias, float scale,
                 int n_group, int topk_group, int group_max, float *logits, int32_t *choice,
                 float *weight) {
-    int sigmoid = scoring == 1;
+    int sigmoid = scoring == 1 || scoring == 3, on_logits = scoring == 3;
     #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
     for (int64_t i = 0; i < (int64_t)B * E; i++)
         logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden)
@@ -55,7 +56,9 @@ void llmp_route(const float *xf, int B, int ld, const float *router, const float
             sparsemixer(p, E, jitter, c, cw);
             continue;
         }
-        if (sigmoid) {
+        if (on_logits) {
+            /* chosen on the logits: sigmoids of the chosen ones below */
+        } else if (sigmoid) {
             for (int e = 0; e < E; e++) p[e] = 1.f / (1.f + expf(-p[e]));
         } else {
             for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
@@ -95,7 +98,10 @@ void llmp_route(const float *xf, int B, int ld, const float *router, const float
                 if (!taken && (best < 0 || s > top)) best = e, top = s;
             }
             c[k] = best;
-            chosen += (cw[k] = sigmoid || bias ? p[best] : p[best] / sum);
+            cw[k] = on_logits           ? 1.f / (1.f + expf(-p[best]))
+                    : sigmoid || bias ? p[best]
+                                      : p[best] / sum;
+            chosen += cw[k];
         }
         if (renorm)
             for (int k = 0; k < K; k++) cw[k] /= chosen;
