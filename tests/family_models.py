@@ -1060,6 +1060,7 @@ def write_gguf(
     fuse_qkv: bool = False,
     nextn: int = 0,
     qtype: str | None = None,
+    eps_key: str = "rms",
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
@@ -1071,7 +1072,9 @@ def write_gguf(
     blocks after the model's (GLM-4.5's, counted in the block count, as llama.cpp's
     converter writes them), each a copy of the last block plus its own projection.
     `qtype` (a GGML type, "Q8_0"): the linears' weights stored so, as llama-quantize
-    stores them (embedding, norms and routers kept in F32)."""
+    stores them (embedding, norms and routers kept in F32). `eps_key` "layer": an RMS
+    family's epsilon under layer_norm_epsilon (converters that write the checkpoint's key
+    by its name, as llama.cpp's TextModel does for EXAONE 3's `layer_norm_epsilon`)."""
     import gguf
     import numpy as np
 
@@ -1154,6 +1157,8 @@ def write_gguf(
     elif cfg.model_type == "gpt_neox":  # llama.cpp's GPTNeoXModel keys
         w.add_layer_norm_eps(cfg.layer_norm_eps)
         w.add_parallel_residual(cfg.use_parallel_residual)
+    elif eps_key == "layer":
+        w.add_layer_norm_eps(cfg.rms_norm_eps)
     else:
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too

@@ -181,6 +181,24 @@ def test_a_qwen_vl_language_model_gguf_converts_to_its_family(name, arch, tmp_pa
     _same_logits(model, folder)
 
 
+@pytest.mark.parametrize("eps_key", ["rms", "layer"])
+def test_an_exaone_3_gguf_converts_to_llama(eps_key, tmp_path, monkeypatch):
+    """llama.cpp writes EXAONE 3.0 and 3.5 as exaone: llama's tensors with q/k as the
+    checkpoint holds them (its converter is not LlamaModel's: no interleaving to undo),
+    Llama 3 rope scaling as a rope_freqs tensor, and the RMS epsilon under
+    layer_norm_rms_epsilon (LG's published files) or, from later converters,
+    layer_norm_epsilon. Read as llama, the model transformers runs EXAONE 3 as."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    rope = GGUF_ROPE_CASES["llama3 scaling (rope_freqs tensor)"][2]  # observable, fitted
+    model = build_family("llama3", vocab_size=1024, **rope)
+    path = write_gguf(model, tmp_path / "e.gguf", default_gguf(), arch="EXAONE", eps_key=eps_key)
+    folder = convert_gguf(path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["rms_norm_eps"] == pytest.approx(1e-5)
+    assert config["rope_parameters"]["rope_type"] == "llama3"
+    _same_logits(model, folder)
+
+
 @pytest.mark.parametrize("name", ["stablelm", "gpt_neox"])
 def test_a_sequential_block_s_gguf_converts_to_its_block(name, tmp_path, monkeypatch):
     """StableLM 2 1.6B and StableLM-3B run attention, then the MLP under its own norm:

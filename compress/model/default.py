@@ -41,6 +41,7 @@ SUPPORTED_GGUF_ARCHS = {
     "granite": "granite",
     "olmo2": "olmo2",
     "smollm3": "smollm3",
+    "exaone": "llama",  # EXAONE 3.0 and 3.5: llama's model
     "exaone4": "exaone4",
     "glm4": "glm4",
     "ernie4_5": "ernie4_5",

@@ -1,18 +1,16 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
-llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone4,
-glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe,
-minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2,
-arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl, qwen3vl, gptneox and deepseek2
-files that
-transformers cannot read (or, for
-nemotron and stablelm, reads with its config class's defaults in place of the file's
-epsilon and rotated width). Their configs are built here from the header keys llama.cpp's
-converter writes. A key that is absent takes llama.cpp loader's default, not the
-transformers config class's, since it is llama.cpp's meaning the file was written for (a
-granite file with no attention scale means 1/sqrt(head_dim) there, where GraniteConfig's
-default is 1.0). Rope scaling, which both readers leave to gguf_rope.py, is added by the
-caller.
+llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone (EXAONE
+3.0 and 3.5, read as llama), exaone4, glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as
+glm), olmoe, glm4moe, ernie4_5-moe, minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense,
+hunyuan-moe, command-r, cohere2, arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl,
+qwen3vl, gptneox and deepseek2 files that transformers cannot read (or, for nemotron and
+stablelm, reads with its config class's defaults in place of the file's epsilon and
+rotated width). Their configs are built here from the header keys llama.cpp's converter
+writes. A key that is absent takes llama.cpp loader's default, not the transformers config
+class's, since it is llama.cpp's meaning the file was written for (a granite file with no
+attention scale means 1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope
+scaling, which both readers leave to gguf_rope.py, is added by the caller.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ from compress.errors import LlmpressError
 # GGUF architecture -> how its config is built (the family follows from the keys for
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
-    "granite", "olmo2", "smollm3", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
+    "granite", "olmo2", "smollm3", "exaone", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
     "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
     "stablelm", "qwen2vl", "qwen3vl", "gptneox", "deepseek2",
@@ -165,6 +163,23 @@ def _exaone4(get, fields: dict, reader) -> tuple[str, dict]:
     default = _EXAONE4_WINDOW if layers == _EXAONE4_WINDOWED_DEPTH else None
     window, layer_types = _window_layers(get, layers, default)
     return "exaone4", {"sliding_window": window, "layer_types": layer_types}
+
+
+def _exaone(get, fields: dict, reader) -> tuple[str, dict]:
+    """EXAONE 3.0 and 3.5, llama's model (transformers runs them as llama): llama's keys,
+    q/k in the checkpoint's layout (the converter is not LlamaModel's and permutes
+    nothing), llama3 scaling as a rope_freqs tensor. Its RMS epsilon is
+    `layer_norm_rms_epsilon` from the converters LG's files were made with, and
+    `layer_norm_epsilon` from later ones (the checkpoint's key, written as it is named)."""
+    if fields["rms_norm_eps"] is None:
+        fields["rms_norm_eps"] = get("attention.layer_norm_epsilon")
+    rotated = int(get("rope.dimension_count", fields["head_dim"]))
+    if rotated != fields["head_dim"]:
+        raise LlmpressError(
+            f"the file rotates {rotated} of each head's {fields['head_dim']} dimensions, "
+            "which no EXAONE 3 does: compress the model's Hugging Face checkpoint instead"
+        )
+    return "llama", _biases(reader)
 
 
 def _glm4(get, fields: dict, reader) -> tuple[str, dict]:
@@ -513,6 +528,7 @@ _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
     "smollm3": _smollm3,
+    "exaone": _exaone,
     "exaone4": _exaone4,
     "glm4": _glm4,
     "ernie4_5": _ernie4_5,
