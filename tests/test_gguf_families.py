@@ -167,11 +167,14 @@ def test_a_gguf_with_q_k_v_in_one_tensor_converts(name, tmp_path, monkeypatch):
     _same_logits(model, convert_gguf(path))
 
 
-@pytest.mark.parametrize("name,arch", [("qwen2", "QWEN2VL"), ("qwen3", "QWEN3VL")])
+@pytest.mark.parametrize(
+    "name,arch", [("qwen2", "QWEN2VL"), ("qwen3", "QWEN3VL"), ("qwen3_moe", "QWEN3VLMOE")]
+)
 def test_a_qwen_vl_language_model_gguf_converts_to_its_family(name, arch, tmp_path, monkeypatch):
-    """llama.cpp writes the language model of Qwen2-VL, Qwen2.5-VL (qwen2vl) and Qwen3-VL
-    (qwen3vl) as a file of its own: its family's tensors, rotated by M-RoPE, which for
-    text alone is the family's default rope."""
+    """llama.cpp writes the language model of Qwen2-VL, Qwen2.5-VL (qwen2vl), Qwen3-VL
+    (qwen3vl) and Qwen3-VL-MoE (qwen3vlmoe: its experts stacked, as qwen3moe's) as a file
+    of its own: its family's tensors, rotated by M-RoPE, which for text alone is the
+    family's default rope."""
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     default = {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
     model = build_family(name, vocab_size=1024, use_sliding_window=False, **default)

@@ -66,6 +66,7 @@ SUPPORTED_GGUF_ARCHS = {
     "stablelm": "stablelm",
     "qwen2vl": "qwen2",  # Qwen2-VL's and Qwen2.5-VL's language model
     "qwen3vl": "qwen3",  # Qwen3-VL's
+    "qwen3vlmoe": "qwen3_moe",  # Qwen3-VL-30B-A3B's, 235B-A22B's
     "gptneox": "gpt_neox",
     "deepseek2": "deepseek_v3",  # or deepseek_v2, as its experts' gating says
 }

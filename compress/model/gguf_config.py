@@ -4,7 +4,7 @@ llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exao
 3.0 and 3.5, read as llama), exaone4, glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as
 glm), olmoe, glm4moe, ernie4_5-moe, minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense,
 hunyuan-moe, command-r, cohere2, arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl,
-qwen3vl, gptneox and deepseek2 files that transformers cannot read (or, for nemotron and
+qwen3vl, qwen3vlmoe, gptneox and deepseek2 files that transformers cannot read (or, for nemotron and
 stablelm, reads with its config class's defaults in place of the file's epsilon and
 rotated width). Their configs are built here from the header keys llama.cpp's converter
 writes. A key that is absent takes llama.cpp loader's default, not the transformers config
@@ -23,7 +23,7 @@ OWN_GGUF_ARCHS = (
     "granite", "olmo2", "smollm3", "exaone", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
     "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
     "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
-    "stablelm", "qwen2vl", "qwen3vl", "gptneox", "deepseek2",
+    "stablelm", "qwen2vl", "qwen3vl", "qwen3vlmoe", "gptneox", "deepseek2",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -425,6 +425,25 @@ def _qwen3vl(get, fields: dict, reader) -> tuple[str, dict]:
     return "qwen3", {"attention_bias": _q_biased(reader)}
 
 
+def _qwen3vlmoe(get, fields: dict, reader) -> tuple[str, dict]:
+    """Qwen3-VL-30B-A3B's and 235B-A22B's language model: qwen3moe's keys and tensors (each
+    expert `expert_feed_forward_length` wide, experts in every layer), M-RoPE as qwen2vl's;
+    its router always renormalizes the chosen experts' weights (the file has no key for it;
+    llama.cpp's graph does so too)."""
+    experts, used = _experts(get, "qwen3vlmoe")
+    return "qwen3_moe", {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(get("expert_feed_forward_length", 0) or 0)
+        or fields["intermediate_size"],
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "use_sliding_window": False,
+        "attention_bias": _q_biased(reader),
+    }
+
+
 def _layer_norm_eps(get, fields: dict, key: str) -> dict:
     """A LayerNorm family's epsilon under its config key (the file's layer_norm_epsilon)."""
     fields.pop("rms_norm_eps")
@@ -552,6 +571,7 @@ _FAMILY = {
     "stablelm": _stablelm,
     "qwen2vl": _qwen2vl,
     "qwen3vl": _qwen3vl,
+    "qwen3vlmoe": _qwen3vlmoe,
     "gptneox": _gptneox,
     "deepseek2": _deepseek2,
 }
