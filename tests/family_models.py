@@ -916,6 +916,19 @@ LATENT_FAMILIES["sarvam_mla"] = (
         if k not in ("q_lora_rank", "n_group", "topk_group")
     },
 )
+# A.X-K1's: DeepSeek-V3's model (grouped routing, q through its low-rank pair) with the
+# experts' output normed; dense layers by mlp_layer_types
+LATENT_FAMILIES["axk1"] = (
+    "AXK1Config",
+    {
+        **{
+            k: v
+            for k, v in LATENT_FAMILIES["deepseek_v3"][1].items()
+            if k != "first_k_dense_replace"
+        },
+        "mlp_layer_types": ["dense", "sparse"],
+    },
+)
 LATENT_FAMILIES["glm4_moe_lite"] = (
     "Glm4MoeLiteConfig",
     {

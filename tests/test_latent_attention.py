@@ -45,8 +45,9 @@ def ids():
         ("youtu", 64),
         ("minicpm3", 64),
         ("sarvam_mla", None),
+        ("axk1", 64),
     ],
-    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite", "youtu", "minicpm3", "sarvam_mla"],
+    ids=["v3", "v3_one_q_proj", "v2", "glm4_moe_lite", "youtu", "minicpm3", "sarvam_mla", "axk1"],
 )
 def model(request, tmp_path_factory, tokenizer_dir):
     """The tiny DeepSeek-V3, its q through a low-rank pair (V3's) or one q_proj
@@ -174,6 +175,7 @@ RUNNABLE = {
     "glm4_moe_lite": ("glm4_moe_lite", {}),
     "youtu": ("youtu", {}),
     "minicpm3": ("minicpm3", {}),
+    "axk1": ("axk1", {}),
 }
 # sarvam_mla's tiny model (V3's with one q_proj, ungrouped: what v3_ungrouped and v2_lite
 # run between them) is not among them: its random draws sit at the bounds of the

@@ -252,15 +252,24 @@ def _grouped_config() -> dict:
     ).to_dict()  # fmt: skip
 
 
-@pytest.mark.parametrize("name", ["llama3", "arcee", "jais2", "afmoe", "qwen3_moe", "flint"])
+@pytest.mark.parametrize(
+    "name", ["llama3", "arcee", "jais2", "afmoe", "qwen3_moe", "flint", "glm4", "kolibri1"]
+)
 def test_the_parameter_count_a_target_is_measured_against_is_the_models(name):
     """Widths.non_embedding_params, what a `params` target is measured against and the
     manifest reports, counts a block's matrices as the model holds them: an MLP without a
     gate as two (arcee's, jais2's), afmoe's attention gate, every expert, the router, a
-    shared expert and dense layers; plus two norms a block and the final norm."""
+    shared expert and dense layers; plus the blocks' hidden-wide norms (four with sandwich
+    norms: glm4's, kolibri1's, afmoe's) and the final norm."""
     model = build_family(name)
     widths = Shape.of(model.config.to_dict())
     blocks = model.model.layers
     matrices = sum(p.numel() for p in blocks.parameters() if p.dim() >= 2)
     hidden = model.config.hidden_size
-    assert widths.non_embedding_params() == matrices + 2 * hidden * len(blocks) + hidden
+    norms = sum(
+        p.numel()
+        for n, p in blocks.named_parameters()
+        if n.endswith("norm.weight") and p.numel() == hidden
+    )
+    assert norms >= 2 * hidden * len(blocks)
+    assert widths.non_embedding_params() == matrices + norms + hidden

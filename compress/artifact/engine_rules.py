@@ -63,7 +63,8 @@ DTYPE = r"not implemented for 'Float'"
 # HyperCLOVA X's text model, MiniCPM5-MoE's, Command A+'s, Granite SWASH's, Flint's,
 # Apertus 1.5's text model and K-EXAONE's (transformers' spelling and the published one)
 # are not in it; nor are Kolibri-1's (a later vLLM has models/kolibri1.py, which reads the
-# checkpoint's names, as the artifact keeps them) and Hy3's
+# checkpoint's names, as the artifact keeps them), Hy3's and A.X-K1's (a later vLLM has
+# models/AXK1.py)
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
@@ -79,6 +80,7 @@ NO_NATIVE_VLLM_MODEL = (
     "ExaoneMoEForCausalLM",
     "Kolibri1ForCausalLM",
     "HYV3ForCausalLM",
+    "AXK1ForCausalLM",
 )
 
 # Architectures whose vLLM model computes the logits with the embedding and skips any

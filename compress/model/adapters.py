@@ -73,7 +73,9 @@ class Widths:
     attention whole (multi-head latent attention: its heads share the latents); 0 where
     they follow from the heads and head_dim. `gated_mlp`: an MLP is gate, up and down
     (else up and down: arcee's, starcoder2's); `attn_gate`: attention has a gate as wide as
-    q (afmoe's)."""
+    q (afmoe's). `norms`: the hidden-wide norms of every block (2; 4 with sandwich norms, 1
+    in a parallel block), `moe_norms` those of the Mixture-of-Experts layers only (A.X-K1's
+    output norm)."""
 
     hidden: int
     heads: int
@@ -95,6 +97,8 @@ class Widths:
     group_best: int = field(default=1, kw_only=True)
     gated_mlp: bool = field(default=True, kw_only=True)
     attn_gate: bool = field(default=False, kw_only=True)
+    norms: int = field(default=2, kw_only=True)
+    moe_norms: int = field(default=0, kw_only=True)
 
     @classmethod
     def of(cls, config: dict) -> Widths:
@@ -108,9 +112,12 @@ class Widths:
             shapes = adapter.layer(0).linear_shapes(m)
             attention = sum(math.prod(shapes[n]) for n in (adapter.q, adapter.k, adapter.v))
             attention += math.prod(shapes[adapter.o])
+        every = (adapter.attn_norm, adapter.mlp_norm, adapter.post_attn_norm, adapter.post_mlp_norm)
         kinds = {
             "gated_mlp": adapter.gate is not None or adapter.gate_up is not None,
             "attn_gate": adapter.attn_gate is not None,
+            "norms": sum(n is not None for n in every),
+            "moe_norms": int(adapter.moe_out_norm is not None and adapter.experts > 0),
         }
         if adapter.experts:
             moe = adapter.moe(_hf(config))
@@ -131,7 +138,7 @@ class Widths:
     def non_embedding_params(self) -> int:
         """Block weights plus the final norm: what pruning targets are measured against
         (every expert, the shared one and the router counted; a dense layer's MLP as it is;
-        biases and q/k norms not)."""
+        the hidden-wide norms; biases and q/k norms not)."""
         attn = self.attention or 2 * self.hidden * self.head_dim * (self.heads + self.kv_heads)
         if self.attn_gate and not self.attention:  # a gate as wide as q
             attn += self.hidden * self.head_dim * self.heads
@@ -139,7 +146,8 @@ class Widths:
         mlp = per * self.hidden * self.intermediate * max(self.experts, 1)
         mlp += self.experts * self.hidden + per * self.hidden * self.shared  # router, shared
         dense = per * self.hidden * self.dense_intermediate
-        blocks = self.layers * (attn + 2 * self.hidden)
+        blocks = self.layers * (attn + self.norms * self.hidden)
+        mlp += self.moe_norms * self.hidden
         return (
             blocks
             + (self.layers - self.dense_layers) * mlp
@@ -432,6 +440,10 @@ class Adapter:
     # or [1, E] with `choice_bias_2d` (ERNIE's moe_statics)
     choice_bias: str | None = None
     choice_bias_2d: bool = False
+    # a norm of the experts' output (shared experts' included), before the residual add,
+    # in the Mixture-of-Experts layers only (A.X-K1's post_mlp_layernorm, kept on the block
+    # by its checkpoints; transformers moves it into the MoE module as it loads them)
+    moe_out_norm: str | None = None
     # the config key that gives q and k their per-head norms (glm4_moe's use_qk_norm); the
     # norms exist only where it is true (adapter_for drops them otherwise)
     qk_norm_option: str | None = None
@@ -565,6 +577,7 @@ class Adapter:
     def block_norms(self) -> tuple[str, ...]:
         """Every hidden-width norm of a block."""
         every = (self.attn_norm, self.mlp_norm, self.post_attn_norm, self.post_mlp_norm)
+        every += (self.moe_out_norm if self.experts else None,)  # (a dense layer has none)
         return tuple(n for n in every if n)
 
     @property
@@ -1467,6 +1480,20 @@ ADAPTERS: dict[str, Adapter] = {
         latent_attention=True,
         **_DEEPSEEK_V3_EXPERTS,
         predictor_layers="num_mtp_layers",
+    ),
+    # axk1 (SK Telecom's A.X-K1): DeepSeek-V3's model (latent attention, q always through
+    # its low-rank pair; grouped sigmoid routing) with the experts' output normed in the
+    # layers mlp_layer_types calls sparse
+    "axk1": replace(
+        LLAMA,
+        families=("axk1",),
+        architecture="AXK1ForCausalLM",
+        latent_attention=True,
+        **{
+            **_DEEPSEEK_V3_EXPERTS,
+            "moe": replace(_V3_MOE_EVERY_LAYER, layer_kinds="mlp_layer_types"),
+        },
+        moe_out_norm="post_mlp_layernorm",
     ),
     # youtu (Youtu-LLM): DeepSeek-V3's latent attention in llama's block, a dense MLP in
     # every layer, the head tied by default

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from compress.errors import LlmpressError
 from compress.model.spec import BlockSpec
 
 ACT = {
@@ -111,6 +112,7 @@ class MoeMLP(nn.Module):
         # or beside the MLP, on the block (Kolibri's moe.router.expert_bias): install()
         # registers it there, and _block holds the block (unregistered)
         self.block_bias_path, self._block = None, []
+        self.out_norm_path = adapter.moe_out_norm  # normed output (A.X-K1's), on the block
         if adapter.choice_bias and not adapter.choice_bias.startswith(adapter.mlp + "."):
             self.block_bias_path = adapter.choice_bias
         elif adapter.choice_bias:
@@ -202,6 +204,8 @@ class MoeMLP(nn.Module):
             out = out + (
                 shared if gate is None else torch.sigmoid(getattr(self, gate)(flat)) * shared
             )
+        if self.out_norm_path:
+            out = self._block[0].get_submodule(self.out_norm_path)(out)
         return out.reshape(x.shape)
 
 
@@ -211,8 +215,18 @@ def install(block: nn.Module, spec: BlockSpec, adapter, hidden: int) -> None:
     while the layer's forward still finds it as `mlp`."""
     device = next(block.parameters()).device
     moe = MoeMLP(spec, adapter, hidden).to(device)
-    block._modules.pop("mlp", None)
+    replaced = block._modules.pop("mlp", None)
     block.add_module(adapter.mlp, moe)
+    if moe.out_norm_path:  # transformers' own norm, moved to where checkpoints keep it
+        norm = getattr(replaced, moe.out_norm_path.rsplit(".", 1)[-1], None)
+        if norm is None:
+            raise LlmpressError(
+                f"the MoE module of this {adapter.families[0]} model has no "
+                f"{moe.out_norm_path}: the transformers version differs from the one "
+                "llmpress supports; install the pinned one (scripts/setup)"
+            )
+        block.add_module(moe.out_norm_path, norm)
+        moe._block[:] = [block]
     if moe.block_bias_path:  # on the block, beside the MLP
         *heads, name = moe.block_bias_path.split(".")
         owner = block

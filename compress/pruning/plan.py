@@ -85,6 +85,8 @@ def target_shape(
         group_best=shape.group_best,
         gated_mlp=shape.gated_mlp,
         attn_gate=shape.attn_gate,
+        norms=shape.norms,
+        moe_norms=shape.moe_norms,
     )
 
 

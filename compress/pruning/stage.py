@@ -313,7 +313,7 @@ def _shape_record(shape: Shape) -> dict:
     groups only where the router has them, the attention's count only where it is whole."""
     left_out = (*(() if shape.experts else MOE_ONLY), *(() if shape.groups > 1 else GROUPED_ONLY))
     left_out += () if shape.attention else ("attention",)
-    left_out += ("gated_mlp", "attn_gate")  # what the blocks compute, not their widths
+    left_out += ("gated_mlp", "attn_gate", "norms", "moe_norms")  # what blocks compute
     return {k: v for k, v in vars(shape).items() if k not in left_out}
 
 

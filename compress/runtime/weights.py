@@ -702,7 +702,8 @@ def load_weights(
                 q_norm=qk_norm(adapter.q_norm),
                 k_norm=qk_norm(adapter.k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),
-                post_mlp_norm=opt(adapter.post_mlp_norm),
+                # or the experts' output norm (A.X-K1's), in their layers only
+                post_mlp_norm=opt(adapter.post_mlp_norm or (moe and adapter.moe_out_norm)),
                 latent=latent,
                 gated=spec.attn_gate,
                 sinks=_sinks(tensors, f"{p}.{adapter.sinks}", device) if adapter.sinks else None,
