@@ -51,7 +51,12 @@ def start(device: torch.device) -> None:
 
 
 def stop() -> None:
+    """Leave the process group together, once rank 0 has written the artifact: seen once on
+    a loaded host, a rank that tore its group down while rank 0 was still writing aborted
+    (`terminate called without an active exception`, an FSDP repair; not reproduced in 12
+    runs since, so the barrier is a likely fix, not a proven one)."""
     if world() > 1:
+        dist.barrier()
         dist.destroy_process_group()
 
 
