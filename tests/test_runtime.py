@@ -60,6 +60,24 @@ def test_batched_decode_at_ragged_lengths_matches_prefill(artifacts, text_ids):
             assert step[row].argmax() == full[pos].argmax()
 
 
+def test_the_exact_pass_is_exact_at_any_window_or_chunk_size(w4_runtime, text_ids):
+    """eval's weights-only pass dequantizes the weights for every row: a window of
+    EXACT_ABOVE tokens or fewer (`--ctx 64`), or a window's last short chunk over a
+    quantized cache, computes what the same rows of a long single-chunk window compute.
+    (They took the served int8 kernels, and eval reported the served figure twice, the
+    second labelled weights only.)"""
+    from compress.kernels.cpu import EXACT_ABOVE
+
+    ids = text_ids[:160]
+    whole = RuntimeLM(w4_runtime, 512)(ids[None]).logits[0].clone()
+    short = RuntimeLM(w4_runtime, 512)(ids[None, :40]).logits[0]
+    assert EXACT_ABOVE >= 40 and (short - whole[:40]).abs().max() < 1e-4
+    chunked = RuntimeLM(w4_runtime, 512, chunk=128)(ids[None]).logits[0]  # 128 + 32 rows
+    assert (chunked - whole).abs().max() < 1e-4
+    served = RuntimeLM(w4_runtime, 512, exact=False)(ids[None, :40]).logits[0]
+    assert (served - whole[:40]).abs().max() > 1e-3  # the check can fail: int8 differs
+
+
 def test_8bit_weights_are_served_as_they_are_evaluated_exactly(artifacts, text_ids, monkeypatch):
     """8-bit layers read two-term int8 activations, so what serve runs is the weights alone
     to within 1e-4 KL per token, on the prompt's packed path and in the one-call decoder;

@@ -10,6 +10,7 @@ measures the weights alone.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -27,6 +28,7 @@ from compress.kernels.build import library
 from compress.kernels.c_api import api
 
 EXACT_ABOVE = 64  # rows of fp32 input; above this, evaluation's exact path
+_EXACT = threading.local()  # exact_products(): fp32 inputs of any size take the exact path
 EXACT_SLICE_BYTES = 64 << 20  # the exact path dequantizes a weight this much at a time
 # 8-bit weights take two-term int8 activations (llmp_gemm_q8_split): with one int8 term
 # the activations erred as much as the 8-bit weights did (served KL 0.0061 against 0.0036
@@ -96,6 +98,19 @@ def gemm_dynamic_rows(rows: int = 0) -> int:
     they come (prefill); smaller ones split them in fixed halves (decode). Returns the
     threshold before; 0 leaves it. For measuring (benchmarks/gemm_schedule.py)."""
     return library().llmp_gemm_dynamic_rows(rows)
+
+
+@contextlib.contextmanager
+def exact_products():
+    """Within it, fp32 inputs of any size take the exact path (the weights dequantized):
+    evaluation's weights-only pass, whose windows (or the last chunk of one over a
+    quantized cache) may have EXACT_ABOVE rows or fewer."""
+    was = getattr(_EXACT, "on", False)
+    _EXACT.on = True
+    try:
+        yield
+    finally:
+        _EXACT.on = was
 
 
 def amx_active() -> bool:
@@ -712,7 +727,9 @@ class PackedLinear:
         an fp32 input of any size when `exact` is True (an expert's share of an exact
         batch)."""
         if not isinstance(x, QuantizedInput):
-            if x.shape[0] > EXACT_ABOVE if exact is None else exact:
+            if exact is None:
+                exact = x.shape[0] > EXACT_ABOVE or getattr(_EXACT, "on", False)
+            if exact:
                 return self._exact(x.float())
             x = quantize_input(x)
         elif x.x8.shape[1] != self.kp:

@@ -7,15 +7,16 @@ logit softcapping."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 
 from compress.kernels.cpu import (
-    EXACT_ABOVE,
     QuantizedInput,
     act_mul_quantized,
     act_quantized,
+    exact_products,
     gate_rows,
     prefill_attention,
     quantize_input,
@@ -327,9 +328,9 @@ def _prefill_attention(
 
 
 class Model:
-    """`exact=True` (evaluation) runs chunks of more than EXACT_ABOVE rows through weights
-    dequantized to fp32, so logits measure the weights alone; otherwise (serving) every
-    CPU chunk goes through the packed int8-activation kernels, as decode does."""
+    """`exact=True` (evaluation) runs every chunk through weights dequantized to fp32, so
+    logits measure the weights alone; otherwise (serving) every CPU chunk goes through the
+    packed int8-activation kernels, as decode does."""
 
     def __init__(self, weights: ModelWeights, max_len: int, exact: bool = False):
         self.w, self.exact = weights, exact
@@ -341,8 +342,14 @@ class Model:
         self.backend = backend_for(weights, self.ropes)
 
     def _packed(self, rows: int) -> bool:
-        """Whether `rows` rows take the packed CPU kernels with int8 activations."""
-        return self.backend.int8_activations and not (self.exact and rows > EXACT_ABOVE)
+        """Whether `rows` rows take the packed CPU kernels with int8 activations: never in
+        an exact model, whatever the rows (a window or chunk of EXACT_ABOVE rows or fewer
+        would otherwise have measured the served kernels as the weights alone)."""
+        return self.backend.int8_activations and not self.exact
+
+    def _products(self):
+        """The linears' mode for a pass: exact (dequantized) at any size in an exact model."""
+        return exact_products() if self.exact else contextlib.nullcontext()
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self._capped(
@@ -393,6 +400,10 @@ class Model:
     def _prefill(self, chunks: list[Chunk], cache: KVCache, tokens=(), slots=()):
         """prefill_batch, with decode rows after the chunks' rows when given (then None
         where the one-call CPU prefill cannot run, nothing done)."""
+        with self._products():
+            return self._prefill_rows(chunks, cache, tokens, slots)
+
+    def _prefill_rows(self, chunks: list[Chunk], cache: KVCache, tokens=(), slots=()):
         dev, nd = self.device, len(tokens)
         sizes = [c.tokens.shape[0] for c in chunks]
         ends = torch.tensor(sizes).cumsum(0).tolist()
@@ -505,6 +516,10 @@ class Model:
 
     def _decode_rows(self, tokens, cache: KVCache, slots, positions) -> torch.Tensor:
         """Row b: token b of the sequence in slot b at position b (its k/v stored there)."""
+        with self._products():
+            return self._rows(tokens, cache, slots, positions)
+
+    def _rows(self, tokens, cache: KVCache, slots, positions) -> torch.Tensor:
         s, b = self.w.shape, tokens.shape[0]
         tokens, slots = tokens.to(self.device), slots.to(self.device)
         packed = self._packed(b)
