@@ -1291,6 +1291,7 @@ def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapp
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["text_part_of"] == outer
     assert manifest["source"]["sha256"] == ckpt.sha256
+    assert f"| read as | the language model of a `{outer}`" in (out / "README.md").read_text()
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [arch]
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
@@ -1423,6 +1424,7 @@ def test_an_exaone_checkpoint_is_read_as_llama_under_its_own_names(tmp_path, tok
     assert "ExaoneForCausalLM" in stdout + stderr and "read as llama" in stdout + stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["renamed_from"] == "ExaoneForCausalLM"
+    assert "a `ExaoneForCausalLM` checkpoint, as `llama`" in (out / "README.md").read_text()
     assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
@@ -1473,6 +1475,8 @@ def test_a_bailing_named_checkpoint_is_read_as_glm4_moe(
     assert f"is a {arch}" in stdout + stderr and "read as glm4_moe" in stdout + stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["renamed_from"] == arch
+    card = (out / "README.md").read_text()
+    assert f"| read as | a `{arch}` checkpoint, as `glm4_moe` (its model) |" in card
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Glm4MoeForCausalLM"]
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)

@@ -139,6 +139,7 @@ def test_a_block_scaled_fp8_checkpoint_runs_as_transformers_dequantizes_it(
     assert "FP8" in stdout + stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"]["sha256"] == ckpt.sha256
+    assert "| read as | its FP8 weights, dequantized first |" in (out / "README.md").read_text()
 
 
 @pytest.mark.parametrize(

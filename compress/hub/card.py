@@ -61,6 +61,21 @@ def relation(m: dict) -> str | None:
     return "finetune" if any(f.repairs_quantized for f in before) else None
 
 
+def read_as(src: dict) -> str | None:
+    """What the artifact is of its source where it is not the source's own model: the
+    text part of a multimodal checkpoint, another family's model under names of its own,
+    or FP8 weights dequantized (the manifest's source record)."""
+    family = f"`{src.get('model_type')}`"
+    notes = []
+    if src.get("text_part_of"):
+        notes.append(f"the language model of a `{src['text_part_of']}`, as {family}")
+    if src.get("renamed_from"):
+        notes.append(f"a `{src['renamed_from']}` checkpoint, as {family} (its model)")
+    if src.get("dequantized_from"):
+        notes.append(f"its {src['dequantized_from'].upper()} weights, dequantized first")
+    return "; ".join(notes) or None
+
+
 def model_card(m: dict) -> str:
     src = m["source"]
     w = m["weights"]
@@ -92,6 +107,7 @@ def model_card(m: dict) -> str:
         "| | |",
         "|---|---|",
         f"| source | `{src['source']}` (sha256 `{src['sha256'][:16]}…`) |",
+        *([f"| read as | {read_as(src)} |"] if read_as(src) else []),
         f"| source license | {src.get('license') or 'not found: check it before using this'} |",
         f"| recipe | {m.get('label', '')} |",
         f"| weights on disk | {mb:.1f} MB |",
