@@ -7,6 +7,7 @@ from collections import Counter
 
 from compress.artifact.formats import reading_codec
 from compress.artifact.manifest import read_manifest
+from compress.hub.card import read_as
 from compress.methods import STAGES
 from compress.model.loading import resolve
 
@@ -31,6 +32,8 @@ def describe(artifact: str, as_json: bool = False) -> str:
         src = manifest["source"]
         w = manifest["weights"]
         lines.append(f"source: {src['source']} (sha256 {src['sha256'][:16]}…)")
+        if read_as(src):
+            lines.append(f"read as: {read_as(src)}")
         lines.append(f"recipe: {manifest.get('label')}  made by: {manifest.get('command')}")
         lines.append(
             f"parameters: {w['parameters']:,}; bits per quantized weight: "

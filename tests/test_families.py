@@ -1477,6 +1477,8 @@ def test_a_bailing_named_checkpoint_is_read_as_glm4_moe(
     assert manifest["source"]["renamed_from"] == arch
     card = (out / "README.md").read_text()
     assert f"| read as | a `{arch}` checkpoint, as `glm4_moe` (its model) |" in card
+    code, stdout, _ = run_cli(["inspect", str(out)])
+    assert code == 0 and f"read as: a `{arch}` checkpoint, as `glm4_moe`" in stdout
     assert json.loads((out / "config.json").read_text())["architectures"] == ["Glm4MoeForCausalLM"]
     quantized = _transformers_logits(out, ids)  # plain from_pretrained of the artifact
     exact = RuntimeLM(load_weights(resolve(str(out)), device="cpu"), LENGTH, exact=True)
