@@ -1211,6 +1211,16 @@ def write_gguf(
         if (cfg.n_group or 1) > 1:
             w.add_expert_group_count(cfg.n_group)
             w.add_expert_group_used_count(cfg.topk_group)
+    if cfg.model_type == "exaone_moe":  # llama.cpp's ExaoneMoEModel keys
+        w.add_expert_shared_count(cfg.num_shared_experts)
+        if "{arch}.expert_shared_feed_forward_length" not in (extra or {}):
+            shared = cfg.moe_intermediate_size * cfg.num_shared_experts
+            w.add_expert_shared_feed_forward_length(shared)
+        w.add_expert_weights_scale(cfg.routed_scaling_factor)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        kinds = cfg.mlp_layer_types
+        w.add_leading_dense_block_count(next(i for i, k in enumerate(kinds) if k != "dense"))
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
     if cfg.model_type == "minimax_m2":  # beside the expert keys above (num_experts alias)
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         if "{arch}.expert_gating_func" not in (extra or {}):  # from its scoring_func
@@ -1227,7 +1237,7 @@ def write_gguf(
     window_only = ("gemma2", "gemma3_text", "cohere2")
     if getattr(cfg, "sliding_window", None) and cfg.model_type in window_only:
         w.add_sliding_window(cfg.sliding_window)
-    windowed = window_keys and cfg.model_type in ("olmo3", "exaone4")
+    windowed = window_keys and cfg.model_type in ("olmo3", "exaone4", "exaone_moe")
     if windowed and getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)  # and which layers, as booleans
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])

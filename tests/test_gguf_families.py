@@ -95,6 +95,35 @@ def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
     _same_logits(model, folder)
 
 
+def test_a_k_exaone_gguf_converts_without_its_prediction_block(tmp_path, monkeypatch):
+    """llama.cpp writes K-EXAONE as exaone-moe: exaone4's window keys (the full layer
+    unrotated) in llama's pre-norm block, DeepSeek-V3's expert keys with shared experts
+    stated by count and width, and its next-token-prediction block counted in the block
+    count; the converted model has the model's own blocks and computes as transformers'
+    does."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("exaone_moe", vocab_size=1024)
+    path = write_gguf(model, tmp_path / "k.gguf", default_gguf(), arch="EXAONE_MOE", nextn=1)
+    folder = convert_gguf(path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 2 and config["mlp_layer_types"] == ["dense", "sparse"]
+    assert config["layer_types"] == ["sliding_attention", "full_attention"]
+    _same_logits(model, folder)
+
+
+def test_a_k_exaone_gguf_whose_shared_experts_are_wider_is_refused(tmp_path, monkeypatch):
+    """Shared experts of another width than their count of experts: refused in one line."""
+    from compress.errors import LlmpressError
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("exaone_moe", vocab_size=1024)
+    extra = {"{arch}.expert_shared_feed_forward_length": 200}
+    path = write_gguf(model, tmp_path / "k.gguf", default_gguf(), arch="EXAONE_MOE", extra=extra)
+    with pytest.raises(LlmpressError, match=r"shared experts are 200 wide, not 1 × 128") as e:
+        convert_gguf(path)
+    assert "\n" not in str(e.value)
+
+
 def test_a_sigmoid_routed_family_s_gguf_with_other_gating_is_refused(tmp_path, monkeypatch):
     """MiniMax-M2 routes by sigmoid scores: a file whose gating key says softmax is not
     converted into a model that routes otherwise than the file says."""

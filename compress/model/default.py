@@ -43,6 +43,7 @@ SUPPORTED_GGUF_ARCHS = {
     "smollm3": "smollm3",
     "exaone": "llama",  # EXAONE 3.0 and 3.5: llama's model
     "exaone4": "exaone4",
+    "exaone-moe": "exaone_moe",  # K-EXAONE
     "glm4": "glm4",
     "ernie4_5": "ernie4_5",
     "chatglm": "glm",

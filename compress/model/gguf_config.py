@@ -1,16 +1,17 @@
 """Configs of GGUF files whose architecture transformers' GGUF reader has no entry for.
 
 llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exaone (EXAONE
-3.0 and 3.5, read as llama), exaone4, glm4, ernie4_5, chatglm (GLM-4-9B-chat's, read as
-glm), olmoe, glm4moe, ernie4_5-moe, minimax-m2, dots1, seed_oss, mistral3, hunyuan-dense,
-hunyuan-moe, command-r, cohere2, arcee, apertus, gemma, nemotron, phi2, stablelm, qwen2vl,
-qwen3vl, qwen3vlmoe, gptneox and deepseek2 files that transformers cannot read (or, for nemotron and
-stablelm, reads with its config class's defaults in place of the file's epsilon and
-rotated width). Their configs are built here from the header keys llama.cpp's converter
-writes. A key that is absent takes llama.cpp loader's default, not the transformers config
-class's, since it is llama.cpp's meaning the file was written for (a granite file with no
-attention scale means 1/sqrt(head_dim) there, where GraniteConfig's default is 1.0). Rope
-scaling, which both readers leave to gguf_rope.py, is added by the caller.
+3.0 and 3.5, read as llama), exaone4, exaone-moe (K-EXAONE), glm4, ernie4_5, chatglm
+(GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe, minimax-m2, dots1, seed_oss,
+mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2, arcee, apertus, gemma, nemotron,
+phi2, stablelm, qwen2vl, qwen3vl, qwen3vlmoe, gptneox and deepseek2 files that
+transformers cannot read (or, for nemotron and stablelm, reads with its config class's
+defaults in place of the file's epsilon and rotated width). Their configs are built here
+from the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
+loader's default, not the transformers config class's, since it is llama.cpp's meaning the
+file was written for (a granite file with no attention scale means 1/sqrt(head_dim) there,
+where GraniteConfig's default is 1.0). Rope scaling, which both readers leave to
+gguf_rope.py, is added by the caller.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from compress.errors import LlmpressError
 # GGUF architecture -> how its config is built (the family follows from the keys for
 # olmo2: a sliding window makes it Olmo 3)
 OWN_GGUF_ARCHS = (
-    "granite", "olmo2", "smollm3", "exaone", "exaone4", "glm4", "ernie4_5", "chatglm", "olmoe",
-    "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss", "mistral3", "hunyuan-dense",
-    "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus", "gemma", "nemotron", "phi2",
-    "stablelm", "qwen2vl", "qwen3vl", "qwen3vlmoe", "gptneox", "deepseek2",
+    "granite", "olmo2", "smollm3", "exaone", "exaone4", "exaone-moe", "glm4", "ernie4_5",
+    "chatglm", "olmoe", "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss",
+    "mistral3", "hunyuan-dense", "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus",
+    "gemma", "nemotron", "phi2", "stablelm", "qwen2vl", "qwen3vl", "qwen3vlmoe", "gptneox",
+    "deepseek2",
 )  # fmt: skip
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
@@ -180,6 +182,39 @@ def _exaone(get, fields: dict, reader) -> tuple[str, dict]:
             "which no EXAONE 3 does: compress the model's Hugging Face checkpoint instead"
         )
     return "llama", _biases(reader)
+
+
+def _exaone_moe(get, fields: dict, reader) -> tuple[str, dict]:
+    """K-EXAONE: exaone4's window keys (with a window, the full layers have no rope) in
+    llama's pre-norm block, DeepSeek-V3's expert keys, shared experts as wide as that many
+    experts (a file that says otherwise is refused). The block count includes the
+    next-token-prediction blocks, which are not converted; its converter states no rope
+    scaling."""
+    fields["num_hidden_layers"] -= int(get("nextn_predict_layers", 0) or 0)
+    layers = fields["num_hidden_layers"]
+    window, layer_types = _window_layers(get, layers, None)
+    v3 = _deepseek_v3_experts(get, "exaone-moe")
+    width, count = v3["moe_intermediate_size"], v3["n_shared_experts"]
+    shared = int(get("expert_shared_feed_forward_length", 0) or width * count)
+    if shared != width * count:
+        raise LlmpressError(
+            f"the file's shared experts are {shared} wide, not {count} × {width}, which "
+            "this family computes: compress the model's Hugging Face checkpoint instead"
+        )
+    dense = v3["first_k_dense_replace"]
+    return "exaone_moe", {
+        "num_experts": v3["n_routed_experts"],
+        "num_experts_per_tok": v3["num_experts_per_tok"],
+        "moe_intermediate_size": width,
+        "num_shared_experts": count,
+        "routed_scaling_factor": v3["routed_scaling_factor"],
+        "norm_topk_prob": v3["norm_topk_prob"],
+        "n_group": v3["n_group"],
+        "topk_group": v3["topk_group"],
+        "mlp_layer_types": ["dense" if i < dense else "sparse" for i in range(layers)],
+        "sliding_window": window,
+        "layer_types": layer_types,
+    }
 
 
 def _glm4(get, fields: dict, reader) -> tuple[str, dict]:
@@ -549,6 +584,7 @@ _FAMILY = {
     "smollm3": _smollm3,
     "exaone": _exaone,
     "exaone4": _exaone4,
+    "exaone-moe": _exaone_moe,
     "glm4": _glm4,
     "ernie4_5": _ernie4_5,
     "chatglm": _chatglm,
