@@ -275,14 +275,20 @@ def test_a_stablelm_2_12b_gguf_s_stacked_q_k_norms_convert(tmp_path, monkeypatch
 
 @pytest.mark.parametrize(
     "pre,pieces",
-    [("glm4", ["year", "Ġ", "123", "45"]), ("stablelm2", ["year", "Ġ", "1", "2", "3", "4", "5"])],
+    [
+        ("glm4", ["year", "Ġ", "123", "45"]),
+        ("stablelm2", ["year", "Ġ", "1", "2", "3", "4", "5"]),
+        ("command-r", ["year", "Ġ", "1", "2", "3", "4", "5", "Ġ-", "word"]),
+        ("exaone", ["year", "Ġ", "1", "2", "3", "4", "5", "Ġ-", "word"]),
+    ],
 )
 def test_a_gguf_pre_tokenizer_transformers_lacks_splits_as_llama_cpp_does(
     pre, pieces, tmp_path, monkeypatch
 ):
     """llama.cpp names GLM-4's pre-tokenizer `glm4` and splits as llama 3 (digits in
-    threes), StableLM 2's `stablelm2` and splits as qwen2 (digits one by one);
-    transformers has no split for either name, and would cut as GPT-2 does."""
+    threes), StableLM 2's `stablelm2` and splits as qwen2 (digits one by one), Command R's
+    `command-r` and EXAONE 3's `exaone` each digit alone, then as GPT-2; transformers has
+    no split for these names, and would cut as GPT-2 does (digits in runs)."""
     monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
     model = build_family("glm4", vocab_size=1024)
     extra = {"tokenizer.ggml.pre": pre}
@@ -290,7 +296,8 @@ def test_a_gguf_pre_tokenizer_transformers_lacks_splits_as_llama_cpp_does(
     from transformers import AutoTokenizer
 
     split = AutoTokenizer.from_pretrained(folder).backend_tokenizer.pre_tokenizer
-    assert [p for p, _ in split.pre_tokenize_str("year 12345")] == pieces
+    text = "year 12345" + (" -word" if len(pieces) > 7 else "")
+    assert [p for p, _ in split.pre_tokenize_str(text)] == pieces
 
 
 def test_a_gguf_of_a_family_llmpress_cannot_run_is_refused_with_the_way_round(tmp_path):

@@ -628,7 +628,14 @@ def gguf_tokenizer(path):
     field = GGUFReader(str(path)).fields.get("tokenizer.ggml.pre")
     pre = None if field is None else field.contents()
     alias = _PRE_TOKENIZER_ALIASES.get(pre)
-    if alias is not None and pre not in known.GGUF_PRE_TOKENIZER_SPLITS:
+    if pre in _DIGITS_THEN_GPT2 and pre not in known.GGUF_PRE_TOKENIZER_SPLITS:
+        tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
+    elif alias is not None and pre not in known.GGUF_PRE_TOKENIZER_SPLITS:
         split = known.GGUF_PRE_TOKENIZER_SPLITS[alias]
         tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -639,6 +646,11 @@ def gguf_tokenizer(path):
     return tokenizer
 
 
+# llama.cpp's pre-tokenizer names whose split is each digit alone, then GPT-2's
+# (llama-vocab.cpp's STARCODER group: Command R's, EXAONE 3's, SmolLM's), as these models'
+# own tokenizers split (Digits, then ByteLevel); without it digits would be cut in runs,
+# which the same tokens only where the vocabulary never merged two digits
+_DIGITS_THEN_GPT2 = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva")
 # llama.cpp's pre-tokenizer names -> the one whose split it uses (llama-vocab.cpp: glm4's
 # and chatglm-bpe's CHATGLM4 type splits as llama 3; stablelm2's as qwen2)
 _PRE_TOKENIZER_ALIASES = {
