@@ -32,8 +32,8 @@ def describe(artifact: str, as_json: bool = False) -> str:
         src = manifest["source"]
         w = manifest["weights"]
         lines.append(f"source: {src['source']} (sha256 {src['sha256'][:16]}…)")
-        if read_as(src):
-            lines.append(f"read as: {read_as(src)}")
+        if note := read_as(src):
+            lines.append(f"read as: {note}")
         lines.append(f"recipe: {manifest.get('label')}  made by: {manifest.get('command')}")
         lines.append(
             f"parameters: {w['parameters']:,}; bits per quantized weight: "

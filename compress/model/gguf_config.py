@@ -649,7 +649,7 @@ def gguf_tokenizer(path):
 # llama.cpp's pre-tokenizer names whose split is each digit alone, then GPT-2's
 # (llama-vocab.cpp's STARCODER group: Command R's, EXAONE 3's, SmolLM's), as these models'
 # own tokenizers split (Digits, then ByteLevel); without it digits would be cut in runs,
-# which the same tokens only where the vocabulary never merged two digits
+# which gives the same tokens only where the vocabulary never merged two digits
 _DIGITS_THEN_GPT2 = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva")
 # llama.cpp's pre-tokenizer names -> the one whose split it uses (llama-vocab.cpp: glm4's
 # and chatglm-bpe's CHATGLM4 type splits as llama 3; stablelm2's as qwen2)

@@ -43,7 +43,7 @@ void llmp_route(const float *xf, int B, int ld, const float *router, const float
                 int renorm, int scoring, float jitter, const float *bias, float scale,
                 int n_group, int topk_group, int group_max, float *logits, int32_t *choice,
                 float *weight) {
-    int sigmoid = scoring == 1 || scoring == 3, on_logits = scoring == 3;
+    int sigmoid = scoring == 1, on_logits = scoring == 3;
     #pragma omp parallel for schedule(static) if ((int64_t)B * E * hidden > 65536)
     for (int64_t i = 0; i < (int64_t)B * E; i++)
         logits[i] = dot_f32(xf + (i / E) * ld, router + (i % E) * hidden, hidden)
@@ -56,11 +56,9 @@ void llmp_route(const float *xf, int B, int ld, const float *router, const float
             sparsemixer(p, E, jitter, c, cw);
             continue;
         }
-        if (on_logits) {
-            /* chosen on the logits: sigmoids of the chosen ones below */
-        } else if (sigmoid) {
+        if (sigmoid) {
             for (int e = 0; e < E; e++) p[e] = 1.f / (1.f + expf(-p[e]));
-        } else {
+        } else if (!on_logits) { /* on_logits: p keeps them; the chosen's sigmoids weigh */
             for (int e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
             for (int e = 0; e < E; e++) sum += (p[e] = expf(p[e] - mx));
             if (bias) /* the scores themselves, to add the bias to */
