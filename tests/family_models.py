@@ -416,7 +416,8 @@ def family_config(name: str, config_class: str | None = None, **overrides):
     `config_class` (a checkpoint transformers runs as that family's model)."""
     import transformers
 
-    cls_name, settings = FAMILIES[name] if name in FAMILIES else LATENT_FAMILIES[name]
+    every = {**FAMILIES, **LATENT_FAMILIES, **HYBRID_FAMILIES}
+    cls_name, settings = every[name]
     cls = getattr(transformers, config_class or cls_name)
     return cls(**{**COMMON, **settings, **overrides})
 
@@ -428,6 +429,33 @@ def family_config(name: str, config_class: str | None = None, **overrides):
 # 0.73, 1.22 and 0.66× RTN (its fold keeps the router's logits within 5e-7, and at 8 bits
 # AWQ and RTN measured the same)
 DRAWS = {"ministral": 1, "solar_open": 1, "phimoe": 1}
+
+
+# Gated DeltaNet linear attention beside full attention (Qwen3.5's language model): 3
+# linear layers : 1 full (layer_types' default), twice as many value heads as key heads, the
+# full layer's q gated per head and a quarter of each head rotated (M-RoPE's sections, one
+# position for text)
+HYBRID_FAMILIES = {
+    "qwen3_5_text": (
+        "Qwen3_5TextConfig",
+        {
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 24,
+            "linear_conv_kernel_dim": 4,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+        },
+    ),
+}
 
 
 def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
@@ -471,8 +499,12 @@ def build_family(name: str, seed: int | None = None, config_class: str | None = 
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight") or re.search(r"\.norms\.\d+\.weight$", pname):
-                offset = 0.0 if name.startswith(("gemma", "vaultgemma")) else 1.0  # x(1+w)
+                offset = 0.0 if name.startswith(("gemma", "vaultgemma", "qwen3_5")) else 1.0
+                if pname.endswith("linear_attn.norm.weight"):  # (x(1+w) above; its gated w)
+                    offset = 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
+            elif pname.endswith("linear_attn.dt_bias"):  # at ones, every head's alike
+                p.copy_(torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))
             elif pname.endswith(("act_fn.alpha_p", "act_fn.alpha_n")):  # apertus's xIELU
@@ -1453,6 +1485,11 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 128},
     ),
+    "qwen3_5": (
+        "Qwen3_5Config", "Qwen3_5ForConditionalGeneration", "qwen3_5_text",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 64},
+    ),
     # Apertus 1.5: image and audio tokenizers (a VQ encoder, WavTokenizer's) whose codes are
     # vocabulary ids past the text's, which the head leaves out
     "apertus1p5": (
@@ -1550,6 +1587,8 @@ def write_multimodal(
             text_part = "language_model" in pname or "text_model" in pname
             if pname.endswith("norm.weight") and text_part:
                 offset = 0.0 if gemma else 1.0
+                if model_type == "qwen3_5":  # x(1+w), but for the DeltaNet's gated w
+                    offset = float(pname.endswith("linear_attn.norm.weight"))
                 p.copy_(offset + 0.3 * torch.randn_like(p))
     if model_type == "qwen3_vl_moe":
         _save_experts_transposed(model, folder)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from family_models import (
     FAMILIES,
+    HYBRID_FAMILIES,
     LATENT_FAMILIES,
     MOE_FAMILIES,
     build_family,
@@ -122,10 +123,11 @@ def test_every_blockspec_field_has_a_runtime_check():
 
 def test_every_supported_family_has_a_tiny_model_here():
     """A family the adapters accept is one these tests run: its model_type among the tiny
-    models' (llama3 is llama's; the latent-attention ones in test_latent_attention.py)."""
+    models' (llama3 is llama's; the latent-attention ones in test_latent_attention.py, the
+    linear-attention ones in test_hybrid_attention.py)."""
     import transformers
 
-    every = [*FAMILIES.values(), *LATENT_FAMILIES.values()]
+    every = [*FAMILIES.values(), *LATENT_FAMILIES.values(), *HYBRID_FAMILIES.values()]
     tested = {getattr(transformers, cls)().model_type for cls, _ in every}
     assert tested == set(ADAPTERS)
 

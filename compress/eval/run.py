@@ -150,6 +150,10 @@ def evaluate(
             ) from None
     else:
         base_ckpt = resolve(base)
+    if engine == "runtime":  # refused before the original's pass, not after it
+        from compress.runtime.weights import check_runnable
+
+        check_runnable(cand_ckpt.adapter.spec(cand_ckpt.config), cand_ckpt.adapter.families[0])
     log(f"eval {artifact} against {base} on {data} (ctx {ctx}, windows {windows or 'all'})")
     tokenizer = load_tokenizer(base_ckpt)
     wins = windows_for(

@@ -281,6 +281,80 @@ class Latent:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNet:
+    """Gated DeltaNet linear attention (Qwen3.5's `linear_attention` layers), sized by its
+    config: q, k and v through one projection and a causal depthwise convolution (kernel
+    `conv`, then SiLU), q and k L2-normed per head, a state [k_dim, v_dim] per value head
+    decayed by exp(-exp(A_log)·softplus(a + dt_bias)) and written by the delta rule at
+    rate sigmoid(b); each value head's output RMS-normed and gated by SiLU(z), then
+    out_proj. No keys are cached: a sequence carries its state."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    conv: int  # the convolution's kernel width
+
+    module = "linear_attn"
+    qkv = "linear_attn.in_proj_qkv"
+    z = "linear_attn.in_proj_z"
+    b = "linear_attn.in_proj_b"
+    a = "linear_attn.in_proj_a"
+    out = "linear_attn.out_proj"
+    conv1d = "linear_attn.conv1d"
+    norm = "linear_attn.norm"
+    a_log = "linear_attn.A_log"
+    dt_bias = "linear_attn.dt_bias"
+
+    @classmethod
+    def of(cls, hf) -> GatedDeltaNet:
+        return cls(
+            hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim,
+            hf.linear_value_head_dim, hf.linear_conv_kernel_dim,
+        )  # fmt: skip
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """The input projections compressed (out_proj is the adapter's o). b and a stay
+        16-bit, as routers do: a head's write rate and decay, each [value heads, hidden],
+        a few thousandths of the layer, that vLLM loads as one in_proj_ba too narrow for
+        its 4-bit GPU kernels' 64-row tiles at 16 value heads."""
+        return (self.qkv, self.z)
+
+    @property
+    def reads_hidden(self) -> tuple[str, ...]:
+        """Every linear that reads the attention norm's output."""
+        return (self.qkv, self.z, self.b, self.a)
+
+    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
+        """Every input projection reads the attention norm's output (b's and a's columns
+        take a fold's scale too, 16-bit); out_proj reads the gated norm's, one weight
+        shared by every value head, which no per-channel scale folds into."""
+        return (InputGroup(attn_norm, self.reads_hidden),)
+
+    @property
+    def fused(self) -> tuple[tuple[str, ...], ...]:
+        """What vLLM loads as one tensor and compresses: in_proj_qkvz."""
+        return ((self.qkv, self.z),)
+
+    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Its linears' [out, in] (out_proj's too) and its other tensors' shapes."""
+        keys, values = self.k_heads * self.k_dim, self.v_heads * self.v_dim
+        width = 2 * keys + values  # what the convolution runs over
+        return {
+            self.qkv: (width, hidden),
+            self.z: (values, hidden),
+            self.b: (self.v_heads, hidden),
+            self.a: (self.v_heads, hidden),
+            self.out: (hidden, values),
+            self.conv1d: (width, 1, self.conv),
+            self.norm: (self.v_dim,),
+            self.a_log: (self.v_heads,),
+            self.dt_bias: (self.v_heads,),
+        }
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where the parts of a llama-family model are, by module name."""
 
@@ -454,6 +528,13 @@ class Adapter:
     # the layers of a Mixture-of-Experts model that keep a dense MLP (gate_proj, up_proj,
     # down_proj under `mlp`, as llama's), bound from config.json; `layer(i)` is block i's
     dense_layers: tuple[int, ...] = ()
+    # Gated DeltaNet linear attention in the layers config.json's layer_types calls
+    # linear_attention (Qwen3.5's): `deltanet` and `linear_layers` are bound from the config
+    # by adapter_for; `layer(i)` of such a layer has it as `mixer`, and out_proj as its o
+    linear_attention: bool = False
+    deltanet: GatedDeltaNet | None = None
+    linear_layers: tuple[int, ...] = ()
+    mixer: GatedDeltaNet | None = None
 
     def shape(self, config: dict) -> ModelShape:
         shape = ModelShape.of(config, self.head_dim)
@@ -462,11 +543,19 @@ class Adapter:
         return shape
 
     def layer(self, i: int) -> Adapter:
-        """Block i's adapter: this one, or, for a layer a Mixture-of-Experts model keeps
-        dense, the same without experts (what every per-block property then describes)."""
-        if i not in self.dense_layers:
-            return self
-        return replace(self, experts=0, expert_width=0, shared_width=0, dense_layers=())
+        """Block i's adapter: this one; for a layer a Mixture-of-Experts model keeps dense,
+        the same without experts; for a linear-attention layer, the same with the
+        DeltaNet as its mixer (what every per-block property then describes)."""
+        block = self
+        if i in self.dense_layers:
+            block = replace(block, experts=0, expert_width=0, shared_width=0, dense_layers=())
+        if i in self.linear_layers:
+            dn = self.deltanet
+            block = replace(
+                block, mixer=dn, o=dn.out, q_norm=None, k_norm=None, attn_gate_in_q=False,
+                linear_layers=(),
+            )  # fmt: skip
+        return block
 
     @property
     def mixed(self) -> bool:
@@ -520,6 +609,8 @@ class Adapter:
     @property
     def attn_linears(self) -> tuple[str, ...]:
         """The attention's linears but o: q/k/v (one fused tensor, or three), or MLA's."""
+        if self.mixer:
+            return self.mixer.linears
         if self.latent:
             return self.latent.linears
         gate = (self.attn_gate,) if self.attn_gate else ()
@@ -591,7 +682,11 @@ class Adapter:
         """Fused checkpoint tensors (phi3) keep only the norm-fed groups: their v and up
         rows are a slice of one tensor, which no producer fold addresses (glm4's v is a
         tensor of its own, so v → o stays). MLA's linears by the norms they read: its v is
-        rows of kv_b, which no fold into o addresses either."""
+        rows of kv_b, which no fold into o addresses either; a DeltaNet's likewise."""
+        if self.mixer:
+            mlp = replace(self, mixer=None)._input_groups
+            mlp = tuple(g for g in mlp if g.producer not in (self.attn_norm, self.v))
+            return (*self.mixer.input_groups(self.attn_norm), *mlp)
         if self.latent:
             mlp = replace(self, latent=None)._input_groups
             mlp = tuple(g for g in mlp if g.producer not in (self.attn_norm, self.v))
@@ -649,7 +744,9 @@ class Adapter:
         gate_up_proj): they must share one quantization scheme. A tensor the checkpoint
         already stores fused is one linear, so one scheme by construction."""
         groups = []
-        if self.latent:  # vLLM's fused_qkv_a_proj (with q_lora_rank; else none)
+        if self.mixer:  # in_proj_qkvz, in_proj_ba
+            groups.extend(self.mixer.fused)
+        elif self.latent:  # vLLM's fused_qkv_a_proj (with q_lora_rank; else none)
             if self.latent.q_rank:
                 groups.append(self.latent.reads_hidden)
         elif not self.qkv:
@@ -669,6 +766,9 @@ class Adapter:
         gate_up = tuple(n for n in (self.gate, self.up) if n)  # (up alone without a gate)
         attn_gate = (self.attn_gate,) if self.attn_gate else ()  # as wide as q, head by head
         heads, kv_heads = (self.q, *attn_gate), (self.k, self.v)
+        reads_hidden = (self.q, self.k, self.v, *attn_gate)
+        if self.mixer:  # a DeltaNet's heads stay whole; its projections read the hidden
+            reads_hidden = self.mixer.reads_hidden
         if self.qk_norm in ("full", "each_head") and self.q_norm:  # they span the heads' rows
             heads, kv_heads = (*heads, self.q_norm), (*kv_heads, self.k_norm)
         head_groups = (
@@ -677,12 +777,12 @@ class Adapter:
         )
         return (
             # latent attention's heads stay whole, and q's interleaved with the gate's
-            *(() if self.latent or self.attn_gate_in_q else head_groups),
+            *(() if self.latent or self.attn_gate_in_q or self.mixer else head_groups),
             CutGroup("mlp", rows=gate_up, cols=(self.down,)),
             CutGroup(
                 "hidden",
                 rows=(self.o, self.down, *self.block_norms),
-                cols=(self.q, self.k, self.v, *attn_gate, *gate_up, *fused),
+                cols=(*reads_hidden, *gate_up, *fused),
             ),
         )
 
@@ -735,6 +835,8 @@ class Adapter:
         if self.latent:
             latent = self.latent.shapes(shape.heads, hidden)
             every.update(latent, **{self.o: latent["o"]})
+        if self.mixer:
+            every.update(self.mixer.shapes(hidden))
         return {name: every[name] for name in self.block_linears}
 
     def block_prefix(self, index: int) -> str:
@@ -1183,6 +1285,21 @@ ADAPTERS: dict[str, Adapter] = {
         bias_options=_ATTENTION_BIAS,
         **_QK_NORMS,
         head_dim=128,
+    ),
+    # qwen3_5_text (Qwen3.5's language model): Gated DeltaNet linear attention in the layers
+    # layer_types names (3 of every 4), full attention in the rest, whose q_proj holds each
+    # head's query and output gate ([q_h; g_h]) with per-head q/k norms and a quarter of each
+    # head rotated; every hidden-wide and q/k norm x·(1+w)
+    "qwen3_5_text": replace(
+        LLAMA,
+        families=("qwen3_5_text",),
+        architecture="Qwen3_5ForCausalLM",
+        bias_options=_ATTENTION_BIAS,
+        norm="rms1p",
+        attn_gate_in_q=True,
+        linear_attention=True,
+        **_QK_NORMS,
+        head_dim=256,
     ),
     # hunyuan_v1_dense (Hunyuan 0.5B-7B): qwen3's per-head q/k norms under other names,
     # applied after rope; NTK-alpha rope (rope.py)
@@ -1821,6 +1938,12 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
         if block.experts and adapter.choice_bias:
             dims = (1, block.experts) if adapter.choice_bias_2d else (block.experts,)
             out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = dims
+        if block.mixer:  # the DeltaNet's tensors besides its linears
+            dn, dims = block.mixer, block.mixer.shapes(shape.hidden)
+            for name in (dn.b, dn.a, dn.conv1d, dn.norm):
+                out[f"{adapter.block_prefix(i)}.{name}.weight"] = dims[name]
+            for name in (dn.a_log, dn.dt_bias):  # parameters, not modules
+                out[f"{adapter.block_prefix(i)}.{name}"] = dims[name]
     return out
 
 
@@ -1865,9 +1988,17 @@ def adapter_for(config: dict) -> Adapter:
         adapter.rms_option,
         *adapter.refused_options,
     )
-    if adapter.moe is None and not any(options) and not adapter.latent_attention:
+    sized = adapter.latent_attention or adapter.linear_attention  # by the config
+    if adapter.moe is None and not any(options) and not sized:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
+    if adapter.linear_attention:
+        kinds = tuple(hf.layer_types)
+        adapter = replace(
+            adapter,
+            deltanet=GatedDeltaNet.of(hf),
+            linear_layers=tuple(i for i, t in enumerate(kinds) if t == "linear_attention"),
+        )
     if adapter.latent_attention:
         adapter = replace(adapter, latent=Latent.of(hf, adapter.rope_tables == "complex"))
     if adapter.parallel_option and getattr(hf, adapter.parallel_option, False):

@@ -108,7 +108,11 @@ class BlockStore:
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
         chunk = chunk_samples(length, widest, self.device)
-        return Positions(self.spec, length, chunk, self.adapter.rope_tables, self.adapter.attn)
+        dn = self.adapter.deltanet
+        return Positions(
+            self.spec, length, chunk, self.adapter.rope_tables, self.adapter.attn,
+            dn.module if dn else None,
+        )  # fmt: skip
 
 
 def _widest(hf, spec: BlockSpec) -> int:
@@ -147,9 +151,10 @@ class Positions:
     chunk: int = CHUNK  # samples a forward takes at once (chunk_samples)
     tables: str = "halves"  # the form the layer takes its rope in (Adapter.rope_tables)
     attn: str = "self_attn"  # the block's attention module (the adapter's `attn`)
+    linear: str | None = None  # a linear-attention layer's mixer module (Adapter.deltanet)
 
     def kwargs(self, block: torch.nn.Module) -> dict:
-        i = block.get_submodule(self.attn).layer_idx
+        i = _mixer(block, self.attn, self.linear).layer_idx
         eager = attention_kernel(self.spec) == "eager"
         rope, window = self.spec.rope[i], self.spec.windows[i]
         return _block_kwargs(rope, window, self.length, _device(block), eager, self.tables)
@@ -188,6 +193,13 @@ def _block_kwargs(
     if "llama_4_scaling_beta" in dict(rope.params):  # ministral3's attention reads positions
         kwargs["position_ids"] = torch.arange(length, device=device)[None]
     return kwargs
+
+
+def _mixer(block: torch.nn.Module, attn: str, linear: str | None) -> torch.nn.Module:
+    """The block's attention module, or its linear attention's where it has that."""
+    if linear is not None and not hasattr(block, attn.split(".")[0]):
+        return block.get_submodule(linear)
+    return block.get_submodule(attn)
 
 
 def _device(block: torch.nn.Module) -> torch.device:

@@ -86,6 +86,9 @@ class BlockSpec:
     # each head's softmax denominator plus exp(sink), a learned per-head score with no value
     # behind it (Adapter.sinks: gpt-oss, granite_swa)
     attn_sinks: bool = False
+    # the layers whose mixer is Gated DeltaNet linear attention, not attention
+    # (Adapter.deltanet: Qwen3.5's); their rope and window entries are unused
+    linear_layers: tuple[int, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -210,4 +213,5 @@ def describe(config: dict, adapter) -> BlockSpec:
         latent_attention=adapter.latent is not None,
         attn_gate=adapter.attn_gate is not None or adapter.attn_gate_in_q,
         attn_sinks=adapter.sinks is not None,
+        linear_layers=adapter.linear_layers,
     )

@@ -8,7 +8,8 @@ Mistral Small 3.1/3.2, Magistral Small and Ministral 3 as
 `InternVLForConditionalGeneration` (`internvl`), SmolVLM as `SmolVLMForConditionalGeneration`
 or `Idefics3ForConditionalGeneration` (`smolvlm`, `idefics3`), Qwen2-VL, Qwen2.5-VL and
 Qwen3-VL as `Qwen2VLForConditionalGeneration`, `Qwen2_5_VLForConditionalGeneration`,
-`Qwen3VLForConditionalGeneration` (`Qwen3VLMoeForConditionalGeneration`), GLM-4.1V and
+`Qwen3VLForConditionalGeneration` (`Qwen3VLMoeForConditionalGeneration`), Qwen3.5 as
+`Qwen3_5ForConditionalGeneration` (`qwen3_5`, its language model `qwen3_5_text`), GLM-4.1V and
 GLM-4.5V as `Glm4vForConditionalGeneration`, `Glm4vMoeForConditionalGeneration`: a vision
 tower and projector beside a language model (`gemma3_text`; `mistral` or `ministral3`;
 llama, mistral, qwen2, ...; `cohere2`; qwen2 or qwen3; llama; qwen2; qwen3 or qwen3_moe;
@@ -65,6 +66,7 @@ MULTIMODAL = {
     "glm4v": "glm4",  # GLM-4.1V-9B-Thinking
     "glm4v_moe": "glm4_moe",  # GLM-4.5V
     "apertus1p5": "apertus1p5_text",  # Apertus 1.5 (image and audio code tokenizers beside)
+    "qwen3_5": "qwen3_5_text",  # Qwen3.5 (0.8B-27B; its mtp.* prediction layer left out)
 }
 # text_config model types that are a family's model with M-RoPE -> that family
 MROPE_TEXT = {

@@ -143,7 +143,7 @@ class Prune(Described):
         """Shapes before and after, and the cuts; a `params` target uses `split` (default:
         the first candidate)."""
         c = self.config
-        adapter = adapter_for(config)
+        adapter = _prunable(config)
         full = Shape.of(config)
         asked = {a for a in WHOLE_ATTENTION if getattr(c, a)} if c.params is None else set()
         asked |= set(split or ()) & WHOLE_ATTENTION
@@ -186,6 +186,7 @@ class Prune(Described):
 
     def preflight(self, config: dict) -> None:
         """Every candidate split is planned now, so an impossible target fails at once."""
+        _prunable(config)
         full = Shape.of(config)
         for split in self.config.splits(full) if self.config.params is not None else [()]:
             self.plan(config, split or None)
@@ -348,3 +349,15 @@ def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
             "and heads by the same fraction, or neither"
         )
     return shape
+
+
+def _prunable(config: dict):
+    """The config's adapter, or a one-line refusal where pruning cannot cut its blocks."""
+    adapter = adapter_for(config)
+    if adapter.linear_layers:  # its widths, depth and parameter count are attention's
+        raise LlmpressError(
+            f"prune: {adapter.families[0]}'s Gated DeltaNet layers are not pruned yet "
+            "(their heads, the widths they read and the layer kinds a cut depth keeps); "
+            "compress it without a prune stage"
+        )
+    return adapter

@@ -229,6 +229,8 @@ class AWQ(Described):
     def _parent(self, ctx: BlockContext, group: InputGroup):
         """The module whose output measures a group's error, as a function of the group input."""
         adapter = ctx.adapter
+        if group.producer == adapter.attn_norm and adapter.mixer:  # a DeltaNet, no cache:
+            return ctx.sub(adapter.mixer.module)  # its output alone (attention's is a pair)
         if group.producer == adapter.attn_norm:
             attn = ctx.sub(adapter.attn)
             kwargs = ctx.rope.kwargs(ctx.module)

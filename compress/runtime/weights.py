@@ -79,6 +79,7 @@ RUNS = {
     "latent_attention": _any,
     "attn_gate": _any,  # a fourth part of Layer.qkv (Layer.gated), applied before o
     "attn_sinks": _any,  # Layer.sinks, read by torch's, C's and Triton's attention
+    "linear_layers": lambda layers: None if not layers else f"{list(layers)} (Gated DeltaNet)",
 }
 
 

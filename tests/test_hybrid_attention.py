@@ -1,0 +1,167 @@
+"""Gated DeltaNet linear attention beside full attention (Qwen3.5's language model):
+compression reads it through transformers' own blocks, each layer by the kind its config
+names, and the artifact opens in plain transformers and passes vLLM's loading rules; the
+runtime, which caches keys and values, and pruning refuse it in one line."""
+
+import json
+
+import pytest
+import torch
+from family_models import write_family, write_multimodal
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from test_bad_input import run_cli
+from test_latent_attention import _compress, _logits
+
+from compress.artifact.dense import load_model
+from compress.artifact.engines import engine_problems
+from compress.errors import LlmpressError
+from compress.eval.reference import BlockwiseOriginal
+from compress.model.adapters import GatedDeltaNet, adapter_for, dense_shapes
+from compress.model.loading import resolve
+from compress.recipe import parse_quant
+from compress.runtime.weights import load_weights
+
+LENGTH = 72  # past one 64-token chunk of transformers' chunked delta rule
+
+
+@pytest.fixture(scope="module")
+def ids():
+    return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory, tokenizer_dir):
+    return write_family(tmp_path_factory.mktemp("hybrid") / "src", "qwen3_5_text", tokenizer_dir)
+
+
+def _kl(p, q):
+    return (p.exp() * (p - q)).sum(-1).mean().item()
+
+
+def test_the_adapter_names_each_layer_kind_and_its_shapes(model):
+    """Layers 0-2 are DeltaNets (their input projections, out_proj as o, no q/k norms),
+    layer 3 attention with its q/k norms; every tensor of the checkpoint has the shape the
+    config implies, and nothing the config implies is missing."""
+    config = json.loads((model / "config.json").read_text())
+    adapter = adapter_for(config)
+    assert adapter.linear_layers == (0, 1, 2)
+    assert adapter.deltanet == GatedDeltaNet(k_heads=2, v_heads=4, k_dim=16, v_dim=24, conv=4)
+    linear, full = adapter.layer(0), adapter.layer(3)
+    assert linear.block_linears == (
+        "linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.out_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    )  # fmt: skip
+    assert linear.q_norm is None and full.q_norm == "self_attn.q_norm"
+    assert full.block_linears[:4] == ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                      "self_attn.o_proj")  # fmt: skip
+    assert linear.fused_linears == (
+        ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
+        ("mlp.gate_proj", "mlp.up_proj"),
+    )
+    (norm_fed, *_) = linear.input_groups  # b and a take a fold's scale, 16-bit
+    assert norm_fed.producer == "input_layernorm" and "linear_attn.in_proj_a" in norm_fed.linears
+    stored = {}
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
+        stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+    assert dense_shapes(adapter, adapter.shape(config)) == stored
+
+
+def test_the_block_walk_equals_transformers(model, ids):
+    """What compression calibrates on and eval scores the original with: the checkpoint
+    read block by block, each DeltaNet over the whole window at once (transformers'
+    chunked rule, two chunks here), gives transformers' own log-probs."""
+    want = torch.log_softmax(_logits(model, ids)[:-1], -1)
+    walk = BlockwiseOriginal(resolve(str(model)), ids, log=lambda _: None)
+    assert (walk.reference(0, ids[0]) - want).abs().max() < 1e-4
+
+
+def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
+    """RTN, AWQ, GPTQ with tuning and LLM.int8(): plain from_pretrained of each artifact
+    computes what llmpress's own dense reading of it does, near the original; b and a stay
+    as stored, and vLLM's loading rules pass (in_proj_qkv and in_proj_z share a scheme:
+    vLLM loads them as one in_proj_qkvz)."""
+    original = torch.log_softmax(_logits(model, ids), -1)
+    kl = {}
+    recipes = {
+        "rtn": [parse_quant("rtn:w4g32")],
+        "awq": [parse_quant("awq:w4g32")],
+        "gptq+tune": [parse_quant("gptq:w4g32"), {"tune": {"steps": 4}}],
+        "int8": [parse_quant("int8")],
+    }
+    for method, stages in recipes.items():
+        out = _compress(model, tmp_path / method, stages, wikitext)
+        got = _logits(out, ids)
+        with torch.no_grad():
+            own = load_model(resolve(str(out))).eval()(ids).logits[0]
+        if method != "int8":  # (transformers reads no outlier columns: llmpress's layout)
+            assert (got - own).abs().max() < 1e-4, method
+        kl[method] = _kl(original, torch.log_softmax(own, -1))
+        tensors = {}
+        for f in out.glob("*.safetensors"):
+            with safe_open(str(f), "pt") as st:
+                tensors.update({k: st.get_slice(k).get_dtype() for k in st.keys()})  # noqa: SIM118
+        for kept in ("in_proj_b", "in_proj_a"):
+            assert tensors[f"model.layers.0.linear_attn.{kept}.weight"] in ("F32", "BF16", "F16")
+        assert "model.layers.0.linear_attn.in_proj_qkv.weight_packed" in tensors or method == "int8"
+        if method != "int8":  # LLM.int8()'s outlier columns are llmpress's own layout
+            config = json.loads((out / "config.json").read_text())
+            assert engine_problems(config, list(tensors))["vllm"] == []
+    # measured on this model: rtn 0.109, awq 0.102, gptq+tune 0.100, int8 0.0013
+    assert kl["awq"] < 1.15 * kl["rtn"], kl
+    assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
+    assert kl["int8"] < kl["rtn"], kl
+
+
+def test_the_runtime_and_pruning_refuse_it_in_one_line(model, wikitext, tmp_path):
+    """bench, serve and eval's default engine run keys and values, not a DeltaNet's state:
+    each says so in one line naming the layers and what to run instead (eval before it
+    computes the original); eval --engine transformers measures it; pruning refuses."""
+    out = _compress(model, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
+    with pytest.raises(LlmpressError, match=r"linear_layers \[0, 1, 2\] \(Gated DeltaNet\)"):
+        load_weights(resolve(str(out)), device="cpu")
+    code, _, err = run_cli(["bench", str(out), "--batch", "1"])
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "Gated DeltaNet" in err
+    data = str(wikitext / "test.txt")
+    args = ["eval", str(out), "--base", str(model), "--data", data, "--windows", "2", "--ctx", "64"]
+    code, stdout, err = run_cli([*args, "--no-record"])
+    assert code != 0 and "eval --engine transformers" in err
+    assert "block" not in stdout + err  # refused before the original's blocks ran
+    code, stdout, err = run_cli([*args, "--no-record", "--engine", "transformers"])
+    assert code == 0, err
+    assert "| KL |" in stdout
+    with pytest.raises(LlmpressError, match=r"^prune: qwen3_5_text's Gated DeltaNet layers"):
+        _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
+
+
+def test_the_text_part_of_a_qwen3_5_checkpoint(tmp_path, tokenizer_dir, ids, wikitext):
+    """Qwen3.5 ships as Qwen3_5ForConditionalGeneration: its language model
+    (model.language_model.*) is read as qwen3_5_text, the vision tower and the
+    next-token-prediction layer (mtp.*) left out, and computes what the whole model does;
+    the artifact is a Qwen3_5ForCausalLM that plain transformers opens."""
+    import transformers
+
+    src = write_multimodal(tmp_path / "mm", "qwen3_5", tokenizer_dir, tied=False)
+    state = load_file(str(src / "model.safetensors"))
+    state["mtp.fc.weight"] = torch.randn(64, 128)  # as published: a prediction layer beside
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    whole = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+        src, dtype=torch.float32, attn_implementation="eager"
+    )
+    with torch.no_grad():
+        want = torch.log_softmax(whole.eval()(input_ids=ids).logits[0][:-1], -1)
+    ckpt = resolve(str(src))
+    assert ckpt.config["model_type"] == "qwen3_5_text"
+    assert not any(n.startswith(("mtp.", "model.visual")) for n in ckpt.tensors)
+    walk = BlockwiseOriginal(ckpt, ids, log=lambda _: None)
+    assert (walk.reference(0, ids[0]) - want).abs().max() < 1e-4
+    out = tmp_path / "w4"
+    code, stdout, stderr = run_cli(["compress", str(src), "-o", str(out), "--quant", "rtn:w4g32"])
+    assert code == 0, stderr
+    assert "Qwen3_5ForConditionalGeneration" in stdout + stderr
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5ForCausalLM"]
+    got = _logits(out, ids)[:-1]
+    with torch.no_grad():
+        own = load_model(resolve(str(out))).eval()(ids).logits[0][:-1]
+    assert (got - own).abs().max() < 1e-4
+    assert _kl(want, torch.log_softmax(got, -1)) < 0.2  # measured 0.129 at 4 bits
