@@ -435,27 +435,32 @@ DRAWS = {"ministral": 1, "solar_open": 1, "phimoe": 1}
 # linear layers : 1 full (layer_types' default), twice as many value heads as key heads, the
 # full layer's q gated per head and a quarter of each head rotated (M-RoPE's sections, one
 # position for text)
-HYBRID_FAMILIES = {
-    "qwen3_5_text": (
-        "Qwen3_5TextConfig",
-        {
-            "num_hidden_layers": 4,
-            "head_dim": 32,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 24,
-            "linear_conv_kernel_dim": 4,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-        },
-    ),
+_QWEN3_5 = {
+    "num_hidden_layers": 4,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 24,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
 }
+HYBRID_FAMILIES = {
+    "qwen3_5_text": ("Qwen3_5TextConfig", _QWEN3_5),
+    # Qwen3.5's Mixture-of-Experts models: 4 experts, top 2, always renormalized, a gated
+    # shared expert in every layer (widths of 128 as MOE_FAMILIES' have, and why)
+    "qwen3_5_moe_text": (
+        "Qwen3_5MoeTextConfig",
+        {**_QWEN3_5, "hidden_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128},
+    ),
+}  # fmt: skip
 
 
 def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
@@ -1490,6 +1495,11 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 64},
     ),
+    "qwen3_5_moe": (
+        "Qwen3_5MoeConfig", "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe_text",
+        {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+         "out_hidden_size": 64},
+    ),
     # Apertus 1.5: image and audio tokenizers (a VQ encoder, WavTokenizer's) whose codes are
     # vocabulary ids past the text's, which the head leaves out
     "apertus1p5": (
@@ -1587,7 +1597,7 @@ def write_multimodal(
             text_part = "language_model" in pname or "text_model" in pname
             if pname.endswith("norm.weight") and text_part:
                 offset = 0.0 if gemma else 1.0
-                if model_type == "qwen3_5":  # x(1+w), but for the DeltaNet's gated w
+                if model_type.startswith("qwen3_5"):  # x(1+w), but for the DeltaNet's w
                     offset = float(pname.endswith("linear_attn.norm.weight"))
                 p.copy_(offset + 0.3 * torch.randn_like(p))
     if model_type == "qwen3_vl_moe":

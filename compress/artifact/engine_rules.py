@@ -64,7 +64,7 @@ DTYPE = r"not implemented for 'Float'"
 # Apertus 1.5's text model and K-EXAONE's (transformers' spelling and the published one)
 # are not in it; nor are Kolibri-1's (a later vLLM has models/kolibri1.py, which reads the
 # checkpoint's names, as the artifact keeps them), Hy3's and A.X-K1's (a later vLLM has
-# models/AXK1.py)
+# models/AXK1.py), nor Qwen3.5's text models (LATER_VLLM_MODEL)
 NO_NATIVE_VLLM_MODEL = (
     "SmolLM3ForCausalLM",
     "HeliumForCausalLM",
@@ -81,7 +81,17 @@ NO_NATIVE_VLLM_MODEL = (
     "Kolibri1ForCausalLM",
     "HYV3ForCausalLM",
     "AXK1ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
 )
+# of those, the ones a later vLLM release registers, and the release read: vLLM 0.34.0's
+# models/qwen3_5.py loads in_proj_qkv and in_proj_z as one in_proj_qkvz and in_proj_b and
+# in_proj_a as one in_proj_ba (one scheme each, as the artifact writes them), and strips a
+# model.language_model. prefix
+LATER_VLLM_MODEL = {
+    "Qwen3_5ForCausalLM": "0.34.0",
+    "Qwen3_5MoeForCausalLM": "0.34.0",
+}
 
 # Architectures whose vLLM model computes the logits with the embedding and skips any
 # lm_head tensor (`commandr.py`: "lm_head is not used in vllm as it is tied")

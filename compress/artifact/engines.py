@@ -21,6 +21,7 @@ from compress.artifact.engine_rules import (
     DTYPE,
     GPU,
     HOST,
+    LATER_VLLM_MODEL,
     NO_NATIVE_VLLM_MODEL,
     VLLM_HEAD_IS_EMBEDDING,
     VLLM_VERSION,
@@ -105,6 +106,12 @@ def vllm_note(arch: str) -> str | None:
         )
     if arch not in NO_NATIVE_VLLM_MODEL:
         return None
+    if arch in LATER_VLLM_MODEL:
+        return (
+            f"vLLM {LATER_VLLM_MODEL[arch]} runs {arch} with a model of its own; vLLM "
+            f"{VLLM_VERSION}, whose loading llmpress's vLLM checks model, has none: they do "
+            "not cover it"
+        )
     return (
         f"vLLM has no model of its own for {arch}: it would run through vLLM's Transformers "
         "backend, which llmpress's vLLM checks do not cover"

@@ -996,6 +996,21 @@ LLAMA = Adapter(families=("llama",))
 _QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
 _ATTENTION_BIAS = (("attention_bias", ("q", "k", "v", "o")),)
 _QK_NORMS = {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+# qwen3_5_text (Qwen3.5's language model): Gated DeltaNet linear attention in the layers
+# layer_types names (3 of every 4), full attention in the rest, whose q_proj holds each
+# head's query and output gate ([q_h; g_h]) with per-head q/k norms and a quarter of each
+# head rotated; every hidden-wide and q/k norm x·(1+w)
+_QWEN3_5 = replace(
+    LLAMA,
+    families=("qwen3_5_text",),
+    architecture="Qwen3_5ForCausalLM",
+    bias_options=_ATTENTION_BIAS,
+    norm="rms1p",
+    attn_gate_in_q=True,
+    linear_attention=True,
+    **_QK_NORMS,
+    head_dim=256,
+)
 # Hunyuan's: per head under their own names, after rope
 _HUNYUAN_ATTENTION = {
     "q_norm": "self_attn.query_layernorm",
@@ -1286,20 +1301,20 @@ ADAPTERS: dict[str, Adapter] = {
         **_QK_NORMS,
         head_dim=128,
     ),
-    # qwen3_5_text (Qwen3.5's language model): Gated DeltaNet linear attention in the layers
-    # layer_types names (3 of every 4), full attention in the rest, whose q_proj holds each
-    # head's query and output gate ([q_h; g_h]) with per-head q/k norms and a quarter of each
-    # head rotated; every hidden-wide and q/k norm x·(1+w)
-    "qwen3_5_text": replace(
-        LLAMA,
-        families=("qwen3_5_text",),
-        architecture="Qwen3_5ForCausalLM",
-        bias_options=_ATTENTION_BIAS,
-        norm="rms1p",
-        attn_gate_in_q=True,
-        linear_attention=True,
-        **_QK_NORMS,
-        head_dim=256,
+    "qwen3_5_text": _QWEN3_5,
+    # qwen3_5_moe_text (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): qwen3_5_text's layers with
+    # qwen2_moe's experts in every layer, always renormalized, and its gated shared expert
+    "qwen3_5_moe_text": replace(
+        _QWEN3_5,
+        families=("qwen3_5_moe_text",),
+        architecture="Qwen3_5MoeForCausalLM",
+        moe=MoeKeys(
+            "num_experts", "moe_intermediate_size", None, shared="shared_expert_intermediate_size"
+        ),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_expert",
+        shared_gate="mlp.shared_expert_gate",
     ),
     # hunyuan_v1_dense (Hunyuan 0.5B-7B): qwen3's per-head q/k norms under other names,
     # applied after rope; NTK-alpha rope (rope.py)

@@ -67,6 +67,7 @@ MULTIMODAL = {
     "glm4v_moe": "glm4_moe",  # GLM-4.5V
     "apertus1p5": "apertus1p5_text",  # Apertus 1.5 (image and audio code tokenizers beside)
     "qwen3_5": "qwen3_5_text",  # Qwen3.5 (0.8B-27B; its mtp.* prediction layer left out)
+    "qwen3_5_moe": "qwen3_5_moe_text",  # Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B
 }
 # text_config model types that are a family's model with M-RoPE -> that family
 MROPE_TEXT = {
@@ -89,11 +90,13 @@ IGNORED_BY_TEXT = {
     "qwen3_vl_moe_text": {**_NO_WINDOW, "norm_topk_prob": True},
     "glm4v_moe_text": {"use_qk_norm": False},
 }
-# multimodal types whose checkpoint stacks each layer's experts, [E, hidden, 2 × width]
-# (gate then up, along the last axis) and [E, width, hidden]: written one expert at a time
-# in the text family's layout (experts.{e}.gate_proj, up_proj, down_proj), which every
-# consumer and plain transformers read
-STACKED_EXPERTS = ("qwen3_vl_moe",)
+# multimodal types whose checkpoint stacks each layer's experts, gate then up along one
+# axis: [E, hidden, 2 × width] and [E, width, hidden] (transposed: Qwen3-VL-MoE's), or
+# [E, 2 × width, hidden] and [E, hidden, width] (as transformers' modules hold them:
+# Qwen3.5's, which transformers loads unconverted): written one expert at a time in the
+# text family's layout (experts.{e}.gate_proj, up_proj, down_proj), which every consumer
+# and plain transformers read. model_type -> whether transposed
+STACKED_EXPERTS = {"qwen3_vl_moe": True, "qwen3_5_moe": False}
 # multimodal types whose published config keeps the language model's keys at the top level
 FLAT_TEXT = ("qwen2_vl", "qwen2_5_vl")
 # the vision part's tensors where the language model's are prefixed `model.` alone
@@ -287,18 +290,20 @@ def text_part(
 _STACKED = re.compile(r"\.mlp\.experts\.(gate_up_proj|down_proj)$")
 
 
-def _unstacked(name: str, stacked) -> dict:
+def _unstacked(name: str, stacked, transposed: bool) -> dict:
     """One layer's stacked experts as per-expert linears ([out, in], contiguous)."""
     stem = name[: -len(name.split(".")[-1])]
+    if transposed:  # [E, in, out] on disk
+        stacked = stacked.transpose(1, 2)
     out = {}
-    if name.endswith("gate_up_proj"):  # [E, hidden, 2 × width]
-        width = stacked.shape[-1] // 2
+    if name.endswith("gate_up_proj"):  # [E, 2 × width, hidden]
+        width = stacked.shape[1] // 2
         for e in range(stacked.shape[0]):
-            out[f"{stem}{e}.gate_proj.weight"] = stacked[e, :, :width].T.contiguous()
-            out[f"{stem}{e}.up_proj.weight"] = stacked[e, :, width:].T.contiguous()
-    else:  # down_proj [E, width, hidden]
+            out[f"{stem}{e}.gate_proj.weight"] = stacked[e, :width].contiguous()
+            out[f"{stem}{e}.up_proj.weight"] = stacked[e, width:].contiguous()
+    else:  # down_proj [E, hidden, width]
         for e in range(stacked.shape[0]):
-            out[f"{stem}{e}.down_proj.weight"] = stacked[e].T.contiguous()
+            out[f"{stem}{e}.down_proj.weight"] = stacked[e].contiguous()
     return out
 
 
@@ -331,7 +336,8 @@ def _write(path: Path, config: dict, files: list[Path], out: Path) -> None:
                 if to is None:
                     continue
                 if config["model_type"] in STACKED_EXPERTS and _STACKED.search(to):
-                    tensors.update(_unstacked(to, src.get_tensor(n)))
+                    transposed = STACKED_EXPERTS[config["model_type"]]
+                    tensors.update(_unstacked(to, src.get_tensor(n), transposed))
                 elif fused and to.split(".")[-2] == fused[0]:
                     tensors.update(_split(to, src.get_tensor(n), fused[1], widths, path))
                 else:
