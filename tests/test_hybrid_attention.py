@@ -1,7 +1,8 @@
 """Gated DeltaNet linear attention beside full attention (Qwen3.5's language model):
 compression reads it through transformers' own blocks, each layer by the kind its config
 names, and the artifact opens in plain transformers and passes vLLM's loading rules; the
-runtime, which caches keys and values, and pruning refuse it in one line."""
+runtime runs it op by op, each sequence's DeltaNet state beside the KV cache of the
+attention layers; pruning, speculation and the prefix cache refuse it in one line."""
 
 import json
 
@@ -20,7 +21,13 @@ from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import GatedDeltaNet, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
+from compress.runtime.engine import Engine
+from compress.runtime.kv_cache import KVCache
+from compress.runtime.lm import RuntimeLM
+from compress.runtime.model import Model
+from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import load_weights
+from compress.serve.app import build_app
 
 LENGTH = 72  # past one 64-token chunk of transformers' chunked delta rule
 
@@ -118,25 +125,78 @@ def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
     assert kl["int8"] < kl["rtn"], kl
 
 
-def test_the_runtime_and_pruning_refuse_it_in_one_line(model, wikitext, tmp_path):
-    """bench, serve and eval's default engine run keys and values, not a DeltaNet's state:
-    each says so in one line naming the layers and what to run instead (eval before it
-    computes the original); eval --engine transformers measures it; pruning refuses."""
-    out = _compress(model, tmp_path / "w4", [parse_quant("rtn:w4g32")], wikitext)
-    with pytest.raises(LlmpressError, match=r"linear_layers \[0, 1, 2\] \(Gated DeltaNet\)"):
-        load_weights(resolve(str(out)), device="cpu")
-    code, _, err = run_cli(["bench", str(out), "--batch", "1"])
-    assert code != 0 and len(err.strip().splitlines()) == 1 and "Gated DeltaNet" in err
-    data = str(wikitext / "test.txt")
-    args = ["eval", str(out), "--base", str(model), "--data", data, "--windows", "2", "--ctx", "64"]
-    code, stdout, err = run_cli([*args, "--no-record"])
-    assert code != 0 and "eval --engine transformers" in err
-    assert "block" not in stdout + err  # refused before the original's blocks ran
-    code, stdout, err = run_cli([*args, "--no-record", "--engine", "transformers"])
+@pytest.fixture(scope="module")
+def w4(model, wikitext, tmp_path_factory):
+    return _compress(
+        model, tmp_path_factory.mktemp("w4") / "w4", [parse_quant("rtn:w4g32")], wikitext
+    )
+
+
+def test_runtime_logits_equal_transformers(model, w4, ids):
+    """The runtime's DeltaNet (each slot's convolution tail and state beside the cache,
+    token by token) computes what transformers' chunked rule does: on the original and on
+    the artifact's weights alone, a whole prompt at once."""
+    for path in (model, w4):
+        want = _logits(path, ids)
+        got = RuntimeLM(load_weights(resolve(str(path)), device="cpu"), LENGTH)(ids).logits[0]
+        assert (got - want).abs().max() < 1e-4, path
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["weights", "served"])
+def test_chunks_decode_steps_and_a_batch_continue_each_slots_state(w4, ids, exact):
+    """A prompt prefilled in two chunks, then decoded a token a step, gives the logits of
+    one pass over it (a chunk from position 0 starts from zeros: the slot held another
+    sequence); two sequences decoded in one step give each its own; as served (int8
+    activations, op by op) and on the weights alone."""
+    weights = load_weights(resolve(str(w4)), device="cpu")
+    model, s = Model(weights, LENGTH + 1, exact=exact), weights.shape
+    cache = KVCache(s.layers, 2, s.kv_heads, LENGTH, s.head_dim)
+    other = torch.flip(ids[0], [0])
+    model.prefill(other[:40], cache, 0)  # what slot 0 held before
+    whole = model.prefill(ids[0], cache, 1)
+    rows = [model.prefill(ids[0, :30], cache, 0), model.prefill(ids[0, 30:50], cache, 0, 30)]
+    model.prefill(other[:50], cache, 1)  # slot 1: another sequence, decoded beside
+    for t in range(50, LENGTH):
+        step = model.decode(torch.stack([ids[0, t], other[t]]), cache, torch.tensor([0, 1]))
+        rows.append(step[:1])
+    assert (torch.cat(rows) - whole).abs().max() < 1e-4
+    alone = Model(weights, LENGTH + 1, exact=exact)
+    cache = KVCache(s.layers, 1, s.kv_heads, LENGTH, s.head_dim)
+    alone.prefill(other[:50], cache, 0)
+    for t in range(50, LENGTH):
+        last = alone.decode(other[t : t + 1], cache, torch.tensor([0]))
+    assert (last - step[1:]).abs().max() < 1e-4
+
+
+def test_bench_serve_and_eval_run_it_and_what_they_cannot_do_is_refused(
+    model, w4, wikitext, tmp_path
+):
+    """bench decodes it, eval measures it as served and by its weights; speculation (which
+    rolls a sequence back), an asked-for prefix cache (whose blocks hold no DeltaNet
+    state) and pruning refuse it in one line each; the engine generates for two prompts at
+    once what it does for each alone."""
+    code, out, err = run_cli(["bench", str(w4), "--batch", "1,2", "--prompt-len", "16",
+                              "--output-len", "8"])  # fmt: skip
     assert code == 0, err
-    assert "| KL |" in stdout
+    assert "tok/s" in out
+    code, _, err = run_cli(["bench", str(w4), "--batch", "1", "--draft", "ngram"])
+    assert code != 0 and len(err.strip().splitlines()) == 1 and "--draft" in err
+    with pytest.raises(LlmpressError, match=r"^--prefix-cache-mb: .* Gated DeltaNet"):
+        build_app(str(w4), max_len=128, prefix_cache_mb=16)
+    data = str(wikitext / "test.txt")
+    args = ["eval", str(w4), "--base", str(model), "--data", data, "--windows", "2", "--ctx", "64"]
+    for kv in ([], ["--kv", "int8"]):  # (int8: a window in chunks over the cache as stored)
+        code, stdout, err = run_cli([*args, "--no-record", *kv])
+        assert code == 0, err
+        assert "| KL |" in stdout and "weights only" in stdout
     with pytest.raises(LlmpressError, match=rf"^prune: {_family(model)}'s Gated DeltaNet layers"):
         _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
+    engine = Engine(load_weights(resolve(str(w4)), device="cpu"), max_batch=2, max_len=128)
+    prompts = [list(range(100, 130)), list(range(200, 217))]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    together = [r.output for r in engine.generate(prompts, params)]
+    alone = [r.output for p in prompts for r in engine.generate([p], params)]
+    assert together == alone
 
 
 @pytest.mark.parametrize(

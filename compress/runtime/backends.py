@@ -153,6 +153,8 @@ def _latent(lat) -> FusedLatent:
 def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
+    if w.spec.linear_layers:  # (a Gated DeltaNet runs op by op: runtime/deltanet.py)
+        return None
     rows = []
     mla_rows = 0  # floats a row of the latent's scratch: a norm's input, every head's product
     for i, layer in enumerate(w.layers):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from compress.errors import LlmpressError
 from compress.runtime.kv_blocks import block_keys
 from compress.runtime.kv_cache import FP32, KVCache, KVScheme
 from compress.runtime.model import Chunk, Model
@@ -106,7 +107,14 @@ class Engine:
             s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device,
             blocks=kv_blocks,
         )  # fmt: skip
-        self.prefix = PrefixCache(self.cache, prefix_cache_bytes) if prefix_cache_bytes else None
+        if self.model.nets and speculator is not None:
+            raise LlmpressError(
+                "--draft: a Gated DeltaNet layer's state cannot be rolled back past refused "
+                "draft tokens yet; run this model without --draft"
+            )
+        # a cached prefix's blocks hold attention's k/v, not the DeltaNet layers' state
+        shared = prefix_cache_bytes and not self.model.nets
+        self.prefix = PrefixCache(self.cache, prefix_cache_bytes) if shared else None
         if speculator is not None and speculator.adapt:  # what a check's row costs here
             speculator.row_cost = measure_row_cost(self.model, kv)
         self.free = list(range(max_batch))[::-1]

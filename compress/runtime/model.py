@@ -29,6 +29,7 @@ from compress.kernels.cpu import rms_norm as cpu_rms_norm
 from compress.model.moe import route_scores
 from compress.model.rope import RopeSpec, query_scales, tables
 from compress.runtime.backends import backend_for
+from compress.runtime.deltanet import mix, states_of
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
@@ -340,6 +341,8 @@ class Model:
             kinds.setdefault(r, Rope(r, max_len, self.device)) for r in weights.spec.rope
         ]  # per layer, one table per layer type
         self.backend = backend_for(weights, self.ropes)
+        # the Gated DeltaNet layers (their state beside the cache: runtime/deltanet.py)
+        self.nets = {i: x.delta for i, x in enumerate(weights.layers) if x.delta is not None}
 
     def _packed(self, rows: int) -> bool:
         """Whether `rows` rows take the packed CPU kernels with int8 activations: never in
@@ -442,6 +445,14 @@ class Model:
         s, dev, spec = self.w.shape, self.device, self.w.spec
         in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):
+            if layer.delta is not None:  # each chunk from its slot's state, or from zeros
+                pairs = zip(chunks, bounds, strict=True)
+                spans = [(c.slot, a, b, c.start == 0) for c, (a, b) in pairs]
+                for c in chunks:  # (Chunk.prefix holds attention layers' k/v, by index)
+                    if c.prefix is not None:
+                        c.prefix[i : i + 1] = [None]
+                h = self._delta(i, layer, h, spans, cache, packed)
+                continue
             q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             att = torch.empty(h.shape[0], s.heads * s.head_dim, device=dev)
             parts = []
@@ -473,6 +484,12 @@ class Model:
                 )  # fmt: skip
             h = _block_end(layer, h, att, self.w, packed, gate)
         return h
+
+    def _delta(self, i: int, layer: Layer, h, spans, cache: KVCache, packed: bool):
+        """Block i, a Gated DeltaNet's, on h: `spans` as deltanet.mix takes them."""
+        x = _norm(h, layer.attn_norm, self.w.spec, packed)
+        att = mix(layer.delta, x, spans, states_of(cache, self.nets), i)
+        return _block_end(layer, h, att, self.w, packed)
 
     @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, cache: KVCache, slot: int) -> torch.Tensor:
@@ -530,6 +547,10 @@ class Model:
             return self._capped(done)
         if done is None:
             for i, layer in enumerate(self.w.layers):
+                if layer.delta is not None:  # row r continues its slot's state
+                    spans = [(slot, r, r + 1, False) for r, slot in enumerate(slots.tolist())]
+                    h = self._delta(i, layer, h, spans, cache, packed)
+                    continue
                 q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(
                     q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i],

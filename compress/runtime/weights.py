@@ -21,6 +21,7 @@ from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.model.rope import KINDS as ROPE_KINDS
 from compress.model.spec import BlockSpec
+from compress.runtime.deltanet import DeltaNet
 from compress.runtime.linears import (
     DenseLinear,
     QuantLinear,
@@ -79,7 +80,7 @@ RUNS = {
     "latent_attention": _any,
     "attn_gate": _any,  # a fourth part of Layer.qkv (Layer.gated), applied before o
     "attn_sinks": _any,  # Layer.sinks, read by torch's, C's and Triton's attention
-    "linear_layers": lambda layers: None if not layers else f"{list(layers)} (Gated DeltaNet)",
+    "linear_layers": _any,  # Layer.delta: runtime/deltanet.py, op by op
 }
 
 
@@ -314,9 +315,13 @@ class Layer:
     latent: Latent | None = None  # MLA: qkv holds what reads the attention norm
     gated: bool = False  # qkv's last heads * head_dim columns gate attention's output
     sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
+    # a Gated DeltaNet in place of attention: qkv is its fused in_proj_qkv and in_proj_z,
+    # o its out_proj
+    delta: DeltaNet | None = None
 
     def attn_linears(self):
-        return (self.qkv, *(self.latent.linears() if self.latent else ()), self.o)
+        delta = (self.delta.ba,) if self.delta else ()
+        return (self.qkv, *(self.latent.linears() if self.latent else ()), *delta, self.o)
 
     def linears(self):
         if self.moe is not None:
@@ -344,6 +349,7 @@ class Layer:
         every = (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm)
         every += (self.post_attn_norm, self.post_mlp_norm)
         every += self.latent.norms() if self.latent else ()
+        every += (self.delta.norm, self.delta.conv) if self.delta else ()
         return tuple(n for n in every if n is not None)
 
 
@@ -651,8 +657,20 @@ def load_weights(
             gate_up, down = lin(adapter.up), lin(adapter.down)
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
-        latent = None
-        if mla is not None:
+        latent = delta = None
+        dn = adapter.layer(i).mixer
+        if dn is not None:  # a Gated DeltaNet: qkv is its in_proj_qkv and in_proj_z
+            qkv = [fuse([lin(dn.qkv), lin(dn.z)])]
+            delta = DeltaNet(
+                dn.k_heads, dn.v_heads, dn.k_dim, dn.v_dim, qkvz=qkv[0],
+                ba=fuse([lin(dn.b), lin(dn.a)]),
+                conv=tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device),
+                decay=-tensors[f"{p}.{dn.a_log}"].float().exp().to(device),
+                dt_bias=tensors[f"{p}.{dn.dt_bias}"].float().to(device),
+                norm=tensors[f"{p}.{dn.norm}.weight"].float().to(device),  # w·x: no offset
+                eps=spec.eps,
+            )  # fmt: skip
+        elif mla is not None:
             q_rows = latent_rows(shape.heads, mla.nope, mla.rope, mla.interleaved)
             rot = mla.kv_rank + rope_halves(mla.rope, mla.interleaved)
             kv_rows = torch.cat([torch.arange(mla.kv_rank), rot])  # the latent, then k's rope
@@ -696,18 +714,19 @@ def load_weights(
                 # or with a norm of its own (gpt_neox)
                 mlp_norm=opt(adapter.attn_norm if adapter.one_norm else adapter.mlp_norm),
                 qkv=fuse(qkv) if len(qkv) > 1 else qkv[0],
-                o=lin(adapter.o),
+                o=lin(adapter.layer(i).o),
                 gate_up=gate_up,
                 down=down,
                 moe=moe,
-                q_norm=qk_norm(adapter.q_norm),
-                k_norm=qk_norm(adapter.k_norm),
+                q_norm=qk_norm(adapter.layer(i).q_norm),
+                k_norm=qk_norm(adapter.layer(i).k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),
                 # or the experts' output norm (A.X-K1's), in their layers only
                 post_mlp_norm=opt(adapter.post_mlp_norm or (moe and adapter.moe_out_norm)),
                 latent=latent,
-                gated=spec.attn_gate,
+                gated=spec.attn_gate and delta is None,
                 sinks=_sinks(tensors, f"{p}.{adapter.sinks}", device) if adapter.sinks else None,
+                delta=delta,
             )
         )
         if spec.norm_bias:

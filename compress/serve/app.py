@@ -58,6 +58,11 @@ def build_app(
     check_draft_vocabulary(draft, ckpt.config)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt)
+    if weights.spec.linear_layers and prefix_cache_mb:
+        raise LlmpressError(
+            "--prefix-cache-mb: cached prompt blocks hold attention's keys and values, not a "
+            "Gated DeltaNet layer's state, so the prefix cache is off for this model; drop it"
+        )
     scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)
     speculator = None if draft is None else make_speculator(draft, weights, max_len)

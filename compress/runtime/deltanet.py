@@ -1,0 +1,120 @@
+"""Gated DeltaNet linear attention (Qwen3.5's `linear_attention` layers) as the runtime
+computes it: no keys are cached; each sequence carries, per DeltaNet layer, the last
+kernel - 1 inputs of its causal convolution and a state [k_dim, v_dim] per value head
+(DeltaStates, beside the KV cache of the attention layers). A prompt's chunk starting at
+position 0 starts from zeros; any other chunk or decode row continues its slot's state.
+
+Per token t (transformers' `torch_recurrent_gated_delta_rule`; its chunked form computes
+the same sums reassociated): q, k, v from the convolution of in_proj_qkv's output and
+SiLU, q and k L2-normed per head, q times k_dim^-0.5, each key head serving v_heads /
+k_heads value heads; β = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias);
+S ← S·exp(g); S ← S + k ⊗ β(v − Sᵀk); out = Sᵀq. Each value head's output is RMS-normed,
+times the norm's weight and SiLU(z), before out_proj (the layer's o).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from compress.kernels.cpu import QuantizedInput
+
+
+@dataclass
+class DeltaNet:
+    """A DeltaNet layer's weights: in_proj_qkv and in_proj_z fused into `qkvz` (one
+    product, as o and the MLP read theirs), in_proj_b and in_proj_a stacked in `ba` (fp32,
+    as stored: a router's kind of weight), the rest in fp32."""
+
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    qkvz: object
+    ba: object  # [2 · v_heads, hidden]: b's rows, then a's
+    conv: torch.Tensor  # [channels, kernel]
+    decay: torch.Tensor  # -exp(A_log) [v_heads]
+    dt_bias: torch.Tensor  # [v_heads]
+    norm: torch.Tensor  # [v_dim]
+    eps: float
+
+    @property
+    def channels(self) -> int:
+        """What the convolution runs over: q, k and v."""
+        return 2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+
+    @property
+    def width(self) -> int:
+        """The output's width, what out_proj reads."""
+        return self.v_heads * self.v_dim
+
+
+class DeltaStates:
+    """Every slot's convolution tail [channels, kernel - 1] and state [v_heads, k_dim,
+    v_dim] for each DeltaNet layer, fp32."""
+
+    def __init__(self, nets: dict[int, DeltaNet], slots: int, device):
+        self.conv = {
+            i: torch.zeros(slots, dn.channels, dn.conv.shape[1] - 1, device=device)
+            for i, dn in nets.items()
+        }
+        self.state = {
+            i: torch.zeros(slots, dn.v_heads, dn.k_dim, dn.v_dim, device=device)
+            for i, dn in nets.items()
+        }
+
+    @property
+    def nbytes(self) -> int:
+        every = [*self.conv.values(), *self.state.values()]
+        return sum(t.numel() * t.element_size() for t in every)
+
+
+def states_of(cache, nets: dict[int, DeltaNet]) -> DeltaStates:
+    """The DeltaNet states beside `cache`, made at first use with a row per slot."""
+    states = getattr(cache, "delta", None)
+    if states is None:
+        states = cache.delta = DeltaStates(nets, cache.lengths.shape[0], cache.lengths.device)
+    return states
+
+
+def _l2(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def mix(dn: DeltaNet, x, spans, states: DeltaStates, index: int) -> torch.Tensor:
+    """The layer's output before out_proj, [rows, v_heads · v_dim], for the normed input x
+    (fp32, or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
+    for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence)."""
+    xf = x.x if isinstance(x, QuantizedInput) else x
+    qkvz = dn.qkvz(x)
+    ba = dn.ba(xf)
+    mixed, z = qkvz.split([dn.channels, dn.width], -1)
+    beta = torch.sigmoid(ba[:, : dn.v_heads])
+    g = dn.decay * F.softplus(ba[:, dn.v_heads :] + dn.dt_bias)
+    out = torch.empty(xf.shape[0], dn.v_heads, dn.v_dim, device=xf.device)
+    conv, state = states.conv[index], states.state[index]
+    kernel = dn.conv.shape[1]
+    for slot, a, b, fresh in spans:
+        if fresh:
+            conv[slot].zero_()
+            state[slot].zero_()
+        window = torch.cat((conv[slot], mixed[a:b].T), 1)  # [channels, kernel - 1 + T]
+        conv[slot] = window[:, window.shape[1] - (kernel - 1) :]
+        rows = F.conv1d(window[None], dn.conv[:, None], groups=dn.channels)[0].T  # [T, ch]
+        q, k, v = F.silu(rows).split([dn.k_heads * dn.k_dim] * 2 + [dn.width], -1)
+        t, group = b - a, dn.v_heads // dn.k_heads
+        q = _l2(q.reshape(t, dn.k_heads, dn.k_dim)).repeat_interleave(group, 1)
+        k = _l2(k.reshape(t, dn.k_heads, dn.k_dim)).repeat_interleave(group, 1)
+        q, v = q * dn.k_dim**-0.5, v.reshape(t, dn.v_heads, dn.v_dim)
+        s = state[slot]
+        for r in range(t):
+            s = s * torch.exp(g[a + r])[:, None, None]
+            kv = torch.einsum("hk,hkv->hv", k[r], s)
+            s = s + k[r][:, :, None] * ((v[r] - kv) * beta[a + r][:, None])[:, None, :]
+            out[a + r] = torch.einsum("hk,hkv->hv", q[r], s)
+        state[slot] = s
+    normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + dn.eps) * dn.norm
+    gate = F.silu(z.reshape(-1, dn.v_heads, dn.v_dim))
+    return (normed * gate).reshape(-1, dn.width)
