@@ -103,7 +103,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from batched_decode import cpu_flags  # noqa: E402
-from family_models import COMMON, FAMILIES, MOE_FAMILIES  # noqa: E402
+from family_models import COMMON, FAMILIES, HYBRID_FAMILIES, MOE_FAMILIES  # noqa: E402
 from llama_server import add_cflags_argument  # noqa: E402
 
 from compress.model.default import convert_gguf, default_gguf  # noqa: E402
@@ -120,7 +120,20 @@ QWEN05 = {
     "max_position_embeddings": 4096,
     "initializer_range": 0.02,
 }
+# Qwen3.5's Gated DeltaNet at the published Qwen3.5 sizes but for the widths (16 key and
+# 16 value heads of 128), 3 DeltaNet layers : 1 full attention layer (whose heads are the
+# table's, each q gated)
+_DELTANET = {
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "layer_types": None,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0,
+                        "partial_rotary_factor": 0.25},
+}  # fmt: skip
 DENSE = {
+    "qwen3_5_text": _DELTANET,
     "llama3": {  # Llama 3.1's rope scaling, its original context scaled to this one
         "rope_parameters": {
             **FAMILIES["llama3"][1]["rope_parameters"],
@@ -263,6 +276,14 @@ MOE = {
 }
 MOE_SETTINGS = {
     "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 1024},
+    # qwen3_5_moe_text: the DeltaNet layers above, qwen2_moe's gated shared expert
+    "qwen3_5_moe_text": {
+        **_DELTANET,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "shared_expert_intermediate_size": 1024,
+    },
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     # glm4_moe: GLM-4.5-Air's routing (sigmoid scores steered by a choice bias,
     # renormalized, times the published 2.5), one shared expert, per-head q/k norms, q/k/v
@@ -426,8 +447,8 @@ MOE_SETTINGS = {
 def realistic_config(name: str):
     import transformers
 
-    cls_name, tiny = (MOE_FAMILIES if name in MOE_FAMILIES else FAMILIES)[name]
-    if name in MOE_FAMILIES:
+    cls_name, tiny = {**FAMILIES, **HYBRID_FAMILIES, **MOE_FAMILIES}[name]
+    if name in MOE_SETTINGS:
         settings = {**COMMON, **tiny, **MOE, **MOE_SETTINGS[name]}
     else:
         settings = {**COMMON, **tiny, **QWEN05, **DENSE[name]}

@@ -4,6 +4,7 @@ names, and the artifact opens in plain transformers and passes vLLM's loading ru
 runtime runs it op by op, each sequence's DeltaNet state beside the KV cache of the
 attention layers; pruning, speculation and the prefix cache refuse it in one line."""
 
+import dataclasses
 import json
 
 import pytest
@@ -21,6 +22,7 @@ from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import GatedDeltaNet, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
+from compress.runtime.deltanet import DeltaStates, mix
 from compress.runtime.engine import Engine
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.lm import RuntimeLM
@@ -123,6 +125,26 @@ def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
     assert kl["awq"] < 1.15 * kl["rtn"], kl
     assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
     assert kl["int8"] < kl["rtn"], kl
+
+
+def test_the_c_step_equals_torch_s(w4, ids):
+    """The DeltaNet every CPU prompt and decode row runs (kernels/cpu/deltanet.c) against
+    the torch path (the one off the CPU): a prompt from zeros, then a chunk continuing
+    its state, each layer's output and the states it leaves."""
+    weights = load_weights(resolve(str(w4)), device="cpu")
+    x = torch.randn(LENGTH, weights.shape.hidden, generator=torch.Generator().manual_seed(1))
+    nets = {i: layer.delta for i, layer in enumerate(weights.layers) if layer.delta}
+    torch_nets = {i: dataclasses.replace(dn, ba_weight=None) for i, dn in nets.items()}
+    for i in nets:
+        got, want = [], []
+        c_states, t_states = DeltaStates(nets, 1, "cpu"), DeltaStates(nets, 1, "cpu")
+        for spans in ([(0, 0, 40, True)], [(0, 40, LENGTH, False)]):
+            rows = x[spans[0][1] : spans[0][2]]
+            got.append(mix(nets[i], rows, [(0, 0, len(rows), spans[0][3])], c_states, i))
+            want.append(mix(torch_nets[i], rows, [(0, 0, len(rows), spans[0][3])], t_states, i))
+        assert (torch.cat(got) - torch.cat(want)).abs().max() < 1e-5, i
+        assert (c_states.state[i] - t_states.state[i]).abs().max() < 1e-5, i
+        assert torch.equal(c_states.conv[i], t_states.conv[i]), i
 
 
 @pytest.fixture(scope="module")

@@ -445,6 +445,36 @@ def sigmoid_gate(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return gate
 
 
+def _rows_f32(t: torch.Tensor, what: str) -> tuple[int, int]:
+    """The address and row stride of a 2-D fp32 CPU tensor whose rows are each contiguous
+    (a column slice of a wider product)."""
+    if t.dtype != torch.float32 or t.device.type != "cpu" or t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"{what}: rows of contiguous fp32 on the CPU, not {t.dtype} {t.stride()}")
+    return t.data_ptr(), t.stride(0)
+
+
+def deltanet_rows(dn, mixed, z, x, tail, state, out) -> None:
+    """A Gated DeltaNet's mixing (runtime/deltanet.py's DeltaNet `dn`) of one sequence's T
+    rows: in_proj_qkv's rows `mixed` [T, channels], in_proj_z's `z` [T, width], the normed
+    input `x` [T, hidden] (for b and a); the slot's convolution `tail` and `state` continue
+    in place; what out_proj reads goes into `out` [T, width] (contiguous). Each row's
+    arithmetic is the same whatever rows come with it."""
+    steps, hidden = x.shape
+    (pm, lm), (pz, lz), (px, lx) = (
+        _rows_f32(t, n) for t, n in ((mixed, "mixed"), (z, "z"), (x, "x"))
+    )
+    for t, name in ((tail, "tail"), (state, "state"), (out, "out"), (dn.ba_weight, "ba")):
+        _check_f32(t, f"deltanet {name}")
+    if out.shape != (steps, dn.width) or state.shape != (dn.v_heads, dn.k_dim, dn.v_dim):
+        raise ValueError(f"deltanet state {tuple(state.shape)}, out {tuple(out.shape)}")
+    library().llmp_deltanet(
+        pm, lm, pz, lz, px, lx, hidden, _ptr(dn.ba_weight),
+        _ptr(dn.conv), dn.conv.shape[1], _ptr(tail), _ptr(state), _ptr(dn.decay),
+        _ptr(dn.dt_bias), _ptr(dn.norm), dn.eps, steps, dn.k_heads, dn.v_heads, dn.k_dim,
+        dn.v_dim, _ptr(out),
+    )  # fmt: skip
+
+
 MAX_HEAD_DIM = 576  # the scratch of decode_attention.c (HEAD_MAX) and kv_cache.c
 MAX_KV_GROUP = 1024
 

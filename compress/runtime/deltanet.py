@@ -9,7 +9,9 @@ the same sums reassociated): q, k, v from the convolution of in_proj_qkv's outpu
 SiLU, q and k L2-normed per head, q times k_dim^-0.5, each key head serving v_heads /
 k_heads value heads; β = sigmoid(b), g = -exp(A_log)·softplus(a + dt_bias);
 S ← S·exp(g); S ← S + k ⊗ β(v − Sᵀk); out = Sᵀq. Each value head's output is RMS-normed,
-times the norm's weight and SiLU(z), before out_proj (the layer's o).
+times the norm's weight and SiLU(z), before out_proj (the layer's o). On the CPU all of it
+but the projections is one C call a sequence (kernels/cpu/deltanet.c), each row computed
+alike whatever rows come with it; elsewhere, torch's ops, token by token.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compress.kernels.cpu import QuantizedInput
+from compress.kernels.cpu import QuantizedInput, deltanet_rows
 
 
 @dataclass
@@ -39,6 +41,7 @@ class DeltaNet:
     dt_bias: torch.Tensor  # [v_heads]
     norm: torch.Tensor  # [v_dim]
     eps: float
+    ba_weight: torch.Tensor | None = None  # ba's weight in fp32 (the C step's)
 
     @property
     def channels(self) -> int:
@@ -83,18 +86,37 @@ def _l2(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
 
 
+def recurrence(s, q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The delta rule token by token in torch: (the state after, the outputs [T, H, V])."""
+    out = torch.empty_like(v)
+    for r in range(v.shape[0]):
+        s = s * torch.exp(g[r])[:, None, None]
+        kv = torch.einsum("hk,hkv->hv", k[r], s)
+        s = s + k[r][:, :, None] * ((v[r] - kv) * beta[r][:, None])[:, None, :]
+        out[r] = torch.einsum("hk,hkv->hv", q[r], s)
+    return s, out
+
+
 def mix(dn: DeltaNet, x, spans, states: DeltaStates, index: int) -> torch.Tensor:
     """The layer's output before out_proj, [rows, v_heads · v_dim], for the normed input x
     (fp32, or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
     for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence)."""
     xf = x.x if isinstance(x, QuantizedInput) else x
     qkvz = dn.qkvz(x)
-    ba = dn.ba(xf)
     mixed, z = qkvz.split([dn.channels, dn.width], -1)
+    conv, state = states.conv[index], states.state[index]
+    if xf.device.type == "cpu" and dn.ba_weight is not None:  # in C, each row alike
+        out = torch.empty(xf.shape[0], dn.width)
+        for slot, a, b, fresh in spans:
+            if fresh:
+                conv[slot].zero_()
+                state[slot].zero_()
+            deltanet_rows(dn, mixed[a:b], z[a:b], xf[a:b], conv[slot], state[slot], out[a:b])
+        return out
+    ba = dn.ba(xf)
     beta = torch.sigmoid(ba[:, : dn.v_heads])
     g = dn.decay * F.softplus(ba[:, dn.v_heads :] + dn.dt_bias)
     out = torch.empty(xf.shape[0], dn.v_heads, dn.v_dim, device=xf.device)
-    conv, state = states.conv[index], states.state[index]
     kernel = dn.conv.shape[1]
     for slot, a, b, fresh in spans:
         if fresh:
@@ -107,14 +129,8 @@ def mix(dn: DeltaNet, x, spans, states: DeltaStates, index: int) -> torch.Tensor
         t, group = b - a, dn.v_heads // dn.k_heads
         q = _l2(q.reshape(t, dn.k_heads, dn.k_dim)).repeat_interleave(group, 1)
         k = _l2(k.reshape(t, dn.k_heads, dn.k_dim)).repeat_interleave(group, 1)
-        q, v = q * dn.k_dim**-0.5, v.reshape(t, dn.v_heads, dn.v_dim)
-        s = state[slot]
-        for r in range(t):
-            s = s * torch.exp(g[a + r])[:, None, None]
-            kv = torch.einsum("hk,hkv->hv", k[r], s)
-            s = s + k[r][:, :, None] * ((v[r] - kv) * beta[a + r][:, None])[:, None, :]
-            out[a + r] = torch.einsum("hk,hkv->hv", q[r], s)
-        state[slot] = s
+        q, v = q * dn.k_dim**-0.5, v.reshape(t, dn.v_heads, dn.v_dim).contiguous()
+        state[slot], out[a:b] = recurrence(state[slot], q, k, v, g[a:b], beta[a:b])
     normed = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + dn.eps) * dn.norm
     gate = F.silu(z.reshape(-1, dn.v_heads, dn.v_dim))
     return (normed * gate).reshape(-1, dn.width)

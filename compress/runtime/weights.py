@@ -670,6 +670,8 @@ def load_weights(
                 norm=tensors[f"{p}.{dn.norm}.weight"].float().to(device),  # w·x: no offset
                 eps=spec.eps,
             )  # fmt: skip
+            if kernels == "c":
+                delta.ba_weight = dense_weight(delta.ba).contiguous()
         elif mla is not None:
             q_rows = latent_rows(shape.heads, mla.nope, mla.rope, mla.interleaved)
             rot = mla.kv_rank + rope_halves(mla.rope, mla.interleaved)
