@@ -31,8 +31,11 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   per head; apertus1p5_text: apertus's block, the head over a third of the embedding's
   rows; internlm3 and iquestcoder:
   llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
-  scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased);
-- MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (mixtral's own
+  scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased;
+  qwen3_5_text: 3 Gated DeltaNet layers (16 key and 16 value heads of 128) : 1 full
+  attention layer whose q is gated per head, a quarter of each head rotated, (1+w) norms);
+- MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (qwen3_5_moe_text
+  with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
   heads; glm4_moe with sigmoid routing steered by a choice bias, scaled by 2.5, an
@@ -574,7 +577,7 @@ def tiny_quality(work: Path) -> dict:
     calib = {"source": str(data), "samples": 8, "length": 64}
     ids = torch.randint(0, 49152, (1, 72), generator=torch.Generator().manual_seed(0))
     out = {}
-    for name in FAMILIES:
+    for name in {**FAMILIES, **HYBRID_FAMILIES}:
         src = write_family(work / f"tiny-{name}", name, tokenizer_from=convert_gguf(default_gguf()))
         base = _log_probs(src, ids)
         out[name] = {}

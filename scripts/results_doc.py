@@ -3142,6 +3142,20 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_qwen3_5_text.json",
+        "qwen3_5_text (Gated DeltaNet) beside qwen3 at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families qwen3_5_text,qwen3 --skip-anchors --rounds 5 "
+        "--name families_qwen3_5_text",
+        families,
+    ),
+    (
+        "families_qwen3_5_moe_text.json",
+        "qwen3_5_moe_text (Gated DeltaNet) beside qwen3_moe at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families qwen3_5_moe_text,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_qwen3_5_moe_text",
+        families,
+    ),
+    (
         "families_hy_v3.json",
         "hy_v3 beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families hy_v3,qwen3_moe --skip-anchors --rounds 5 "

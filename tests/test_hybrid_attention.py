@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from family_models import write_family, write_multimodal
+from family_models import triton_steps_match_reference, write_family, write_multimodal
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_bad_input import run_cli
@@ -26,7 +26,7 @@ from compress.runtime.deltanet import DeltaStates, mix
 from compress.runtime.engine import Engine
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.lm import RuntimeLM
-from compress.runtime.model import Model
+from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import SamplingParams
 from compress.runtime.weights import load_weights
 from compress.serve.app import build_app
@@ -190,7 +190,43 @@ def test_chunks_decode_steps_and_a_batch_continue_each_slots_state(w4, ids, exac
     assert (last - step[1:]).abs().max() < 1e-4
 
 
-def test_bench_serve_and_eval_run_it_and_what_they_cannot_do_is_refused(
+def test_the_one_call_steps_equal_the_per_op_path(w4, ids):
+    """The one-call C decoder runs the DeltaNet layers too (layers.c, its states bound to
+    the cache's): a prompt in two chunks, the second in a step with another sequence's
+    decode row, then decode steps of both give the per-op path's logits, and leave the
+    same states."""
+    weights = load_weights(resolve(str(w4)), device="cpu")
+    s, other = weights.shape, torch.flip(ids[0], [0])
+
+    def run(model):
+        cache = KVCache(s.layers, 2, s.kv_heads, LENGTH, s.head_dim)
+        model.prefill(other[:50], cache, 1)
+        rows = [model.prefill(ids[0, :30], cache, 0)]
+        # a serving step: the prompt's second chunk beside the other sequence's decode row
+        (chunk,), beside = model.step([Chunk(ids[0, 30:50], 0, 30)], cache, [int(other[50])], [1])
+        rows += [chunk, beside]
+        for t in range(50, LENGTH - 1):
+            rows.append(model.decode_ids([int(ids[0, t]), int(other[t + 1])], cache, [0, 1]))
+        return torch.cat(rows), cache.delta
+
+    model = Model(weights, LENGTH + 1)
+    assert model.backend.fused is not None
+    fused, states = run(model)
+    model.backend.fused = None
+    per_op, per_op_states = run(model)
+    assert (fused - per_op).abs().max() < 1e-5
+    for i in states.state:
+        assert (states.state[i] - per_op_states.state[i]).abs().max() < 1e-5
+
+
+def test_the_triton_backend_runs_it(w4, ids):
+    """The GPU backend (compiled on a GPU, or on CPU tensors under TRITON_INTERPRET=1):
+    the DeltaNet layers in torch's ops beside Triton's attention and products, a prefill
+    then decode steps equal to transformers' forward on the artifact's fp32 weights."""
+    triton_steps_match_reference(w4, ids, "cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
     model, w4, wikitext, tmp_path
 ):
     """bench decodes it, eval measures it as served and by its weights; speculation (which

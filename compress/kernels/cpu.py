@@ -172,8 +172,9 @@ def rms_norm_quantized(
 
 
 _C = api()  # cpu/llmpress.h: its structs and constants
-_KVC, _PChunk, _QLin, _QMoe, _QMla, _QLayer, _DecodeCtx = (
-    _C.structs[n] for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QLayer", "DecodeCtx")
+_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QLayer, _DecodeCtx = (
+    _C.structs[n]
+    for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QLayer", "DecodeCtx")
 )
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
@@ -988,6 +989,35 @@ class FusedLatent:
 
 
 @dataclass
+class FusedDelta:
+    """A Gated DeltaNet for the one-call decoder: runtime/deltanet.py's DeltaNet (its fp32
+    tensors), the layer's index among the cache's DeltaNet states (bound before each step:
+    `bind`)."""
+
+    net: object  # runtime/deltanet.py's DeltaNet, with ba_weight
+    index: int
+    _native: object = None
+
+    def native(self):
+        dn = self.net
+        tensors = (dn.ba_weight, dn.conv, dn.decay, dn.dt_bias, dn.norm)
+        for t in tensors:
+            _check_f32(t, "DeltaNet tensor")
+        self._native = _QDelta(
+            dn.k_heads, dn.v_heads, dn.k_dim, dn.v_dim, dn.conv.shape[1],
+            *(_ptr(t) for t in tensors), dn.eps, None, None, 0, 0,
+        )  # fmt: skip
+        return self._native
+
+    def bind(self, states) -> None:
+        """Point the struct at `states` (runtime/deltanet.py's DeltaStates of the cache)."""
+        tail, state = states.conv[self.index], states.state[self.index]
+        n = self._native
+        n.tail, n.state = _ptr(tail), _ptr(state)
+        n.tail_stride, n.state_stride = tail[0].numel(), state[0].numel()
+
+
+@dataclass
 class FusedLayer:
     """One block for the one-call decoder: effective norm weights (gemma's 1 + w already
     added), its linears, optional q/k and sandwich norms, rope tables, sliding window,
@@ -1021,6 +1051,7 @@ class FusedLayer:
     mla: FusedLatent | None = None  # latent attention: qkv holds what reads the norm
     gated: bool = False  # qkv's last heads * D outputs gate attention's (afmoe)
     sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
+    delta: FusedDelta | None = None  # a Gated DeltaNet in place of attention
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -1035,10 +1066,13 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
-        mla = None
+        mla = delta = None
         if self.mla is not None:
             mla, tables = self.mla.native()
             keep += [mla, tables]
+        if self.delta is not None:
+            delta = self.delta.native()
+            keep.append(delta)
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
@@ -1047,7 +1081,7 @@ class FusedLayer:
             ctypes.addressof(keep[0]) if self.moe is not None else None, int(self.center),
             int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
             None if mla is None else ctypes.addressof(mla), int(self.gated),
-            _opt(self.sinks),
+            _opt(self.sinks), None if delta is None else ctypes.addressof(delta),
         )  # fmt: skip
         return layer, keep
 
@@ -1068,6 +1102,8 @@ class FusedDecoder:
             self.head = (head[0], head[1], _qlin(head[1]), head[1].packed.out_features)
         natives = [layer.native() for layer in layers]
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
+        self.deltas = [x.delta for x in layers if x.delta is not None]
+        self.bound = None  # the DeltaNet states the deltas point into
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
         self.mla_rows = mla_rows  # floats a row of latent attention's scratch (FusedLatent)
@@ -1115,6 +1151,17 @@ class FusedDecoder:
             self.work[b] = (work, _ptr(work), _ptr(work) + 4 * dense, rows, *map(_ptr, rows))
         return self.work[b]
 
+    def _bind(self, cache) -> None:
+        """The DeltaNet layers' structs at `cache`'s states (runtime/deltanet.py: made
+        before the step), once per set of states."""
+        states = getattr(cache, "delta", None) if self.deltas else None
+        if self.deltas and states is None:
+            raise ValueError("a DeltaNet step needs the cache's DeltaNet states")
+        if states is not None and states is not self.bound:
+            for d in self.deltas:
+                d.bind(states)
+            self.bound = states
+
     def __call__(self, h, cache, slots, positions) -> torch.Tensor:
         """h [B, hidden] → h after every block, in place; `cache` (a runtime KVCache, fp32
         or KIVI) receives this step's keys and values. Returns the logits [B, vocab] with
@@ -1123,6 +1170,7 @@ class FusedDecoder:
         slots, positions = slots.contiguous(), positions.contiguous()
         if slots.dtype != torch.int64 or positions.dtype != torch.int64:
             raise TypeError("slots and positions must be int64")
+        self._bind(cache)
         b = h.shape[0]
         hidden, heads, kv_heads, d, inter = self.dims
         _, work, moe_work, *_ = self._workspace(b)
@@ -1152,6 +1200,7 @@ class FusedDecoder:
         decode rows that follow the chunks' rows, each at its sequence's position (its
         block prepared), computed as a decode step computes them."""
         _check_f32(h, "hidden state")
+        self._bind(cache)
         positions = positions.contiguous()
         n, rows, nd = h.shape[0], [0], len(decode)
         for _, _, t in spans[:-1]:
@@ -1198,6 +1247,7 @@ class FusedDecoder:
         """Logits [B, vocab] for the next token of the sequences in `slots`, whose last
         tokens are `tokens`, each at position cache.lengths[slot], which then grows by one:
         embedding, blocks and head in one C call (needs `head` and `embed`)."""
+        self._bind(cache)
         b = len(tokens)
         lengths = cache.lengths
         if lengths.dtype != torch.int64 or not lengths.is_contiguous():

@@ -16,6 +16,7 @@ import torch
 
 from compress.kernels.cpu import (
     FusedDecoder,
+    FusedDelta,
     FusedExperts,
     FusedLatent,
     FusedLayer,
@@ -153,9 +154,9 @@ def _latent(lat) -> FusedLatent:
 def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
-    if w.spec.linear_layers:  # (a Gated DeltaNet runs op by op: runtime/deltanet.py)
-        return None
     rows = []
+    if any(x.delta is not None and x.delta.ba_weight is None for x in w.layers):
+        return None
     mla_rows = 0  # floats a row of the latent's scratch: a norm's input, every head's product
     for i, layer in enumerate(w.layers):
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
@@ -205,6 +206,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 mla=mla,
                 gated=layer.gated,
                 sinks=layer.sinks,
+                delta=None if layer.delta is None else FusedDelta(layer.delta, i),
             )
         )
     s, spec = w.shape, w.spec

@@ -422,6 +422,8 @@ class Model:
             positions.append(torch.tensor(at, dtype=torch.int64))
         positions = torch.cat(positions).to(dev)
         h = self._embed(ids.to(dev))
+        if self.nets:  # (before the one-call step, which runs in them)
+            states_of(cache, self.nets)
         if nd:
             cache.prepare_rows(list(slots), at)
             if not self.backend.prefill(h, cache, chunks, positions, slots):
@@ -524,6 +526,8 @@ class Model:
         """`decode` from lists of token ids and slots: on the CPU with every linear packed,
         the step is one C call from embedding to logits."""
         if self._packed(len(tokens)):
+            if self.nets:
+                states_of(cache, self.nets)
             lengths = cache.lengths.tolist()
             cache.prepare_rows(slots, [lengths[s] for s in slots])
             logits = self.backend.decode_ids(tokens, slots, cache)
@@ -542,6 +546,8 @@ class Model:
         packed = self._packed(b)
         h = self._embed(tokens)
         spec = self.w.spec
+        if self.nets:
+            states_of(cache, self.nets)
         done = self.backend.decode(h, cache, slots, positions) if packed else None
         if done is not None and done is not h:  # the one call ran the head too
             return self._capped(done)

@@ -145,6 +145,60 @@ static int mla_values(const QMla *m, const float *att, int B, int heads, int D, 
  * rows (sp NULL: each at its own slot and position, attending through the cache), or a
  * prefill step's chunks (sp: each causal within itself, over its cached prefix).
  * Everything but attention is the same code, so prefill and decode rows round alike. */
+/* One sequence's rows r0..r0 + T - 1 of a DeltaNet layer (from zeros where `fresh`): its
+ * slot's tail and state continue in place. */
+static void delta_rows(const QDelta *d, const float *qkv, int n, const float *x, int ldx,
+                       int hidden, int64_t slot, int64_t r0, int64_t T, int fresh, float *att) {
+    int keys = 2 * d->k_heads * d->k_dim, width = d->v_heads * d->v_dim;
+    float *tail = d->tail + slot * d->tail_stride, *state = d->state + slot * d->state_stride;
+    if (fresh) {
+        memset(tail, 0, sizeof(float) * (size_t)d->tail_stride);
+        memset(state, 0, sizeof(float) * (size_t)d->state_stride);
+    }
+    llmp_deltanet(qkv + r0 * n, n, qkv + r0 * n + keys + width, n, x + r0 * ldx, ldx, hidden,
+                  d->ba, d->conv, d->kernel, tail, state, d->decay, d->dt_bias, d->norm, d->eps,
+                  (int)T, d->k_heads, d->v_heads, d->k_dim, d->v_dim, att + r0 * width);
+}
+
+/* A DeltaNet layer's branch on the step's normed rows xn (and their codes): its qkv
+ * product, each sequence's mixing (a decode step's rows one token of slots[b] each; a
+ * prefill step's chunks, then its decode rows), and o on that, into out [B, hidden].
+ * `buf`: DeltaBuf's floats. -1: out of memory. */
+static int delta_branch(const QLayer *L, int B, int hidden, int hp, const float *xn,
+                        int8_t *x8, float *dx, float *bs, const int64_t *slots, const Spans *sp,
+                        float *buf, float *out) {
+    const QDelta *d = L->delta;
+    int n = L->qkv.n, width = d->v_heads * d->v_dim, wp = (width + 31) / 32 * 32;
+    float *qkv = buf, *att = qkv + (int64_t)B * n, *pad = att + (int64_t)B * width;
+    float *ddx = pad + (int64_t)B * wp, *dbs = ddx + (int64_t)B * (wp / 32);
+    int8_t *dx8 = (int8_t *)(dbs + (int64_t)B * (wp / 32));
+    if (qlin(&L->qkv, x8, dx, bs, B, qkv, xn, hp)) return -1;
+    if (sp == NULL) {
+        for (int b = 0; b < B; b++) delta_rows(d, qkv, n, xn, hp, hidden, slots[b], b, 1, 0, att);
+    } else {
+        for (int i = 0; i < sp->nc; i++)
+            delta_rows(d, qkv, n, xn, hp, hidden, sp->slot[i], sp->row0[i], sp->T[i],
+                       sp->start[i] == 0, att);
+        for (int j = 0; j < sp->nd; j++)
+            delta_rows(d, qkv, n, xn, hp, hidden, sp->dslot[j], B - sp->nd + j, 1, 0, att);
+    }
+    quantize_rows_padded(att, B, width, width, wp, pad, dx8, ddx, dbs);
+    return qlin(&L->o, dx8, ddx, dbs, B, out, pad, wp);
+}
+
+/* Floats of delta_branch's scratch at B rows for the widest DeltaNet of the stack (0: none). */
+static int64_t delta_floats(const QLayer *layers, int n_layers, int B) {
+    int64_t most = 0;
+    for (int l = 0; l < n_layers; l++) {
+        const QDelta *d = layers[l].delta;
+        if (d == NULL) continue;
+        int64_t width = d->v_heads * d->v_dim, wp = (width + 31) / 32 * 32;
+        int64_t f = (int64_t)B * (layers[l].qkv.n + width + wp + 2 * (wp / 32) + wp / 4 + 1);
+        if (f > most) most = f;
+    }
+    return most;
+}
+
 static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int hidden,
                       int heads, int kv_heads, int D, int inter, float eps, int R, float scale,
                       int act, const KVC *cache, const int64_t *slots,
@@ -166,69 +220,76 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     float *kn = q + (int64_t)B * heads * D;
     float *vn = kn + (int64_t)B * kv_heads * D;
     float *mla_work = vn + (int64_t)B * kv_heads * D; /* the `mla` floats a row (QMla) */
+    int64_t delta_n = delta_floats(layers, n_layers, B);
+    float *delta_buf = delta_n ? malloc(sizeof(float) * (size_t)delta_n) : NULL;
+    if (delta_n && delta_buf == NULL) return -1;
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
-        if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
-        if (L->mla) {
-            if (mla_qkv(L->mla, qkv, B, L->qkv.n, heads, D, pad, x8, dx, bs, mla_work, att, q, kn, vn))
-                break;
+        if (L->delta) {
+            if (delta_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, delta_buf, tmp)) break;
         } else {
-            #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
-            for (int b = 0; b < B; b++) {
-                const float *row = qkv + (int64_t)b * L->qkv.n;
-                memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
-                memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
-                memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+            if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
+            if (L->mla) {
+                if (mla_qkv(L->mla, qkv, B, L->qkv.n, heads, D, pad, x8, dx, bs, mla_work, att, q, kn, vn))
+                    break;
+            } else {
+                #pragma omp parallel for schedule(static) if (B >= PAR_ROWS)
+                for (int b = 0; b < B; b++) {
+                    const float *row = qkv + (int64_t)b * L->qkv.n;
+                    memcpy(q + (int64_t)b * heads * D, row, heads * D * sizeof(float));
+                    memcpy(kn + (int64_t)b * kv_heads * D, row + heads * D, kv_heads * D * sizeof(float));
+                    memcpy(vn + (int64_t)b * kv_heads * D, row + (heads + kv_heads) * D, kv_heads * D * sizeof(float));
+                }
             }
-        }
-        /* q/k norms: over each head (one weight, or each head's own), or all of a row's */
-        int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
-        int qr = L->qk_each ? heads : 1, kr = L->qk_each ? kv_heads : 1, c = L->center;
-        if (L->q_norm && !L->qk_after_rope) { /* before rope (olmo2's: a row's heads at once) */
-            rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, qr, eps, c, B >= PAR_ROWS);
-            rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, kr, eps, c, B >= PAR_ROWS);
-        }
-        llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
-        llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
-        if (L->q_norm && L->qk_after_rope) { /* hunyuan: per head, after rope */
-            rms_rows(q, (int64_t)B * heads, D, L->q_norm, qr, eps, c, B >= PAR_ROWS);
-            rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, kr, eps, c, B >= PAR_ROWS);
-        }
-        if (L->q_scale)
-            for (int b = 0; b < B; b++) {
-                float f = L->q_scale[positions[b]], *qb = q + (int64_t)b * heads * D;
-                for (int i = 0; i < heads * D; i++) qb[i] *= f;
+            /* q/k norms: over each head (one weight, or each head's own), or all of a row's */
+            int qw = L->qk_full ? heads * D : D, kw = L->qk_full ? kv_heads * D : D;
+            int qr = L->qk_each ? heads : 1, kr = L->qk_each ? kv_heads : 1, c = L->center;
+            if (L->q_norm && !L->qk_after_rope) { /* before rope (olmo2's: a row's heads at once) */
+                rms_rows(q, (int64_t)B * heads * D / qw, qw, L->q_norm, qr, eps, c, B >= PAR_ROWS);
+                rms_rows(kn, (int64_t)B * kv_heads * D / kw, kw, L->k_norm, kr, eps, c, B >= PAR_ROWS);
             }
-        if (sp == NULL) {
-            if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
-                                      L->softcap, att, L->sinks))
-                break;
-        } else {
-            int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
-            if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap,
-                                         L->sinks, att))
-                break;
-            if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
-                                                vn + P * kv_heads * D, sp->dslot, positions + P,
-                                                sp->nd, heads, scale, L->window, L->softcap,
-                                                att + P * heads * D, L->sinks))
-                break;
+            llmp_rope(q, positions, L->cos, L->sin, B, heads, D, R);
+            llmp_rope(kn, positions, L->cos, L->sin, B, kv_heads, D, R);
+            if (L->q_norm && L->qk_after_rope) { /* hunyuan: per head, after rope */
+                rms_rows(q, (int64_t)B * heads, D, L->q_norm, qr, eps, c, B >= PAR_ROWS);
+                rms_rows(kn, (int64_t)B * kv_heads, D, L->k_norm, kr, eps, c, B >= PAR_ROWS);
+            }
+            if (L->q_scale)
+                for (int b = 0; b < B; b++) {
+                    float f = L->q_scale[positions[b]], *qb = q + (int64_t)b * heads * D;
+                    for (int i = 0; i < heads * D; i++) qb[i] *= f;
+                }
+            if (sp == NULL) {
+                if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
+                                          L->softcap, att, L->sinks))
+                    break;
+            } else {
+                int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
+                if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap,
+                                             L->sinks, att))
+                    break;
+                if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
+                                                    vn + P * kv_heads * D, sp->dslot, positions + P,
+                                                    sp->nd, heads, scale, L->window, L->softcap,
+                                                    att + P * heads * D, L->sinks))
+                    break;
+            }
+            int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
+            const float *o_in = att;
+            if (L->gated) /* each output value times the sigmoid of its gate value */
+                gate_rows(att, B, heads * D, qkv + nqkv, L->qkv.n, B >= PAR_ROWS);
+            if (L->mla) {
+                float *y = mla_work + (int64_t)B * mla_normed(L->mla), *vals = q; /* q: read */
+                if (mla_values(L->mla, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;
+                ow = heads * L->mla->v;
+                op = (ow + 31) / 32 * 32;
+                o_in = vals;
+            }
+            quantize_rows_padded(o_in, B, ow, ow, op, pad, x8, dx, bs);
+            if (qlin(&L->o, x8, dx, bs, B, tmp, pad, op)) break;
         }
-        int ow = heads * D, op = ap; /* o reads each head's output (MLA's: its v) */
-        const float *o_in = att;
-        if (L->gated) /* each output value times the sigmoid of its gate value */
-            gate_rows(att, B, heads * D, qkv + nqkv, L->qkv.n, B >= PAR_ROWS);
-        if (L->mla) {
-            float *y = mla_work + (int64_t)B * mla_normed(L->mla), *vals = q; /* q: read */
-            if (mla_values(L->mla, att, B, heads, D, pad, x8, dx, bs, y, vals)) break;
-            ow = heads * L->mla->v;
-            op = (ow + 31) / 32 * 32;
-            o_in = vals;
-        }
-        quantize_rows_padded(o_in, B, ow, ow, op, pad, x8, dx, bs);
-        if (qlin(&L->o, x8, dx, bs, B, tmp, pad, op)) break;
         if (L->post_attn_norm)
             rms_rows(tmp, B, hidden, L->post_attn_norm, 1, eps, L->center, B >= PAR_ROWS);
         if (L->parallel) /* the MLP's input from h before attention's output joins it */
@@ -250,6 +311,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             rms_rows(tmp, B, hidden, L->post_mlp_norm, 1, eps, L->center, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
     }
+    free(delta_buf);
     if (l < n_layers) return -1;
     if (head == NULL) return 0;
     /* the final norm and a packed head: h stays the last block's output */

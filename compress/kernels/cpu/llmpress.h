@@ -128,6 +128,19 @@ typedef struct {
     float eps;            /* both norms' */
 } QMla;
 
+/* Gated DeltaNet linear attention in place of attention (runtime/deltanet.py): the layer's
+ * qkv linear gives [in_proj_qkv's 2 * k_heads * k_dim + v_heads * v_dim channels,
+ * in_proj_z's v_heads * v_dim] a row, o reads the mixing's v_heads * v_dim (llmp_deltanet);
+ * the sequence in slot s keeps its convolution tail at tail + s * tail_stride and its state
+ * at state + s * state_stride, bound to the cache before each step. */
+typedef struct {
+    int k_heads, v_heads, k_dim, v_dim, kernel;
+    const float *ba, *conv, *decay, *dt_bias, *norm;
+    float eps;
+    float *tail, *state;
+    int64_t tail_stride, state_stride;
+} QDelta;
+
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
@@ -166,6 +179,9 @@ typedef struct {
     const float *sinks;                         /* [heads]: each head's softmax denominator
                                                  * plus exp(sink) (gpt-oss, granite_swa);
                                                  * or NULL */
+    const QDelta *delta;                        /* a Gated DeltaNet in place of attention
+                                                 * (qkv its in_proj_qkv and in_proj_z, o its
+                                                 * out_proj); or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
