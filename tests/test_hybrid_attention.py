@@ -28,6 +28,7 @@ from compress.runtime.kv_cache import KVCache
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import SamplingParams
+from compress.runtime.speculative import make_speculator
 from compress.runtime.weights import load_weights
 from compress.serve.app import build_app
 
@@ -239,6 +240,8 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
     assert "tok/s" in out
     code, _, err = run_cli(["bench", str(w4), "--batch", "1", "--draft", "ngram"])
     assert code != 0 and len(err.strip().splitlines()) == 1 and "--draft" in err
+    with pytest.raises(LlmpressError, match=r"^--draft .*: a Gated DeltaNet draft"):
+        make_speculator(str(w4), load_weights(resolve(str(w4)), device="cpu"), 128)
     with pytest.raises(LlmpressError, match=r"^--prefix-cache-mb: .* Gated DeltaNet"):
         build_app(str(w4), max_len=128, prefix_cache_mb=16)
     data = str(wikitext / "test.txt")

@@ -228,6 +228,11 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
     if draft == "ngram":
         return Speculator(NgramProposer())
     weights = load_weights(resolve(draft), device=target.embed.device, kernels=target.kernels)
+    if weights.spec.linear_layers:  # its own cache is rolled back past refused drafts
+        raise LlmpressError(
+            f"--draft {draft}: a Gated DeltaNet draft's state cannot be rolled back past "
+            "refused drafts yet; give a draft of attention layers or --draft ngram"
+        )
     if weights.shape.vocab != target.shape.vocab:
         raise _vocabulary_error(draft, weights.shape.vocab, target.shape.vocab)
     cost = weights.step_bytes / target.step_bytes  # decode is bound by the bytes it reads
