@@ -453,6 +453,14 @@ _QWEN3_5 = {
 }
 HYBRID_FAMILIES = {
     "qwen3_5_text": ("Qwen3_5TextConfig", _QWEN3_5),
+    # Qwen3-Next: its DeltaNets' projections stored grouped by key head, qwen2_moe's experts
+    # renormalized, layer 1's MLP dense
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        {**_QWEN3_5, "hidden_size": 128, "num_experts": 4, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128,
+         "norm_topk_prob": True, "mlp_only_layers": [1]},
+    ),
     # Qwen3.5's Mixture-of-Experts models: 4 experts, top 2, always renormalized, a gated
     # shared expert in every layer (widths of 128 as MOE_FAMILIES' have, and why)
     "qwen3_5_moe_text": (
@@ -504,7 +512,8 @@ def build_family(name: str, seed: int | None = None, config_class: str | None = 
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if pname.endswith("norm.weight") or re.search(r"\.norms\.\d+\.weight$", pname):
-                offset = 0.0 if name.startswith(("gemma", "vaultgemma", "qwen3_5")) else 1.0
+                x1p = ("gemma", "vaultgemma", "qwen3_5", "qwen3_next")  # x(1+w) norms
+                offset = 0.0 if name.startswith(x1p) else 1.0
                 if pname.endswith("linear_attn.norm.weight"):  # (x(1+w) above; its gated w)
                     offset = 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))

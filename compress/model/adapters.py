@@ -294,12 +294,11 @@ class GatedDeltaNet:
     k_dim: int
     v_dim: int
     conv: int  # the convolution's kernel width
+    # Qwen3-Next's: q, k, v and z in one in_proj_qkvz and b and a in one in_proj_ba, their
+    # rows key head by key head ([q, k, v, z] of each head's group, then [b, a] of each)
+    grouped: bool = False
 
     module = "linear_attn"
-    qkv = "linear_attn.in_proj_qkv"
-    z = "linear_attn.in_proj_z"
-    b = "linear_attn.in_proj_b"
-    a = "linear_attn.in_proj_a"
     out = "linear_attn.out_proj"
     conv1d = "linear_attn.conv1d"
     norm = "linear_attn.norm"
@@ -307,24 +306,39 @@ class GatedDeltaNet:
     dt_bias = "linear_attn.dt_bias"
 
     @classmethod
-    def of(cls, hf) -> GatedDeltaNet:
+    def of(cls, hf, grouped: bool = False) -> GatedDeltaNet:
         return cls(
             hf.linear_num_key_heads, hf.linear_num_value_heads, hf.linear_key_head_dim,
-            hf.linear_value_head_dim, hf.linear_conv_kernel_dim,
+            hf.linear_value_head_dim, hf.linear_conv_kernel_dim, grouped,
         )  # fmt: skip
 
     @property
+    def qkv(self) -> str:
+        return "linear_attn.in_proj_qkvz" if self.grouped else "linear_attn.in_proj_qkv"
+
+    @property
+    def z(self) -> str | None:
+        return None if self.grouped else "linear_attn.in_proj_z"
+
+    @property
     def linears(self) -> tuple[str, ...]:
-        """The input projections compressed (out_proj is the adapter's o). b and a stay
-        16-bit, as routers do: a head's write rate and decay, each [value heads, hidden],
-        a few thousandths of the layer, that vLLM loads as one in_proj_ba too narrow for
-        its 4-bit GPU kernels' 64-row tiles at 16 value heads."""
-        return (self.qkv, self.z)
+        """The input projections compressed (out_proj is the adapter's o)."""
+        return (self.qkv,) if self.grouped else (self.qkv, self.z)
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """The input projections kept as stored, as routers are: b and a, a head's write
+        rate and decay, [value heads, hidden] each, a few thousandths of the layer, that
+        vLLM loads as one in_proj_ba too narrow for its 4-bit GPU kernels' 64-row tiles at
+        16 value heads."""
+        if self.grouped:
+            return ("linear_attn.in_proj_ba",)
+        return ("linear_attn.in_proj_b", "linear_attn.in_proj_a")
 
     @property
     def reads_hidden(self) -> tuple[str, ...]:
         """Every linear that reads the attention norm's output."""
-        return (self.qkv, self.z, self.b, self.a)
+        return (*self.linears, *self.kept)
 
     def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
         """Every input projection reads the attention norm's output (b's and a's columns
@@ -334,18 +348,22 @@ class GatedDeltaNet:
 
     @property
     def fused(self) -> tuple[tuple[str, ...], ...]:
-        """What vLLM loads as one tensor and compresses: in_proj_qkvz."""
-        return ((self.qkv, self.z),)
+        """What vLLM loads as one tensor and compresses: in_proj_qkvz (stored so already
+        where `grouped`)."""
+        return () if self.grouped else ((self.qkv, self.z),)
 
     def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
         """Its linears' [out, in] (out_proj's too) and its other tensors' shapes."""
         keys, values = self.k_heads * self.k_dim, self.v_heads * self.v_dim
         width = 2 * keys + values  # what the convolution runs over
+        if self.grouped:
+            inputs = {self.qkv: (width + values, hidden), self.kept[0]: (2 * self.v_heads, hidden)}
+        else:
+            b, a = self.kept
+            inputs = {self.qkv: (width, hidden), self.z: (values, hidden)}
+            inputs.update({b: (self.v_heads, hidden), a: (self.v_heads, hidden)})
         return {
-            self.qkv: (width, hidden),
-            self.z: (values, hidden),
-            self.b: (self.v_heads, hidden),
-            self.a: (self.v_heads, hidden),
+            **inputs,
             self.out: (hidden, values),
             self.conv1d: (width, 1, self.conv),
             self.norm: (self.v_dim,),
@@ -532,6 +550,7 @@ class Adapter:
     # linear_attention (Qwen3.5's): `deltanet` and `linear_layers` are bound from the config
     # by adapter_for; `layer(i)` of such a layer has it as `mixer`, and out_proj as its o
     linear_attention: bool = False
+    deltanet_grouped: bool = False  # its projections stored as Qwen3-Next's (GatedDeltaNet)
     deltanet: GatedDeltaNet | None = None
     linear_layers: tuple[int, ...] = ()
     mixer: GatedDeltaNet | None = None
@@ -1316,6 +1335,20 @@ ADAPTERS: dict[str, Adapter] = {
         shared_expert="mlp.shared_expert",
         shared_gate="mlp.shared_expert_gate",
     ),
+    # qwen3_next (Qwen3-Next-80B-A3B): qwen3_5_text's layers with each DeltaNet's
+    # projections stored grouped by key head (in_proj_qkvz, in_proj_ba) and qwen2_moe's
+    # experts (norm_topk_prob, decoder_sparse_step, mlp_only_layers, a gated shared expert)
+    "qwen3_next": replace(
+        _QWEN3_5,
+        families=("qwen3_next",),
+        architecture="Qwen3NextForCausalLM",
+        deltanet_grouped=True,
+        moe=MoeKeys(*_QWEN_MOE_KEYS, shared="shared_expert_intermediate_size"),
+        router="mlp.gate",
+        expert="mlp.experts",
+        shared_expert="mlp.shared_expert",
+        shared_gate="mlp.shared_expert_gate",
+    ),
     # hunyuan_v1_dense (Hunyuan 0.5B-7B): qwen3's per-head q/k norms under other names,
     # applied after rope; NTK-alpha rope (rope.py)
     "hunyuan_v1_dense": replace(
@@ -1955,7 +1988,7 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
             out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = dims
         if block.mixer:  # the DeltaNet's tensors besides its linears
             dn, dims = block.mixer, block.mixer.shapes(shape.hidden)
-            for name in (dn.b, dn.a, dn.conv1d, dn.norm):
+            for name in (*dn.kept, dn.conv1d, dn.norm):
                 out[f"{adapter.block_prefix(i)}.{name}.weight"] = dims[name]
             for name in (dn.a_log, dn.dt_bias):  # parameters, not modules
                 out[f"{adapter.block_prefix(i)}.{name}"] = dims[name]
@@ -2011,7 +2044,7 @@ def adapter_for(config: dict) -> Adapter:
         kinds = tuple(hf.layer_types)
         adapter = replace(
             adapter,
-            deltanet=GatedDeltaNet.of(hf),
+            deltanet=GatedDeltaNet.of(hf, adapter.deltanet_grouped),
             linear_layers=tuple(i for i, t in enumerate(kinds) if t == "linear_attention"),
         )
     if adapter.latent_attention:

@@ -239,6 +239,22 @@ class Latent:
         return torch.einsum("thr,hvr->thv", lat, w).reshape(t, -1)
 
 
+def grouped_rows(dn) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3-Next's in_proj_qkvz and in_proj_ba rows (a GatedDeltaNet `grouped`: each key
+    head's group holds its q, k, then its value heads' v and z; its value heads' b, then a)
+    in the order Qwen3.5 stores them apart and the runtime reads: every q, every k, every
+    v, every z; every b, every a."""
+    r, kd, vd, heads = dn.v_heads // dn.k_heads, dn.k_dim, dn.v_dim, torch.arange(dn.k_heads)
+
+    def part(width: int, lo: int, n: int) -> torch.Tensor:
+        return (heads[:, None] * width + lo + torch.arange(n)).reshape(-1)
+
+    group = 2 * kd + 2 * r * vd
+    qkvz = [part(group, 0, kd), part(group, kd, kd), part(group, 2 * kd, r * vd)]
+    qkvz.append(part(group, 2 * kd + r * vd, r * vd))
+    return torch.cat(qkvz), torch.cat([part(2 * r, 0, r), part(2 * r, r, r)])
+
+
 def dense_weight(lin) -> torch.Tensor:
     """A linear's weight [out, in] in fp32, as its exact product computes with it."""
     if isinstance(lin, DenseLinear):
@@ -660,10 +676,13 @@ def load_weights(
         latent = delta = None
         dn = adapter.layer(i).mixer
         if dn is not None:  # a Gated DeltaNet: qkv is its in_proj_qkv and in_proj_z
-            qkv = [fuse([lin(dn.qkv), lin(dn.z)])]
+            if dn.grouped:  # Qwen3-Next's rows, key head by key head: q, k, v, z, then b, a
+                qkvz_rows, ba_rows = grouped_rows(dn)
+                qkv, ba = [lin(dn.qkv, rows=qkvz_rows)], lin(dn.kept[0], rows=ba_rows)
+            else:
+                qkv, ba = [fuse([lin(dn.qkv), lin(dn.z)])], fuse([lin(n) for n in dn.kept])
             delta = DeltaNet(
-                dn.k_heads, dn.v_heads, dn.k_dim, dn.v_dim, qkvz=qkv[0],
-                ba=fuse([lin(dn.b), lin(dn.a)]),
+                dn.k_heads, dn.v_heads, dn.k_dim, dn.v_dim, qkvz=qkv[0], ba=ba,
                 conv=tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device),
                 decay=-tensors[f"{p}.{dn.a_log}"].float().exp().to(device),
                 dt_bias=tensors[f"{p}.{dn.dt_bias}"].float().to(device),
