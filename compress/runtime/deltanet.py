@@ -27,8 +27,9 @@ from compress.kernels.cpu import QuantizedInput, deltanet_rows
 @dataclass
 class DeltaNet:
     """A DeltaNet layer's weights: in_proj_qkv and in_proj_z fused into `qkvz` (one
-    product, as o and the MLP read theirs), in_proj_b and in_proj_a stacked in `ba` (fp32,
-    as stored: a router's kind of weight), the rest in fp32."""
+    product, as o and the MLP read theirs), in_proj_b and in_proj_a stacked in `ba` as
+    stored (a router's kind of weight; `ba_weight` its fp32 copy, which the C step reads),
+    the rest in fp32."""
 
     k_heads: int
     v_heads: int
