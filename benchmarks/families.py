@@ -35,7 +35,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   qwen3_5_text: 3 Gated DeltaNet layers (16 key and 16 value heads of 128) : 1 full
   attention layer whose q is gated per head, a quarter of each head rotated, (1+w) norms);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (qwen3_5_moe_text
-  with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; mixtral's own
+  with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; qwen3_next
+  the same with its DeltaNets' projections grouped by key head; mixtral's own
   renormalized routing; qwen3_moe with norm_topk_prob; qwen2_moe with q/k/v biases and a
   shared expert of width 2048, gated; olmoe unrenormalized, with q/k norms over all
   heads; glm4_moe with sigmoid routing steered by a choice bias, scaled by 2.5, an
@@ -286,6 +287,16 @@ MOE_SETTINGS = {
         "num_experts_per_tok": 2,
         "moe_intermediate_size": 1024,
         "shared_expert_intermediate_size": 1024,
+    },
+    # qwen3_next: the same, each DeltaNet's projections stored grouped by key head
+    "qwen3_next": {
+        **_DELTANET,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 1024,
+        "shared_expert_intermediate_size": 1024,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [],
     },
     "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 1024},
     # glm4_moe: GLM-4.5-Air's routing (sigmoid scores steered by a choice bias,
