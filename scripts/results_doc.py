@@ -3156,6 +3156,14 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_qwen3_next.json",
+        "qwen3_next (Gated DeltaNet, grouped projections) beside qwen3_moe at a realistic "
+        "width, AMX Xeon",
+        "benchmarks/families.py --families qwen3_next,qwen3_moe --skip-anchors --rounds 5 "
+        "--name families_qwen3_next",
+        families,
+    ),
+    (
         "families_hy_v3.json",
         "hy_v3 beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families hy_v3,qwen3_moe --skip-anchors --rounds 5 "
