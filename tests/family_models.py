@@ -501,6 +501,35 @@ def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
     torch.testing.assert_close(torch.cat(rows).cpu(), want[:steps], rtol=tol, atol=tol)
 
 
+def serve_greedy_twice(artifact: Path) -> list:
+    """serve on `artifact` (2 slots), the openai client's greedy completion of one prompt
+    asked twice, one request after the other: the two replies."""
+    import threading
+
+    import openai
+
+    from compress.serve.app import build_app
+    from compress.serve.server import make_server
+
+    app = build_app(str(artifact), max_batch=2, max_len=64, max_queue=1)
+    httpd = make_server(app, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x", max_retries=0
+        )
+        return [
+            client.completions.create(
+                model=app.model_name, prompt="one, two, three,", max_tokens=8, temperature=0
+            )
+            for _ in range(2)
+        ]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        app.scheduler.stop()
+
+
 def build_family(name: str, seed: int | None = None, config_class: str | None = None, **overrides):
     """The transformers model (fp32, eval, eager attention) of a tiny `name` model."""
     from transformers import AutoModelForCausalLM

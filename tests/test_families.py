@@ -18,6 +18,7 @@ from family_models import (
     MOE_FAMILIES,
     build_family,
     family_config,
+    serve_greedy_twice,
     triton_steps_match_reference,
     write_family,
 )
@@ -1201,30 +1202,7 @@ def test_the_default_lm_head_is_int8_tied_or_not(models, wikitext, tmp_path):
 def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
     """serve on a sandwich-norm, windowed family and on a Mixture-of-Experts one: the
     openai client gets its greedy completion, the same one twice."""
-    import threading
-
-    import openai
-
-    from compress.serve.app import build_app
-    from compress.serve.server import make_server
-
-    app = build_app(str(w4[name]), max_batch=2, max_len=64, max_queue=1)
-    httpd = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x", max_retries=0
-        )
-        replies = [
-            client.completions.create(
-                model=app.model_name, prompt="one, two, three,", max_tokens=8, temperature=0
-            )
-            for _ in range(2)
-        ]
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        app.scheduler.stop()
+    replies = serve_greedy_twice(w4[name])
     assert [r.usage.completion_tokens for r in replies] == [8, 8]
     assert replies[0].choices[0].text == replies[1].choices[0].text
 

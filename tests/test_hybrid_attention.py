@@ -9,7 +9,12 @@ import json
 
 import pytest
 import torch
-from family_models import triton_steps_match_reference, write_family, write_multimodal
+from family_models import (
+    serve_greedy_twice,
+    triton_steps_match_reference,
+    write_family,
+    write_multimodal,
+)
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_bad_input import run_cli
@@ -270,29 +275,7 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
 def test_serve_answers_the_openai_client(w4):
     """serve: the openai client's greedy completion, the same twice (the second request
     takes a slot the first left: its DeltaNet state starts from zeros again)."""
-    import threading
-
-    import openai
-
-    from compress.serve.server import make_server
-
-    app = build_app(str(w4), max_batch=2, max_len=64, max_queue=1)
-    httpd = make_server(app, "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{httpd.server_address[1]}/v1", api_key="x", max_retries=0
-        )
-        replies = [
-            client.completions.create(
-                model=app.model_name, prompt="one, two, three,", max_tokens=8, temperature=0
-            )
-            for _ in range(2)
-        ]
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        app.scheduler.stop()
+    replies = serve_greedy_twice(w4)
     assert [r.usage.completion_tokens for r in replies] == [8, 8]
     assert replies[0].choices[0].text == replies[1].choices[0].text
 

@@ -459,7 +459,7 @@ def deltanet_rows(dn, mixed, z, x, tail, state, out) -> None:
     rows: in_proj_qkv's rows `mixed` [T, channels], in_proj_z's `z` [T, width], the normed
     input `x` [T, hidden] (for b and a); the slot's convolution `tail` and `state` continue
     in place; what out_proj reads goes into `out` [T, width] (contiguous). Each row's
-    arithmetic is the same whatever rows come with it."""
+    arithmetic is the same whatever rows come with it; out of memory raises."""
     steps, hidden = x.shape
     (pm, lm), (pz, lz), (px, lx) = (
         _rows_f32(t, n) for t, n in ((mixed, "mixed"), (z, "z"), (x, "x"))
@@ -468,12 +468,13 @@ def deltanet_rows(dn, mixed, z, x, tail, state, out) -> None:
         _check_f32(t, f"deltanet {name}")
     if out.shape != (steps, dn.width) or state.shape != (dn.v_heads, dn.k_dim, dn.v_dim):
         raise ValueError(f"deltanet state {tuple(state.shape)}, out {tuple(out.shape)}")
-    library().llmp_deltanet(
+    status = library().llmp_deltanet(
         pm, lm, pz, lz, px, lx, hidden, _ptr(dn.ba_weight),
         _ptr(dn.conv), dn.conv.shape[1], _ptr(tail), _ptr(state), _ptr(dn.decay),
         _ptr(dn.dt_bias), _ptr(dn.norm), dn.eps, steps, dn.k_heads, dn.v_heads, dn.k_dim,
         dn.v_dim, _ptr(out),
     )  # fmt: skip
+    _check_status(status)
 
 
 MAX_HEAD_DIM = 576  # the scratch of decode_attention.c (HEAD_MAX) and kv_cache.c

@@ -674,7 +674,8 @@ def load_weights(
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
         latent = delta = None
-        dn = adapter.layer(i).mixer
+        block = adapter.layer(i)  # (a DeltaNet layer's names its own o and no q/k norms)
+        dn = block.mixer
         if dn is not None:  # a Gated DeltaNet: qkv is its in_proj_qkv and in_proj_z
             if dn.grouped:  # Qwen3-Next's rows, key head by key head: q, k, v, z, then b, a
                 qkvz_rows, ba_rows = grouped_rows(dn)
@@ -735,12 +736,12 @@ def load_weights(
                 # or with a norm of its own (gpt_neox)
                 mlp_norm=opt(adapter.attn_norm if adapter.one_norm else adapter.mlp_norm),
                 qkv=fuse(qkv) if len(qkv) > 1 else qkv[0],
-                o=lin(adapter.layer(i).o),
+                o=lin(block.o),
                 gate_up=gate_up,
                 down=down,
                 moe=moe,
-                q_norm=qk_norm(adapter.layer(i).q_norm),
-                k_norm=qk_norm(adapter.layer(i).k_norm),
+                q_norm=qk_norm(block.q_norm),
+                k_norm=qk_norm(block.k_norm),
                 post_attn_norm=opt(adapter.post_attn_norm),
                 # or the experts' output norm (A.X-K1's), in their layers only
                 post_mlp_norm=opt(adapter.post_mlp_norm or (moe and adapter.moe_out_norm)),

@@ -12,13 +12,14 @@
 INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
 INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's */
 
+/* `scratch`: H * V floats, a head's V each. */
 static void delta_heads(float *state, const float *q, const float *k, const float *v,
                         const float *g, const float *beta, float *out, int T, int H, int K,
-                        int V, int64_t ldqk, int64_t ldv, int group, int64_t ldo) {
+                        int V, int64_t ldqk, int64_t ldv, int group, int64_t ldo,
+                        float *scratch) {
     #pragma omp parallel for schedule(static) if ((int64_t)T * H * K * V > 65536)
     for (int h = 0; h < H; h++) {
-        float *s = state + (int64_t)h * K * V;
-        float *d = malloc(sizeof(float) * (size_t)V);
+        float *s = state + (int64_t)h * K * V, *d = scratch + (int64_t)h * V;
         for (int t = 0; t < T; t++) {
             const float *qt = q + t * ldqk + (int64_t)(h / group) * K;
             const float *kt = k + t * ldqk + (int64_t)(h / group) * K;
@@ -47,18 +48,19 @@ static void delta_heads(float *state, const float *q, const float *k, const floa
                 }
             }
         }
-        free(d);
     }
 }
 
-void llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t ld_z,
+int llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t ld_z,
                    const float *x, int64_t ld_x, int hidden, const float *ba, const float *conv,
                    int kernel, float *tail, float *state, const float *decay,
                    const float *dt_bias, const float *norm, float eps, int T, int KH, int H,
                    int K, int V, float *out) {
     const int keys = KH * K, channels = 2 * keys + H * V, width = H * V;
-    float *rows = malloc(sizeof(float) * (size_t)T * channels);
-    float *g = malloc(sizeof(float) * (size_t)T * H), *beta = malloc(sizeof(float) * (size_t)T * H);
+    /* the convolution's rows, then g, beta and the delta rule's scratch */
+    float *rows = malloc(sizeof(float) * ((size_t)T * channels + 2 * (size_t)T * H + (size_t)H * V));
+    if (rows == NULL) return -1;
+    float *g = rows + (int64_t)T * channels, *beta = g + (int64_t)T * H, *scratch = beta + (int64_t)T * H;
     #pragma omp parallel for schedule(static) if ((int64_t)T * channels > 65536)
     for (int c = 0; c < channels; c++) { /* the convolution, each channel over its tail */
         const float *w = conv + (int64_t)c * kernel;
@@ -94,7 +96,7 @@ void llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t
         }
     }
     delta_heads(state, rows, rows + keys, rows + 2 * keys, g, beta, out, T, H, K, V, channels,
-                channels, H / KH, width);
+                channels, H / KH, width, scratch);
     #pragma omp parallel for schedule(static) if ((int64_t)T * width > 65536)
     for (int t = 0; t < T; t++) { /* each head's output normed, times SiLU(z) */
         for (int h = 0; h < H; h++) {
@@ -106,6 +108,5 @@ void llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t
         }
     }
     free(rows);
-    free(g);
-    free(beta);
+    return 0;
 }

@@ -146,8 +146,8 @@ static int mla_values(const QMla *m, const float *att, int B, int heads, int D, 
  * prefill step's chunks (sp: each causal within itself, over its cached prefix).
  * Everything but attention is the same code, so prefill and decode rows round alike. */
 /* One sequence's rows r0..r0 + T - 1 of a DeltaNet layer (from zeros where `fresh`): its
- * slot's tail and state continue in place. */
-static void delta_rows(const QDelta *d, const float *qkv, int n, const float *x, int ldx,
+ * slot's tail and state continue in place. -1: out of memory. */
+static int delta_rows(const QDelta *d, const float *qkv, int n, const float *x, int ldx,
                        int hidden, int64_t slot, int64_t r0, int64_t T, int fresh, float *att) {
     int keys = 2 * d->k_heads * d->k_dim, width = d->v_heads * d->v_dim;
     float *tail = d->tail + slot * d->tail_stride, *state = d->state + slot * d->state_stride;
@@ -155,7 +155,7 @@ static void delta_rows(const QDelta *d, const float *qkv, int n, const float *x,
         memset(tail, 0, sizeof(float) * (size_t)d->tail_stride);
         memset(state, 0, sizeof(float) * (size_t)d->state_stride);
     }
-    llmp_deltanet(qkv + r0 * n, n, qkv + r0 * n + keys + width, n, x + r0 * ldx, ldx, hidden,
+    return llmp_deltanet(qkv + r0 * n, n, qkv + r0 * n + keys + width, n, x + r0 * ldx, ldx, hidden,
                   d->ba, d->conv, d->kernel, tail, state, d->decay, d->dt_bias, d->norm, d->eps,
                   (int)T, d->k_heads, d->v_heads, d->k_dim, d->v_dim, att + r0 * width);
 }
@@ -174,13 +174,16 @@ static int delta_branch(const QLayer *L, int B, int hidden, int hp, const float 
     int8_t *dx8 = (int8_t *)(dbs + (int64_t)B * (wp / 32));
     if (qlin(&L->qkv, x8, dx, bs, B, qkv, xn, hp)) return -1;
     if (sp == NULL) {
-        for (int b = 0; b < B; b++) delta_rows(d, qkv, n, xn, hp, hidden, slots[b], b, 1, 0, att);
+        for (int b = 0; b < B; b++)
+            if (delta_rows(d, qkv, n, xn, hp, hidden, slots[b], b, 1, 0, att)) return -1;
     } else {
         for (int i = 0; i < sp->nc; i++)
-            delta_rows(d, qkv, n, xn, hp, hidden, sp->slot[i], sp->row0[i], sp->T[i],
-                       sp->start[i] == 0, att);
+            if (delta_rows(d, qkv, n, xn, hp, hidden, sp->slot[i], sp->row0[i], sp->T[i],
+                           sp->start[i] == 0, att))
+                return -1;
         for (int j = 0; j < sp->nd; j++)
-            delta_rows(d, qkv, n, xn, hp, hidden, sp->dslot[j], B - sp->nd + j, 1, 0, att);
+            if (delta_rows(d, qkv, n, xn, hp, hidden, sp->dslot[j], B - sp->nd + j, 1, 0, att))
+                return -1;
     }
     quantize_rows_padded(att, B, width, width, wp, pad, dx8, ddx, dbs);
     return qlin(&L->o, dx8, ddx, dbs, B, out, pad, wp);

@@ -248,7 +248,7 @@ void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidde
 void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias, int E, int hidden, int K, int renorm, int scoring, float jitter, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
 
 /* ---- deltanet.c */
-void llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t ld_z, const float *x, int64_t ld_x, int hidden, const float *ba, const float *conv, int kernel, float *tail, float *state, const float *decay, const float *dt_bias, const float *norm, float eps, int T, int KH, int H, int K, int V, float *out);
+int llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t ld_z, const float *x, int64_t ld_x, int hidden, const float *ba, const float *conv, int kernel, float *tail, float *state, const float *decay, const float *dt_bias, const float *norm, float eps, int T, int KH, int H, int K, int V, float *out);
 
 /* ---- layers.c: whole steps of a layer stack */
 int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D, int inter, int mla, int E, int K, int I);
