@@ -477,7 +477,7 @@ def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
     weights (plain from_pretrained keeps a quantized MoE's experts in bf16)."""
     from compress.artifact.dense import load_model
     from compress.model.loading import resolve
-    from compress.runtime.kv_cache import KVCache
+    from compress.runtime.kv_cache import cache_for
     from compress.runtime.model import Model
     from compress.runtime.weights import load_weights
 
@@ -489,8 +489,7 @@ def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
     weights = load_weights(resolve(str(artifact)), device, "triton")
     model = Model(weights, 16)
     assert model.backend.name == "triton"
-    s = weights.shape
-    cache = KVCache(s.layers, 1, s.kv_heads, 16, s.head_dim, device=device)
+    cache = cache_for(weights, 1, 16)
     tokens = tokens.to(device)
     rows = [model.prefill(tokens[:prompt], cache, 0)[-1:]]
     for t in range(prompt, prompt + steps - 1):

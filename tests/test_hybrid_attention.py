@@ -29,7 +29,7 @@ from compress.model.loading import resolve
 from compress.recipe import parse_quant
 from compress.runtime.deltanet import DeltaStates, mix
 from compress.runtime.engine import Engine
-from compress.runtime.kv_cache import KVCache
+from compress.runtime.kv_cache import cache_for, parse_kv
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import SamplingParams
@@ -184,8 +184,8 @@ def test_chunks_decode_steps_and_a_batch_continue_each_slots_state(w4, ids, exac
     sequence); two sequences decoded in one step give each its own; as served (int8
     activations, op by op) and on the weights alone."""
     weights = load_weights(resolve(str(w4)), device="cpu")
-    model, s = Model(weights, LENGTH + 1, exact=exact), weights.shape
-    cache = KVCache(s.layers, 2, s.kv_heads, LENGTH, s.head_dim)
+    model = Model(weights, LENGTH + 1, exact=exact)
+    cache = cache_for(weights, 2, LENGTH)
     other = torch.flip(ids[0], [0])
     model.prefill(other[:40], cache, 0)  # what slot 0 held before
     whole = model.prefill(ids[0], cache, 1)
@@ -196,27 +196,37 @@ def test_chunks_decode_steps_and_a_batch_continue_each_slots_state(w4, ids, exac
         rows.append(step[:1])
     assert (torch.cat(rows) - whole).abs().max() < 1e-4
     alone = Model(weights, LENGTH + 1, exact=exact)
-    cache = KVCache(s.layers, 1, s.kv_heads, LENGTH, s.head_dim)
+    cache = cache_for(weights, 1, LENGTH)
     alone.prefill(other[:50], cache, 0)
     for t in range(50, LENGTH):
         last = alone.decode(other[t : t + 1], cache, torch.tensor([0]))
     assert (last - step[1:]).abs().max() < 1e-4
 
 
-def test_the_one_call_steps_equal_the_per_op_path(w4, ids):
+@pytest.mark.parametrize("kv", ["none", "int8"])
+def test_the_one_call_steps_equal_the_per_op_path(w4, ids, kv):
     """The one-call C decoder runs the DeltaNet layers too (layers.c, its states bound to
     the cache's): a prompt in two chunks, the second in a step with another sequence's
     decode row, then decode steps of both give the per-op path's logits, and leave the
-    same states."""
+    same states. The KV cache holds the attention layers alone (a quarter of them), each
+    at its place among them (QLayer.kv_layer), as does the prompt's own full-precision k/v
+    that a chunked prompt over an int8 cache attends to (Chunk.prefix)."""
     weights = load_weights(resolve(str(w4)), device="cpu")
-    s, other = weights.shape, torch.flip(ids[0], [0])
+    other = torch.flip(ids[0], [0])
+    attention = weights.shape.layers - len(weights.spec.linear_layers)
+    assert 0 < attention < weights.shape.layers
 
     def run(model):
-        cache = KVCache(s.layers, 2, s.kv_heads, LENGTH, s.head_dim)
+        cache = cache_for(weights, 2, LENGTH, parse_kv(kv))
+        assert cache.shape[0] == attention
         model.prefill(other[:50], cache, 1)
-        rows = [model.prefill(ids[0, :30], cache, 0)]
+        prefix = [] if kv == "int8" else None  # the prompt's k/v in fp32, as serve keeps it
+        (first,) = model.prefill_batch([Chunk(ids[0, :30], 0, 0, True, prefix)], cache)
+        rows = [first]
         # a serving step: the prompt's second chunk beside the other sequence's decode row
-        (chunk,), beside = model.step([Chunk(ids[0, 30:50], 0, 30)], cache, [int(other[50])], [1])
+        second = Chunk(ids[0, 30:50], 0, 30, False, prefix)
+        (chunk,), beside = model.step([second], cache, [int(other[50])], [1])
+        assert prefix is None or len(prefix) == attention
         rows += [chunk, beside]
         for t in range(50, LENGTH - 1):
             rows.append(model.decode_ids([int(ids[0, t]), int(other[t + 1])], cache, [0, 1]))

@@ -1053,6 +1053,7 @@ class FusedLayer:
     gated: bool = False  # qkv's last heads * D outputs gate attention's (afmoe)
     sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
     delta: FusedDelta | None = None  # a Gated DeltaNet in place of attention
+    kv_layer: int = 0  # its place among the KV cache's layers (an attention layer's)
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -1082,7 +1083,7 @@ class FusedLayer:
             ctypes.addressof(keep[0]) if self.moe is not None else None, int(self.center),
             int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
             None if mla is None else ctypes.addressof(mla), int(self.gated),
-            _opt(self.sinks), None if delta is None else ctypes.addressof(delta),
+            _opt(self.sinks), None if delta is None else ctypes.addressof(delta), self.kv_layer,
         )  # fmt: skip
         return layer, keep
 
@@ -1125,6 +1126,7 @@ class FusedDecoder:
             raise ValueError("xIELU needs each layer's parameters")
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
+        self.cached = sum(x.delta is None for x in layers)  # the layers the KV cache holds
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
         self.prefill_work: torch.Tensor | None = None  # the largest prefill step's scratch
         self.ctx = None
@@ -1218,7 +1220,7 @@ class FusedDecoder:
         for (_, start, t), f in zip(spans, full, strict=True):
             if f is not None:
                 _check_f32(f, "full-precision prompt k/v")
-                if f.shape != (2, self.n, kv_heads, start + t, d):
+                if f.shape != (2, self.cached, kv_heads, start + t, d):
                     raise ValueError(f"prefill: prompt k/v [2, layers, kv_heads, {start + t}, D]")
         addresses = [0 if f is None else f.data_ptr() for f in full]
         columns = [list(c) for c in zip(*spans, strict=True)]  # slots, starts, sizes

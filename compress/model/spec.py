@@ -95,6 +95,22 @@ class BlockSpec:
         return len(self.rope)
 
     @property
+    def kv_layers(self) -> tuple[int, ...]:
+        """Each layer's place among the layers the KV cache holds, -1 for a DeltaNet layer
+        (its state is not keys and values): the cache keeps the attention layers alone, a
+        quarter of Qwen3.5's."""
+        linear, places, n = set(self.linear_layers), [], 0
+        for i in range(self.layers):
+            places.append(-1 if i in linear else n)
+            n += i not in linear
+        return tuple(places)
+
+    @property
+    def cached_layers(self) -> int:
+        """The layers the KV cache holds."""
+        return self.layers - len(self.linear_layers)
+
+    @property
     def centered(self) -> bool:
         """The norms subtract the mean first (LayerNorms)."""
         return self.norm in ("layer", "layer1p")

@@ -57,9 +57,9 @@ class CpuBackend:
                     return False  # (the per-op path reads zeros past what was written)
                 full.append(None)
                 continue
-            if start and len(c.prefix) != self.fused.n:
+            if start and len(c.prefix) != self.fused.cached:
                 return False
-            f = torch.empty(2, self.fused.n, s[2], start + t, s[3])
+            f = torch.empty(2, self.fused.cached, s[2], start + t, s[3])
             for i, (k, v) in enumerate(c.prefix):
                 f[0, i, :, :start], f[1, i, :, :start] = k, v
             full.append(f)
@@ -207,6 +207,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 gated=layer.gated,
                 sinks=layer.sinks,
                 delta=None if layer.delta is None else FusedDelta(layer.delta, i),
+                kv_layer=max(w.spec.kv_layers[i], 0),
             )
         )
     s, spec = w.shape, w.spec

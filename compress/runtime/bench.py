@@ -157,6 +157,7 @@ def bench_one(
     token_s = (t2 - t1) / max(output_len - 1, 1)  # per sequence: a verified step gives several
     mean_ctx = prompt_len + output_len / 2
     kv_bytes = engine.cache.bytes_per_token() * mean_ctx * batch
+    kv_bytes += 2 * weights.state_bytes * batch  # DeltaNet states, read and written back
     experts = (weights.expert_bytes_read() - read0) / max(steps, 1)  # as routing chose
     bytes_per_step = weights.step_bytes - weights.expert_step_bytes + experts + kv_bytes
     prefill_tps = batch * prompt_len / (t1 - t0)
@@ -261,10 +262,9 @@ def run_bench(weights, batches, prompt_len, output_len, kv=FP32, log=print, draf
 
 
 def _kv_bytes(weights: ModelWeights, kv: KVScheme) -> float:
-    from compress.runtime.kv_cache import KVCache
+    from compress.runtime.kv_cache import cache_for
 
-    s = weights.shape
-    return KVCache(s.layers, 1, s.kv_heads, kv.group, s.head_dim, kv).bytes_per_token()
+    return cache_for(weights, 1, kv.group, kv).bytes_per_token()
 
 
 def format_bench(record: dict, title: str = "") -> str:

@@ -54,6 +54,14 @@ class DeltaNet:
         """The output's width, what out_proj reads."""
         return self.v_heads * self.v_dim
 
+    @property
+    def state_bytes(self) -> int:
+        """A sequence's state and convolution tail (fp32): what a decode step reads, and
+        writes back, for each sequence, as attention reads its KV cache."""
+        return 4 * (
+            self.v_heads * self.k_dim * self.v_dim + self.channels * (self.conv.shape[1] - 1)
+        )
+
 
 class DeltaStates:
     """Every slot's convolution tail [channels, kernel - 1] and state [v_heads, k_dim,

@@ -21,7 +21,7 @@ import torch
 
 from compress.errors import LlmpressError
 from compress.runtime.kv_blocks import block_keys
-from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.kv_cache import FP32, KVScheme, cache_for
 from compress.runtime.model import Chunk, Model
 from compress.runtime.prefix_cache import PrefixCache
 from compress.runtime.sampling import (
@@ -99,14 +99,10 @@ class Engine:
         prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
         kv_blocks: int | None = None,
     ):
-        s = weights.shape
         self.speculator, self.prefill_tokens = speculator, prefill_tokens
         self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
-        self.cache = KVCache(
-            s.layers, max_batch, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device,
-            blocks=kv_blocks,
-        )  # fmt: skip
+        self.cache = cache_for(weights, max_batch, max_len, kv, blocks=kv_blocks)
         if self.model.nets and speculator is not None:
             raise LlmpressError(
                 "--draft: a Gated DeltaNet layer's state cannot be rolled back past refused "

@@ -77,6 +77,16 @@ def parse_kv(spec: str) -> KVScheme:
     return KVScheme(bits=bits, group=int(group) if group else 32)
 
 
+def cache_for(weights, slots: int, max_len: int, kv: KVScheme = FP32, blocks=None) -> KVCache:
+    """The KV cache of `slots` sequences of a model's (runtime ModelWeights): its attention
+    layers' alone (BlockSpec.kv_layers), on the weights' device."""
+    s = weights.shape
+    return KVCache(
+        weights.spec.cached_layers, slots, s.kv_heads, max_len, s.head_dim, kv,
+        weights.embed.device, blocks=blocks,
+    )  # fmt: skip
+
+
 def _quantize(x: torch.Tensor, dim: int, bits: int):
     """Asymmetric min-max codes along `dim`: (codes uint8, scale, minimum)."""
     lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)

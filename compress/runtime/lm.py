@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.kv_cache import FP32, KVScheme, cache_for
 from compress.runtime.model import Model
 from compress.runtime.weights import ModelWeights
 
@@ -47,12 +47,11 @@ class RuntimeLM:
         exact: bool = True,
         logits: LogitsBuffer | None = None,
     ):
-        s = weights.shape
         self.model = Model(weights, max_len + 1, exact=exact)
         int8 = self.model.backend.int8_activations and not exact
         self.activations = "int8 per block of 32 (as served)" if int8 else "fp32"
         self.kv_cache = "" if kv.bits is None else f"int{kv.bits}"  # "": fp32
-        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, kv, weights.embed.device)
+        self.cache = cache_for(weights, 1, max_len, kv)
         self.chunk = chunk or (max_len if kv.bits is None else 128)
         self.logits = logits or LogitsBuffer()
 

@@ -288,7 +288,7 @@ class Chunk:
     slot: int
     start: int = 0
     all_logits: bool = False
-    # the prompt's earlier chunks' k/v in full precision, per layer ([kv_heads, start, hd]
+    # the prompt's earlier chunks' k/v in full precision, per cached layer ([kv_heads, start, hd]
     # each), extended by this chunk; None: read the prefix from the cache. A quantized
     # cache holds the prefix rounded, and a prompt prefilled in chunks must attend as one
     # prefilled whole would
@@ -343,6 +343,7 @@ class Model:
         self.backend = backend_for(weights, self.ropes)
         # the Gated DeltaNet layers (their state beside the cache: runtime/deltanet.py)
         self.nets = {i: x.delta for i, x in enumerate(weights.layers) if x.delta is not None}
+        self.kv = weights.spec.kv_layers  # each layer's place in the KV cache
 
     def _packed(self, rows: int) -> bool:
         """Whether `rows` rows take the packed CPU kernels with int8 activations: never in
@@ -450,27 +451,25 @@ class Model:
             if layer.delta is not None:  # each chunk from its slot's state, or from zeros
                 pairs = zip(chunks, bounds, strict=True)
                 spans = [(c.slot, a, b, c.start == 0) for c, (a, b) in pairs]
-                for c in chunks:  # (Chunk.prefix holds attention layers' k/v, by index)
-                    if c.prefix is not None:
-                        c.prefix[i : i + 1] = [None]
                 h = self._delta(i, layer, h, spans, cache, packed)
                 continue
+            j = self.kv[i]  # its place in the cache, and in Chunk.prefix
             q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
             att = torch.empty(h.shape[0], s.heads * s.head_dim, device=dev)
             parts = []
             for c, (a, b) in zip(chunks, bounds, strict=True):
                 kc, vc = k[a:b].transpose(0, 1), v[a:b].transpose(0, 1)  # [kv_heads, T, hd]
                 if c.start and c.prefix is not None:
-                    (pk, pv) = c.prefix[i]
+                    (pk, pv) = c.prefix[j]
                     keys, values = torch.cat((pk, kc), 1), torch.cat((pv, vc), 1)
                 elif c.start:
-                    pk, pv = cache.read(i, torch.tensor([c.slot], device=dev), c.start)
+                    pk, pv = cache.read(j, torch.tensor([c.slot], device=dev), c.start)
                     keys, values = torch.cat((pk[0], kc), 1), torch.cat((pv[0], vc), 1)
                 else:
                     keys, values = kc, vc
                 if c.prefix is not None:  # what the next chunk attends to
-                    c.prefix[i : i + 1] = [(keys, values)]
-                cache.write(i, c.slot, c.start, kc, vc)
+                    c.prefix[j : j + 1] = [(keys, values)]
+                cache.write(j, c.slot, c.start, kc, vc)
                 if in_c:
                     parts.append((a, b, keys, values, c.start))
                     continue
@@ -559,7 +558,7 @@ class Model:
                     continue
                 q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(
-                    q, k, v, cache, i, slots, positions, spec.attn_scale, spec.windows[i],
+                    q, k, v, cache, self.kv[i], slots, positions, spec.attn_scale, spec.windows[i],
                     spec.attn_softcap, layer.sinks,
                 )  # fmt: skip
                 att = att.reshape(b, s.heads * s.head_dim)

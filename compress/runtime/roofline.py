@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from compress.runtime.bench import measure_ceilings, sync
-from compress.runtime.kv_cache import FP32, KVCache, KVScheme
+from compress.runtime.kv_cache import FP32, KVScheme, cache_for
 from compress.runtime.model import Model
 from compress.runtime.weights import ModelWeights
 
@@ -48,7 +48,7 @@ class Point:
 def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int) -> Point:
     w, s = model.w, model.w.shape
     gen = torch.Generator().manual_seed(batch * 10_000 + context)
-    cache = KVCache(s.layers, batch, s.kv_heads, context + steps + 2, s.head_dim, kv, model.device)
+    cache = cache_for(w, batch, context + steps + 2, kv)
     cache.fill_random(batch, context, gen)
     slots = torch.arange(batch, device=model.device)
     tokens = torch.randint(s.vocab, (batch,), generator=gen)
@@ -61,8 +61,9 @@ def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int)
     step_s = (time.perf_counter() - t) / steps
     mean_ctx = context + 1 + steps / 2
     kv_bytes = cache.bytes_per_token() * mean_ctx * batch
+    kv_bytes += 2 * w.state_bytes * batch  # DeltaNet states, read and written back
     params = w.active_params
-    flops = 2 * params * batch + 4 * s.heads * s.head_dim * s.layers * mean_ctx * batch
+    flops = 2 * params * batch + 4 * s.heads * s.head_dim * w.spec.cached_layers * mean_ctx * batch
     nbytes = w.step_bytes + kv_bytes
     return Point(
         sweep, batch, context, step_s, batch / step_s, w.step_bytes, kv_bytes, flops,

@@ -28,7 +28,7 @@ import torch
 
 from compress.errors import LlmpressError
 from compress.kernels.cpu import argmax
-from compress.runtime.kv_cache import FP32, KVCache
+from compress.runtime.kv_cache import FP32, cache_for
 from compress.runtime.model import Model
 from compress.runtime.sampling import SamplingParams, draw, probabilities
 from compress.runtime.weights import ModelWeights
@@ -78,10 +78,8 @@ class DraftModelProposer:
 
     def __init__(self, weights: ModelWeights, max_len: int, step_cost: float = 1.0):
         self.step_cost = step_cost  # a draft decode step, in target decode steps
-        s = weights.shape
         self.model = Model(weights, max_len + 1)
-        dev = weights.embed.device
-        self.cache = KVCache(s.layers, 1, s.kv_heads, max_len, s.head_dim, FP32, dev)
+        self.cache = cache_for(weights, 1, max_len, FP32)
         self.fed: list[int] = []  # the tokens whose k/v the cache holds, in order
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator):
@@ -179,7 +177,7 @@ def measure_row_cost(model: Model, kv, rows: int = 5) -> float:
     import time
 
     s, dev = model.w.shape, model.device
-    cache = KVCache(s.layers, 1, s.kv_heads, 64, s.head_dim, kv, dev)
+    cache = cache_for(model.w, 1, 64, kv)
     model.prefill(torch.arange(32, device=dev) % s.vocab, cache, 0, last_only=True)
     start, tokens = int(cache.lengths[0]), torch.arange(rows, device=dev)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -394,6 +394,11 @@ class ModelWeights:
         return sum(layer.step_bytes for layer in self.layers) + self.lm_head.nbytes + final
 
     @property
+    def state_bytes(self) -> int:
+        """A sequence's DeltaNet states, every layer's (0 without DeltaNet layers)."""
+        return sum(x.delta.state_bytes for x in self.layers if x.delta is not None)
+
+    @property
     def active_params(self) -> int:
         head = self.lm_head.out_features * self.lm_head.in_features
         return sum(layer.active_params for layer in self.layers) + head

@@ -36,7 +36,7 @@ int64_t llmp_decode_workspace(int B, int hidden, int heads, int kv_heads, int D,
 
 /* A prefill step's chunks for run_layers (NULL for a decode step): chunk i is T[i] rows
  * of the sequence in slot[i] at positions start[i].., rows row0[i].. of the step; full[i],
- * when not 0, the address of its prompt's k/v in full precision, [2, layers, kv_heads,
+ * when not 0, the address of its prompt's k/v in full precision, [2, cached layers, kv_heads,
  * start + T, D] fp32, positions 0..start - 1 filled (a quantized cache's chunked prompt
  * attends as one prefilled whole would). The step's last nd rows, after every chunk's, are
  * decode rows of the sequences in dslot: each attends through the cache as a decode step's
@@ -265,15 +265,15 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
                     for (int i = 0; i < heads * D; i++) qb[i] *= f;
                 }
             if (sp == NULL) {
-                if (llmp_decode_attention(cache, l, q, kn, vn, slots, positions, B, heads, scale, L->window,
+                if (llmp_decode_attention(cache, L->kv_layer, q, kn, vn, slots, positions, B, heads, scale, L->window,
                                           L->softcap, att, L->sinks))
                     break;
             } else {
                 int64_t P = B - sp->nd; /* the chunks' rows; the decode rows follow them */
-                if (sp->nc && prefill_attend(cache, l, q, kn, vn, sp, heads, D, scale, L->window, L->softcap,
+                if (sp->nc && prefill_attend(cache, L->kv_layer, q, kn, vn, sp, heads, D, scale, L->window, L->softcap,
                                              L->sinks, att))
                     break;
-                if (sp->nd && llmp_decode_attention(cache, l, q + P * heads * D, kn + P * kv_heads * D,
+                if (sp->nd && llmp_decode_attention(cache, L->kv_layer, q + P * heads * D, kn + P * kv_heads * D,
                                                     vn + P * kv_heads * D, sp->dslot, positions + P,
                                                     sp->nd, heads, scale, L->window, L->softcap,
                                                     att + P * heads * D, L->sinks))
@@ -454,7 +454,9 @@ int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int
                         const int64_t *start, const int64_t *T, const int64_t *row0,
                         const int64_t *full, int nd, const int64_t *dslot,
                         const int64_t *positions, float *work, float *moe_work) {
-    Spans sp = {nc, n_layers, slot, start, T, row0, full, nd, dslot};
+    int cached = 0; /* the layers `full` holds: the cache's */
+    for (int l = 0; l < n_layers; l++) cached += layers[l].delta == NULL;
+    Spans sp = {nc, cached, slot, start, T, row0, full, nd, dslot};
     return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
                       act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);
 }

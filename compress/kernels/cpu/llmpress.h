@@ -182,6 +182,8 @@ typedef struct {
     const QDelta *delta;                        /* a Gated DeltaNet in place of attention
                                                  * (qkv its in_proj_qkv and in_proj_z, o its
                                                  * out_proj); or NULL */
+    int kv_layer;                               /* its layer of the KV cache, which holds
+                                                 * the attention layers alone */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
