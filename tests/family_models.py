@@ -1088,6 +1088,12 @@ GGUF_FAMILIES = {
     "stablelm": ("STABLELM", {}),
     "gpt_neox": ("GPTNEOX", {}),
     "hunyuan_v1_dense": ("HUNYUAN_DENSE", {}),
+    # Gated DeltaNet layers (HYBRID_FAMILIES'), three value heads a key head, so that the
+    # tiling of Qwen3.5's value heads is not its own inverse; llama.cpp's qwen3next has
+    # experts in every layer
+    "qwen3_5_text": ("QWEN35", {"linear_num_value_heads": 6}),
+    "qwen3_5_moe_text": ("QWEN35MOE", {"linear_num_value_heads": 6}),
+    "qwen3_next": ("QWEN3NEXT", {"linear_num_value_heads": 6, "mlp_only_layers": []}),
     "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
 
@@ -1136,6 +1142,50 @@ def _llama3_freqs(rope: dict, dim: int) -> list[float]:
     return out
 
 
+def _deltanet_tensors(cfg, name: str, t, tiled: bool, cut_qkvz: bool) -> list[tuple[str, object]]:
+    """A Qwen3.5 or Qwen3-Next tensor as llama.cpp's converter writes it (its
+    Qwen3NextModel.modify_tensors, and its Qwen3.5 models' tiling of the value heads):
+    (the checkpoint name its GGUF name is looked up by, the array) pairs. `tiled`: Qwen3.5's
+    value heads tiled; `cut_qkvz`: Qwen3-Next's in_proj_qkvz cut into attn_qkv and
+    attn_gate (older converters wrote it whole, as ssm_in)."""
+    import numpy as np
+
+    if name.endswith(".A_log"):
+        t = -np.exp(t)
+    elif name.endswith(".dt_bias"):
+        name = name[: -len("dt_bias")] + "dt_proj.bias"
+    elif "conv1d" in name:
+        t = t.squeeze(1)
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        t = t + 1.0
+    nk, nv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+    hk, hv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+    if cut_qkvz and name.endswith("in_proj_qkvz.weight"):  # per key head: q, k, v, z rows
+        rows = t.reshape(nk, -1, t.shape[-1])
+        q, k, v, z = np.split(rows, [hk, 2 * hk, 2 * hk + nv // nk * hv], axis=1)
+        qkv = np.concatenate([p.reshape(-1, t.shape[-1]) for p in (q, k, v)])
+        gate = z.reshape(-1, t.shape[-1])
+        return [(name.replace("qkvz", "qkv"), qkv), (name.replace("qkvz", "z"), gate)]
+    if not tiled or nk == nv or ".linear_attn." not in name:
+        return [(name, t)]
+
+    def tile(x, dim, width):  # value head j of key head k to position j · nk + k
+        x = np.moveaxis(x, dim, 0)
+        x = x.reshape(nk, nv // nk, width, *x.shape[1:]).swapaxes(0, 1).reshape(x.shape)
+        return np.moveaxis(x, 0, dim)
+
+    qk = 2 * nk * hk
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        t = np.concatenate([t[:qk], tile(t[qk:], 0, hv)])
+    elif name.endswith("in_proj_z.weight"):
+        t = tile(t, 0, hv)
+    elif name.endswith(("in_proj_b.weight", "in_proj_a.weight", "A_log", "dt_proj.bias")):
+        t = tile(t, 0, 1)
+    elif name.endswith("out_proj.weight"):
+        t = tile(t, 1, hv)
+    return [(name, t)]
+
+
 def write_gguf(
     model,
     path: Path,
@@ -1148,6 +1198,7 @@ def write_gguf(
     nextn: int = 0,
     qtype: str | None = None,
     eps_key: str = "rms",
+    whole_qkvz: bool = False,
 ) -> Path:
     """A tiny transformers model's fp32 tensors as a GGUF file, named and laid out as
     llama.cpp's converter writes them (the gguf package's name map, gemma's norms stored
@@ -1161,7 +1212,8 @@ def write_gguf(
     `qtype` (a GGML type, "Q8_0"): the linears' weights stored so, as llama-quantize
     stores them (embedding, norms and routers kept in F32). `eps_key` "layer": an RMS
     family's epsilon under layer_norm_epsilon (converters that write the checkpoint's key
-    by its name, as llama.cpp's TextModel does for EXAONE 3's `layer_norm_epsilon`)."""
+    by its name, as llama.cpp's TextModel does for EXAONE 3's `layer_norm_epsilon`).
+    `whole_qkvz`: Qwen3-Next's in_proj_qkvz written whole, as ssm_in (older converters)."""
     import gguf
     import numpy as np
 
@@ -1177,7 +1229,8 @@ def write_gguf(
     w.add_block_count(cfg.num_hidden_layers + nextn)
     if nextn:
         w.add_nextn_predict_layers(nextn)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    if getattr(cfg, "intermediate_size", None):  # (Qwen3.5's MoE has none)
+        w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     deepseek = enum == gguf.MODEL_ARCH.DEEPSEEK2  # MLA, as one KV head of the latent's width
     w.add_head_count_kv(1 if deepseek else cfg.num_key_value_heads)
@@ -1285,6 +1338,21 @@ def write_gguf(
         if (cfg.n_group or 1) > 1:
             w.add_expert_group_count(cfg.n_group)
             w.add_expert_group_used_count(cfg.topk_group)
+    deltanet = enum in (
+        gguf.MODEL_ARCH.QWEN35,
+        gguf.MODEL_ARCH.QWEN35MOE,
+        gguf.MODEL_ARCH.QWEN3NEXT,
+    )
+    if deltanet:  # llama.cpp's Qwen3NextModel keys (Qwen3.5's models: its subclasses)
+        w.add_ssm_conv_kernel(cfg.linear_conv_kernel_dim)
+        w.add_ssm_state_size(cfg.linear_key_head_dim)
+        w.add_ssm_group_count(cfg.linear_num_key_heads)
+        w.add_ssm_time_step_rank(cfg.linear_num_value_heads)
+        w.add_ssm_inner_size(cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+        w.add_full_attention_interval(4)
+        w.add_rope_dimension_count(int(head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+        if enum != gguf.MODEL_ARCH.QWEN3NEXT:
+            w.add_rope_dimension_sections([*cfg.rope_parameters["mrope_section"], 0])
     if cfg.model_type == "exaone_moe":  # llama.cpp's ExaoneMoEModel keys
         w.add_expert_shared_count(cfg.num_shared_experts)
         if "{arch}.expert_shared_feed_forward_length" not in (extra or {}):
@@ -1377,6 +1445,17 @@ def write_gguf(
             rows[int(head_norm[3])] = t
             if len(rows) == heads:
                 w.add_tensor(key, np.ascontiguousarray(np.stack([rows[h] for h in range(heads)])))
+            continue
+        if deltanet:
+            nxt = enum == gguf.MODEL_ARCH.QWEN3NEXT
+            for lookup, part in _deltanet_tensors(cfg, name, t, not nxt, nxt and not whole_qkvz):
+                target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
+                if target is None:
+                    raise KeyError(f"no GGUF name for {lookup}")
+                if target.endswith("ffn_gate_inp_shexp.weight"):  # stored as [hidden]
+                    part = part.reshape(-1)
+                w.add_tensor(target, np.ascontiguousarray(part))
+                written[target] = part
             continue
         lookup = name.replace(".gate.moe_statics.", ".moe_statics.")  # ERNIE's, as saved
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)

@@ -95,6 +95,23 @@ def test_a_glm4moe_gguf_s_prediction_block_is_left_out(tmp_path, monkeypatch):
     _same_logits(model, folder)
 
 
+def test_a_qwen3_5_gguf_s_prediction_block_and_an_older_qwen3_next_gguf(tmp_path, monkeypatch):
+    """Newer llama.cpp converters append Qwen3.5's prediction block to the blocks (counted
+    in the block count): the converted model has the model's own blocks, every fourth full
+    attention. Older ones wrote Qwen3-Next's in_proj_qkvz whole (ssm_in), which converts as
+    the cut attn_qkv and attn_gate do."""
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    model = build_family("qwen3_5_text", vocab_size=1024, **GGUF_FAMILIES["qwen3_5_text"][1])
+    folder = convert_gguf(write_gguf(model, tmp_path / "q.gguf", default_gguf(), nextn=1))
+    config = json.loads((folder / "config.json").read_text())
+    assert config["num_hidden_layers"] == 4
+    assert config["layer_types"] == ["linear_attention"] * 3 + ["full_attention"]
+    _same_logits(model, folder)
+    model = build_family("qwen3_next", vocab_size=1024, **GGUF_FAMILIES["qwen3_next"][1])
+    path = write_gguf(model, tmp_path / "n.gguf", default_gguf(), whole_qkvz=True)
+    _same_logits(model, convert_gguf(path))
+
+
 def test_a_k_exaone_gguf_converts_without_its_prediction_block(tmp_path, monkeypatch):
     """llama.cpp writes K-EXAONE as exaone-moe: exaone4's window keys (the full layer
     unrotated) in llama's pre-norm block, DeepSeek-V3's expert keys with shared experts

@@ -70,6 +70,9 @@ SUPPORTED_GGUF_ARCHS = {
     "qwen3vlmoe": "qwen3_moe",  # Qwen3-VL-30B-A3B's, 235B-A22B's
     "gptneox": "gpt_neox",
     "deepseek2": "deepseek_v3",  # or deepseek_v2, as its experts' gating says
+    "qwen35": "qwen3_5_text",  # Qwen3.5's language model
+    "qwen35moe": "qwen3_5_moe_text",
+    "qwen3next": "qwen3_next",
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -4,7 +4,8 @@ llama.cpp writes granite, olmo2 (and Olmo 3, under the same name), smollm3, exao
 3.0 and 3.5, read as llama), exaone4, exaone-moe (K-EXAONE), glm4, ernie4_5, chatglm
 (GLM-4-9B-chat's, read as glm), olmoe, glm4moe, ernie4_5-moe, minimax-m2, dots1, seed_oss,
 mistral3, hunyuan-dense, hunyuan-moe, command-r, cohere2, arcee, apertus, gemma, nemotron,
-phi2, stablelm, qwen2vl, qwen3vl, qwen3vlmoe, gptneox and deepseek2 files that
+phi2, stablelm, qwen2vl, qwen3vl, qwen3vlmoe, gptneox, deepseek2, qwen35, qwen35moe
+(Qwen3.5) and qwen3next files that
 transformers cannot read (or, for nemotron and stablelm, reads with its config class's
 defaults in place of the file's epsilon and rotated width). Their configs are built here
 from the header keys llama.cpp's converter writes. A key that is absent takes llama.cpp
@@ -25,8 +26,11 @@ OWN_GGUF_ARCHS = (
     "chatglm", "olmoe", "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss",
     "mistral3", "hunyuan-dense", "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus",
     "gemma", "nemotron", "phi2", "stablelm", "qwen2vl", "qwen3vl", "qwen3vlmoe", "gptneox",
-    "deepseek2",
+    "deepseek2", "qwen35", "qwen35moe", "qwen3next",
 )  # fmt: skip
+# architectures whose dense MLP width may be absent: every layer has experts (llama.cpp's
+# converter writes feed_forward_length only where the config has an intermediate_size)
+_EXPERTS_ONLY = ("qwen35moe",)
 
 # llama.cpp's exaone4 loader gives the 64-layer (32B) model a 4,096-token window on three
 # layers of four when the file states none; other depths get no window
@@ -50,6 +54,13 @@ def own_gguf_config(reader, arch: str, path_name: str):
         return value
 
     fields = _common(reader, get)
+    if fields["intermediate_size"] is None:
+        if arch not in _EXPERTS_ONLY:
+            raise LlmpressError(
+                f"{path_name} states no {arch}.feed_forward_length: the file is damaged or "
+                "of another model; re-download it"
+            )
+        del fields["intermediate_size"]
     model_type, extra = _FAMILY[arch](get, fields, reader)  # a LayerNorm family drops the key
     if "rms_norm_eps" in fields:
         if fields["rms_norm_eps"] is None:  # llama.cpp's loaders require it
@@ -77,7 +88,7 @@ def _common(reader, get) -> dict:
     return {
         "vocab_size": int(embed.shape[1]),  # ggml order: [hidden, vocab]
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
+        "intermediate_size": _int_or_none(get("feed_forward_length")),
         "num_hidden_layers": int(get("block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(get("attention.head_count_kv", heads)),
@@ -93,6 +104,10 @@ def _common(reader, get) -> dict:
             "rope_theta": float(get("rope.freq_base", 1e4)),
         },
     }
+
+
+def _int_or_none(value) -> int | None:
+    return None if value is None else int(value)
 
 
 def _q_biased(reader) -> bool:
@@ -578,6 +593,79 @@ def _deepseek2(get, fields: dict, reader) -> tuple[str, dict]:
     }
 
 
+def _deltanet(get, fields: dict, arch: str) -> dict:
+    """Qwen3.5's and Qwen3-Next's layer kinds and DeltaNet widths, as llama.cpp's
+    Qwen3NextModel writes them: the key heads as `ssm.group_count`, the value heads as
+    `ssm.time_step_rank`, a key head's width as `ssm.state_size`, all value heads' as
+    `ssm.inner_size`; every `full_attention_interval`-th layer full attention (4 when
+    absent, its converter's default), the others DeltaNets. Newer converters append
+    Qwen3.5's prediction blocks (`nextn_predict_layers`), which the block count includes
+    and the converted checkpoint leaves out, as the model's own checkpoint's loader does."""
+    fields["num_hidden_layers"] -= int(get("nextn_predict_layers", 0) or 0)
+    keys = ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank",
+            "ssm.inner_size")  # fmt: skip
+    missing = [k for k in keys if get(k) is None]
+    if missing:
+        raise LlmpressError(
+            f"the file states no {arch}.{missing[0]} (a Gated DeltaNet's width): it is "
+            "damaged or of another model; re-download it"
+        )
+    v_heads = int(get("ssm.time_step_rank"))
+    interval = int(get("full_attention_interval", 4) or 4)
+    layers = fields["num_hidden_layers"]
+    _rotated_width(get, fields)
+    return {
+        "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
+        "linear_key_head_dim": int(get("ssm.state_size")),
+        "linear_num_key_heads": int(get("ssm.group_count")),
+        "linear_num_value_heads": v_heads,
+        "linear_value_head_dim": int(get("ssm.inner_size")) // v_heads,
+        "layer_types": [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention"
+            for i in range(layers)
+        ],
+    }
+
+
+def _qwen35(get, fields: dict, reader) -> tuple[str, dict]:
+    """Qwen3.5's language model (`Qwen3_5ForCausalLM`): M-RoPE's sections (one position
+    for text) on `rope.dimension_count` of each head, as qwen3vl's."""
+    return "qwen3_5_text", _deltanet(get, fields, "qwen35")
+
+
+def _qwen35moe(get, fields: dict, reader) -> tuple[str, dict]:
+    """Qwen3.5's MoE language model: experts in every layer, always renormalized, and a
+    gated shared expert (`ffn_gate_inp_shexp`)."""
+    return "qwen3_5_moe_text", {
+        **_deltanet(get, fields, "qwen35moe"),
+        **_shared_gated_experts(get, "qwen35moe"),
+    }
+
+
+def _shared_gated_experts(get, arch: str) -> dict:
+    """qwen2moe's experts beside a gated shared expert, as Qwen3.5's and Qwen3-Next's
+    files state them."""
+    experts, used = _experts(get, arch)
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": used,
+        "moe_intermediate_size": int(get("expert_feed_forward_length")),
+        "shared_expert_intermediate_size": int(get("expert_shared_feed_forward_length")),
+    }
+
+
+def _qwen3next(get, fields: dict, reader) -> tuple[str, dict]:
+    """Qwen3-Next: Qwen3.5's layers with experts in every layer (llama.cpp's graph runs no
+    dense layer and renormalizes the chosen experts' weights)."""
+    return "qwen3_next", {
+        **_deltanet(get, fields, "qwen3next"),
+        **_shared_gated_experts(get, "qwen3next"),
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
+
+
 _FAMILY = {
     "granite": _granite,
     "olmo2": _olmo,
@@ -610,6 +698,9 @@ _FAMILY = {
     "qwen3vlmoe": _qwen3vlmoe,
     "gptneox": _gptneox,
     "deepseek2": _deepseek2,
+    "qwen35": _qwen35,
+    "qwen35moe": _qwen35moe,
+    "qwen3next": _qwen3next,
 }
 
 

@@ -19,7 +19,13 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
 - deepseek2: kv_b_proj was split into attn_k_b (each head's key part, transposed) and
   attn_v_b, put back together (files of older converters hold attn_kv_b whole);
 - gptneox: the fused q/k/v's rows were regrouped from head by head into q, then k, then
-  v; its head is `embed_out` in checkpoints (transformers' model calls it lm_head).
+  v; its head is `embed_out` in checkpoints (transformers' model calls it lm_head);
+- qwen35, qwen35moe, qwen3next (Gated DeltaNet layers): every norm but the DeltaNet's own
+  stored as 1 + w, A_log as -exp(A_log), dt_bias renamed dt_proj.bias, conv1d squeezed;
+  Qwen3.5's value heads tiled (value head j of key head k moved to j · key heads + k, so
+  that ggml's broadcast of the key heads meets them) in every tensor that has them;
+  Qwen3-Next's in_proj_qkvz cut into all q, k and v rows (attn_qkv) and all z rows
+  (attn_gate), put back key head by key head (older files hold it whole, as ssm_in).
 Values keep the precision the file holds them in: F16/BF16/F32 tensors stay so, quantized
 ones become fp32 (a Q4_1 value, a 16-bit scale times a 4-bit code plus an offset, needs
 more mantissa than bf16 or fp16 have), so the converted model is exactly the GGUF's.
@@ -120,9 +126,15 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
                     f"{single}): the file is incomplete or of another model; re-download it"
                 )
             continue
-        # a choice bias is written as <module>.e_score_correction.bias (llama.cpp's rename)
+        # a choice bias is written as <module>.e_score_correction.bias (llama.cpp's rename),
+        # a DeltaNet's dt_bias as dt_proj.bias
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", name)
+        lookup = re.sub(r"linear_attn\.dt_bias$", "linear_attn.dt_proj.bias", lookup)
         target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
+        qkv = (target or "").replace("ssm_in.weight", "attn_qkv.weight")
+        if target != qkv and target not in tensors and qkv in tensors:  # Qwen3-Next's, cut
+            sources[name] = (qkv, None, None, _JOIN_QKVZ)  # with attn_gate: produce joins
+            continue
         part = _FUSED_QKV.match(target or "")
         fused = part and f"{part[1]}qkv{part[3]}"
         if target not in tensors and fused in tensors:  # q, k and v in one tensor
@@ -159,6 +171,9 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         if part == _SPLIT_KV_B:  # [heads, rank, nope] transposed back, beside [heads, v, rank]
             v_b = read(tensors[gguf_name.replace("attn_k_b", "attn_v_b")], None)
             data = np.concatenate([data.swapaxes(1, 2), v_b], axis=1)
+        if part == _JOIN_QKVZ:
+            z = read(tensors[gguf_name.replace("attn_qkv", "attn_gate")], None)
+            data = _qkvz(data, z, config)
         if rows is not None:  # its part of a fused q/k/v: rows of the [out, in] matrix
             data = data.reshape(int(t.shape[-1]), -1)[rows[0] : rows[1]]
         w = torch.from_numpy(np.ascontiguousarray(data)).reshape(shapes[name])
@@ -186,6 +201,24 @@ def _header_value(reader, path: Path, key: str, layer: int) -> float:
 
 
 _SPLIT_KV_B = "split kv_b"  # a source part: attn_k_b and attn_v_b, joined into kv_b_proj
+_JOIN_QKVZ = "split qkvz"  # a source part: attn_qkv and attn_gate, joined into in_proj_qkvz
+
+
+def _qkvz(qkv: np.ndarray, z: np.ndarray, config) -> np.ndarray:
+    """Qwen3-Next's in_proj_qkvz from its converter's attn_qkv (all q rows, all k rows, all
+    v rows) and attn_gate (all z rows): per key head its q, its k, its value heads' v,
+    their z, as the checkpoint holds them."""
+    nk, hk = config.linear_num_key_heads, config.linear_key_head_dim
+    width = config.linear_num_value_heads * config.linear_value_head_dim // nk  # per key head
+    q, k, v = np.split(qkv, [nk * hk, 2 * nk * hk])
+    if v.shape[0] != nk * width or z.shape[0] != nk * width:
+        raise LlmpressError(
+            f"attn_qkv and attn_gate hold {v.shape[0]} and {z.shape[0]} value rows where the "
+            f"header's widths give {nk * width}: the file is damaged; re-download it"
+        )
+    parts = [p.reshape(nk, -1, p.shape[-1]) for p in (q, k, v, z)]
+    return np.concatenate(parts, axis=1).reshape(-1, qkv.shape[-1])
+
 
 # blk.N.attn_q/k/v.{weight,bias}: the parts llama.cpp's converters may store fused as
 # blk.N.attn_qkv (ChatGLM's query_key_value; `--fuse-qkv`), rows q, then k, then v
@@ -217,7 +250,48 @@ _INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3", "arcee")
 _NORMS_PLUS_ONE = ("gemma", "gemma2", "gemma3", "nemotron")
 
 
+# Gated DeltaNet architectures (llama.cpp's Qwen3NextModel and its Qwen3.5 subclasses)
+_DELTANET = ("qwen35", "qwen35moe", "qwen3next")
+# the tensors of Qwen3.5's DeltaNets that llama.cpp's converter tiles the value heads of:
+# GGUF name suffix -> (the dimension, each head's width there: "v" for a value head's)
+_TILED = {
+    "attn_qkv.weight": (0, "v"),  # the v rows, after q's and k's
+    "attn_gate.weight": (0, "v"),
+    "ssm_beta.weight": (0, 1),
+    "ssm_alpha.weight": (0, 1),
+    "ssm_a": (0, 1),
+    "ssm_dt.bias": (0, 1),
+    "ssm_conv1d.weight": (0, "v"),  # the v channels, after q's and k's
+    "ssm_out.weight": (1, "v"),  # its input columns
+}
+
+
+def _deltanet_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
+    """A DeltaNet family's tensor as its checkpoint holds it (see the module docstring)."""
+    if gguf_name.endswith("norm.weight") and not gguf_name.endswith("ssm_norm.weight"):
+        return w - 1
+    if gguf_name.endswith(".ssm_a"):
+        w = torch.log(-w)  # -exp(A_log) stored
+    suffix = next((s for s in _TILED if gguf_name.endswith("." + s)), None)
+    nk, nv = config.linear_num_key_heads, config.linear_num_value_heads
+    if arch == "qwen3next" or suffix is None or nk == nv:
+        return w
+    dim, width = _TILED[suffix]
+    width = config.linear_value_head_dim if width == "v" else width
+    qk = (
+        2 * nk * config.linear_key_head_dim
+        if suffix in ("attn_qkv.weight", "ssm_conv1d.weight")
+        else 0
+    )
+    head, tiled = w.narrow(dim, 0, qk), w.narrow(dim, qk, w.shape[dim] - qk)
+    # position j · nk + k holds value head j of key head k: back to k · (nv / nk) + j
+    heads = tiled.unflatten(dim, (nv // nk, nk, width)).transpose(dim, dim + 1)
+    return torch.cat([head, heads.flatten(dim, dim + 2)], dim)
+
+
 def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
+    if arch in _DELTANET:
+        return _deltanet_layout(arch, gguf_name, w, config)
     q_or_k = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
     if arch in _INTERLEAVED_ROPE and gguf_name.endswith(q_or_k):
         heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
