@@ -469,6 +469,21 @@ HYBRID_FAMILIES = {
          "moe_intermediate_size": 128, "shared_expert_intermediate_size": 128},
     ),
 }  # fmt: skip
+# Mamba-2 beside attention (IBM's Bamba): 3 Mamba layers : 1 attention, 8 heads of 16 in 2
+# groups of B and C (each 16 wide), a 64-token scan chunk (a 72-token window crosses one)
+_MAMBA2 = {
+    "num_hidden_layers": 4,
+    "attn_layer_indices": [3],
+    "mamba_n_heads": 8,
+    "mamba_d_head": 16,
+    "mamba_n_groups": 2,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 64,
+}
+MAMBA_FAMILIES = {"bamba": ("BambaConfig", _MAMBA2)}
+HYBRID_FAMILIES.update(MAMBA_FAMILIES)
 
 
 def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:
@@ -545,7 +560,7 @@ def build_family(name: str, seed: int | None = None, config_class: str | None = 
                 if pname.endswith("linear_attn.norm.weight"):  # (x(1+w) above; its gated w)
                     offset = 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
-            elif pname.endswith("linear_attn.dt_bias"):  # at ones, every head's alike
+            elif pname.endswith(("linear_attn.dt_bias", "mamba.dt_bias", "mamba.D")):  # ones
                 p.copy_(torch.randn_like(p))
             elif pname.endswith(".bias"):
                 p.copy_(0.2 * torch.randn_like(p))

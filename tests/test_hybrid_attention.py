@@ -27,13 +27,14 @@ from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import GatedDeltaNet, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
-from compress.runtime.deltanet import DeltaStates, mix
+from compress.runtime.deltanet import mix
 from compress.runtime.engine import Engine
 from compress.runtime.kv_cache import cache_for, parse_kv
 from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Chunk, Model
 from compress.runtime.sampling import SamplingParams
 from compress.runtime.speculative import make_speculator
+from compress.runtime.states import MixerStates
 from compress.runtime.weights import load_weights
 from compress.serve.app import build_app
 
@@ -104,6 +105,21 @@ def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
     computes what llmpress's own dense reading of it does, near the original; b and a stay
     as stored, and vLLM's loading rules pass (in_proj_qkv and in_proj_z share a scheme:
     vLLM loads them as one in_proj_qkvz)."""
+    dn = adapter_for(json.loads((model / "config.json").read_text())).deltanet
+    kept = [f"{n}.weight" for n in dn.kept]
+    kl = each_quantizer(model, wikitext, tmp_path, ids, kept, f"{dn.qkv}.weight_packed")
+    # measured on these models: rtn 0.109, awq 0.102, gptq+tune 0.100, int8 0.0013; with
+    # experts (whose routes flip) 0.331, 0.301, 0.312, 0.0068
+    assert kl["awq"] < 1.15 * kl["rtn"], kl
+    assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
+    assert kl["int8"] < kl["rtn"], kl
+
+
+def each_quantizer(model, wikitext, tmp_path, ids, kept, packed) -> dict[str, float]:
+    """Each method's KL to the original on `ids` (RTN, AWQ, GPTQ with tuning, LLM.int8()),
+    checking that plain from_pretrained of each artifact computes what llmpress's own
+    dense reading of it does, that layer 0's `kept` tensors stay 16- or 32-bit and its
+    `packed` one is (but for LLM.int8()), and that vLLM's loading rules pass."""
     original = torch.log_softmax(_logits(model, ids), -1)
     kl = {}
     recipes = {
@@ -124,18 +140,13 @@ def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
         for f in out.glob("*.safetensors"):
             with safe_open(str(f), "pt") as st:
                 tensors.update({k: st.get_slice(k).get_dtype() for k in st.keys()})  # noqa: SIM118
-        dn = adapter_for(json.loads((model / "config.json").read_text())).deltanet
-        for kept in dn.kept:
-            assert tensors[f"model.layers.0.{kept}.weight"] in ("F32", "BF16", "F16")
-        assert f"model.layers.0.{dn.qkv}.weight_packed" in tensors or method == "int8"
+        for name in kept:
+            assert tensors[f"model.layers.0.{name}"] in ("F32", "BF16", "F16"), name
+        assert f"model.layers.0.{packed}" in tensors or method == "int8"
         if method != "int8":  # LLM.int8()'s outlier columns are llmpress's own layout
             config = json.loads((out / "config.json").read_text())
             assert engine_problems(config, list(tensors))["vllm"] == []
-    # measured on these models: rtn 0.109, awq 0.102, gptq+tune 0.100, int8 0.0013; with
-    # experts (whose routes flip) 0.331, 0.301, 0.312, 0.0068
-    assert kl["awq"] < 1.15 * kl["rtn"], kl
-    assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
-    assert kl["int8"] < kl["rtn"], kl
+    return kl
 
 
 def test_the_c_step_equals_torch_s(w4, ids):
@@ -144,11 +155,11 @@ def test_the_c_step_equals_torch_s(w4, ids):
     its state, each layer's output and the states it leaves."""
     weights = load_weights(resolve(str(w4)), device="cpu")
     x = torch.randn(LENGTH, weights.shape.hidden, generator=torch.Generator().manual_seed(1))
-    nets = {i: layer.delta for i, layer in enumerate(weights.layers) if layer.delta}
+    nets = {i: layer.mixer for i, layer in enumerate(weights.layers) if layer.mixer}
     torch_nets = {i: dataclasses.replace(dn, ba_weight=None) for i, dn in nets.items()}
     for i in nets:
         got, want = [], []
-        c_states, t_states = DeltaStates(nets, 1, "cpu"), DeltaStates(nets, 1, "cpu")
+        c_states, t_states = MixerStates(nets, 1, "cpu"), MixerStates(nets, 1, "cpu")
         for spans in ([(0, 0, 40, True)], [(0, 40, LENGTH, False)]):
             rows = x[spans[0][1] : spans[0][2]]
             got.append(mix(nets[i], rows, [(0, 0, len(rows), spans[0][3])], c_states, i))
@@ -169,12 +180,18 @@ def test_runtime_logits_equal_transformers(model, w4, ids):
     """The runtime's DeltaNet (each slot's convolution tail and state beside the cache,
     token by token) computes what transformers' chunked rule does: on the original and on
     the artifact's weights alone, a whole prompt at once."""
+    # (transformers' rule is chunked: the same sums reassociated; measured 2e-5 to 1e-4)
+    runtime_matches_transformers(model, w4, ids, 2e-4)
+
+
+def runtime_matches_transformers(model, w4, ids, tol: float) -> None:
+    """The runtime's logits for the whole prompt within `tol` of transformers' forward, on
+    the original and on the artifact's weights alone (dequantized in fp32, as eval's)."""
     for path in (model, w4):
-        with torch.no_grad():  # (the artifact's weights dequantized in fp32, as eval's)
+        with torch.no_grad():
             want = load_model(resolve(str(path))).eval()(ids).logits[0]
-        got = RuntimeLM(load_weights(resolve(str(path)), device="cpu"), LENGTH)(ids).logits[0]
-        # (transformers' rule is chunked: the same sums reassociated; measured 2e-5 to 1e-4)
-        assert (got - want).abs().max() < 2e-4, path
+        got = RuntimeLM(load_weights(resolve(str(path)), device="cpu"), ids.shape[1])(ids).logits[0]
+        assert (got - want).abs().max() < tol, path
 
 
 @pytest.mark.parametrize("exact", [True, False], ids=["weights", "served"])
@@ -211,6 +228,12 @@ def test_the_one_call_steps_equal_the_per_op_path(w4, ids, kv):
     same states. The KV cache holds the attention layers alone (a quarter of them), each
     at its place among them (QLayer.kv_layer), as does the prompt's own full-precision k/v
     that a chunked prompt over an int8 cache attends to (Chunk.prefix)."""
+    one_call_equals_per_op(w4, ids, kv)
+
+
+def one_call_equals_per_op(w4, ids, kv: str) -> None:
+    """The one-call decoder's prefill, mixed and decode steps against the per-op path's:
+    the same logits and recurrent states, a KV cache of the attention layers alone."""
     weights = load_weights(resolve(str(w4)), device="cpu")
     other = torch.flip(ids[0], [0])
     attention = weights.shape.layers - len(weights.spec.linear_layers)
@@ -230,7 +253,7 @@ def test_the_one_call_steps_equal_the_per_op_path(w4, ids, kv):
         rows += [chunk, beside]
         for t in range(50, LENGTH - 1):
             rows.append(model.decode_ids([int(ids[0, t]), int(other[t + 1])], cache, [0, 1]))
-        return torch.cat(rows), cache.delta
+        return torch.cat(rows), cache.recurrent
 
     model = Model(weights, LENGTH + 1)
     assert model.backend.fused is not None
@@ -256,15 +279,23 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
     rolls a sequence back), an asked-for prefix cache (whose blocks hold no DeltaNet
     state) and pruning refuse it in one line each; the engine generates for two prompts at
     once what it does for each alone."""
+    runs_and_refuses(model, w4, wikitext, tmp_path, "Gated DeltaNet")
+
+
+def runs_and_refuses(model, w4, wikitext, tmp_path, kind: str) -> None:
+    """bench decodes the artifact, eval measures it as served and by its weights (fp32 and
+    int8 KV caches); speculation, an asked-for prefix cache and pruning refuse it in one
+    line each, naming the `kind` of its recurrent layers; the engine generates for two
+    prompts at once what it does for each alone."""
     code, out, err = run_cli(["bench", str(w4), "--batch", "1,2", "--prompt-len", "16",
                               "--output-len", "8"])  # fmt: skip
     assert code == 0, err
     assert "tok/s" in out
     code, _, err = run_cli(["bench", str(w4), "--batch", "1", "--draft", "ngram"])
     assert code != 0 and len(err.strip().splitlines()) == 1 and "--draft" in err
-    with pytest.raises(LlmpressError, match=r"^--draft .*: a Gated DeltaNet draft"):
+    with pytest.raises(LlmpressError, match=rf"^--draft .*: a {kind} draft"):
         make_speculator(str(w4), load_weights(resolve(str(w4)), device="cpu"), 128)
-    with pytest.raises(LlmpressError, match=r"^--prefix-cache-mb: .* Gated DeltaNet"):
+    with pytest.raises(LlmpressError, match=rf"^--prefix-cache-mb: .* {kind} layer"):
         build_app(str(w4), max_len=128, prefix_cache_mb=16)
     data = str(wikitext / "test.txt")
     args = ["eval", str(w4), "--base", str(model), "--data", data, "--windows", "2", "--ctx", "64"]
@@ -272,7 +303,7 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
         code, stdout, err = run_cli([*args, "--no-record", *kv])
         assert code == 0, err
         assert "| KL |" in stdout and "weights only" in stdout
-    with pytest.raises(LlmpressError, match=rf"^prune: {_family(model)}'s Gated DeltaNet layers"):
+    with pytest.raises(LlmpressError, match=rf"^prune: {_family(model)}'s {kind} layers"):
         _compress(model, tmp_path / "p", [{"prune": {"mlp": 0.25}}], wikitext)
     engine = Engine(load_weights(resolve(str(w4)), device="cpu"), max_batch=2, max_len=128)
     prompts = [list(range(100, 130)), list(range(200, 217))]

@@ -172,9 +172,9 @@ def rms_norm_quantized(
 
 
 _C = api()  # cpu/llmpress.h: its structs and constants
-_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QLayer, _DecodeCtx = (
+_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QMamba, _QLayer, _DecodeCtx = (
     _C.structs[n]
-    for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QLayer", "DecodeCtx")
+    for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QMamba", "QLayer", "DecodeCtx")
 )
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
@@ -473,6 +473,26 @@ def deltanet_rows(dn, mixed, z, x, tail, state, out) -> None:
         _ptr(dn.conv), dn.conv.shape[1], _ptr(tail), _ptr(state), _ptr(dn.decay),
         _ptr(dn.dt_bias), _ptr(dn.norm), dn.eps, steps, dn.k_heads, dn.v_heads, dn.k_dim,
         dn.v_dim, _ptr(out),
+    )  # fmt: skip
+    _check_status(status)
+
+
+def mamba_rows(m, proj, tail, state, out) -> None:
+    """A Mamba-2 layer's mixing (runtime/mamba.py's Mamba2 `m`) of one sequence's T rows of
+    in_proj's output `proj` [T, width + channels + heads]; the slot's convolution `tail`
+    and `state` continue in place; what out_proj reads goes into `out` [T, width]
+    (contiguous). Each row's arithmetic is the same whatever rows come with it; out of
+    memory raises."""
+    steps = proj.shape[0]
+    pp, lp = _rows_f32(proj, "proj")
+    for t, name in ((tail, "tail"), (state, "state"), (out, "out")):
+        _check_f32(t, f"mamba {name}")
+    if out.shape != (steps, m.width) or state.shape != m.state_shape:
+        raise ValueError(f"mamba state {tuple(state.shape)}, out {tuple(out.shape)}")
+    status = library().llmp_mamba2(
+        pp, lp, _ptr(m.conv), _ptr(m.conv_bias), m.conv.shape[1], _ptr(tail), _ptr(state),
+        _ptr(m.decay), _ptr(m.dt_bias), _ptr(m.d), _ptr(m.norm), m.eps, steps, m.heads,
+        m.head_dim, m.state_size, m.groups, _ptr(out),
     )  # fmt: skip
     _check_status(status)
 
@@ -989,10 +1009,42 @@ class FusedLatent:
         return mla, (uk, uv)
 
 
+class _FusedMixer:
+    """A recurrent mixer's struct, pointed at the cache's states before each step."""
+
+    def bind(self, states) -> None:
+        """Point the struct at `states` (runtime/states.py's MixerStates of the cache)."""
+        tail, state = states.conv[self.index], states.state[self.index]
+        n = self._native
+        n.tail, n.state = _ptr(tail), _ptr(state)
+        n.tail_stride, n.state_stride = tail[0].numel(), state[0].numel()
+
+
 @dataclass
-class FusedDelta:
+class FusedMamba(_FusedMixer):
+    """A Mamba-2 for the one-call decoder: runtime/mamba.py's Mamba2 (its fp32 tensors), the
+    layer's index among the cache's recurrent states (bound before each step: `bind`)."""
+
+    net: object  # runtime/mamba.py's Mamba2
+    index: int
+    _native: object = None
+
+    def native(self):
+        m = self.net
+        tensors = (m.conv, m.conv_bias, m.decay, m.dt_bias, m.d, m.norm)
+        for t in tensors:
+            _check_f32(t, "Mamba tensor")
+        self._native = _QMamba(
+            m.heads, m.head_dim, m.state_size, m.groups, m.conv.shape[1],
+            *(_ptr(t) for t in tensors), m.eps, None, None, 0, 0,
+        )  # fmt: skip
+        return self._native
+
+
+@dataclass
+class FusedDelta(_FusedMixer):
     """A Gated DeltaNet for the one-call decoder: runtime/deltanet.py's DeltaNet (its fp32
-    tensors), the layer's index among the cache's DeltaNet states (bound before each step:
+    tensors), the layer's index among the cache's recurrent states (bound before each step:
     `bind`)."""
 
     net: object  # runtime/deltanet.py's DeltaNet, with ba_weight
@@ -1009,13 +1061,6 @@ class FusedDelta:
             *(_ptr(t) for t in tensors), dn.eps, None, None, 0, 0,
         )  # fmt: skip
         return self._native
-
-    def bind(self, states) -> None:
-        """Point the struct at `states` (runtime/deltanet.py's DeltaStates of the cache)."""
-        tail, state = states.conv[self.index], states.state[self.index]
-        n = self._native
-        n.tail, n.state = _ptr(tail), _ptr(state)
-        n.tail_stride, n.state_stride = tail[0].numel(), state[0].numel()
 
 
 @dataclass
@@ -1054,6 +1099,7 @@ class FusedLayer:
     sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
     delta: FusedDelta | None = None  # a Gated DeltaNet in place of attention
     kv_layer: int = 0  # its place among the KV cache's layers (an attention layer's)
+    mamba: FusedMamba | None = None  # a Mamba-2 in place of attention
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -1068,13 +1114,16 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
-        mla = delta = None
+        mla = delta = mamba = None
         if self.mla is not None:
             mla, tables = self.mla.native()
             keep += [mla, tables]
         if self.delta is not None:
             delta = self.delta.native()
             keep.append(delta)
+        if self.mamba is not None:
+            mamba = self.mamba.native()
+            keep.append(mamba)
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
@@ -1084,6 +1133,7 @@ class FusedLayer:
             int(self.qk_each), int(self.parallel), int(self.ungated), _opt(self.act_params),
             None if mla is None else ctypes.addressof(mla), int(self.gated),
             _opt(self.sinks), None if delta is None else ctypes.addressof(delta), self.kv_layer,
+            None if mamba is None else ctypes.addressof(mamba),
         )  # fmt: skip
         return layer, keep
 
@@ -1104,7 +1154,7 @@ class FusedDecoder:
             self.head = (head[0], head[1], _qlin(head[1]), head[1].packed.out_features)
         natives = [layer.native() for layer in layers]
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
-        self.deltas = [x.delta for x in layers if x.delta is not None]
+        self.deltas = [x.delta or x.mamba for x in layers if x.delta or x.mamba]
         self.bound = None  # the DeltaNet states the deltas point into
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
@@ -1126,7 +1176,8 @@ class FusedDecoder:
             raise ValueError("xIELU needs each layer's parameters")
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
-        self.cached = sum(x.delta is None for x in layers)  # the layers the KV cache holds
+        # the layers the KV cache holds
+        self.cached = sum(x.delta is None and x.mamba is None for x in layers)
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
         self.prefill_work: torch.Tensor | None = None  # the largest prefill step's scratch
         self.ctx = None
@@ -1157,7 +1208,7 @@ class FusedDecoder:
     def _bind(self, cache) -> None:
         """The DeltaNet layers' structs at `cache`'s states (runtime/deltanet.py: made
         before the step), once per set of states."""
-        states = getattr(cache, "delta", None) if self.deltas else None
+        states = getattr(cache, "recurrent", None) if self.deltas else None
         if self.deltas and states is None:
             raise ValueError("a DeltaNet step needs the cache's DeltaNet states")
         if states is not None and states is not self.bound:

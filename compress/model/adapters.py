@@ -371,6 +371,108 @@ class GatedDeltaNet:
             self.dt_bias: (self.v_heads,),
         }
 
+    def tensors(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Its tensors besides the linears compressed, by name in the block (a module's
+        as `.weight`), with their shapes."""
+        dims = self.shapes(hidden)
+        out = {f"{n}.weight": dims[n] for n in (*self.kept, self.conv1d, self.norm)}
+        return {**out, self.a_log: dims[self.a_log], self.dt_bias: dims[self.dt_bias]}
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """A Mamba-2 mixer (Bamba's and Granite 4.0's `linear_attention` layers), sized by its
+    config: one in_proj gives the gate z [heads · head_dim], x, B and C (B and C `groups`
+    rows of `state` each) and dt [heads]; x, B and C go through a causal depthwise
+    convolution (kernel `conv`, a bias where `conv_bias`) and SiLU; per head a state
+    [head_dim, state] decayed by exp(−exp(A_log)·dt), dt = softplus(dt + dt_bias), and
+    written dt·x ⊗ B; the output state·C + D·x, times SiLU(z), RMS-normed in `groups`
+    groups, then out_proj. No keys are cached: a sequence carries its state."""
+
+    heads: int
+    head_dim: int
+    state: int  # d_state: B's and C's width per group
+    groups: int
+    conv: int  # the convolution's kernel width
+    conv_bias: bool = True
+
+    module = "mamba"
+    out = "mamba.out_proj"
+    conv1d = "mamba.conv1d"
+    norm = "mamba.norm"
+    a_log = "mamba.A_log"
+    dt_bias = "mamba.dt_bias"
+    d = "mamba.D"
+    in_proj = "mamba.in_proj"
+    grouped = False  # (GatedDeltaNet's)
+    kept = ()
+
+    @classmethod
+    def of(cls, hf) -> Mamba2:
+        width = int(hf.mamba_expand * hf.hidden_size)
+        if width != hf.mamba_n_heads * hf.mamba_d_head:
+            raise LlmpressError(
+                f"mamba_expand × hidden_size ({width}) is not mamba_n_heads × mamba_d_head "
+                f"({hf.mamba_n_heads * hf.mamba_d_head}): the config is inconsistent; fix it"
+            )
+        limit = tuple(getattr(hf, "time_step_limit", None) or (0.0, float("inf")))
+        if limit != (0.0, float("inf")) or getattr(hf, "mamba_proj_bias", False):
+            raise LlmpressError(
+                f"{hf.model_type}: a Mamba-2 time_step_limit other than (0, inf), or biased "
+                "projections (mamba_proj_bias), are not supported yet; open an issue with the "
+                "model's config.json"
+            )
+        if hf.hidden_act != "silu":
+            raise LlmpressError(
+                f"{hf.model_type}: a Mamba-2 convolution activated by {hf.hidden_act} (not "
+                "silu) is not supported yet; open an issue with the model's config.json"
+            )
+        return cls(
+            hf.mamba_n_heads, hf.mamba_d_head, hf.mamba_d_state, hf.mamba_n_groups,
+            hf.mamba_d_conv, bool(getattr(hf, "mamba_conv_bias", True)),
+        )  # fmt: skip
+
+    @property
+    def width(self) -> int:
+        """z's width, x's, and what out_proj reads."""
+        return self.heads * self.head_dim
+
+    @property
+    def channels(self) -> int:
+        """What the convolution runs over: x, B and C."""
+        return self.width + 2 * self.groups * self.state
+
+    qkv = in_proj  # (the name the runtime's layer keeps it under)
+    z = None
+    linears = (in_proj,)
+    reads_hidden = (in_proj,)
+    fused = ()
+
+    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
+        """in_proj reads the attention norm's output; out_proj the gated norm's, whose
+        weight is per channel but whose groups' RMS a scale would change."""
+        return (InputGroup(attn_norm, self.reads_hidden),)
+
+    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Its linears' [out, in] and its other tensors' shapes."""
+        return {
+            self.in_proj: (self.width + self.channels + self.heads, hidden),
+            self.out: (hidden, self.width),
+            self.conv1d: (self.channels, 1, self.conv),
+            self.norm: (self.width,),
+            self.a_log: (self.heads,),
+            self.dt_bias: (self.heads,),
+            self.d: (self.heads,),
+        }
+
+    def tensors(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        """Its tensors besides the linears compressed, by name in the block."""
+        dims = self.shapes(hidden)
+        out = {f"{self.conv1d}.weight": dims[self.conv1d], f"{self.norm}.weight": (self.width,)}
+        if self.conv_bias:
+            out[f"{self.conv1d}.bias"] = (self.channels,)
+        return {**out, **{n: (self.heads,) for n in (self.a_log, self.dt_bias, self.d)}}
+
 
 @dataclass(frozen=True)
 class Adapter:
@@ -552,8 +654,11 @@ class Adapter:
     linear_attention: bool = False
     deltanet_grouped: bool = False  # its projections stored as Qwen3-Next's (GatedDeltaNet)
     deltanet: GatedDeltaNet | None = None
+    # a Mamba-2 mixer in those layers instead (Bamba's, Granite 4.0's): `mamba` is bound
+    mamba_layers: bool = False
+    mamba: Mamba2 | None = None
     linear_layers: tuple[int, ...] = ()
-    mixer: GatedDeltaNet | None = None
+    mixer: GatedDeltaNet | Mamba2 | None = None
 
     def shape(self, config: dict) -> ModelShape:
         shape = ModelShape.of(config, self.head_dim)
@@ -569,7 +674,7 @@ class Adapter:
         if i in self.dense_layers:
             block = replace(block, experts=0, expert_width=0, shared_width=0, dense_layers=())
         if i in self.linear_layers:
-            dn = self.deltanet
+            dn = self.deltanet or self.mamba
             block = replace(
                 block, mixer=dn, o=dn.out, q_norm=None, k_norm=None, attn_gate_in_q=False,
                 linear_layers=(),
@@ -1030,6 +1135,24 @@ _QWEN3_5 = replace(
     **_QK_NORMS,
     head_dim=256,
 )
+# bamba (IBM's Bamba): llama's attention, a part of each head rotated, in the layers
+# layer_types calls full_attention; a Mamba-2 mixer in the others; the MLP under
+# `feed_forward`, normed by pre_ff_layernorm
+BAMBA = replace(
+    LLAMA,
+    families=("bamba",),
+    architecture="BambaForCausalLM",
+    mlp="feed_forward",
+    mlp_norm="pre_ff_layernorm",
+    gate="feed_forward.gate_proj",
+    up="feed_forward.up_proj",
+    down="feed_forward.down_proj",
+    act_module="feed_forward.act_fn",
+    final_norm="model.final_layernorm",
+    bias_options=_ATTENTION_BIAS,
+    linear_attention=True,
+    mamba_layers=True,
+)
 # Hunyuan's: per head under their own names, after rope
 _HUNYUAN_ATTENTION = {
     "q_norm": "self_attn.query_layernorm",
@@ -1321,6 +1444,7 @@ ADAPTERS: dict[str, Adapter] = {
         head_dim=128,
     ),
     "qwen3_5_text": _QWEN3_5,
+    "bamba": BAMBA,
     # qwen3_5_moe_text (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): qwen3_5_text's layers with
     # qwen2_moe's experts in every layer, always renormalized, and its gated shared expert
     "qwen3_5_moe_text": replace(
@@ -1986,12 +2110,9 @@ def dense_shapes(adapter: Adapter, shape: ModelShape) -> dict[str, tuple[int, ..
         if block.experts and adapter.choice_bias:
             dims = (1, block.experts) if adapter.choice_bias_2d else (block.experts,)
             out[f"{adapter.block_prefix(i)}.{adapter.choice_bias}"] = dims
-        if block.mixer:  # the DeltaNet's tensors besides its linears
-            dn, dims = block.mixer, block.mixer.shapes(shape.hidden)
-            for name in (*dn.kept, dn.conv1d, dn.norm):
-                out[f"{adapter.block_prefix(i)}.{name}.weight"] = dims[name]
-            for name in (dn.a_log, dn.dt_bias):  # parameters, not modules
-                out[f"{adapter.block_prefix(i)}.{name}"] = dims[name]
+        if block.mixer:  # the recurrent mixer's tensors besides its linears
+            for name, dims in block.mixer.tensors(shape.hidden).items():
+                out[f"{adapter.block_prefix(i)}.{name}"] = dims
     return out
 
 
@@ -2042,9 +2163,12 @@ def adapter_for(config: dict) -> Adapter:
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
     if adapter.linear_attention:
         kinds = tuple(hf.layer_types)
+        mixer = {"mamba": Mamba2.of(hf)} if adapter.mamba_layers else {
+            "deltanet": GatedDeltaNet.of(hf, adapter.deltanet_grouped)
+        }  # fmt: skip
         adapter = replace(
             adapter,
-            deltanet=GatedDeltaNet.of(hf, adapter.deltanet_grouped),
+            **mixer,
             linear_layers=tuple(i for i, t in enumerate(kinds) if t == "linear_attention"),
         )
     if adapter.latent_attention:

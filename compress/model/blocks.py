@@ -20,7 +20,7 @@ from compress.model.aliases import install_aliases
 from compress.model.loading import Checkpoint, each_tensor, read_tensors
 from compress.model.moe import install_experts, moe_modules
 from compress.model.rope import RopeSpec, tables
-from compress.model.spec import BlockSpec
+from compress.model.spec import BlockSpec, hf_config
 
 # Samples pushed through a block at once, at most: bounds the MLP intermediates to a few
 # hundred MB.
@@ -43,12 +43,12 @@ def chunk_samples(length: int, widest: int, device: torch.device | str) -> int:
 def skeleton(config: dict, adapter=None) -> torch.nn.Module:
     """The transformers model of `config` on the meta device, its experts' linears as
     checkpoints name them: modules are materialized one at a time."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from compress.model.adapters import adapter_for
 
     adapter = adapter or adapter_for(config)
-    hf = AutoConfig.for_model(**{k: v for k, v in config.items() if k != "quantization_config"})
+    hf = hf_config(config)
     spec = adapter.spec(config)
     hf._attn_implementation = attention_kernel(spec)
     with torch.device("meta"):
@@ -56,7 +56,14 @@ def skeleton(config: dict, adapter=None) -> torch.nn.Module:
     if spec.mlp is not None:  # per-expert linears, as the checkpoint names them
         install_experts(model, adapter, spec)
     install_aliases(model, adapter)
+    for layer in model.get_submodule(adapter.blocks):  # (Bamba's also return attention's
+        layer.register_forward_hook(_hidden_only)  # weights)
     return model
+
+
+def _hidden_only(module, args, output):
+    """A block's output as every stage takes it: the hidden states alone."""
+    return output[0] if isinstance(output, tuple) else output
 
 
 class BlockStore:
@@ -108,7 +115,7 @@ class BlockStore:
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
         chunk = chunk_samples(length, widest, self.device)
-        dn = self.adapter.deltanet
+        dn = self.adapter.deltanet or self.adapter.mamba
         return Positions(
             self.spec, length, chunk, self.adapter.rope_tables, self.adapter.attn,
             dn.module if dn else None,
@@ -151,7 +158,7 @@ class Positions:
     chunk: int = CHUNK  # samples a forward takes at once (chunk_samples)
     tables: str = "halves"  # the form the layer takes its rope in (Adapter.rope_tables)
     attn: str = "self_attn"  # the block's attention module (the adapter's `attn`)
-    linear: str | None = None  # a linear-attention layer's mixer module (Adapter.deltanet)
+    linear: str | None = None  # a recurrent layer's mixer module (Adapter.deltanet, .mamba)
 
     def kwargs(self, block: torch.nn.Module) -> dict:
         i = _mixer(block, self.attn, self.linear).layer_idx

@@ -448,10 +448,12 @@ def _tokenizer(path: str, stamp: tuple):
 
 def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adapter):
     """A transformers model from a config and a dense state dict, without random init."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from compress.model.spec import hf_config as transformers_config
 
     config = {k: v for k, v in config.items() if k != "quantization_config"}
-    hf_config = AutoConfig.for_model(**config)
+    hf_config = transformers_config(config)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     spec = adapter.spec(config)

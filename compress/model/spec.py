@@ -125,7 +125,7 @@ def hf_config(config: dict):
     """transformers' config object for a config.json dict (its class defaults filled in)."""
     from transformers import AutoConfig
 
-    clean = {k: v for k, v in config.items() if k != "quantization_config"}
+    clean = {k: _floats(v) for k, v in config.items() if k != "quantization_config"}
     try:
         return AutoConfig.for_model(**clean)
     except Exception as e:  # a config transformers itself rejects
@@ -133,6 +133,19 @@ def hf_config(config: dict):
             f"config.json is not one transformers accepts ({str(e).splitlines()[0][:160]}); "
             "fix it or re-download the model"
         ) from None
+
+
+def _floats(value):
+    """A config value with transformers' JSON form of non-finite floats decoded:
+    {"__float__": "Infinity"} (Bamba's time_step_limit, as save_pretrained writes it)."""
+    if isinstance(value, dict):
+        tag = value.get("__float__") if len(value) == 1 else None
+        if tag in ("Infinity", "-Infinity", "NaN"):
+            return float(tag.lower().replace("infinity", "inf"))
+        return {k: _floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_floats(v) for v in value]
+    return value
 
 
 def describe(config: dict, adapter) -> BlockSpec:

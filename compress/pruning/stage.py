@@ -356,7 +356,8 @@ def _prunable(config: dict):
     adapter = adapter_for(config)
     if adapter.linear_layers:  # its widths, depth and parameter count are attention's
         raise LlmpressError(
-            f"prune: {adapter.families[0]}'s Gated DeltaNet layers are not pruned yet "
+            f"prune: {adapter.families[0]}'s {'Mamba-2' if adapter.mamba else 'Gated DeltaNet'} "
+            "layers are not pruned yet "
             "(their heads, the widths they read and the layer kinds a cut depth keeps); "
             "compress it without a prune stage"
         )

@@ -20,10 +20,13 @@ from compress.kernels.cpu import (
     FusedExperts,
     FusedLatent,
     FusedLayer,
+    FusedMamba,
     decode_attention,
 )
+from compress.runtime.deltanet import DeltaNet
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import DenseLinear, QuantLinear
+from compress.runtime.mamba import Mamba2
 from compress.runtime.weights import ModelWeights
 
 
@@ -155,7 +158,7 @@ def _fused_decoder(w: ModelWeights, ropes):
     """The one-call CPU decoder, when every block linear is a packed weight (outlier
     columns and biases allowed), experts included (with an fp32 router)."""
     rows = []
-    if any(x.delta is not None and x.delta.ba_weight is None for x in w.layers):
+    if any(isinstance(x.mixer, DeltaNet) and x.mixer.ba_weight is None for x in w.layers):
         return None
     mla_rows = 0  # floats a row of the latent's scratch: a norm's input, every head's product
     for i, layer in enumerate(w.layers):
@@ -206,7 +209,8 @@ def _fused_decoder(w: ModelWeights, ropes):
                 mla=mla,
                 gated=layer.gated,
                 sinks=layer.sinks,
-                delta=None if layer.delta is None else FusedDelta(layer.delta, i),
+                delta=FusedDelta(layer.mixer, i) if isinstance(layer.mixer, DeltaNet) else None,
+                mamba=FusedMamba(layer.mixer, i) if isinstance(layer.mixer, Mamba2) else None,
                 kv_layer=max(w.spec.kv_layers[i], 0),
             )
         )

@@ -1,7 +1,7 @@
 """Gated DeltaNet linear attention (Qwen3.5's `linear_attention` layers) as the runtime
 computes it: no keys are cached; each sequence carries, per DeltaNet layer, the last
 kernel - 1 inputs of its causal convolution and a state [k_dim, v_dim] per value head
-(DeltaStates, beside the KV cache of the attention layers). A prompt's chunk starting at
+(runtime/states.py, beside the KV cache of the attention layers). A prompt's chunk starting at
 position 0 starts from zeros; any other chunk or decode row continues its slot's state.
 
 Per token t (transformers' `torch_recurrent_gated_delta_rule`; its chunked form computes
@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.kernels.cpu import QuantizedInput, deltanet_rows
+from compress.runtime.states import MixerStates
 
 
 @dataclass
@@ -43,6 +44,7 @@ class DeltaNet:
     norm: torch.Tensor  # [v_dim]
     eps: float
     ba_weight: torch.Tensor | None = None  # ba's weight in fp32 (the C step's)
+    kind = "Gated DeltaNet"
 
     @property
     def channels(self) -> int:
@@ -55,40 +57,28 @@ class DeltaNet:
         return self.v_heads * self.v_dim
 
     @property
+    def state_shape(self) -> tuple[int, ...]:
+        """A sequence's state: [k_dim, v_dim] per value head."""
+        return (self.v_heads, self.k_dim, self.v_dim)
+
+    def extra_linears(self) -> tuple:
+        """Its linears besides qkv (the fused in_proj_qkv and in_proj_z) and o."""
+        return (self.ba,)
+
+    def held(self) -> tuple[torch.Tensor, ...]:
+        """Its tensors besides the linears a step reads."""
+        return (self.norm, self.conv)
+
+    def mix(self, x, spans, states: MixerStates, index: int) -> torch.Tensor:
+        return mix(self, x, spans, states, index)
+
+    @property
     def state_bytes(self) -> int:
         """A sequence's state and convolution tail (fp32): what a decode step reads, and
         writes back, for each sequence, as attention reads its KV cache."""
         return 4 * (
             self.v_heads * self.k_dim * self.v_dim + self.channels * (self.conv.shape[1] - 1)
         )
-
-
-class DeltaStates:
-    """Every slot's convolution tail [channels, kernel - 1] and state [v_heads, k_dim,
-    v_dim] for each DeltaNet layer, fp32."""
-
-    def __init__(self, nets: dict[int, DeltaNet], slots: int, device):
-        self.conv = {
-            i: torch.zeros(slots, dn.channels, dn.conv.shape[1] - 1, device=device)
-            for i, dn in nets.items()
-        }
-        self.state = {
-            i: torch.zeros(slots, dn.v_heads, dn.k_dim, dn.v_dim, device=device)
-            for i, dn in nets.items()
-        }
-
-    @property
-    def nbytes(self) -> int:
-        every = [*self.conv.values(), *self.state.values()]
-        return sum(t.numel() * t.element_size() for t in every)
-
-
-def states_of(cache, nets: dict[int, DeltaNet]) -> DeltaStates:
-    """The DeltaNet states beside `cache`, made at first use with a row per slot."""
-    states = getattr(cache, "delta", None)
-    if states is None:
-        states = cache.delta = DeltaStates(nets, cache.lengths.shape[0], cache.lengths.device)
-    return states
 
 
 def _l2(x: torch.Tensor) -> torch.Tensor:
@@ -106,22 +96,20 @@ def recurrence(s, q, k, v, g, beta) -> tuple[torch.Tensor, torch.Tensor]:
     return s, out
 
 
-def mix(dn: DeltaNet, x, spans, states: DeltaStates, index: int) -> torch.Tensor:
+def mix(dn: DeltaNet, x, spans, states: MixerStates, index: int) -> torch.Tensor:
     """The layer's output before out_proj, [rows, v_heads · v_dim], for the normed input x
     (fp32, or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
     for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence)."""
     xf = x.x if isinstance(x, QuantizedInput) else x
     qkvz = dn.qkvz(x)
     mixed, z = qkvz.split([dn.channels, dn.width], -1)
-    conv, state = states.conv[index], states.state[index]
     if xf.device.type == "cpu" and dn.ba_weight is not None:  # in C, each row alike
         out = torch.empty(xf.shape[0], dn.width)
         for slot, a, b, fresh in spans:
-            if fresh:
-                conv[slot].zero_()
-                state[slot].zero_()
-            deltanet_rows(dn, mixed[a:b], z[a:b], xf[a:b], conv[slot], state[slot], out[a:b])
+            tail, state = states.start(index, slot, fresh)
+            deltanet_rows(dn, mixed[a:b], z[a:b], xf[a:b], tail, state, out[a:b])
         return out
+    conv, state = states.conv[index], states.state[index]
     ba = dn.ba(xf)
     beta = torch.sigmoid(ba[:, : dn.v_heads])
     g = dn.decay * F.softplus(ba[:, dn.v_heads :] + dn.dt_bias)

@@ -33,6 +33,7 @@ from compress.runtime.sampling import (
     token_logprobs,
 )
 from compress.runtime.speculative import Speculator, measure_row_cost
+from compress.runtime.states import mixer_kind
 from compress.runtime.weights import ModelWeights
 
 _ids = itertools.count()
@@ -103,12 +104,13 @@ class Engine:
         self.max_len, self.max_batch = max_len, max_batch
         self.model = Model(weights, max_len + 1)
         self.cache = cache_for(weights, max_batch, max_len, kv, blocks=kv_blocks)
-        if self.model.nets and speculator is not None:
+        kind = mixer_kind(weights.layers)
+        if kind and speculator is not None:
             raise LlmpressError(
-                "--draft: a Gated DeltaNet layer's state cannot be rolled back past refused "
-                "draft tokens yet; run this model without --draft"
+                f"--draft: a {kind} layer's state cannot be rolled back past refused draft "
+                "tokens yet; run this model without --draft"
             )
-        # a cached prefix's blocks hold attention's k/v, not the DeltaNet layers' state
+        # a cached prefix's blocks hold attention's k/v, not the recurrent layers' state
         shared = prefix_cache_bytes and not self.model.nets
         self.prefix = PrefixCache(self.cache, prefix_cache_bytes) if shared else None
         if speculator is not None and speculator.adapt:  # what a check's row costs here

@@ -29,8 +29,8 @@ from compress.kernels.cpu import rms_norm as cpu_rms_norm
 from compress.model.moe import route_scores
 from compress.model.rope import RopeSpec, query_scales, tables
 from compress.runtime.backends import backend_for
-from compress.runtime.deltanet import mix, states_of
 from compress.runtime.kv_cache import KVCache
+from compress.runtime.states import states_of
 from compress.runtime.weights import Layer, ModelWeights, MoeWeights
 
 
@@ -342,7 +342,7 @@ class Model:
         ]  # per layer, one table per layer type
         self.backend = backend_for(weights, self.ropes)
         # the Gated DeltaNet layers (their state beside the cache: runtime/deltanet.py)
-        self.nets = {i: x.delta for i, x in enumerate(weights.layers) if x.delta is not None}
+        self.nets = {i: x.mixer for i, x in enumerate(weights.layers) if x.mixer is not None}
         self.kv = weights.spec.kv_layers  # each layer's place in the KV cache
 
     def _packed(self, rows: int) -> bool:
@@ -448,7 +448,7 @@ class Model:
         s, dev, spec = self.w.shape, self.device, self.w.spec
         in_c = dev.type == "cpu"  # attention in one C call (served and exact alike)
         for i, layer in enumerate(self.w.layers):
-            if layer.delta is not None:  # each chunk from its slot's state, or from zeros
+            if layer.mixer is not None:  # each chunk from its slot's state, or from zeros
                 pairs = zip(chunks, bounds, strict=True)
                 spans = [(c.slot, a, b, c.start == 0) for c, (a, b) in pairs]
                 h = self._delta(i, layer, h, spans, cache, packed)
@@ -489,7 +489,7 @@ class Model:
     def _delta(self, i: int, layer: Layer, h, spans, cache: KVCache, packed: bool):
         """Block i, a Gated DeltaNet's, on h: `spans` as deltanet.mix takes them."""
         x = _norm(h, layer.attn_norm, self.w.spec, packed)
-        att = mix(layer.delta, x, spans, states_of(cache, self.nets), i)
+        att = layer.mixer.mix(x, spans, states_of(cache, self.nets), i)
         return _block_end(layer, h, att, self.w, packed)
 
     @torch.inference_mode()
@@ -552,7 +552,7 @@ class Model:
             return self._capped(done)
         if done is None:
             for i, layer in enumerate(self.w.layers):
-                if layer.delta is not None:  # row r continues its slot's state
+                if layer.mixer is not None:  # row r continues its slot's state
                     spans = [(slot, r, r + 1, False) for r, slot in enumerate(slots.tolist())]
                     h = self._delta(i, layer, h, spans, cache, packed)
                     continue

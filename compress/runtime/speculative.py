@@ -31,6 +31,7 @@ from compress.kernels.cpu import argmax
 from compress.runtime.kv_cache import FP32, cache_for
 from compress.runtime.model import Model
 from compress.runtime.sampling import SamplingParams, draw, probabilities
+from compress.runtime.states import mixer_kind
 from compress.runtime.weights import ModelWeights
 
 # A verified step of 1 + k rows costs about 1 + row_cost * k decode steps: the weights are
@@ -226,10 +227,11 @@ def make_speculator(draft: str, target: ModelWeights, max_len: int) -> Speculato
     if draft == "ngram":
         return Speculator(NgramProposer())
     weights = load_weights(resolve(draft), device=target.embed.device, kernels=target.kernels)
-    if weights.spec.linear_layers:  # its own cache is rolled back past refused drafts
+    kind = mixer_kind(weights.layers)
+    if kind:  # its own cache is rolled back past refused drafts
         raise LlmpressError(
-            f"--draft {draft}: a Gated DeltaNet draft's state cannot be rolled back past "
-            "refused drafts yet; give a draft of attention layers or --draft ngram"
+            f"--draft {draft}: a {kind} draft's state cannot be rolled back past refused "
+            "drafts yet; give a draft of attention layers or --draft ngram"
         )
     if weights.shape.vocab != target.shape.vocab:
         raise _vocabulary_error(draft, weights.shape.vocab, target.shape.vocab)

@@ -17,6 +17,7 @@ from compress.artifact.reader import quantized_layers
 from compress.errors import LlmpressError
 from compress.kernels import hugepages
 from compress.kernels.cpu import ACTIVATIONS, PackedLinear, quantize_input
+from compress.model import adapters
 from compress.model.adapters import ModelShape, adapter_for
 from compress.model.loading import Checkpoint, read_tensors
 from compress.model.rope import KINDS as ROPE_KINDS
@@ -29,6 +30,7 @@ from compress.runtime.linears import (
     fold_input_shift,
     fuse,
 )
+from compress.runtime.mamba import Mamba2
 
 
 def _subset(allowed):
@@ -80,7 +82,7 @@ RUNS = {
     "latent_attention": _any,
     "attn_gate": _any,  # a fourth part of Layer.qkv (Layer.gated), applied before o
     "attn_sinks": _any,  # Layer.sinks, read by torch's, C's and Triton's attention
-    "linear_layers": _any,  # Layer.delta: runtime/deltanet.py, op by op
+    "linear_layers": _any,  # Layer.mixer: runtime/deltanet.py, runtime/mamba.py
 }
 
 
@@ -331,13 +333,13 @@ class Layer:
     latent: Latent | None = None  # MLA: qkv holds what reads the attention norm
     gated: bool = False  # qkv's last heads * head_dim columns gate attention's output
     sinks: torch.Tensor | None = None  # fp32 [heads]: each head's attention sink
-    # a Gated DeltaNet in place of attention: qkv is its fused in_proj_qkv and in_proj_z,
-    # o its out_proj
-    delta: DeltaNet | None = None
+    # a recurrent mixer in place of attention: a Gated DeltaNet (qkv its fused in_proj_qkv
+    # and in_proj_z) or a Mamba-2 (qkv its in_proj); o its out_proj
+    mixer: DeltaNet | Mamba2 | None = None
 
     def attn_linears(self):
-        delta = (self.delta.ba,) if self.delta else ()
-        return (self.qkv, *(self.latent.linears() if self.latent else ()), *delta, self.o)
+        extra = self.mixer.extra_linears() if self.mixer else ()
+        return (self.qkv, *(self.latent.linears() if self.latent else ()), *extra, self.o)
 
     def linears(self):
         if self.moe is not None:
@@ -365,7 +367,7 @@ class Layer:
         every = (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm)
         every += (self.post_attn_norm, self.post_mlp_norm)
         every += self.latent.norms() if self.latent else ()
-        every += (self.delta.norm, self.delta.conv) if self.delta else ()
+        every += self.mixer.held() if self.mixer else ()
         return tuple(n for n in every if n is not None)
 
 
@@ -396,7 +398,7 @@ class ModelWeights:
     @property
     def state_bytes(self) -> int:
         """A sequence's DeltaNet states, every layer's (0 without DeltaNet layers)."""
-        return sum(x.delta.state_bytes for x in self.layers if x.delta is not None)
+        return sum(x.mixer.state_bytes for x in self.layers if x.mixer is not None)
 
     @property
     def active_params(self) -> int:
@@ -678,16 +680,31 @@ def load_weights(
             gate_up, down = lin(adapter.up), lin(adapter.down)
         else:
             gate_up, down = fuse([lin(adapter.gate), lin(adapter.up)]), lin(adapter.down)
-        latent = delta = None
+        latent = mixer = None
         block = adapter.layer(i)  # (a DeltaNet layer's names its own o and no q/k norms)
         dn = block.mixer
-        if dn is not None:  # a Gated DeltaNet: qkv is its in_proj_qkv and in_proj_z
+        if isinstance(dn, adapters.Mamba2):  # qkv is its in_proj
+            qkv = [lin(dn.in_proj)]
+            conv = tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device)
+            bias = f"{p}.{dn.conv1d}.bias"
+            mixer = Mamba2(
+                dn.heads, dn.head_dim, dn.state, dn.groups, in_proj=qkv[0], conv=conv,
+                conv_bias=(
+                    tensors[bias].float().to(device) if dn.conv_bias else conv.new_zeros(len(conv))
+                ),
+                decay=-tensors[f"{p}.{dn.a_log}"].float().exp().to(device),
+                dt_bias=tensors[f"{p}.{dn.dt_bias}"].float().to(device),
+                d=tensors[f"{p}.{dn.d}"].float().to(device),
+                norm=tensors[f"{p}.{dn.norm}.weight"].float().to(device),
+                eps=spec.eps,
+            )  # fmt: skip
+        elif dn is not None:  # a Gated DeltaNet: qkv is its in_proj_qkv and in_proj_z
             if dn.grouped:  # Qwen3-Next's rows, key head by key head: q, k, v, z, then b, a
                 qkvz_rows, ba_rows = grouped_rows(dn)
                 qkv, ba = [lin(dn.qkv, rows=qkvz_rows)], lin(dn.kept[0], rows=ba_rows)
             else:
                 qkv, ba = [fuse([lin(dn.qkv), lin(dn.z)])], fuse([lin(n) for n in dn.kept])
-            delta = DeltaNet(
+            mixer = DeltaNet(
                 dn.k_heads, dn.v_heads, dn.k_dim, dn.v_dim, qkvz=qkv[0], ba=ba,
                 conv=tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device),
                 decay=-tensors[f"{p}.{dn.a_log}"].float().exp().to(device),
@@ -696,7 +713,7 @@ def load_weights(
                 eps=spec.eps,
             )  # fmt: skip
             if kernels == "c":
-                delta.ba_weight = dense_weight(delta.ba).contiguous()
+                mixer.ba_weight = dense_weight(mixer.ba).contiguous()
         elif mla is not None:
             q_rows = latent_rows(shape.heads, mla.nope, mla.rope, mla.interleaved)
             rot = mla.kv_rank + rope_halves(mla.rope, mla.interleaved)
@@ -751,9 +768,9 @@ def load_weights(
                 # or the experts' output norm (A.X-K1's), in their layers only
                 post_mlp_norm=opt(adapter.post_mlp_norm or (moe and adapter.moe_out_norm)),
                 latent=latent,
-                gated=spec.attn_gate and delta is None,
+                gated=spec.attn_gate and mixer is None,
                 sinks=_sinks(tensors, f"{p}.{adapter.sinks}", device) if adapter.sinks else None,
-                delta=delta,
+                mixer=mixer,
             )
         )
         if spec.norm_bias:

@@ -14,6 +14,7 @@ from compress.runtime.engine import PREFILL_TOKENS, PREFIX_CACHE_BYTES
 from compress.runtime.kv_blocks import block_size
 from compress.runtime.kv_cache import kv_scheme
 from compress.runtime.speculative import check_draft_vocabulary, make_speculator
+from compress.runtime.states import mixer_kind
 from compress.runtime.weights import load_weights
 from compress.serve.metrics import Metrics
 from compress.serve.scheduler import Scheduler, ServingEngine
@@ -58,10 +59,11 @@ def build_app(
     check_draft_vocabulary(draft, ckpt.config)
     tokenizer = load_tokenizer(ckpt)
     weights = load_weights(ckpt)
-    if weights.spec.linear_layers and prefix_cache_mb:
+    kind = mixer_kind(weights.layers)
+    if kind and prefix_cache_mb:
         raise LlmpressError(
             "--prefix-cache-mb: cached prompt blocks hold attention's keys and values, not a "
-            "Gated DeltaNet layer's state, so the prefix cache is off for this model; drop it"
+            f"{kind} layer's state, so the prefix cache is off for this model; drop it"
         )
     scheme = kv_scheme(kv, ckpt.config)
     eos = tuple(i for i in (tokenizer.eos_token_id,) if i is not None)

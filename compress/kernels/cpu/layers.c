@@ -160,42 +160,66 @@ static int delta_rows(const QDelta *d, const float *qkv, int n, const float *x, 
                   (int)T, d->k_heads, d->v_heads, d->k_dim, d->v_dim, att + r0 * width);
 }
 
-/* A DeltaNet layer's branch on the step's normed rows xn (and their codes): its qkv
- * product, each sequence's mixing (a decode step's rows one token of slots[b] each; a
- * prefill step's chunks, then its decode rows), and o on that, into out [B, hidden].
- * `buf`: DeltaBuf's floats. -1: out of memory. */
-static int delta_branch(const QLayer *L, int B, int hidden, int hp, const float *xn,
+/* The same of a Mamba-2 layer: in_proj's rows r0.. of one sequence. */
+static int mamba_rows(const QMamba *m, const float *proj, int n, int64_t slot, int64_t r0,
+                      int64_t T, int fresh, float *att) {
+    int width = m->heads * m->head_dim;
+    float *tail = m->tail + slot * m->tail_stride, *state = m->state + slot * m->state_stride;
+    if (fresh) {
+        memset(tail, 0, sizeof(float) * (size_t)m->tail_stride);
+        memset(state, 0, sizeof(float) * (size_t)m->state_stride);
+    }
+    return llmp_mamba2(proj + r0 * n, n, m->conv, m->conv_bias, m->kernel, tail, state, m->decay,
+                       m->dt_bias, m->d, m->norm, m->eps, (int)T, m->heads, m->head_dim,
+                       m->state_size, m->groups, att + r0 * width);
+}
+
+/* What a recurrent layer's mixing gives o a row: a DeltaNet's or a Mamba's width. */
+static int mixer_width(const QLayer *L) {
+    return L->delta ? L->delta->v_heads * L->delta->v_dim : L->mamba->heads * L->mamba->head_dim;
+}
+
+static int mixer_rows(const QLayer *L, const float *qkv, int n, const float *x, int ldx,
+                      int hidden, int64_t slot, int64_t r0, int64_t T, int fresh, float *att) {
+    if (L->delta) return delta_rows(L->delta, qkv, n, x, ldx, hidden, slot, r0, T, fresh, att);
+    return mamba_rows(L->mamba, qkv, n, slot, r0, T, fresh, att);
+}
+
+/* A recurrent layer's branch (a DeltaNet's, a Mamba's) on the step's normed rows xn (and
+ * their codes): its qkv product, each sequence's mixing (a decode step's rows one token
+ * of slots[b] each; a prefill step's chunks, then its decode rows), and o on that, into
+ * out [B, hidden]. `buf`: mixer_floats' floats. -1: out of memory. */
+static int mixer_branch(const QLayer *L, int B, int hidden, int hp, const float *xn,
                         int8_t *x8, float *dx, float *bs, const int64_t *slots, const Spans *sp,
                         float *buf, float *out) {
-    const QDelta *d = L->delta;
-    int n = L->qkv.n, width = d->v_heads * d->v_dim, wp = (width + 31) / 32 * 32;
+    int n = L->qkv.n, width = mixer_width(L), wp = (width + 31) / 32 * 32;
     float *qkv = buf, *att = qkv + (int64_t)B * n, *pad = att + (int64_t)B * width;
     float *ddx = pad + (int64_t)B * wp, *dbs = ddx + (int64_t)B * (wp / 32);
     int8_t *dx8 = (int8_t *)(dbs + (int64_t)B * (wp / 32));
     if (qlin(&L->qkv, x8, dx, bs, B, qkv, xn, hp)) return -1;
     if (sp == NULL) {
         for (int b = 0; b < B; b++)
-            if (delta_rows(d, qkv, n, xn, hp, hidden, slots[b], b, 1, 0, att)) return -1;
+            if (mixer_rows(L, qkv, n, xn, hp, hidden, slots[b], b, 1, 0, att)) return -1;
     } else {
         for (int i = 0; i < sp->nc; i++)
-            if (delta_rows(d, qkv, n, xn, hp, hidden, sp->slot[i], sp->row0[i], sp->T[i],
+            if (mixer_rows(L, qkv, n, xn, hp, hidden, sp->slot[i], sp->row0[i], sp->T[i],
                            sp->start[i] == 0, att))
                 return -1;
         for (int j = 0; j < sp->nd; j++)
-            if (delta_rows(d, qkv, n, xn, hp, hidden, sp->dslot[j], B - sp->nd + j, 1, 0, att))
+            if (mixer_rows(L, qkv, n, xn, hp, hidden, sp->dslot[j], B - sp->nd + j, 1, 0, att))
                 return -1;
     }
     quantize_rows_padded(att, B, width, width, wp, pad, dx8, ddx, dbs);
     return qlin(&L->o, dx8, ddx, dbs, B, out, pad, wp);
 }
 
-/* Floats of delta_branch's scratch at B rows for the widest DeltaNet of the stack (0: none). */
-static int64_t delta_floats(const QLayer *layers, int n_layers, int B) {
+/* Floats of mixer_branch's scratch at B rows for the widest recurrent layer of the stack
+ * (0: none). */
+static int64_t mixer_floats(const QLayer *layers, int n_layers, int B) {
     int64_t most = 0;
     for (int l = 0; l < n_layers; l++) {
-        const QDelta *d = layers[l].delta;
-        if (d == NULL) continue;
-        int64_t width = d->v_heads * d->v_dim, wp = (width + 31) / 32 * 32;
+        if (layers[l].delta == NULL && layers[l].mamba == NULL) continue;
+        int64_t width = mixer_width(layers + l), wp = (width + 31) / 32 * 32;
         int64_t f = (int64_t)B * (layers[l].qkv.n + width + wp + 2 * (wp / 32) + wp / 4 + 1);
         if (f > most) most = f;
     }
@@ -223,15 +247,15 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     float *kn = q + (int64_t)B * heads * D;
     float *vn = kn + (int64_t)B * kv_heads * D;
     float *mla_work = vn + (int64_t)B * kv_heads * D; /* the `mla` floats a row (QMla) */
-    int64_t delta_n = delta_floats(layers, n_layers, B);
+    int64_t delta_n = mixer_floats(layers, n_layers, B);
     float *delta_buf = delta_n ? malloc(sizeof(float) * (size_t)delta_n) : NULL;
     if (delta_n && delta_buf == NULL) return -1;
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
-        if (L->delta) {
-            if (delta_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, delta_buf, tmp)) break;
+        if (L->delta || L->mamba) {
+            if (mixer_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, delta_buf, tmp)) break;
         } else {
             if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
             if (L->mla) {
@@ -455,7 +479,7 @@ int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int
                         const int64_t *full, int nd, const int64_t *dslot,
                         const int64_t *positions, float *work, float *moe_work) {
     int cached = 0; /* the layers `full` holds: the cache's */
-    for (int l = 0; l < n_layers; l++) cached += layers[l].delta == NULL;
+    for (int l = 0; l < n_layers; l++) cached += layers[l].delta == NULL && layers[l].mamba == NULL;
     Spans sp = {nc, cached, slot, start, T, row0, full, nd, dslot};
     return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
                       act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);

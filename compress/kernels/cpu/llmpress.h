@@ -141,6 +141,17 @@ typedef struct {
     int64_t tail_stride, state_stride;
 } QDelta;
 
+/* A Mamba-2 mixer in place of attention (runtime/mamba.py): the layer's qkv is its in_proj
+ * [heads * head_dim + channels + heads] a row, o reads the mixing's heads * head_dim
+ * (llmp_mamba2); tail and state point at the cache's states, a slot's at slot * stride. */
+typedef struct {
+    int heads, head_dim, state_size, groups, kernel;
+    const float *conv, *conv_bias, *decay, *dt_bias, *d, *norm;
+    float eps;
+    float *tail, *state;
+    int64_t tail_stride, state_stride;
+} QMamba;
+
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
@@ -184,6 +195,8 @@ typedef struct {
                                                  * out_proj); or NULL */
     int kv_layer;                               /* its layer of the KV cache, which holds
                                                  * the attention layers alone */
+    const QMamba *mamba;                        /* a Mamba-2 mixer in place of attention
+                                                 * (qkv its in_proj, o its out_proj); or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -248,6 +261,9 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
 void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias, int E, int hidden, int K, int renorm, int scoring, float jitter, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
+
+/* ---- mamba.c */
+int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *conv_bias, int kernel, float *tail, float *state, const float *decay, const float *dt_bias, const float *d, const float *norm, float eps, int T, int H, int P, int N, int G, float *out);
 
 /* ---- deltanet.c */
 int llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t ld_z, const float *x, int64_t ld_x, int hidden, const float *ba, const float *conv, int kernel, float *tail, float *state, const float *decay, const float *dt_bias, const float *norm, float eps, int T, int KH, int H, int K, int V, float *out);

@@ -1,0 +1,75 @@
+/* A Mamba-2 layer's mixing over T tokens of one sequence (runtime/mamba.py), from in_proj's
+ * rows [z, x·B·C, dt] to what out_proj reads: the causal depthwise convolution of x, B and C
+ * over the slot's tail (its bias) and SiLU; dt = softplus(dt + dt_bias); per head the state
+ * [P, N] decayed by exp(dt·A) and written dt·x ⊗ B of its group, read with C, plus D·x;
+ * then y·SiLU(z) RMS-normed over each group's heads, times the norm's weight. Every row is
+ * computed alike whatever rows beside it, so a prompt prefilled whole, in chunks or token
+ * by token gives the same bits. Three phases, each spread over the threads: channels (the
+ * convolution carries each channel's tail), heads (the state carries each head's [P, N]),
+ * tokens (the gated norm). */
+#include "internal.h"
+
+INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
+INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's */
+
+int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *conv_bias,
+                int kernel, float *tail, float *state, const float *decay, const float *dt_bias,
+                const float *d, const float *norm, float eps, int T, int H, int P, int N, int G,
+                float *out) {
+    const int width = H * P, bc = G * N, channels = width + 2 * bc, per = H / G, gw = width / G;
+    float *rows = malloc(sizeof(float) * ((size_t)T * channels + (size_t)T * H));
+    if (rows == NULL) return -1;
+    float *dt = rows + (int64_t)T * channels;
+    #pragma omp parallel for schedule(static) if ((int64_t)T * channels > 65536)
+    for (int c = 0; c < channels; c++) { /* the convolution, each channel over its tail */
+        const float *w = conv + (int64_t)c * kernel;
+        float *past = tail + (int64_t)c * (kernel - 1);
+        for (int t = 0; t < T; t++) {
+            const float now = proj[t * ld + width + c];
+            float y = conv_bias[c] + w[kernel - 1] * now;
+            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
+            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
+            if (kernel > 1) past[kernel - 2] = now;
+            rows[(int64_t)t * channels + c] = silu(y);
+        }
+    }
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++)
+            dt[(int64_t)t * H + h] = softplus(proj[t * ld + width + channels + h] + dt_bias[h]);
+    #pragma omp parallel for schedule(static) if ((int64_t)T * H * P * N > 65536)
+    for (int h = 0; h < H; h++) {
+        float *s = state + (int64_t)h * P * N;
+        const int g = h / per;
+        for (int t = 0; t < T; t++) {
+            const float *r = rows + (int64_t)t * channels;
+            const float *x = r + (int64_t)h * P, *B = r + width + (int64_t)g * N;
+            const float *C = r + width + bc + (int64_t)g * N;
+            const float step = dt[(int64_t)t * H + h], a = expf(step * decay[h]);
+            float *o = out + (int64_t)t * width + (int64_t)h * P;
+            for (int p = 0; p < P; p++) {
+                float *row = s + (int64_t)p * N, acc = 0.0f;
+                const float xp = step * x[p];
+                for (int n = 0; n < N; n++) {
+                    row[n] = row[n] * a + xp * B[n];
+                    acc += row[n] * C[n];
+                }
+                o[p] = acc + d[h] * x[p];
+            }
+        }
+    }
+    #pragma omp parallel for schedule(static) if ((int64_t)T * width > 65536)
+    for (int t = 0; t < T; t++) { /* y times SiLU(z), normed over each group */
+        for (int g = 0; g < G; g++) {
+            float *o = out + (int64_t)t * width + (int64_t)g * gw, sq = 0.0f;
+            const float *z = proj + t * ld + (int64_t)g * gw;
+            for (int j = 0; j < gw; j++) {
+                o[j] *= silu(z[j]);
+                sq += o[j] * o[j];
+            }
+            const float inv = 1.0f / sqrtf(sq / (float)gw + eps);
+            for (int j = 0; j < gw; j++) o[j] = o[j] * inv * norm[(int64_t)g * gw + j];
+        }
+    }
+    free(rows);
+    return 0;
+}
