@@ -33,7 +33,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   llama's block, internlm3's biased; cwm: 1 full : 3 sliding layers, Llama 3 rope
   scaling; jais2: LayerNorms with a bias, relu² MLP without a gate, every linear biased;
   qwen3_5_text: 3 Gated DeltaNet layers (16 key and 16 value heads of 128) : 1 full
-  attention layer whose q is gated per head, a quarter of each head rotated, (1+w) norms);
+  attention layer whose q is gated per head, a quarter of each head rotated, (1+w) norms;
+  bamba: 7 Mamba-2 layers (28 heads of 64, one group, a state of 128, as Bamba-9B's
+  widths scale) : 1 llama attention layer, half of each head rotated);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (qwen3_5_moe_text
   with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; qwen3_next
   the same with its DeltaNets' projections grouped by key head; mixtral's own
@@ -138,6 +140,14 @@ _DELTANET = {
 }  # fmt: skip
 DENSE = {
     "qwen3_5_text": _DELTANET,
+    "bamba": {  # Bamba-9B's Mamba at this width (its expand of 2), 3 attention layers of 24
+        "mamba_n_heads": 28,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 128,
+        "mamba_chunk_size": 256,
+        "attn_layer_indices": [7, 15, 23],
+    },
     "llama3": {  # Llama 3.1's rope scaling, its original context scaled to this one
         "rope_parameters": {
             **FAMILIES["llama3"][1]["rope_parameters"],
