@@ -482,7 +482,18 @@ _MAMBA2 = {
     "mamba_expand": 2,
     "mamba_chunk_size": 64,
 }
-MAMBA_FAMILIES = {"bamba": ("BambaConfig", _MAMBA2)}
+MAMBA_FAMILIES = {
+    "bamba": ("BambaConfig", _MAMBA2),
+    # Granite 4.0 H (dense): granite's multipliers, no rope, the MLP as one input_linear
+    "granitemoehybrid": (
+        "GraniteMoeHybridConfig",
+        {**{k: v for k, v in _MAMBA2.items() if k != "attn_layer_indices"},
+         "layer_types": ["mamba"] * 3 + ["attention"], "num_local_experts": 0,
+         "shared_intermediate_size": 128, "position_embedding_type": None,
+         "embedding_multiplier": 2.0, "attention_multiplier": 0.2,
+         "residual_multiplier": 0.5, "logits_scaling": 2.0},
+    ),
+}  # fmt: skip
 HYBRID_FAMILIES.update(MAMBA_FAMILIES)
 
 

@@ -1,5 +1,5 @@
-"""Mamba-2 beside attention (IBM's Bamba): compression reads it through transformers' own
-blocks, each layer by the kind its config names, and the artifact opens in plain
+"""Mamba-2 beside attention (IBM's Bamba, Granite 4.0 H): compression reads it through
+transformers' own blocks, each layer by the kind its config names, and the artifact opens in plain
 transformers and passes vLLM's loading rules; the runtime runs each sequence's Mamba state
 beside the KV cache of the attention layers alone; pruning, speculation and the prefix
 cache refuse it in one line, as they do Gated DeltaNet models."""
@@ -18,11 +18,13 @@ from test_hybrid_attention import (
 )
 from test_latent_attention import _compress, _logits
 
+from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
 from compress.model.adapters import Mamba2, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
 from compress.runtime.kv_cache import cache_for, parse_kv
+from compress.runtime.lm import RuntimeLM
 from compress.runtime.model import Chunk, Model
 from compress.runtime.states import MixerStates
 from compress.runtime.weights import load_weights
@@ -35,9 +37,11 @@ def ids():
     return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory, tokenizer_dir):
-    return write_family(tmp_path_factory.mktemp("mamba") / "src", "bamba", tokenizer_dir)
+@pytest.fixture(scope="module", params=["bamba", "granitemoehybrid"])
+def model(request, tmp_path_factory, tokenizer_dir):
+    """Bamba, and Granite 4.0 H's dense kind (granite's multipliers, no rope, the MLP as
+    one input_linear)."""
+    return write_family(tmp_path_factory.mktemp("mamba") / "src", request.param, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +178,27 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
     asked-for prefix cache and pruning refuse it in one line each; the engine generates for
     two prompts at once what it does for each alone."""
     runs_and_refuses(model, w4, wikitext, tmp_path, "Mamba-2")
+
+
+@pytest.mark.parametrize("rope", ["rope", None])
+def test_granite_4_with_attention_alone_and_its_experts_refused(tmp_path, tokenizer_dir, ids, rope):
+    """Granite 4.0 Micro, 1B and 350M are granitemoehybrid with attention in every layer
+    and rope (the H models have Mamba layers and none): the block walk and the runtime
+    compute transformers' logits either way; a model with experts beside the shared MLP
+    (H-Tiny, H-Small) is refused in one line."""
+    src = write_family(
+        tmp_path / "dense", "granitemoehybrid", tokenizer_dir,
+        layer_types=["attention"] * 2, num_hidden_layers=2, position_embedding_type=rope,
+    )  # fmt: skip
+    assert adapter_for(json.loads((src / "config.json").read_text())).linear_layers == ()
+    want = _logits(src, ids)
+    walk = BlockwiseOriginal(resolve(str(src)), ids, log=lambda _: None)
+    assert (walk.reference(0, ids[0]) - torch.log_softmax(want[:-1], -1)).abs().max() < 1e-4
+    got = RuntimeLM(load_weights(resolve(str(src)), device="cpu"), LENGTH)(ids).logits[0]
+    assert (got - want).abs().max() < 1e-4
+    moe = write_family(tmp_path / "moe", "granitemoehybrid", tokenizer_dir, num_local_experts=4)
+    with pytest.raises(LlmpressError, match=r"^granitemoehybrid: num_local_experts \(experts"):
+        resolve(str(moe))
 
 
 def test_serve_answers_the_openai_client(w4):

@@ -589,6 +589,9 @@ class Adapter:
     # the config's embedding, attention and residual multipliers and logits_scaling set
     # those scales (granite)
     multipliers: bool = False
+    # (config key, value): the model rotates q and k only where the key has that value,
+    # every layer without rope otherwise (granitemoehybrid's position_embedding_type)
+    rope_switch: tuple[str, str] | None = None
     # logits_scaling multiplies the logits where granite's divides them (hyperclovax)
     logits_scaling_multiplies: bool = False
     # the config key without which the branch outputs' norms do not exist (hyperclovax's
@@ -1153,6 +1156,27 @@ BAMBA = replace(
     linear_attention=True,
     mamba_layers=True,
 )
+# granitemoehybrid (IBM Granite 4.0: the dense H-Micro, H-1B and H-350M, and Micro, 1B and
+# 350M with attention in every layer): granite's four multipliers, Bamba's Mamba-2 layers
+# where layer_types says, rope only where position_embedding_type is "rope" (the H models
+# have none), the MLP `shared_mlp` with gate and up as one input_linear, gate rows first;
+# the models with experts (H-Tiny, H-Small: stacked input_linear/output_linear) refused
+GRANITE_HYBRID = replace(
+    LLAMA,
+    families=("granitemoehybrid",),
+    architecture="GraniteMoeHybridForCausalLM",
+    multipliers=True,
+    mlp="shared_mlp",
+    gate_up="shared_mlp.input_linear",
+    down="shared_mlp.output_linear",
+    act_module="shared_mlp.activation",
+    dense_width="shared_intermediate_size",
+    bias_options=_ATTENTION_BIAS,
+    linear_attention=True,
+    mamba_layers=True,
+    rope_switch=("position_embedding_type", "rope"),
+    refused_options=(("num_local_experts", "experts beside the shared MLP"),),
+)
 # Hunyuan's: per head under their own names, after rope
 _HUNYUAN_ATTENTION = {
     "q_norm": "self_attn.query_layernorm",
@@ -1445,6 +1469,7 @@ ADAPTERS: dict[str, Adapter] = {
     ),
     "qwen3_5_text": _QWEN3_5,
     "bamba": BAMBA,
+    "granitemoehybrid": GRANITE_HYBRID,
     # qwen3_5_moe_text (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): qwen3_5_text's layers with
     # qwen2_moe's experts in every layer, always renormalized, and its gated shared expert
     "qwen3_5_moe_text": replace(

@@ -204,7 +204,7 @@ def _block_kwargs(
 
 def _mixer(block: torch.nn.Module, attn: str, linear: str | None) -> torch.nn.Module:
     """The block's attention module, or its linear attention's where it has that."""
-    if linear is not None and not hasattr(block, attn.split(".")[0]):
+    if linear is not None and getattr(block, attn.split(".")[0], None) is None:
         return block.get_submodule(linear)
     return block.get_submodule(attn)
 

@@ -478,6 +478,8 @@ def build_model(config: dict, state_dict: dict[str, torch.Tensor], adapter: Adap
         parent, _, child = name.rpartition(".")
         owner = model.get_submodule(parent)
         held = getattr(owner, child)
+        if held is None:  # (granitemoehybrid without rope builds none)
+            continue
         if isinstance(held, torch.nn.ModuleList):  # granite_swa's: one per rope base, each
             for i, module in enumerate(held):  # built from a config of its own
                 held[i] = type(module)(config=module.config)

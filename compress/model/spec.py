@@ -177,6 +177,8 @@ def describe(config: dict, adapter) -> BlockSpec:
             p = {**p, "rope_theta": theta}
         rope = rope_spec(p, head_dim, hf.max_position_embeddings)
         ropes.append(rope if theta != 0 else replace(rope, kind="none", params=()))
+    if adapter.rope_switch and getattr(hf, adapter.rope_switch[0], None) != adapter.rope_switch[1]:
+        ropes = [replace(r, kind="none", params=()) for r in ropes]  # (granitemoehybrid's NoPE)
     for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):
         if not rotates:  # SmolLM3's NoPE layers: 0 in no_rope_layers
             ropes[i] = replace(ropes[i], kind="none", params=())
