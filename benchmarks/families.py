@@ -35,7 +35,9 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   qwen3_5_text: 3 Gated DeltaNet layers (16 key and 16 value heads of 128) : 1 full
   attention layer whose q is gated per head, a quarter of each head rotated, (1+w) norms;
   bamba: 7 Mamba-2 layers (28 heads of 64, one group, a state of 128, as Bamba-9B's
-  widths scale) : 1 llama attention layer, half of each head rotated);
+  widths scale) : 1 llama attention layer, half of each head rotated; lfm2: 2 gated
+  short convolutions (kernel 3) : 1 attention layer with per-head q/k norms, the MLP's
+  width by LFM2's rule);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (qwen3_5_moe_text
   with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; qwen3_next
   the same with its DeltaNets' projections grouped by key head; mixtral's own
@@ -140,6 +142,11 @@ _DELTANET = {
 }  # fmt: skip
 DENSE = {
     "qwen3_5_text": _DELTANET,
+    "lfm2": {  # LFM2's third of attention layers (LFM2-350M: 6 of 16), kernel 3
+        "layer_types": ["full_attention" if i % 3 == 2 else "conv" for i in range(24)],
+        "conv_L_cache": 3,
+        "block_multiple_of": 256,
+    },
     "bamba": {  # Bamba-9B's Mamba at this width (its expand of 2), 3 attention layers of 24
         "mamba_n_heads": 28,
         "mamba_d_head": 64,

@@ -494,7 +494,17 @@ MAMBA_FAMILIES = {
          "residual_multiplier": 0.5, "logits_scaling": 2.0},
     ),
 }  # fmt: skip
+# LFM2: gated short convolutions (kernel 3) in 3 layers of 4, attention with per-head q/k
+# norms in the other; the MLP's width by LFM2's rule (192 → 128)
+SHORT_CONV_FAMILIES = {
+    "lfm2": (
+        "Lfm2Config",
+        {"num_hidden_layers": 4, "layer_types": ["conv", "conv", "full_attention", "conv"],
+         "intermediate_size": 192, "block_multiple_of": 32, "conv_L_cache": 3},
+    ),
+}  # fmt: skip
 HYBRID_FAMILIES.update(MAMBA_FAMILIES)
+HYBRID_FAMILIES.update(SHORT_CONV_FAMILIES)
 
 
 def triton_steps_match_reference(artifact: Path, ids, device: str) -> None:

@@ -172,9 +172,9 @@ def rms_norm_quantized(
 
 
 _C = api()  # cpu/llmpress.h: its structs and constants
-_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QMamba, _QLayer, _DecodeCtx = (
-    _C.structs[n]
-    for n in ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QMamba", "QLayer", "DecodeCtx")
+_STRUCTS = ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QMamba", "QConv", "QLayer")
+_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QMamba, _QConv, _QLayer, _DecodeCtx = (
+    _C.structs[n] for n in (*_STRUCTS, "DecodeCtx")
 )
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
@@ -475,6 +475,20 @@ def deltanet_rows(dn, mixed, z, x, tail, state, out) -> None:
         dn.v_dim, _ptr(out),
     )  # fmt: skip
     _check_status(status)
+
+
+def short_conv_rows(m, proj, tail, out) -> None:
+    """LFM2's short convolution (runtime/short_conv.py's ShortConv `m`) of one sequence's T
+    rows of in_proj's output `proj` [T, 3 · width]; the slot's `tail` continues in place;
+    what out_proj reads goes into `out` [T, width] (contiguous)."""
+    pp, lp = _rows_f32(proj, "proj")
+    for t, name in ((tail, "tail"), (out, "out"), (m.conv, "conv")):
+        _check_f32(t, f"short convolution {name}")
+    if out.shape != (proj.shape[0], m.width) or tail.shape != (m.width, m.conv.shape[1] - 1):
+        raise ValueError(f"short convolution tail {tuple(tail.shape)}, out {tuple(out.shape)}")
+    library().llmp_short_conv(
+        pp, lp, _ptr(m.conv), m.conv.shape[1], _ptr(tail), proj.shape[0], m.width, _ptr(out)
+    )
 
 
 def mamba_rows(m, proj, tail, state, out) -> None:
@@ -1021,6 +1035,25 @@ class _FusedMixer:
 
 
 @dataclass
+class FusedConv(_FusedMixer):
+    """A short convolution for the one-call decoder: runtime/short_conv.py's ShortConv, the
+    layer's index among the cache's recurrent states (its tail bound before each step)."""
+
+    net: object
+    index: int
+    _native: object = None
+
+    def native(self):
+        _check_f32(self.net.conv, "short convolution")
+        self._native = _QConv(self.net.width, self.net.conv.shape[1], _ptr(self.net.conv), None, 0)
+        return self._native
+
+    def bind(self, states) -> None:
+        tail = states.conv[self.index]
+        self._native.tail, self._native.tail_stride = _ptr(tail), tail[0].numel()
+
+
+@dataclass
 class FusedMamba(_FusedMixer):
     """A Mamba-2 for the one-call decoder: runtime/mamba.py's Mamba2 (its fp32 tensors), the
     layer's index among the cache's recurrent states (bound before each step: `bind`)."""
@@ -1100,6 +1133,7 @@ class FusedLayer:
     delta: FusedDelta | None = None  # a Gated DeltaNet in place of attention
     kv_layer: int = 0  # its place among the KV cache's layers (an attention layer's)
     mamba: FusedMamba | None = None  # a Mamba-2 in place of attention
+    conv: FusedConv | None = None  # a short convolution in place of attention
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -1114,7 +1148,7 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
-        mla = delta = mamba = None
+        mla = delta = mamba = conv = None
         if self.mla is not None:
             mla, tables = self.mla.native()
             keep += [mla, tables]
@@ -1124,6 +1158,9 @@ class FusedLayer:
         if self.mamba is not None:
             mamba = self.mamba.native()
             keep.append(mamba)
+        if self.conv is not None:
+            conv = self.conv.native()
+            keep.append(conv)
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
@@ -1134,6 +1171,7 @@ class FusedLayer:
             None if mla is None else ctypes.addressof(mla), int(self.gated),
             _opt(self.sinks), None if delta is None else ctypes.addressof(delta), self.kv_layer,
             None if mamba is None else ctypes.addressof(mamba),
+            None if conv is None else ctypes.addressof(conv),
         )  # fmt: skip
         return layer, keep
 
@@ -1154,7 +1192,7 @@ class FusedDecoder:
             self.head = (head[0], head[1], _qlin(head[1]), head[1].packed.out_features)
         natives = [layer.native() for layer in layers]
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
-        self.deltas = [x.delta or x.mamba for x in layers if x.delta or x.mamba]
+        self.deltas = [x.delta or x.mamba or x.conv for x in layers if x.delta or x.mamba or x.conv]
         self.bound = None  # the DeltaNet states the deltas point into
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
@@ -1177,7 +1215,7 @@ class FusedDecoder:
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
         # the layers the KV cache holds
-        self.cached = sum(x.delta is None and x.mamba is None for x in layers)
+        self.cached = sum(not (x.delta or x.mamba or x.conv) for x in layers)
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
         self.prefill_work: torch.Tensor | None = None  # the largest prefill step's scratch
         self.ctx = None

@@ -475,6 +475,55 @@ class Mamba2:
 
 
 @dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (its `conv` layers), sized by its config: in_proj gives
+    B, C and x [width each]; B·x through a causal depthwise convolution (kernel `conv`),
+    times C, then out_proj. A sequence carries the last kernel − 1 values of B·x."""
+
+    width: int
+    conv: int
+
+    module = "conv"
+    in_proj = "conv.in_proj"
+    out = "conv.out_proj"
+    conv1d = "conv.conv"
+    grouped = False  # (GatedDeltaNet's)
+    kept = ()
+    qkv = in_proj
+    z = None
+    linears = (in_proj,)
+    reads_hidden = (in_proj,)
+    fused = ()
+
+    @classmethod
+    def of(cls, hf) -> ShortConv:
+        if getattr(hf, "conv_bias", False):
+            raise LlmpressError(
+                f"{hf.model_type}: conv_bias (biased short-convolution projections) is not "
+                "supported yet; open an issue with the model's config.json"
+            )
+        return cls(hf.hidden_size, hf.conv_L_cache)
+
+    @property
+    def channels(self) -> int:
+        return self.width
+
+    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
+        """in_proj reads the norm's output; out_proj reads C times the convolution's."""
+        return (InputGroup(attn_norm, self.reads_hidden),)
+
+    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        return {
+            self.in_proj: (3 * self.width, hidden),
+            self.out: (hidden, self.width),
+            self.conv1d: (self.width, 1, self.conv),
+        }
+
+    def tensors(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        return {f"{self.conv1d}.weight": (self.width, 1, self.conv)}
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where the parts of a llama-family model are, by module name."""
 
@@ -660,13 +709,20 @@ class Adapter:
     # a Mamba-2 mixer in those layers instead (Bamba's, Granite 4.0's): `mamba` is bound
     mamba_layers: bool = False
     mamba: Mamba2 | None = None
+    # or LFM2's gated short convolution, in the layers layer_types calls `conv`
+    conv_layers: bool = False
+    short_conv: ShortConv | None = None
     linear_layers: tuple[int, ...] = ()
-    mixer: GatedDeltaNet | Mamba2 | None = None
+    mixer: GatedDeltaNet | Mamba2 | ShortConv | None = None
+    # the MLP's width from intermediate_size by LFM2's rule (block_auto_adjust_ff_dim)
+    adjusted_ff: bool = False
 
     def shape(self, config: dict) -> ModelShape:
         shape = ModelShape.of(config, self.head_dim)
         if self.dense_width and config.get(self.dense_width):
             shape = replace(shape, intermediate=config[self.dense_width])
+        if self.adjusted_ff and config.get("block_auto_adjust_ff_dim", True):
+            shape = replace(shape, intermediate=_adjusted_ff(config, shape.intermediate))
         return shape
 
     def layer(self, i: int) -> Adapter:
@@ -677,7 +733,7 @@ class Adapter:
         if i in self.dense_layers:
             block = replace(block, experts=0, expert_width=0, shared_width=0, dense_layers=())
         if i in self.linear_layers:
-            dn = self.deltanet or self.mamba
+            dn = self.deltanet or self.mamba or self.short_conv
             block = replace(
                 block, mixer=dn, o=dn.out, q_norm=None, k_norm=None, attn_gate_in_q=False,
                 linear_layers=(),
@@ -1118,6 +1174,17 @@ class MoeKeys:
         return out
 
 
+def _adjusted_ff(config: dict, width: int) -> int:
+    """LFM2's MLP width from intermediate_size: two thirds, times block_ffn_dim_multiplier
+    (then rounded up to block_multiple_of) where the config has one."""
+    width = int(2 * width / 3)
+    multiplier = config.get("block_ffn_dim_multiplier", 1.0)
+    if multiplier is None:
+        return width
+    step = config.get("block_multiple_of", 256)
+    return step * ((int(multiplier * width) + step - 1) // step)
+
+
 LLAMA = Adapter(families=("llama",))
 
 _QWEN_MOE_KEYS = ("num_experts", "moe_intermediate_size", "norm_topk_prob")
@@ -1155,6 +1222,30 @@ BAMBA = replace(
     bias_options=_ATTENTION_BIAS,
     linear_attention=True,
     mamba_layers=True,
+)
+# lfm2 (Liquid AI's LFM2 350M-2.6B): gated short convolutions in the layers layer_types
+# calls `conv`, attention with per-head q/k norms in the others, llama's MLP under its own
+# names (w1, w3, w2) at the width LFM2's rule makes of intermediate_size; the final norm
+# is `embedding_norm`
+LFM2 = replace(
+    LLAMA,
+    families=("lfm2",),
+    architecture="Lfm2ForCausalLM",
+    attn_norm="operator_norm",
+    mlp_norm="ffn_norm",
+    final_norm="model.embedding_norm",
+    o="self_attn.out_proj",
+    mlp="feed_forward",
+    gate="feed_forward.w1",
+    up="feed_forward.w3",
+    down="feed_forward.w2",
+    act_module="feed_forward.act_fn",
+    q_norm="self_attn.q_layernorm",
+    k_norm="self_attn.k_layernorm",
+    norm_eps="norm_eps",
+    linear_attention=True,
+    conv_layers=True,
+    adjusted_ff=True,
 )
 # granitemoehybrid (IBM Granite 4.0: the dense H-Micro, H-1B and H-350M, and Micro, 1B and
 # 350M with attention in every layer): granite's four multipliers, Bamba's Mamba-2 layers
@@ -1470,6 +1561,7 @@ ADAPTERS: dict[str, Adapter] = {
     "qwen3_5_text": _QWEN3_5,
     "bamba": BAMBA,
     "granitemoehybrid": GRANITE_HYBRID,
+    "lfm2": LFM2,
     # qwen3_5_moe_text (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): qwen3_5_text's layers with
     # qwen2_moe's experts in every layer, always renormalized, and its gated shared expert
     "qwen3_5_moe_text": replace(
@@ -2187,14 +2279,15 @@ def adapter_for(config: dict) -> Adapter:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
     if adapter.linear_attention:
-        kinds = tuple(hf.layer_types)
-        mixer = {"mamba": Mamba2.of(hf)} if adapter.mamba_layers else {
-            "deltanet": GatedDeltaNet.of(hf, adapter.deltanet_grouped)
-        }  # fmt: skip
+        kinds, kind = tuple(hf.layer_types), "linear_attention"
+        if adapter.mamba_layers:
+            mixer = {"mamba": Mamba2.of(hf)}
+        elif adapter.conv_layers:
+            mixer, kind = {"short_conv": ShortConv.of(hf)}, "conv"
+        else:
+            mixer = {"deltanet": GatedDeltaNet.of(hf, adapter.deltanet_grouped)}
         adapter = replace(
-            adapter,
-            **mixer,
-            linear_layers=tuple(i for i, t in enumerate(kinds) if t == "linear_attention"),
+            adapter, **mixer, linear_layers=tuple(i for i, t in enumerate(kinds) if t == kind)
         )
     if adapter.latent_attention:
         adapter = replace(adapter, latent=Latent.of(hf, adapter.rope_tables == "complex"))

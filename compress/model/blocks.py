@@ -115,7 +115,7 @@ class BlockStore:
     def position_embeddings(self, length: int) -> Positions:
         widest = _widest(self.hf_config, self.spec)
         chunk = chunk_samples(length, widest, self.device)
-        dn = self.adapter.deltanet or self.adapter.mamba
+        dn = self.adapter.deltanet or self.adapter.mamba or self.adapter.short_conv
         return Positions(
             self.spec, length, chunk, self.adapter.rope_tables, self.adapter.attn,
             dn.module if dn else None,

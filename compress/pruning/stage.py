@@ -351,12 +351,19 @@ def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
     return shape
 
 
+def _mixer_name(adapter) -> str:
+    """What a model's recurrent layers are, for messages."""
+    if adapter.mamba:
+        return "Mamba-2"
+    return "short-convolution" if adapter.short_conv else "Gated DeltaNet"
+
+
 def _prunable(config: dict):
     """The config's adapter, or a one-line refusal where pruning cannot cut its blocks."""
     adapter = adapter_for(config)
     if adapter.linear_layers:  # its widths, depth and parameter count are attention's
         raise LlmpressError(
-            f"prune: {adapter.families[0]}'s {'Mamba-2' if adapter.mamba else 'Gated DeltaNet'} "
+            f"prune: {adapter.families[0]}'s {_mixer_name(adapter)} "
             "layers are not pruned yet "
             "(their heads, the widths they read and the layer kinds a cut depth keeps); "
             "compress it without a prune stage"

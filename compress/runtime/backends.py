@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from compress.kernels.cpu import (
+    FusedConv,
     FusedDecoder,
     FusedDelta,
     FusedExperts,
@@ -27,6 +28,7 @@ from compress.runtime.deltanet import DeltaNet
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import DenseLinear, QuantLinear
 from compress.runtime.mamba import Mamba2
+from compress.runtime.short_conv import ShortConv
 from compress.runtime.weights import ModelWeights
 
 
@@ -211,6 +213,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 sinks=layer.sinks,
                 delta=FusedDelta(layer.mixer, i) if isinstance(layer.mixer, DeltaNet) else None,
                 mamba=FusedMamba(layer.mixer, i) if isinstance(layer.mixer, Mamba2) else None,
+                conv=FusedConv(layer.mixer, i) if isinstance(layer.mixer, ShortConv) else None,
                 kv_layer=max(w.spec.kv_layers[i], 0),
             )
         )

@@ -31,6 +31,7 @@ from compress.runtime.linears import (
     fuse,
 )
 from compress.runtime.mamba import Mamba2
+from compress.runtime.short_conv import ShortConv
 
 
 def _subset(allowed):
@@ -683,7 +684,11 @@ def load_weights(
         latent = mixer = None
         block = adapter.layer(i)  # (a DeltaNet layer's names its own o and no q/k norms)
         dn = block.mixer
-        if isinstance(dn, adapters.Mamba2):  # qkv is its in_proj
+        if isinstance(dn, adapters.ShortConv):  # qkv is its in_proj
+            qkv = [lin(dn.in_proj)]
+            conv = tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device)
+            mixer = ShortConv(dn.width, in_proj=qkv[0], conv=conv)
+        elif isinstance(dn, adapters.Mamba2):  # qkv is its in_proj
             qkv = [lin(dn.in_proj)]
             conv = tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device)
             bias = f"{p}.{dn.conv1d}.bias"

@@ -174,15 +174,29 @@ static int mamba_rows(const QMamba *m, const float *proj, int n, int64_t slot, i
                        m->state_size, m->groups, att + r0 * width);
 }
 
-/* What a recurrent layer's mixing gives o a row: a DeltaNet's or a Mamba's width. */
+/* The same of a short convolution: in_proj's rows r0.. of one sequence. */
+static int conv_rows(const QConv *c, const float *proj, int n, int64_t slot, int64_t r0,
+                     int64_t T, int fresh, float *att) {
+    float *tail = c->tail + slot * c->tail_stride;
+    if (fresh) memset(tail, 0, sizeof(float) * (size_t)c->tail_stride);
+    llmp_short_conv(proj + r0 * n, n, c->conv, c->kernel, tail, (int)T, c->width, att + r0 * c->width);
+    return 0;
+}
+
+static int recurrent(const QLayer *L) { return L->delta || L->mamba || L->conv; }
+
+/* What a recurrent layer's mixing gives o a row: a DeltaNet's, a Mamba's or a short
+ * convolution's width. */
 static int mixer_width(const QLayer *L) {
-    return L->delta ? L->delta->v_heads * L->delta->v_dim : L->mamba->heads * L->mamba->head_dim;
+    if (L->delta) return L->delta->v_heads * L->delta->v_dim;
+    return L->mamba ? L->mamba->heads * L->mamba->head_dim : L->conv->width;
 }
 
 static int mixer_rows(const QLayer *L, const float *qkv, int n, const float *x, int ldx,
                       int hidden, int64_t slot, int64_t r0, int64_t T, int fresh, float *att) {
     if (L->delta) return delta_rows(L->delta, qkv, n, x, ldx, hidden, slot, r0, T, fresh, att);
-    return mamba_rows(L->mamba, qkv, n, slot, r0, T, fresh, att);
+    if (L->mamba) return mamba_rows(L->mamba, qkv, n, slot, r0, T, fresh, att);
+    return conv_rows(L->conv, qkv, n, slot, r0, T, fresh, att);
 }
 
 /* A recurrent layer's branch (a DeltaNet's, a Mamba's) on the step's normed rows xn (and
@@ -218,7 +232,7 @@ static int mixer_branch(const QLayer *L, int B, int hidden, int hp, const float 
 static int64_t mixer_floats(const QLayer *layers, int n_layers, int B) {
     int64_t most = 0;
     for (int l = 0; l < n_layers; l++) {
-        if (layers[l].delta == NULL && layers[l].mamba == NULL) continue;
+        if (!recurrent(layers + l)) continue;
         int64_t width = mixer_width(layers + l), wp = (width + 31) / 32 * 32;
         int64_t f = (int64_t)B * (layers[l].qkv.n + width + wp + 2 * (wp / 32) + wp / 4 + 1);
         if (f > most) most = f;
@@ -254,7 +268,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
-        if (L->delta || L->mamba) {
+        if (recurrent(L)) {
             if (mixer_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, delta_buf, tmp)) break;
         } else {
             if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
@@ -479,7 +493,7 @@ int llmp_prefill_layers(const QLayer *layers, int n_layers, float *h, int B, int
                         const int64_t *full, int nd, const int64_t *dslot,
                         const int64_t *positions, float *work, float *moe_work) {
     int cached = 0; /* the layers `full` holds: the cache's */
-    for (int l = 0; l < n_layers; l++) cached += layers[l].delta == NULL && layers[l].mamba == NULL;
+    for (int l = 0; l < n_layers; l++) cached += !recurrent(layers + l);
     Spans sp = {nc, cached, slot, start, T, row0, full, nd, dslot};
     return run_layers(layers, n_layers, h, B, hidden, heads, kv_heads, D, inter, eps, R, scale,
                       act, cache, NULL, positions, work, moe_work, NULL, NULL, NULL, &sp);

@@ -152,6 +152,16 @@ typedef struct {
     int64_t tail_stride, state_stride;
 } QMamba;
 
+/* LFM2's gated short convolution in place of attention (runtime/short_conv.py): the
+ * layer's qkv is its in_proj [3 * width] a row, o reads width (llmp_short_conv); tail
+ * points at the cache's states, a slot's at slot * tail_stride. */
+typedef struct {
+    int width, kernel;
+    const float *conv;
+    float *tail;
+    int64_t tail_stride;
+} QConv;
+
 /* One block. What differs between families arrives as data (compress/model/spec.py's
  * BlockSpec, read by compress/runtime/backends.py): norm weights already in their
  * effective form (gemma's 1 + w), optional q/k and sandwich norms (NULL when absent),
@@ -196,6 +206,8 @@ typedef struct {
     int kv_layer;                               /* its layer of the KV cache, which holds
                                                  * the attention layers alone */
     const QMamba *mamba;                        /* a Mamba-2 mixer in place of attention
+                                                 * (qkv its in_proj, o its out_proj); or NULL */
+    const QConv *conv;                          /* a short convolution in place of attention
                                                  * (qkv its in_proj, o its out_proj); or NULL */
 } QLayer;
 
@@ -261,6 +273,9 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
 void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias, int E, int hidden, int K, int renorm, int scoring, float jitter, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
+
+/* ---- short_conv.c */
+void llmp_short_conv(const float *proj, int64_t ld, const float *conv, int kernel, float *tail, int T, int W, float *out);
 
 /* ---- mamba.c */
 int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *conv_bias, int kernel, float *tail, float *state, const float *decay, const float *dt_bias, const float *d, const float *norm, float eps, int T, int H, int P, int N, int G, float *out);

@@ -1,8 +1,9 @@
-"""Mamba-2 beside attention (IBM's Bamba, Granite 4.0 H): compression reads it through
-transformers' own blocks, each layer by the kind its config names, and the artifact opens in plain
-transformers and passes vLLM's loading rules; the runtime runs each sequence's Mamba state
-beside the KV cache of the attention layers alone; pruning, speculation and the prefix
-cache refuse it in one line, as they do Gated DeltaNet models."""
+"""Mamba-2 (IBM's Bamba, Granite 4.0 H) and gated short convolutions (Liquid AI's LFM2)
+beside attention: compression reads them through transformers' own blocks, each layer by
+the kind its config names, and the artifact opens in plain transformers and passes vLLM's
+loading rules; the runtime runs each sequence's state beside the KV cache of the attention
+layers alone; pruning, speculation and the prefix cache refuse them in one line, as they
+do Gated DeltaNet models."""
 
 import json
 
@@ -20,7 +21,7 @@ from test_latent_attention import _compress, _logits
 
 from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
-from compress.model.adapters import Mamba2, adapter_for, dense_shapes
+from compress.model.adapters import Mamba2, ShortConv, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
 from compress.runtime.kv_cache import cache_for, parse_kv
@@ -30,6 +31,21 @@ from compress.runtime.states import MixerStates
 from compress.runtime.weights import load_weights
 
 LENGTH = 72  # past one 64-token chunk of transformers' chunked scan
+_MAMBA = Mamba2(8, 16, 16, 2, 4, conv_bias=True)
+_MAMBA_KEPT = [f"mamba.{n}" for n in ("conv1d.weight", "conv1d.bias", "A_log", "dt_bias", "D")]
+# family -> its mixer, recurrent layers, input projection, the tensors kept as stored, and
+# what messages call its layers
+FAMILY = {
+    "bamba": (_MAMBA, (0, 1, 2), "mamba.in_proj", _MAMBA_KEPT, "Mamba-2"),
+    "granitemoehybrid": (_MAMBA, (0, 1, 2), "mamba.in_proj", _MAMBA_KEPT, "Mamba-2"),
+    "lfm2": (
+        ShortConv(64, 3),
+        (0, 1, 3),
+        "conv.in_proj",
+        ["conv.conv.weight"],
+        "short-convolution",
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +53,10 @@ def ids():
     return torch.randint(0, 49152, (1, LENGTH), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.fixture(scope="module", params=["bamba", "granitemoehybrid"])
+@pytest.fixture(scope="module", params=list(FAMILY))
 def model(request, tmp_path_factory, tokenizer_dir):
-    """Bamba, and Granite 4.0 H's dense kind (granite's multipliers, no rope, the MLP as
-    one input_linear)."""
+    """Bamba, Granite 4.0 H's dense kind (granite's multipliers, no rope, the MLP as one
+    input_linear) and LFM2."""
     return write_family(tmp_path_factory.mktemp("mamba") / "src", request.param, tokenizer_dir)
 
 
@@ -51,23 +67,25 @@ def w4(model, wikitext, tmp_path_factory):
     )
 
 
-def _kl(p, q):
-    return (p.exp() * (p - q)).sum(-1).mean().item()
+def _family(model) -> tuple:
+    return FAMILY[json.loads((model / "config.json").read_text())["model_type"]]
 
 
 def test_the_adapter_names_each_layer_kind_and_its_shapes(model):
-    """Layers 0-2 are Mamba mixers (in_proj, out_proj as o), layer 3 attention; every
-    tensor of the checkpoint has the shape the config implies, and nothing the config
-    implies is missing."""
+    """The recurrent layers hold the mixer (in_proj, out_proj as o), the other attention;
+    every tensor of the checkpoint has the shape the config implies, and nothing the
+    config implies is missing."""
     config = json.loads((model / "config.json").read_text())
     adapter = adapter_for(config)
-    assert adapter.linear_layers == (0, 1, 2)
-    assert adapter.mamba == Mamba2(8, 16, 16, 2, 4, conv_bias=True)
-    linear, full = adapter.layer(0), adapter.layer(3)
-    assert linear.block_linears[:2] == ("mamba.in_proj", "mamba.out_proj")
+    mixer, layers, in_proj, *_ = _family(model)
+    assert adapter.linear_layers == layers
+    assert (adapter.mamba or adapter.short_conv) == mixer
+    full = next(i for i in range(4) if i not in layers)
+    linear, full = adapter.layer(layers[0]), adapter.layer(full)
+    assert linear.block_linears[:2] == (in_proj, in_proj.replace("in_proj", "out_proj"))
     assert linear.block_linears[2:] == full.block_linears[4:]
     (norm_fed, *_) = linear.input_groups
-    assert norm_fed.producer == "input_layernorm" and norm_fed.linears == ("mamba.in_proj",)
+    assert norm_fed.producer == adapter.attn_norm and norm_fed.linears == (in_proj,)
     with safe_open(str(model / "model.safetensors"), "pt") as f:
         stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
     assert dense_shapes(adapter, adapter.shape(config)) == stored
@@ -87,9 +105,9 @@ def test_every_quantizer_compresses_and_loads(model, wikitext, tmp_path, ids):
     computes what llmpress's own dense reading of it does, near the original; in_proj is
     compressed whole (vLLM loads it as one merged linear), the convolution and the state's
     parameters stay as stored, and vLLM's loading rules pass."""
-    kept = [f"mamba.{n}" for n in ("conv1d.weight", "conv1d.bias", "A_log", "dt_bias", "D")]
-    kl = each_quantizer(model, wikitext, tmp_path, ids, kept, "mamba.in_proj.weight_packed")
-    # measured on this model: rtn 0.0105, awq 0.0079, gptq+tune 0.0067, int8 0.00005
+    _, _, in_proj, kept, _ = _family(model)
+    kl = each_quantizer(model, wikitext, tmp_path, ids, kept, f"{in_proj}.weight_packed")
+    # measured on bamba: rtn 0.0105, awq 0.0079, gptq+tune 0.0067, int8 0.00005
     assert kl["awq"] < 1.15 * kl["rtn"], kl
     assert kl["gptq+tune"] < 2 * kl["rtn"] + 1e-3, kl
     assert kl["int8"] < kl["rtn"], kl
@@ -102,7 +120,7 @@ def test_the_c_step_equals_torch_s(w4):
     weights = load_weights(resolve(str(w4)), device="cpu")
     x = torch.randn(LENGTH, weights.shape.hidden, generator=torch.Generator().manual_seed(1))
     nets = {i: layer.mixer for i, layer in enumerate(weights.layers) if layer.mixer}
-    assert set(nets) == {0, 1, 2}
+    assert tuple(nets) == weights.spec.linear_layers
     for i, m in nets.items():
         got, want = [], []
         c_states, t_states = MixerStates(nets, 1, "cpu"), MixerStates(nets, 1, "cpu")
@@ -111,7 +129,7 @@ def test_the_c_step_equals_torch_s(w4):
             tail, state = t_states.start(i, 0, a == 0)
             want.append(m._rows(m.in_proj(x[a:b]), tail, state))  # (as mix reads them)
         assert (torch.cat(got) - torch.cat(want)).abs().max() < 1e-5, i
-        assert (c_states.state[i] - t_states.state[i]).abs().max() < 1e-5, i
+        assert torch.allclose(c_states.state[i], t_states.state[i], rtol=0, atol=1e-5), i
         assert torch.equal(c_states.conv[i], t_states.conv[i]), i
 
 
@@ -177,7 +195,7 @@ def test_bench_eval_and_the_engine_run_it_and_refuse_what_they_cannot(
     """bench decodes it, eval measures it as served and by its weights; speculation, an
     asked-for prefix cache and pruning refuse it in one line each; the engine generates for
     two prompts at once what it does for each alone."""
-    runs_and_refuses(model, w4, wikitext, tmp_path, "Mamba-2")
+    runs_and_refuses(model, w4, wikitext, tmp_path, _family(model)[-1])
 
 
 @pytest.mark.parametrize("rope", ["rope", None])
