@@ -3156,6 +3156,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_lfm2.json",
+        "lfm2 (short convolutions) beside qwen3 at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families lfm2,qwen3 --skip-anchors --rounds 5 "
+        "--name families_lfm2",
+        families,
+    ),
+    (
         "families_qwen3_5_moe_text.json",
         "qwen3_5_moe_text (Gated DeltaNet) beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families qwen3_5_moe_text,qwen3_moe --skip-anchors --rounds 5 "

@@ -1130,6 +1130,8 @@ GGUF_FAMILIES = {
     "qwen3_5_text": ("QWEN35", {"linear_num_value_heads": 6}),
     "qwen3_5_moe_text": ("QWEN35MOE", {"linear_num_value_heads": 6}),
     "qwen3_next": ("QWEN3NEXT", {"linear_num_value_heads": 6, "mlp_only_layers": []}),
+    "granitemoehybrid": ("GRANITE_HYBRID", {}),  # Granite 4.0 H: no rope
+    "lfm2": ("LFM2", {}),
     "hunyuan_v1_moe": ("HUNYUAN_MOE", {}),
 }
 
@@ -1220,6 +1222,31 @@ def _deltanet_tensors(cfg, name: str, t, tiled: bool, cut_qkvz: bool) -> list[tu
     elif name.endswith("out_proj.weight"):
         t = tile(t, 1, hv)
     return [(name, t)]
+
+
+def _granite_hybrid_tensors(cfg, names, name: str, t) -> list[tuple[str, object]]:
+    """A Granite 4.0 H Mamba or MLP tensor as llama.cpp's GraniteHybridModel writes it
+    (its Mamba2Model's: A as -exp(A_log) and D, each [heads, 1]; conv1d squeezed; the gated
+    norm [groups, width / groups]; dt_bias as dt_proj.bias; the dense MLP's input_linear
+    cut into ffn_gate and ffn_up): (GGUF name, array) pairs."""
+    import numpy as np
+
+    block = name.split(".")[2]
+    if name.endswith("shared_mlp.input_linear.weight"):
+        gate, up = np.split(t, 2)
+        return [(f"blk.{block}.ffn_gate.weight", gate), (f"blk.{block}.ffn_up.weight", up)]
+    if name.endswith("shared_mlp.output_linear.weight"):
+        return [(f"blk.{block}.ffn_down.weight", t)]
+    if name.endswith(".A_log"):
+        t = -np.exp(t).reshape(-1, 1)
+    elif name.endswith(".D"):
+        t = t.reshape(-1, 1)
+    elif name.endswith("conv1d.weight"):
+        t = t.squeeze(1)
+    elif name.endswith("mamba.norm.weight"):
+        t = t.reshape(cfg.mamba_n_groups, -1)
+    lookup = name.replace("mamba.dt_bias", "mamba.dt_proj.bias")
+    return [(names.get_name(lookup, try_suffixes=(".weight", ".bias")), t)]
 
 
 def write_gguf(
@@ -1335,8 +1362,8 @@ def write_gguf(
         w.add_parallel_residual(cfg.use_parallel_residual)
     elif eps_key == "layer":
         w.add_layer_norm_eps(cfg.rms_norm_eps)
-    else:
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    else:  # (lfm2's under its own name)
+        w.add_layer_norm_rms_eps(getattr(cfg, "rms_norm_eps", None) or cfg.norm_eps)
     if getattr(cfg, "num_experts", None):  # mixtral: num_local_experts, under this name too
         w.add_expert_count(cfg.num_experts)
         w.add_expert_used_count(cfg.num_experts_per_tok)
@@ -1419,7 +1446,25 @@ def write_gguf(
     if windowed and getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)  # and which layers, as booleans
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
-    if cfg.model_type == "granite":  # llama.cpp's names for granite's four scalars
+    if cfg.model_type == "lfm2":  # llama.cpp's LFM2Model keys: the MLP's adjusted width
+        kinds = cfg.layer_types
+        w.add_head_count_kv([0 if t == "conv" else cfg.num_key_value_heads for t in kinds])
+        w.add_shortconv_l_cache(cfg.conv_L_cache)
+        w.add_feed_forward_length(model.model.layers[0].feed_forward.w1.out_features)
+    if cfg.model_type == "granitemoehybrid":  # llama.cpp's GraniteHybridModel keys
+        kinds = cfg.layer_types
+        w.add_head_count_kv(
+            [0 if t == "linear_attention" else cfg.num_key_value_heads for t in kinds]
+        )
+        w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+        w.add_ssm_state_size(cfg.mamba_d_state)
+        w.add_ssm_group_count(cfg.mamba_n_groups)
+        w.add_ssm_time_step_rank(cfg.mamba_n_heads)
+        w.add_ssm_inner_size(int(cfg.mamba_expand * cfg.hidden_size))
+        w.add_rope_scaling_finetuned(cfg.position_embedding_type == "rope")
+        w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+        w.add_expert_count(cfg.num_local_experts)
+    if cfg.model_type in ("granite", "granitemoehybrid"):  # llama.cpp's granite scalars
         w.add_attention_scale(cfg.attention_multiplier)
         w.add_embedding_scale(cfg.embedding_multiplier)
         w.add_residual_scale(cfg.residual_multiplier)
@@ -1482,6 +1527,11 @@ def write_gguf(
             if len(rows) == heads:
                 w.add_tensor(key, np.ascontiguousarray(np.stack([rows[h] for h in range(heads)])))
             continue
+        granite4 = cfg.model_type == "granitemoehybrid"  # (written as granite without Mamba)
+        if granite4 and (".mamba." in name or ".shared_mlp." in name):
+            for target, part in _granite_hybrid_tensors(cfg, names, name, t):
+                w.add_tensor(target, np.ascontiguousarray(part))
+            continue
         if deltanet:
             nxt = enum == gguf.MODEL_ARCH.QWEN3NEXT
             for lookup, part in _deltanet_tensors(cfg, name, t, not nxt, nxt and not whole_qkvz):
@@ -1493,6 +1543,8 @@ def write_gguf(
                 w.add_tensor(target, np.ascontiguousarray(part))
                 written[target] = part
             continue
+        if cfg.model_type == "lfm2" and name.endswith("conv.conv.weight"):
+            t = t.squeeze(1)  # llama.cpp's LFM2Model: [hidden, kernel]
         lookup = name.replace(".gate.moe_statics.", ".moe_statics.")  # ERNIE's, as saved
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", lookup)
         target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
@@ -1504,7 +1556,7 @@ def write_gguf(
             t = t.reshape(-1)
         interleaved = (
             gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.GRANITE, gguf.MODEL_ARCH.SMOLLM3,
-            gguf.MODEL_ARCH.MISTRAL3, gguf.MODEL_ARCH.ARCEE,
+            gguf.MODEL_ARCH.MISTRAL3, gguf.MODEL_ARCH.ARCEE, gguf.MODEL_ARCH.GRANITE_HYBRID,
         )  # fmt: skip
         if enum in interleaved and target.endswith(("attn_q.weight", "attn_k.weight")):
             # llama.cpp's LlamaModel layout: each head's rotary halves interleaved

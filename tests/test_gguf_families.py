@@ -112,6 +112,35 @@ def test_a_qwen3_5_gguf_s_prediction_block_and_an_older_qwen3_next_gguf(tmp_path
     _same_logits(model, convert_gguf(path))
 
 
+def test_granite_4_ggufs_convert_to_their_checkpoints_tensors(tmp_path, monkeypatch):
+    """llama.cpp writes Granite 4.0 H as granitehybrid (its Mamba layers where the per-layer
+    head_count_kv is 0, no rope where rope.scaling.finetuned is false, q/k in LlamaModel's
+    layout all the same, the MLP's input_linear cut in two, A as -exp(A_log)), and Granite
+    4.0 Micro, attention alone, as granite: each converts to tensors equal to the
+    checkpoint's (q/k's order too, which no rope-less logit would show), computing its
+    logits."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setenv("LLMPRESS_CACHE", str(tmp_path / "cache"))
+    for name, overrides, arch in (
+        ("h", {"position_embedding_type": "rope"}, None),
+        ("micro", {"layer_types": ["attention"] * 2, "num_hidden_layers": 2,
+                   "position_embedding_type": "rope"}, "GRANITE"),
+    ):  # fmt: skip
+        model = build_family("granitemoehybrid", vocab_size=1024, **overrides)
+        path = write_gguf(model, tmp_path / f"{name}.gguf", default_gguf(), arch=arch)
+        folder = convert_gguf(path)
+        _same_logits(model, folder)
+        got = {}
+        for f in folder.glob("*.safetensors"):
+            got.update(load_file(f))
+        want = {k: v for k, v in model.state_dict().items() if k in got}
+        differ = [k for k, v in want.items() if not torch.allclose(got[k].float(), v, 1e-6, 1e-7)]
+        assert len(want) > 4 and differ == []  # (A_log through -exp and back: to 1e-6)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "granite"
+
+
 def test_a_k_exaone_gguf_converts_without_its_prediction_block(tmp_path, monkeypatch):
     """llama.cpp writes K-EXAONE as exaone-moe: exaone4's window keys (the full layer
     unrotated) in llama's pre-norm block, DeepSeek-V3's expert keys with shared experts

@@ -73,6 +73,8 @@ SUPPORTED_GGUF_ARCHS = {
     "qwen35": "qwen3_5_text",  # Qwen3.5's language model
     "qwen35moe": "qwen3_5_moe_text",
     "qwen3next": "qwen3_next",
+    "granitehybrid": "granitemoehybrid",  # Granite 4.0 H (dense)
+    "lfm2": "lfm2",  # LFM2, LFM2.5 and LFM2-VL's language model
 }
 # Facts GGUF files hold that transformers' GGUF config reader drops (it keeps its config
 # class's defaults, which fit some published sizes only): GGUF key suffix -> config field.

@@ -26,7 +26,7 @@ OWN_GGUF_ARCHS = (
     "chatglm", "olmoe", "glm4moe", "ernie4_5-moe", "minimax-m2", "dots1", "seed_oss",
     "mistral3", "hunyuan-dense", "hunyuan-moe", "command-r", "cohere2", "arcee", "apertus",
     "gemma", "nemotron", "phi2", "stablelm", "qwen2vl", "qwen3vl", "qwen3vlmoe", "gptneox",
-    "deepseek2", "qwen35", "qwen35moe", "qwen3next",
+    "deepseek2", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "lfm2",
 )  # fmt: skip
 # architectures whose dense MLP width may be absent: every layer has experts (llama.cpp's
 # converter writes feed_forward_length only where the config has an intermediate_size)
@@ -46,6 +46,13 @@ def own_gguf_config(reader, arch: str, path_name: str):
         if field is None:
             return default
         value = field.contents()
+        if key == "attention.head_count_kv" and isinstance(value, list):
+            if arch not in ("granitehybrid", "lfm2") and len(set(value)) > 1:  # (0: recurrent)
+                raise LlmpressError(
+                    f"{path_name} gives {arch}.{key} per layer, differing, which llmpress does "
+                    "not read for this family; compress the model's Hugging Face checkpoint"
+                )
+            return max(value)  # (Granite 4.0's, its attention layers' count everywhere)
         if isinstance(value, list) and key not in ("attention.sliding_window_pattern",):
             raise LlmpressError(
                 f"{path_name} gives {arch}.{key} per layer, which llmpress does not read "
@@ -119,6 +126,68 @@ def _rotated_width(get, fields: dict) -> None:
     """Partial rotary from `rope.dimension_count` (half of each head in the GLMs)."""
     rotated = int(get("rope.dimension_count", fields["head_dim"]))
     fields["rope_parameters"]["partial_rotary_factor"] = rotated / fields["head_dim"]
+
+
+def _granitehybrid(get, fields: dict, reader) -> tuple[str, dict]:
+    """IBM Granite 4.0 H (and Bamba, which llama.cpp writes alike): granite's scalars,
+    Mamba-2 layers where `attention.head_count_kv` is 0 (llama.cpp's loader: "a layer is
+    recurrent iff its n_head_kv is 0"), their widths from the `ssm.*` keys (the heads as
+    `ssm.time_step_rank`), rope only where `rope.scaling.finetuned` (absent: true; the H
+    models write false), the MLP's width that of its ffn_gate. Models with experts, or
+    rotating part of each head (Bamba's), are refused in one line."""
+    field = reader.fields["granitehybrid.attention.head_count_kv"].contents()
+    kv = field if isinstance(field, list) else [field] * fields["num_hidden_layers"]
+    if int(get("expert_count", 0) or 0):
+        raise LlmpressError(
+            "the file's Granite 4.0 model has experts (H-Tiny, H-Small), which llmpress does "
+            "not read from GGUF yet; compress the model's Hugging Face checkpoint instead"
+        )
+    head_dim, hidden = fields["head_dim"], fields["hidden_size"]
+    if int(get("rope.dimension_count", head_dim)) != head_dim:
+        raise LlmpressError(
+            "the file's model rotates part of each head (Bamba's), which llmpress does not read "
+            "from GGUF; compress the model's Hugging Face checkpoint instead"
+        )
+    heads, inner = int(get("ssm.time_step_rank")), int(get("ssm.inner_size"))
+    rope = get("rope.scaling.finetuned", True)
+    gate = next(t for t in reader.tensors if t.name.endswith(".ffn_gate.weight"))
+    names = _tensor_names(reader)
+    return "granitemoehybrid", {
+        **_granite(get, fields, reader)[1],
+        "layer_types": ["attention" if n else "mamba" for n in kv],
+        "num_local_experts": 0,
+        "shared_intermediate_size": int(gate.shape[1]),  # ggml order: [hidden, width]
+        "position_embedding_type": "rope" if rope else None,
+        "mamba_n_heads": heads,
+        "mamba_d_head": inner // heads,
+        "mamba_d_state": int(get("ssm.state_size")),
+        "mamba_n_groups": int(get("ssm.group_count")),
+        "mamba_d_conv": int(get("ssm.conv_kernel")),
+        "mamba_expand": inner // hidden,  # (llama.cpp asserts 2 · hidden)
+        "mamba_conv_bias": any(n.endswith("ssm_conv1d.bias") for n in names),
+    }
+
+
+def _lfm2(get, fields: dict, reader) -> tuple[str, dict]:
+    """LFM2 (Liquid AI): a gated short convolution (kernel `shortconv.l_cache`) wherever
+    the per-layer `attention.head_count_kv` is 0 (llama.cpp's rule), attention with per-head
+    q/k norms in the others; `feed_forward_length` is the MLP's width already adjusted
+    (so block_auto_adjust_ff_dim is off); the final norm is stored as token_embd_norm."""
+    field = reader.fields["lfm2.attention.head_count_kv"].contents()
+    kv = field if isinstance(field, list) else [field] * fields["num_hidden_layers"]
+    eps = fields.pop("rms_norm_eps")
+    if eps is None:
+        raise LlmpressError(
+            "the file states no lfm2.attention.layer_norm_rms_epsilon: it is damaged or of "
+            "another model; re-download it"
+        )
+    return "lfm2", {
+        "layer_types": ["full_attention" if n else "conv" for n in kv],
+        "conv_L_cache": int(get("shortconv.l_cache", 3)),
+        "block_auto_adjust_ff_dim": False,
+        "norm_eps": float(eps),
+        "conv_bias": False,
+    }
 
 
 def _granite(get, fields: dict, reader) -> tuple[str, dict]:
@@ -701,6 +770,8 @@ _FAMILY = {
     "qwen35": _qwen35,
     "qwen35moe": _qwen35moe,
     "qwen3next": _qwen3next,
+    "granitehybrid": _granitehybrid,
+    "lfm2": _lfm2,
 }
 
 

@@ -20,6 +20,9 @@ What llama.cpp's converter changed, undone here (as transformers' reader does):
   attn_v_b, put back together (files of older converters hold attn_kv_b whole);
 - gptneox: the fused q/k/v's rows were regrouped from head by head into q, then k, then
   v; its head is `embed_out` in checkpoints (transformers' model calls it lm_head);
+- granitehybrid (Granite 4.0 H): A_log as -exp(A_log), dt_bias as dt_proj.bias, conv1d
+  squeezed, A, D and the gated norm reshaped; q/k in LlamaModel's layout (even without
+  rope); the MLP's input_linear cut into ffn_gate and ffn_up;
 - qwen35, qwen35moe, qwen3next (Gated DeltaNet layers): every norm but the DeltaNet's own
   stored as 1 + w, A_log as -exp(A_log), dt_bias renamed dt_proj.bias, conv1d squeezed;
   Qwen3.5's value heads tiled (value head j of key head k moved to j · key heads + k, so
@@ -129,8 +132,14 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         # a choice bias is written as <module>.e_score_correction.bias (llama.cpp's rename),
         # a DeltaNet's dt_bias as dt_proj.bias
         lookup = re.sub(r"e_score_correction_bias$", "e_score_correction.bias", name)
-        lookup = re.sub(r"linear_attn\.dt_bias$", "linear_attn.dt_proj.bias", lookup)
+        lookup = re.sub(r"(linear_attn|mamba)\.dt_bias$", r"\1.dt_proj.bias", lookup)
         target = names.get_name(lookup, try_suffixes=(".weight", ".bias"))
+        if arch == "granitehybrid" and ".shared_mlp." in name:  # (its dense MLP, cut)
+            block = name.split(".")[2]
+            if "input_linear" in name:  # gate's rows, then up's
+                sources[name] = (f"blk.{block}.ffn_gate.weight", None, None, _JOIN_GATE_UP)
+                continue
+            target = f"blk.{block}.ffn_down.weight"
         qkv = (target or "").replace("ssm_in.weight", "attn_qkv.weight")
         if target != qkv and target not in tensors and qkv in tensors:  # Qwen3-Next's, cut
             sources[name] = (qkv, None, None, _JOIN_QKVZ)  # with attn_gate: produce joins
@@ -171,6 +180,10 @@ def write_tensors(path: Path, out: Path, arch: str, config) -> str | None:
         if part == _SPLIT_KV_B:  # [heads, rank, nope] transposed back, beside [heads, v, rank]
             v_b = read(tensors[gguf_name.replace("attn_k_b", "attn_v_b")], None)
             data = np.concatenate([data.swapaxes(1, 2), v_b], axis=1)
+        if part == _JOIN_GATE_UP:
+            data = np.concatenate(
+                [data, read(tensors[gguf_name.replace("ffn_gate", "ffn_up")], None)]
+            )
         if part == _JOIN_QKVZ:
             z = read(tensors[gguf_name.replace("attn_qkv", "attn_gate")], None)
             data = _qkvz(data, z, config)
@@ -202,6 +215,7 @@ def _header_value(reader, path: Path, key: str, layer: int) -> float:
 
 _SPLIT_KV_B = "split kv_b"  # a source part: attn_k_b and attn_v_b, joined into kv_b_proj
 _JOIN_QKVZ = "split qkvz"  # a source part: attn_qkv and attn_gate, joined into in_proj_qkvz
+_JOIN_GATE_UP = "split gate_up"  # ffn_gate and ffn_up, joined into Granite 4.0's input_linear
 
 
 def _qkvz(qkv: np.ndarray, z: np.ndarray, config) -> np.ndarray:
@@ -242,7 +256,7 @@ def _drop_pages(reader) -> None:
 
 # architectures whose converter interleaves each q/k head's rotary halves (llama.cpp's
 # LlamaModel and its subclasses; olmo2, exaone4, glm4 and ernie4_5 keep transformers' layout)
-_INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3", "arcee")
+_INTERLEAVED_ROPE = ("llama", "granite", "smollm3", "mistral3", "arcee", "granitehybrid")
 
 
 # architectures whose converter stores each norm's weight as 1 + w (gemma's and nemotron's
@@ -292,6 +306,8 @@ def _deltanet_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torc
 def _undo_layout(arch: str, gguf_name: str, w: torch.Tensor, config) -> torch.Tensor:
     if arch in _DELTANET:
         return _deltanet_layout(arch, gguf_name, w, config)
+    if arch == "granitehybrid" and gguf_name.endswith(".ssm_a"):
+        return torch.log(-w)  # -exp(A_log) stored
     q_or_k = ("attn_q.weight", "attn_k.weight", "attn_q.bias", "attn_k.bias")
     if arch in _INTERLEAVED_ROPE and gguf_name.endswith(q_or_k):
         heads = config.num_attention_heads if "attn_q" in gguf_name else config.num_key_value_heads
