@@ -1704,6 +1704,10 @@ MULTIMODAL = {
         {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
          "out_hidden_size": 64},
     ),
+    "lfm2_vl": (
+        "Lfm2VlConfig", "Lfm2VlForConditionalGeneration", "lfm2",
+        {"model_type": "siglip2_vision_model", **_TOWER, "num_patches": 4},
+    ),
     # Apertus 1.5: image and audio tokenizers (a VQ encoder, WavTokenizer's) whose codes are
     # vocabulary ids past the text's, which the head leaves out
     "apertus1p5": (

@@ -1227,6 +1227,7 @@ def test_serve_answers_the_openai_client_for_each_kind_of_block(w4, name):
         ("glm4v", None, False),
         ("glm4v_moe", None, False),
         ("apertus1p5", None, False),  # its head kept to the text ids: never tied
+        ("lfm2_vl", None, True),
     ],
 )
 def test_the_text_part_of_a_multimodal_checkpoint(tmp_path, ids, wikitext, wrapper, text, tied):

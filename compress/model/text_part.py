@@ -68,6 +68,7 @@ MULTIMODAL = {
     "apertus1p5": "apertus1p5_text",  # Apertus 1.5 (image and audio code tokenizers beside)
     "qwen3_5": "qwen3_5_text",  # Qwen3.5 (0.8B-27B; its mtp.* prediction layer left out)
     "qwen3_5_moe": "qwen3_5_moe_text",  # Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B
+    "lfm2_vl": "lfm2",  # LFM2-VL 450M, 1.6B, 3B
 }
 # text_config model types that are a family's model with M-RoPE -> that family
 MROPE_TEXT = {
