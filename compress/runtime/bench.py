@@ -157,7 +157,7 @@ def bench_one(
     token_s = (t2 - t1) / max(output_len - 1, 1)  # per sequence: a verified step gives several
     mean_ctx = prompt_len + output_len / 2
     kv_bytes = engine.cache.bytes_per_token() * mean_ctx * batch
-    kv_bytes += 2 * weights.state_bytes * batch  # DeltaNet states, read and written back
+    kv_bytes += 2 * weights.state_bytes * batch  # recurrent layers' states, read and written back
     experts = (weights.expert_bytes_read() - read0) / max(steps, 1)  # as routing chose
     bytes_per_step = weights.step_bytes - weights.expert_step_bytes + experts + kv_bytes
     prefill_tps = batch * prompt_len / (t1 - t0)

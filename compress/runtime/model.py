@@ -451,7 +451,7 @@ class Model:
             if layer.mixer is not None:  # each chunk from its slot's state, or from zeros
                 pairs = zip(chunks, bounds, strict=True)
                 spans = [(c.slot, a, b, c.start == 0) for c, (a, b) in pairs]
-                h = self._delta(i, layer, h, spans, cache, packed)
+                h = self._recurrent(i, layer, h, spans, cache, packed)
                 continue
             j = self.kv[i]  # its place in the cache, and in Chunk.prefix
             q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
@@ -486,8 +486,8 @@ class Model:
             h = _block_end(layer, h, att, self.w, packed, gate)
         return h
 
-    def _delta(self, i: int, layer: Layer, h, spans, cache: KVCache, packed: bool):
-        """Block i, a Gated DeltaNet's, on h: `spans` as deltanet.mix takes them."""
+    def _recurrent(self, i: int, layer: Layer, h, spans, cache: KVCache, packed: bool):
+        """Block i, a recurrent layer's, on h: `spans` as its mixer's `mix` takes them."""
         x = _norm(h, layer.attn_norm, self.w.spec, packed)
         att = layer.mixer.mix(x, spans, states_of(cache, self.nets), i)
         return _block_end(layer, h, att, self.w, packed)
@@ -554,7 +554,7 @@ class Model:
             for i, layer in enumerate(self.w.layers):
                 if layer.mixer is not None:  # row r continues its slot's state
                     spans = [(slot, r, r + 1, False) for r, slot in enumerate(slots.tolist())]
-                    h = self._delta(i, layer, h, spans, cache, packed)
+                    h = self._recurrent(i, layer, h, spans, cache, packed)
                     continue
                 q, k, v, gate = _qkv(layer, h, self.w, self.ropes[i], positions, packed)
                 att = self.backend.attend(

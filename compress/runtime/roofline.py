@@ -61,7 +61,7 @@ def measure_point(model: Model, sweep, batch, context, kv: KVScheme, steps: int)
     step_s = (time.perf_counter() - t) / steps
     mean_ctx = context + 1 + steps / 2
     kv_bytes = cache.bytes_per_token() * mean_ctx * batch
-    kv_bytes += 2 * w.state_bytes * batch  # DeltaNet states, read and written back
+    kv_bytes += 2 * w.state_bytes * batch  # recurrent layers' states, read and written back
     params = w.active_params
     flops = 2 * params * batch + 4 * s.heads * s.head_dim * w.spec.cached_layers * mean_ctx * batch
     nbytes = w.step_bytes + kv_bytes

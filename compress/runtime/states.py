@@ -1,7 +1,7 @@
 """The recurrent state a sequence carries through each layer whose mixer is not attention
-(a Gated DeltaNet, a Mamba-2): kept beside the KV cache of the attention layers, a row per
-slot, made at first use. A prompt's chunk from position 0 starts from zeros; any other
-chunk or decode row continues its slot's."""
+(a Gated DeltaNet, a Mamba-2, a short convolution): kept beside the KV cache of the
+attention layers, a row per slot, made at first use. A prompt's chunk from position 0
+starts from zeros; any other chunk or decode row continues its slot's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 class MixerStates:
     """Every slot's convolution tail [channels, kernel - 1] and state (the mixer's
     `state_shape`) for each recurrent layer, fp32. `nets`: layer index -> its mixer
-    (runtime/deltanet.py's DeltaNet, runtime/mamba.py's Mamba2)."""
+    (runtime/deltanet.py's DeltaNet, runtime/mamba.py's Mamba2, runtime/short_conv.py's
+    ShortConv)."""
 
     def __init__(self, nets: dict, slots: int, device):
         self.conv = {

@@ -398,7 +398,7 @@ class ModelWeights:
 
     @property
     def state_bytes(self) -> int:
-        """A sequence's DeltaNet states, every layer's (0 without DeltaNet layers)."""
+        """A sequence's recurrent states, every layer's (0 without recurrent layers)."""
         return sum(x.mixer.state_bytes for x in self.layers if x.mixer is not None)
 
     @property

@@ -261,15 +261,15 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
     float *kn = q + (int64_t)B * heads * D;
     float *vn = kn + (int64_t)B * kv_heads * D;
     float *mla_work = vn + (int64_t)B * kv_heads * D; /* the `mla` floats a row (QMla) */
-    int64_t delta_n = mixer_floats(layers, n_layers, B);
-    float *delta_buf = delta_n ? malloc(sizeof(float) * (size_t)delta_n) : NULL;
-    if (delta_n && delta_buf == NULL) return -1;
+    int64_t mixer_n = mixer_floats(layers, n_layers, B);
+    float *mixer_buf = mixer_n ? malloc(sizeof(float) * (size_t)mixer_n) : NULL;
+    if (mixer_n && mixer_buf == NULL) return -1;
     int l = 0;
     for (; l < n_layers; l++) {
         const QLayer *L = layers + l;
         branch_input(h, L->attn_norm, eps, L->center, B, hidden, hp, pad, x8, dx, bs);
         if (recurrent(L)) {
-            if (mixer_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, delta_buf, tmp)) break;
+            if (mixer_branch(L, B, hidden, hp, pad, x8, dx, bs, slots, sp, mixer_buf, tmp)) break;
         } else {
             if (qlin(&L->qkv, x8, dx, bs, B, qkv, pad, hp)) break;
             if (L->mla) {
@@ -352,7 +352,7 @@ static int run_layers(const QLayer *layers, int n_layers, float *h, int B, int h
             rms_rows(tmp, B, hidden, L->post_mlp_norm, 1, eps, L->center, B >= PAR_ROWS);
         add_rows(h, tmp, (int64_t)B * hidden, L->residual, B >= PAR_ROWS);
     }
-    free(delta_buf);
+    free(mixer_buf);
     if (l < n_layers) return -1;
     if (head == NULL) return 0;
     /* the final norm and a packed head: h stays the last block's output */
