@@ -37,7 +37,8 @@ Rows (one per family, random weights of about 0.5B parameters, bf16, made here):
   bamba: 7 Mamba-2 layers (28 heads of 64, one group, a state of 128, as Bamba-9B's
   widths scale) : 1 llama attention layer, half of each head rotated; lfm2: 2 gated
   short convolutions (kernel 3) : 1 attention layer with per-head q/k norms, the MLP's
-  width by LFM2's rule);
+  width by LFM2's rule; jamba: 7 Mamba layers (a state of 16, dt of rank 56, as Jamba's
+  widths scale) : 1 attention layer without rope);
 - MoE families: hidden 1024, 16 layers, 8 experts of width 1024, top-2 (qwen3_5_moe_text
   with qwen3_5_text's layers and qwen2_moe's gated shared expert of width 1024; qwen3_next
   the same with its DeltaNets' projections grouped by key head; mixtral's own
@@ -142,6 +143,13 @@ _DELTANET = {
 }  # fmt: skip
 DENSE = {
     "qwen3_5_text": _DELTANET,
+    "jamba": {  # Jamba's 1 attention layer in 8, its Mamba at this width, no experts
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "num_experts": 1,
+        "mamba_d_state": 16,
+        "mamba_dt_rank": 56,
+    },
     "lfm2": {  # LFM2's third of attention layers (LFM2-350M: 6 of 16), kernel 3
         "layer_types": ["full_attention" if i % 3 == 2 else "conv" for i in range(24)],
         "conv_L_cache": 3,

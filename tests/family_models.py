@@ -484,6 +484,13 @@ _MAMBA2 = {
 }
 MAMBA_FAMILIES = {
     "bamba": ("BambaConfig", _MAMBA2),
+    # Jamba (Mamba-1 with norms on dt, B and C): 3 Mamba layers : 1 attention, no experts
+    "jamba": (
+        "JambaConfig",
+        {"num_hidden_layers": 4, "attn_layer_period": 4, "attn_layer_offset": 3,
+         "num_experts": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+         "mamba_dt_rank": 8},
+    ),
     # Granite 4.0 H (dense): granite's multipliers, no rope, the MLP as one input_linear
     "granitemoehybrid": (
         "GraniteMoeHybridConfig",
@@ -581,6 +588,8 @@ def build_family(name: str, seed: int | None = None, config_class: str | None = 
                 if pname.endswith("linear_attn.norm.weight"):  # (x(1+w) above; its gated w)
                     offset = 1.0
                 p.copy_(offset + 0.3 * torch.randn_like(p))
+            elif pname.endswith("mamba.A_log") and p.dim() == 2:  # Jamba's: each row alike
+                p.add_(0.3 * torch.randn_like(p))
             elif pname.endswith(("linear_attn.dt_bias", "mamba.dt_bias", "mamba.D")):  # ones
                 p.copy_(torch.randn_like(p))
             elif pname.endswith(".bias"):

@@ -1,9 +1,9 @@
-"""Mamba-2 (IBM's Bamba, Granite 4.0 H) and gated short convolutions (Liquid AI's LFM2)
-beside attention: compression reads them through transformers' own blocks, each layer by
-the kind its config names, and the artifact opens in plain transformers and passes vLLM's
-loading rules; the runtime runs each sequence's state beside the KV cache of the attention
-layers alone; pruning, speculation and the prefix cache refuse them in one line, as they
-do Gated DeltaNet models."""
+"""Mamba-2 (IBM's Bamba, Granite 4.0 H), Mamba (AI21's Jamba) and gated short convolutions
+(Liquid AI's LFM2) beside attention: compression reads them through transformers' own
+blocks, each layer by the kind its config names, and the artifact opens in plain
+transformers and passes vLLM's loading rules; the runtime runs each sequence's state
+beside the KV cache of the attention layers alone; pruning, speculation and the prefix
+cache refuse them in one line, as they do Gated DeltaNet models."""
 
 import json
 
@@ -21,7 +21,7 @@ from test_latent_attention import _compress, _logits
 
 from compress.errors import LlmpressError
 from compress.eval.reference import BlockwiseOriginal
-from compress.model.adapters import Mamba2, ShortConv, adapter_for, dense_shapes
+from compress.model.adapters import Mamba1, Mamba2, ShortConv, adapter_for, dense_shapes
 from compress.model.loading import resolve
 from compress.recipe import parse_quant
 from compress.runtime.kv_cache import cache_for, parse_kv
@@ -45,7 +45,13 @@ FAMILY = {
         ["conv.conv.weight"],
         "short-convolution",
     ),
-}
+    "jamba": (
+        Mamba1(128, 16, 8, 4, conv_bias=True), (0, 1, 2), "mamba.in_proj",
+        [f"mamba.{n}" for n in ("x_proj.weight", "dt_proj.weight", "dt_proj.bias",
+                                "conv1d.weight", "A_log", "D")],
+        "Mamba",
+    ),
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +223,13 @@ def test_granite_4_with_attention_alone_and_its_experts_refused(tmp_path, tokeni
     moe = write_family(tmp_path / "moe", "granitemoehybrid", tokenizer_dir, num_local_experts=4)
     with pytest.raises(LlmpressError, match=r"^granitemoehybrid: num_local_experts \(experts"):
         resolve(str(moe))
+
+
+def test_jamba_with_experts_is_refused(tmp_path, tokenizer_dir):
+    """Jamba Mini and Large put experts in every other layer: refused in one line."""
+    src = write_family(tmp_path / "moe", "jamba", tokenizer_dir, num_experts=4)
+    with pytest.raises(LlmpressError, match=r"^jamba: experts beside the Mamba layers"):
+        resolve(str(src))
 
 
 def test_serve_answers_the_openai_client(w4):

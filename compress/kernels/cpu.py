@@ -172,9 +172,9 @@ def rms_norm_quantized(
 
 
 _C = api()  # cpu/llmpress.h: its structs and constants
-_STRUCTS = ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QMamba", "QConv", "QLayer")
-_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QMamba, _QConv, _QLayer, _DecodeCtx = (
-    _C.structs[n] for n in (*_STRUCTS, "DecodeCtx")
+_STRUCTS = ("KVC", "PChunk", "QLin", "QMoe", "QMla", "QDelta", "QMamba", "QConv", "QMamba1")
+_KVC, _PChunk, _QLin, _QMoe, _QMla, _QDelta, _QMamba, _QConv, _QMamba1, _QLayer, _DecodeCtx = (
+    _C.structs[n] for n in (*_STRUCTS, "QLayer", "DecodeCtx")
 )
 ACTIVATIONS = {
     "silu": _C.constants["ACT_SILU"],
@@ -489,6 +489,25 @@ def short_conv_rows(m, proj, tail, out) -> None:
     library().llmp_short_conv(
         pp, lp, _ptr(m.conv), m.conv.shape[1], _ptr(tail), proj.shape[0], m.width, _ptr(out)
     )
+
+
+def mamba1_rows(m, proj, tail, state, out) -> None:
+    """Jamba's Mamba mixing (runtime/mamba.py's Mamba1 `m`) of one sequence's T rows of
+    in_proj's output `proj` [T, 2 · width]; the slot's `tail` and `state` continue in place;
+    what out_proj reads goes into `out` [T, width] (contiguous); out of memory raises."""
+    pp, lp = _rows_f32(proj, "proj")
+    held = (m.x_proj, m.dt_proj, m.dt_bias, m.conv, m.conv_bias, m.decay, m.d, *m.norms)
+    for t, name in ((tail, "tail"), (state, "state"), (out, "out"), *((h, "weight") for h in held)):
+        _check_f32(t, f"mamba {name}")
+    if out.shape != (proj.shape[0], m.width) or state.shape != m.state_shape:
+        raise ValueError(f"mamba state {tuple(state.shape)}, out {tuple(out.shape)}")
+    status = library().llmp_mamba1(
+        pp, lp, _ptr(m.conv), _ptr(m.conv_bias), m.conv.shape[1], _ptr(tail), _ptr(state),
+        _ptr(m.x_proj), _ptr(m.dt_proj), _ptr(m.dt_bias), _ptr(m.decay), _ptr(m.d),
+        *(_ptr(n) for n in m.norms), m.eps, proj.shape[0], m.width, m.state_size, m.rank,
+        _ptr(out),
+    )  # fmt: skip
+    _check_status(status)
 
 
 def mamba_rows(m, proj, tail, state, out) -> None:
@@ -1054,6 +1073,27 @@ class FusedConv(_FusedMixer):
 
 
 @dataclass
+class FusedMamba1(_FusedMixer):
+    """Jamba's Mamba for the one-call decoder: runtime/mamba.py's Mamba1, the layer's index
+    among the cache's recurrent states (bound before each step)."""
+
+    net: object
+    index: int
+    _native: object = None
+
+    def native(self):
+        m = self.net
+        tensors = (m.conv, m.conv_bias, m.x_proj, m.dt_proj, m.dt_bias, m.decay, m.d, *m.norms)
+        for t in tensors:
+            _check_f32(t, "Mamba tensor")
+        self._native = _QMamba1(
+            m.width, m.state_size, m.rank, m.conv.shape[1], *(_ptr(t) for t in tensors), m.eps,
+            None, None, 0, 0,
+        )  # fmt: skip
+        return self._native
+
+
+@dataclass
 class FusedMamba(_FusedMixer):
     """A Mamba-2 for the one-call decoder: runtime/mamba.py's Mamba2 (its fp32 tensors), the
     layer's index among the cache's recurrent states (bound before each step: `bind`)."""
@@ -1134,6 +1174,7 @@ class FusedLayer:
     kv_layer: int = 0  # its place among the KV cache's layers (an attention layer's)
     mamba: FusedMamba | None = None  # a Mamba-2 in place of attention
     conv: FusedConv | None = None  # a short convolution in place of attention
+    mamba1: FusedMamba1 | None = None  # Jamba's Mamba in place of attention
 
     def native(self) -> tuple[_QLayer, list]:
         """The C struct, and the ctypes objects it points into (keep them alive)."""
@@ -1148,7 +1189,7 @@ class FusedLayer:
             if t is not None:
                 _check_f32(t, "decoder layer tensor")
         keep = [] if self.moe is None else list(self.moe.native())
-        mla = delta = mamba = conv = None
+        mla = delta = mamba = conv = mamba1 = None
         if self.mla is not None:
             mla, tables = self.mla.native()
             keep += [mla, tables]
@@ -1161,6 +1202,9 @@ class FusedLayer:
         if self.conv is not None:
             conv = self.conv.native()
             keep.append(conv)
+        if self.mamba1 is not None:
+            mamba1 = self.mamba1.native()
+            keep.append(mamba1)
         layer = _QLayer(
             _opt(self.attn_norm), _opt(self.mlp_norm), *lins, *(_opt(t) for t in norms),
             _ptr(self.cos), _ptr(self.sin), _opt(self.q_scale), int(self.qk_after_rope),
@@ -1172,6 +1216,7 @@ class FusedLayer:
             _opt(self.sinks), None if delta is None else ctypes.addressof(delta), self.kv_layer,
             None if mamba is None else ctypes.addressof(mamba),
             None if conv is None else ctypes.addressof(conv),
+            None if mamba1 is None else ctypes.addressof(mamba1),
         )  # fmt: skip
         return layer, keep
 
@@ -1192,7 +1237,8 @@ class FusedDecoder:
             self.head = (head[0], head[1], _qlin(head[1]), head[1].packed.out_features)
         natives = [layer.native() for layer in layers]
         self.table = (_QLayer * len(layers))(*(n for n, _ in natives))
-        self.deltas = [x.delta or x.mamba or x.conv for x in layers if x.delta or x.mamba or x.conv]
+        mixers = [x.delta or x.mamba or x.conv or x.mamba1 for x in layers]
+        self.deltas = [m for m in mixers if m is not None]
         self.bound = None  # the DeltaNet states the deltas point into
         self.keep = (layers, natives)  # the tensors and structs the table points into
         self.dims = (hidden, heads, kv_heads, head_dim, inter)
@@ -1215,7 +1261,7 @@ class FusedDecoder:
         self.eps, self.scale, self.act = eps, scale, ACTIVATIONS[act]
         self.n = len(layers)
         # the layers the KV cache holds
-        self.cached = sum(not (x.delta or x.mamba or x.conv) for x in layers)
+        self.cached = sum(m is None for m in mixers)
         self.work: dict[int, tuple] = {}  # per batch size: workspace, experts' offset, rows
         self.prefill_work: torch.Tensor | None = None  # the largest prefill step's scratch
         self.ctx = None

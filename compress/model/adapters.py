@@ -379,8 +379,21 @@ class GatedDeltaNet:
         return {**out, self.a_log: dims[self.a_log], self.dt_bias: dims[self.dt_bias]}
 
 
+class _ByInProj:
+    """A recurrent mixer with one input projection, `in_proj`, which reads the block's norm
+    (what the mixer's own rows feed, out_proj and Jamba's x_proj and dt_proj, no scale of
+    the norm's channels folds into)."""
+
+    grouped = False  # (GatedDeltaNet's)
+    z = None
+    fused = ()
+
+    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
+        return (InputGroup(attn_norm, self.reads_hidden),)
+
+
 @dataclass(frozen=True)
-class Mamba2:
+class Mamba2(_ByInProj):
     """A Mamba-2 mixer (Bamba's and Granite 4.0's `linear_attention` layers), sized by its
     config: one in_proj gives the gate z [heads · head_dim], x, B and C (B and C `groups`
     rows of `state` each) and dt [heads]; x, B and C go through a causal depthwise
@@ -404,8 +417,9 @@ class Mamba2:
     dt_bias = "mamba.dt_bias"
     d = "mamba.D"
     in_proj = "mamba.in_proj"
-    grouped = False  # (GatedDeltaNet's)
     kept = ()
+    qkv = in_proj  # (the name the runtime's layer keeps it under)
+    linears = reads_hidden = (in_proj,)
 
     @classmethod
     def of(cls, hf) -> Mamba2:
@@ -442,17 +456,6 @@ class Mamba2:
         """What the convolution runs over: x, B and C."""
         return self.width + 2 * self.groups * self.state
 
-    qkv = in_proj  # (the name the runtime's layer keeps it under)
-    z = None
-    linears = (in_proj,)
-    reads_hidden = (in_proj,)
-    fused = ()
-
-    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
-        """in_proj reads the attention norm's output; out_proj the gated norm's, whose
-        weight is per channel but whose groups' RMS a scale would change."""
-        return (InputGroup(attn_norm, self.reads_hidden),)
-
     def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
         """Its linears' [out, in] and its other tensors' shapes."""
         return {
@@ -475,7 +478,78 @@ class Mamba2:
 
 
 @dataclass(frozen=True)
-class ShortConv:
+class Mamba1(_ByInProj):
+    """A Mamba (selective scan) mixer as Jamba's, sized by its config: in_proj gives x and the
+    gate z [width each]; x through a causal depthwise convolution (its bias) and SiLU; x_proj
+    of that gives dt [rank], B and C [state each], each RMS-normed (dt_layernorm,
+    b_layernorm, c_layernorm); dt_proj widens dt to one per channel, softplus(· + bias); per
+    channel a state [state] decayed by exp(dt·A), A = −exp(A_log) [width, state], and written
+    dt·x·B; the output state·C + D·x, times SiLU(z), then out_proj. x_proj and dt_proj read
+    the convolution's output, not the hidden states: kept as stored, as routers are."""
+
+    width: int
+    state: int
+    rank: int
+    conv: int
+    conv_bias: bool = True
+
+    module = "mamba"
+    in_proj = "mamba.in_proj"
+    out = "mamba.out_proj"
+    conv1d = "mamba.conv1d"
+    x_proj = "mamba.x_proj"
+    dt_proj = "mamba.dt_proj"
+    a_log = "mamba.A_log"
+    d = "mamba.D"
+    norms = ("mamba.dt_layernorm", "mamba.b_layernorm", "mamba.c_layernorm")
+    kept = (x_proj, dt_proj)
+    qkv = in_proj
+    linears = reads_hidden = (in_proj,)
+
+    @classmethod
+    def of(cls, hf) -> Mamba1:
+        if (getattr(hf, "num_experts", 1) or 1) > 1:
+            raise LlmpressError(
+                f"{hf.model_type}: experts beside the Mamba layers (num_experts "
+                f"{hf.num_experts}: Jamba Mini, Large) are not supported yet; open an issue "
+                "with the model's config.json"
+            )
+        if getattr(hf, "mamba_proj_bias", False) or hf.hidden_act != "silu":
+            raise LlmpressError(
+                f"{hf.model_type}: biased Mamba projections (mamba_proj_bias) or a convolution "
+                f"activated by {hf.hidden_act} are not supported yet; open an issue with the "
+                "model's config.json"
+            )
+        width = hf.mamba_expand * hf.hidden_size
+        return cls(width, hf.mamba_d_state, hf.mamba_dt_rank, hf.mamba_d_conv,
+                   bool(hf.mamba_conv_bias))  # fmt: skip
+
+    @property
+    def channels(self) -> int:
+        return self.width
+
+    def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        return {
+            self.in_proj: (2 * self.width, hidden),
+            self.out: (hidden, self.width),
+            self.conv1d: (self.width, 1, self.conv),
+            self.x_proj: (self.rank + 2 * self.state, self.width),
+            self.dt_proj: (self.width, self.rank),
+        }
+
+    def tensors(self, hidden: int) -> dict[str, tuple[int, ...]]:
+        dims = self.shapes(hidden)
+        out = {f"{n}.weight": dims[n] for n in (self.conv1d, *self.kept)}
+        out[f"{self.dt_proj}.bias"] = (self.width,)
+        if self.conv_bias:
+            out[f"{self.conv1d}.bias"] = (self.width,)
+        widths = (self.rank, self.state, self.state)
+        out.update({f"{n}.weight": (w,) for n, w in zip(self.norms, widths, strict=True)})
+        return {**out, self.a_log: (self.width, self.state), self.d: (self.width,)}
+
+
+@dataclass(frozen=True)
+class ShortConv(_ByInProj):
     """LFM2's gated short convolution (its `conv` layers), sized by its config: in_proj gives
     B, C and x [width each]; B·x through a causal depthwise convolution (kernel `conv`),
     times C, then out_proj. A sequence carries the last kernel − 1 values of B·x."""
@@ -487,13 +561,9 @@ class ShortConv:
     in_proj = "conv.in_proj"
     out = "conv.out_proj"
     conv1d = "conv.conv"
-    grouped = False  # (GatedDeltaNet's)
     kept = ()
     qkv = in_proj
-    z = None
-    linears = (in_proj,)
-    reads_hidden = (in_proj,)
-    fused = ()
+    linears = reads_hidden = (in_proj,)
 
     @classmethod
     def of(cls, hf) -> ShortConv:
@@ -507,10 +577,6 @@ class ShortConv:
     @property
     def channels(self) -> int:
         return self.width
-
-    def input_groups(self, attn_norm: str) -> tuple[InputGroup, ...]:
-        """in_proj reads the norm's output; out_proj reads C times the convolution's."""
-        return (InputGroup(attn_norm, self.reads_hidden),)
 
     def shapes(self, hidden: int) -> dict[str, tuple[int, ...]]:
         return {
@@ -706,14 +772,16 @@ class Adapter:
     linear_attention: bool = False
     deltanet_grouped: bool = False  # its projections stored as Qwen3-Next's (GatedDeltaNet)
     deltanet: GatedDeltaNet | None = None
-    # a Mamba-2 mixer in those layers instead (Bamba's, Granite 4.0's): `mamba` is bound
-    mamba_layers: bool = False
-    mamba: Mamba2 | None = None
-    # or LFM2's gated short convolution, in the layers layer_types calls `conv`
-    conv_layers: bool = False
+    # what those layers hold instead: "mamba2" (Bamba's, Granite 4.0's: `mamba` bound),
+    # "mamba1" (Jamba's: `mamba` a Mamba1), "short_conv" (LFM2's: `short_conv` bound)
+    mixer_kind: str = "deltanet"
+    mamba: Mamba2 | Mamba1 | None = None
     short_conv: ShortConv | None = None
+    # the config attribute listing each layer's kind, and the kind of the recurrent ones
+    recurrent_layers: tuple[str, str] = ("layer_types", "linear_attention")
     linear_layers: tuple[int, ...] = ()
-    mixer: GatedDeltaNet | Mamba2 | ShortConv | None = None
+    mixer: GatedDeltaNet | Mamba2 | Mamba1 | ShortConv | None = None
+    no_rope: bool = False  # no layer rotates q and k (Jamba's attention)
     # the MLP's width from intermediate_size by LFM2's rule (block_auto_adjust_ff_dim)
     adjusted_ff: bool = False
 
@@ -1221,7 +1289,19 @@ BAMBA = replace(
     final_norm="model.final_layernorm",
     bias_options=_ATTENTION_BIAS,
     linear_attention=True,
-    mamba_layers=True,
+    mixer_kind="mamba2",
+)
+# jamba (AI21's Jamba Reasoning 3B, and the dense Jambas): Mamba (selective scan) layers
+# where layers_block_type says "mamba", attention without rope in the others, the MLP under
+# `feed_forward`; Jamba Mini and Large (experts) refused
+JAMBA = replace(
+    BAMBA,
+    families=("jamba",),
+    architecture="JambaForCausalLM",
+    mixer_kind="mamba1",
+    recurrent_layers=("layers_block_type", "mamba"),
+    no_rope=True,
+    derived_modules=(),  # (no rotary embedding to rebuild)
 )
 # lfm2 (Liquid AI's LFM2 350M-2.6B): gated short convolutions in the layers layer_types
 # calls `conv`, attention with per-head q/k norms in the others, llama's MLP under its own
@@ -1244,7 +1324,8 @@ LFM2 = replace(
     k_norm="self_attn.k_layernorm",
     norm_eps="norm_eps",
     linear_attention=True,
-    conv_layers=True,
+    mixer_kind="short_conv",
+    recurrent_layers=("layer_types", "conv"),
     adjusted_ff=True,
 )
 # granitemoehybrid (IBM Granite 4.0: the dense H-Micro, H-1B and H-350M, and Micro, 1B and
@@ -1264,7 +1345,7 @@ GRANITE_HYBRID = replace(
     dense_width="shared_intermediate_size",
     bias_options=_ATTENTION_BIAS,
     linear_attention=True,
-    mamba_layers=True,
+    mixer_kind="mamba2",
     rope_switch=("position_embedding_type", "rope"),
     refused_options=(("num_local_experts", "experts beside the shared MLP"),),
 )
@@ -1562,6 +1643,7 @@ ADAPTERS: dict[str, Adapter] = {
     "bamba": BAMBA,
     "granitemoehybrid": GRANITE_HYBRID,
     "lfm2": LFM2,
+    "jamba": JAMBA,
     # qwen3_5_moe_text (Qwen3.5-35B-A3B, 122B-A10B, 397B-A17B): qwen3_5_text's layers with
     # qwen2_moe's experts in every layer, always renormalized, and its gated shared expert
     "qwen3_5_moe_text": replace(
@@ -2279,13 +2361,14 @@ def adapter_for(config: dict) -> Adapter:
         return adapter
     hf = _hf(config)  # once: transformers' config object, its defaults filled in
     if adapter.linear_attention:
-        kinds, kind = tuple(hf.layer_types), "linear_attention"
-        if adapter.mamba_layers:
-            mixer = {"mamba": Mamba2.of(hf)}
-        elif adapter.conv_layers:
-            mixer, kind = {"short_conv": ShortConv.of(hf)}, "conv"
-        else:
-            mixer = {"deltanet": GatedDeltaNet.of(hf, adapter.deltanet_grouped)}
+        key, kind = adapter.recurrent_layers
+        kinds = tuple(getattr(hf, key))
+        mixer = {
+            "mamba2": lambda: {"mamba": Mamba2.of(hf)},
+            "mamba1": lambda: {"mamba": Mamba1.of(hf)},
+            "short_conv": lambda: {"short_conv": ShortConv.of(hf)},
+            "deltanet": lambda: {"deltanet": GatedDeltaNet.of(hf, adapter.deltanet_grouped)},
+        }[adapter.mixer_kind]()
         adapter = replace(
             adapter, **mixer, linear_layers=tuple(i for i, t in enumerate(kinds) if t == kind)
         )

@@ -159,7 +159,7 @@ def describe(config: dict, adapter) -> BlockSpec:
         windows = tuple(window if t == "sliding_attention" else None for t in types)
     else:
         windows = (window,) * layers
-    params = hf.rope_parameters or {}
+    params = getattr(hf, "rope_parameters", None) or {}  # (none: Jamba, which rotates nothing)
     top = {"partial_rotary_factor": getattr(hf, "partial_rotary_factor", None)}
     ropes = []
     # granite_swa's base per layer, 0 for a layer without rope (its model builds one
@@ -177,7 +177,8 @@ def describe(config: dict, adapter) -> BlockSpec:
             p = {**p, "rope_theta": theta}
         rope = rope_spec(p, head_dim, hf.max_position_embeddings)
         ropes.append(rope if theta != 0 else replace(rope, kind="none", params=()))
-    if adapter.rope_switch and getattr(hf, adapter.rope_switch[0], None) != adapter.rope_switch[1]:
+    switched = adapter.rope_switch and getattr(hf, adapter.rope_switch[0], None)
+    if adapter.no_rope or (adapter.rope_switch and switched != adapter.rope_switch[1]):
         ropes = [replace(r, kind="none", params=()) for r in ropes]  # (granitemoehybrid's NoPE)
     for i, rotates in enumerate(getattr(hf, "no_rope_layers", None) or ()):
         if not rotates:  # SmolLM3's NoPE layers: 0 in no_rope_layers

@@ -354,7 +354,7 @@ def _check_hidden(config: dict, full: Shape, shape: Shape) -> Shape:
 def _mixer_name(adapter) -> str:
     """What a model's recurrent layers are, for messages."""
     if adapter.mamba:
-        return "Mamba-2"
+        return "Mamba-2" if adapter.mixer_kind == "mamba2" else "Mamba"
     return "short-convolution" if adapter.short_conv else "Gated DeltaNet"
 
 

@@ -22,12 +22,13 @@ from compress.kernels.cpu import (
     FusedLatent,
     FusedLayer,
     FusedMamba,
+    FusedMamba1,
     decode_attention,
 )
 from compress.runtime.deltanet import DeltaNet
 from compress.runtime.kv_cache import KVCache
 from compress.runtime.linears import DenseLinear, QuantLinear
-from compress.runtime.mamba import Mamba2
+from compress.runtime.mamba import Mamba1, Mamba2
 from compress.runtime.short_conv import ShortConv
 from compress.runtime.weights import ModelWeights
 
@@ -214,6 +215,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 delta=FusedDelta(layer.mixer, i) if isinstance(layer.mixer, DeltaNet) else None,
                 mamba=FusedMamba(layer.mixer, i) if isinstance(layer.mixer, Mamba2) else None,
                 conv=FusedConv(layer.mixer, i) if isinstance(layer.mixer, ShortConv) else None,
+                mamba1=FusedMamba1(layer.mixer, i) if isinstance(layer.mixer, Mamba1) else None,
                 kv_layer=max(w.spec.kv_layers[i], 0),
             )
         )

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compress.kernels.cpu import QuantizedInput, mamba_rows
-from compress.runtime.states import MixerStates
+from compress.kernels.cpu import mamba1_rows, mamba_rows
+from compress.runtime.states import MixerStates, mix_by_rows
 
 
 @dataclass
@@ -69,19 +69,8 @@ class Mamba2:
         return (self.norm, self.conv, self.conv_bias, self.decay, self.dt_bias, self.d)
 
     def mix(self, x, spans, states: MixerStates, index: int) -> torch.Tensor:
-        """The layer's output before out_proj, [rows, width], for the normed input x (fp32,
-        or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
-        for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence)."""
-        xf = x.x if isinstance(x, QuantizedInput) else x
-        proj = self.in_proj(x)
-        out = torch.empty(xf.shape[0], self.width, device=xf.device)
-        for slot, a, b, fresh in spans:
-            tail, state = states.start(index, slot, fresh)
-            if xf.device.type == "cpu":  # in C, each row alike
-                mamba_rows(self, proj[a:b], tail, state, out[a:b])
-            else:
-                out[a:b] = self._rows(proj[a:b], tail, state)
-        return out
+        """The layer's output before out_proj (states.mix_by_rows): in C on the CPU."""
+        return mix_by_rows(self, x, spans, states, index, mamba_rows)
 
     def _rows(self, proj, tail, state) -> torch.Tensor:
         """One sequence's rows in torch's ops, token by token; tail and state in place."""
@@ -109,3 +98,73 @@ class Mamba2:
         g = y.reshape(t, self.groups, -1)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return g.reshape(t, self.width) * self.norm
+
+
+@dataclass
+class Mamba1:
+    """A Mamba (selective scan) layer's weights, as Jamba's: in_proj packed (the layer's
+    qkv), x_proj and dt_proj fp32 as stored (they read the scan's own rows), the rest fp32.
+    Per token: x, z = in_proj; x through the convolution and SiLU; dt, B, C = x_proj(x),
+    each RMS-normed; dt = softplus(dt_proj(dt) + dt_bias) per channel; per channel
+    S ← S·exp(dt·A) + dt·x·B, y = S·C + D·x, times SiLU(z)."""
+
+    width: int
+    state_size: int
+    rank: int
+    in_proj: object
+    x_proj: torch.Tensor  # [rank + 2 · state, width]
+    dt_proj: torch.Tensor  # [width, rank]
+    dt_bias: torch.Tensor  # [width]
+    conv: torch.Tensor  # [width, kernel]
+    conv_bias: torch.Tensor  # [width] (zeros where the layer has none)
+    decay: torch.Tensor  # A = -exp(A_log) [width, state]
+    d: torch.Tensor  # [width]
+    norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # dt's [rank], B's and C's [state]
+    eps: float
+    kind = "Mamba"
+
+    @property
+    def channels(self) -> int:
+        return self.width
+
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        return (self.width, self.state_size)
+
+    @property
+    def state_bytes(self) -> int:
+        """A sequence's state and convolution tail (fp32), read and written each step."""
+        return 4 * (self.width * self.state_size + self.width * (self.conv.shape[1] - 1))
+
+    def extra_linears(self) -> tuple:
+        return ()
+
+    def held(self) -> tuple[torch.Tensor, ...]:
+        every = (self.x_proj, self.dt_proj, self.dt_bias, self.conv, self.conv_bias)
+        return (*every, self.decay, self.d, *self.norms)
+
+    def mix(self, x, spans, states: MixerStates, index: int) -> torch.Tensor:
+        """The layer's output before out_proj (states.mix_by_rows): in C on the CPU."""
+        return mix_by_rows(self, x, spans, states, index, mamba1_rows)
+
+    def _rows(self, proj, tail, state) -> torch.Tensor:
+        """One sequence's rows in torch's ops, token by token; tail and state in place."""
+        xs, z = proj.split([self.width, self.width], -1)
+        kernel, t = self.conv.shape[1], proj.shape[0]
+        window = torch.cat((tail, xs.T), 1)
+        tail.copy_(window[:, window.shape[1] - (kernel - 1) :])
+        conv = F.conv1d(window[None], self.conv[:, None], self.conv_bias, groups=self.width)
+        xs = F.silu(conv[0].T)  # [T, width]
+        dt, bs, cs = (xs @ self.x_proj.T).split([self.rank, self.state_size, self.state_size], -1)
+        dt, bs, cs = (_rms(v, w, self.eps) for v, w in zip((dt, bs, cs), self.norms, strict=True))
+        dt = F.softplus(dt @ self.dt_proj.T + self.dt_bias)  # [T, width]
+        ys, s = torch.empty_like(xs), state
+        for r in range(t):
+            s = s * torch.exp(dt[r][:, None] * self.decay) + (dt[r] * xs[r])[:, None] * bs[r]
+            ys[r] = s @ cs[r] + self.d * xs[r]
+        state.copy_(s)
+        return ys * F.silu(z)
+
+
+def _rms(v: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps) * w

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compress.kernels.cpu import QuantizedInput, short_conv_rows
-from compress.runtime.states import MixerStates
+from compress.kernels.cpu import short_conv_rows
+from compress.runtime.states import MixerStates, mix_by_rows
 
 
 @dataclass
@@ -46,19 +46,8 @@ class ShortConv:
         return (self.conv,)
 
     def mix(self, x, spans, states: MixerStates, index: int) -> torch.Tensor:
-        """The layer's output before out_proj, [rows, width], for the normed input x (fp32,
-        or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
-        for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence)."""
-        xf = x.x if isinstance(x, QuantizedInput) else x
-        proj = self.in_proj(x)
-        out = torch.empty(xf.shape[0], self.width, device=xf.device)
-        for slot, a, b, fresh in spans:
-            tail, state = states.start(index, slot, fresh)
-            if xf.device.type == "cpu":  # in C, each row alike
-                short_conv_rows(self, proj[a:b], tail, out[a:b])
-            else:
-                out[a:b] = self._rows(proj[a:b], tail, state)
-        return out
+        """The layer's output before out_proj (states.mix_by_rows): in C on the CPU."""
+        return mix_by_rows(self, x, spans, states, index, _c_rows)
 
     def _rows(self, proj, tail, state=None) -> torch.Tensor:
         """One sequence's rows in torch's ops; the tail in place."""
@@ -68,3 +57,7 @@ class ShortConv:
         tail.copy_(window[:, window.shape[1] - (kernel - 1) :])
         conv = F.conv1d(window[None], self.conv[:, None], groups=self.width)[0].T
         return c * conv
+
+
+def _c_rows(m: ShortConv, proj, tail, state, out) -> None:
+    short_conv_rows(m, proj, tail, out)  # (its state is its tail alone)

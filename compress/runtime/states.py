@@ -36,6 +36,24 @@ class MixerStates:
         return conv, state
 
 
+def mix_by_rows(mixer, x, spans, states: MixerStates, index: int, c_rows) -> torch.Tensor:
+    """A recurrent layer's output before out_proj, [rows, width], for the normed input x
+    (fp32, or as the packed linears read it) whose rows `a:b` are tokens of `slot` in order,
+    for each (slot, a, b, fresh) of `spans` (fresh: from the start of the sequence): its
+    in_proj's rows, then one sequence at a time `c_rows(mixer, proj, tail, state, out)` on
+    the CPU (each row alike whatever rows come with it), else the mixer's torch `_rows`."""
+    xf = getattr(x, "x", x)  # (a QuantizedInput's fp32 rows)
+    proj = mixer.in_proj(x)
+    out = torch.empty(xf.shape[0], mixer.width, device=xf.device)
+    for slot, a, b, fresh in spans:
+        tail, state = states.start(index, slot, fresh)
+        if xf.device.type == "cpu":
+            c_rows(mixer, proj[a:b], tail, state, out[a:b])
+        else:
+            out[a:b] = mixer._rows(proj[a:b], tail, state)
+    return out
+
+
 def mixer_kind(layers) -> str | None:
     """What the recurrent layers among runtime `layers` are, for messages (None: none)."""
     return next((x.mixer.kind for x in layers if x.mixer is not None), None)

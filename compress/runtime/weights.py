@@ -30,7 +30,7 @@ from compress.runtime.linears import (
     fold_input_shift,
     fuse,
 )
-from compress.runtime.mamba import Mamba2
+from compress.runtime.mamba import Mamba1, Mamba2
 from compress.runtime.short_conv import ShortConv
 
 
@@ -684,7 +684,23 @@ def load_weights(
         latent = mixer = None
         block = adapter.layer(i)  # (a DeltaNet layer's names its own o and no q/k norms)
         dn = block.mixer
-        if isinstance(dn, adapters.ShortConv):  # qkv is its in_proj
+        if isinstance(dn, adapters.Mamba1):  # qkv is its in_proj
+            qkv = [lin(dn.in_proj)]
+            conv = tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device)
+
+            def f32(name: str, p=p) -> torch.Tensor:
+                return tensors[f"{p}.{name}"].float().to(device).contiguous()
+
+            mixer = Mamba1(
+                dn.width, dn.state, dn.rank, in_proj=qkv[0], x_proj=f32(f"{dn.x_proj}.weight"),
+                dt_proj=f32(f"{dn.dt_proj}.weight"), dt_bias=f32(f"{dn.dt_proj}.bias"),
+                conv=conv, conv_bias=(
+                    f32(f"{dn.conv1d}.bias") if dn.conv_bias else conv.new_zeros(len(conv))
+                ),
+                decay=-f32(dn.a_log).exp(), d=f32(dn.d),
+                norms=tuple(f32(f"{n}.weight") for n in dn.norms), eps=spec.eps,
+            )  # fmt: skip
+        elif isinstance(dn, adapters.ShortConv):  # qkv is its in_proj
             qkv = [lin(dn.in_proj)]
             conv = tensors[f"{p}.{dn.conv1d}.weight"].float().flatten(1).to(device)
             mixer = ShortConv(dn.width, in_proj=qkv[0], conv=conv)

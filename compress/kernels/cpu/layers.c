@@ -183,12 +183,26 @@ static int conv_rows(const QConv *c, const float *proj, int n, int64_t slot, int
     return 0;
 }
 
-static int recurrent(const QLayer *L) { return L->delta || L->mamba || L->conv; }
+/* The same of Jamba's Mamba: in_proj's rows r0.. of one sequence. */
+static int mamba1_rows(const QMamba1 *m, const float *proj, int n, int64_t slot, int64_t r0,
+                       int64_t T, int fresh, float *att) {
+    float *tail = m->tail + slot * m->tail_stride, *state = m->state + slot * m->state_stride;
+    if (fresh) {
+        memset(tail, 0, sizeof(float) * (size_t)m->tail_stride);
+        memset(state, 0, sizeof(float) * (size_t)m->state_stride);
+    }
+    return llmp_mamba1(proj + r0 * n, n, m->conv, m->conv_bias, m->kernel, tail, state, m->x_proj,
+                       m->dt_proj, m->dt_bias, m->decay, m->d, m->dt_norm, m->b_norm, m->c_norm,
+                       m->eps, (int)T, m->width, m->state_size, m->rank, att + r0 * m->width);
+}
+
+static int recurrent(const QLayer *L) { return L->delta || L->mamba || L->conv || L->mamba1; }
 
 /* What a recurrent layer's mixing gives o a row: a DeltaNet's, a Mamba's or a short
  * convolution's width. */
 static int mixer_width(const QLayer *L) {
     if (L->delta) return L->delta->v_heads * L->delta->v_dim;
+    if (L->mamba1) return L->mamba1->width;
     return L->mamba ? L->mamba->heads * L->mamba->head_dim : L->conv->width;
 }
 
@@ -196,6 +210,7 @@ static int mixer_rows(const QLayer *L, const float *qkv, int n, const float *x, 
                       int hidden, int64_t slot, int64_t r0, int64_t T, int fresh, float *att) {
     if (L->delta) return delta_rows(L->delta, qkv, n, x, ldx, hidden, slot, r0, T, fresh, att);
     if (L->mamba) return mamba_rows(L->mamba, qkv, n, slot, r0, T, fresh, att);
+    if (L->mamba1) return mamba1_rows(L->mamba1, qkv, n, slot, r0, T, fresh, att);
     return conv_rows(L->conv, qkv, n, slot, r0, T, fresh, att);
 }
 

@@ -152,6 +152,17 @@ typedef struct {
     int64_t tail_stride, state_stride;
 } QMamba;
 
+/* A Mamba (selective scan) mixer in place of attention, Jamba's (runtime/mamba.py's Mamba1):
+ * the layer's qkv is its in_proj [2 * width] a row, o reads width (llmp_mamba1); tail and
+ * state point at the cache's states, a slot's at slot * stride. */
+typedef struct {
+    int width, state_size, rank, kernel;
+    const float *conv, *conv_bias, *x_proj, *dt_proj, *dt_bias, *decay, *d, *dt_norm, *b_norm, *c_norm;
+    float eps;
+    float *tail, *state;
+    int64_t tail_stride, state_stride;
+} QMamba1;
+
 /* LFM2's gated short convolution in place of attention (runtime/short_conv.py): the
  * layer's qkv is its in_proj [3 * width] a row, o reads width (llmp_short_conv); tail
  * points at the cache's states, a slot's at slot * tail_stride. */
@@ -209,6 +220,8 @@ typedef struct {
                                                  * (qkv its in_proj, o its out_proj); or NULL */
     const QConv *conv;                          /* a short convolution in place of attention
                                                  * (qkv its in_proj, o its out_proj); or NULL */
+    const QMamba1 *mamba1;                      /* Jamba's Mamba in place of attention (qkv
+                                                 * its in_proj, o its out_proj); or NULL */
 } QLayer;
 
 /* A decode step from token ids: what the one-call decoder needs besides the tokens, fixed
@@ -273,6 +286,9 @@ int llmp_prefill_attention(const PChunk *c, int nc, int heads, int kv_heads, int
 /* ---- moe.c */
 void llmp_sigmoid_gate(const float *xf, int B, int ld, const float *w, int hidden, float *gate);
 void llmp_route(const float *xf, int B, int ld, const float *router, const float *router_bias, int E, int hidden, int K, int renorm, int scoring, float jitter, const float *bias, float scale, int n_group, int topk_group, int group_max, float *logits, int32_t *choice, float *weight);
+
+/* ---- mamba.c: Jamba's selective scan */
+int llmp_mamba1(const float *proj, int64_t ld, const float *conv, const float *conv_bias, int kernel, float *tail, float *state, const float *x_proj, const float *dt_proj, const float *dt_bias, const float *decay, const float *d, const float *dt_norm, const float *b_norm, const float *c_norm, float eps, int T, int W, int N, int R, float *out);
 
 /* ---- short_conv.c */
 void llmp_short_conv(const float *proj, int64_t ld, const float *conv, int kernel, float *tail, int T, int W, float *out);

@@ -73,3 +73,79 @@ int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *c
     free(rows);
     return 0;
 }
+
+/* A Mamba (selective scan) layer's mixing over T tokens of one sequence, Jamba's
+ * (runtime/mamba.py's Mamba1): from in_proj's rows [x, z] to what out_proj reads. The
+ * convolution of x over the slot's tail (its bias) and SiLU; per token x_proj's dt [R], B
+ * and C [N], each RMS-normed by its weight, and dt = softplus(dt_proj · dt + dt_bias) per
+ * channel (tokens over the threads: none depends on another); then per channel its state
+ * [N] decayed by exp(dt · A) and written dt · x · B, read with C, plus D · x, times SiLU(z)
+ * (channels over the threads). Every row is computed alike whatever rows beside it. */
+static void rms_weighted(float *v, int n, const float *w, float eps) {
+    float sq = 0.0f;
+    for (int i = 0; i < n; i++) sq += v[i] * v[i];
+    const float inv = 1.0f / sqrtf(sq / (float)n + eps);
+    for (int i = 0; i < n; i++) v[i] = v[i] * inv * w[i];
+}
+
+int llmp_mamba1(const float *proj, int64_t ld, const float *conv, const float *conv_bias,
+                int kernel, float *tail, float *state, const float *x_proj, const float *dt_proj,
+                const float *dt_bias, const float *decay, const float *d, const float *dt_norm,
+                const float *b_norm, const float *c_norm, float eps, int T, int W, int N, int R,
+                float *out) {
+    const int xd = R + 2 * N;
+    float *xs = malloc(sizeof(float) * ((size_t)T * W * 2 + (size_t)T * xd));
+    if (xs == NULL) return -1;
+    float *dt = xs + (int64_t)T * W, *dbc = dt + (int64_t)T * W;
+    #pragma omp parallel for schedule(static) if ((int64_t)T * W > 65536)
+    for (int c = 0; c < W; c++) { /* the convolution, each channel over its tail */
+        const float *w = conv + (int64_t)c * kernel;
+        float *past = tail + (int64_t)c * (kernel - 1);
+        for (int t = 0; t < T; t++) {
+            const float now = proj[t * ld + c];
+            float y = conv_bias[c] + w[kernel - 1] * now;
+            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
+            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
+            if (kernel > 1) past[kernel - 2] = now;
+            xs[(int64_t)t * W + c] = silu(y);
+        }
+    }
+    #pragma omp parallel for schedule(static) if ((int64_t)T * W * xd > 65536)
+    for (int t = 0; t < T; t++) { /* x_proj, its three norms, dt_proj */
+        const float *x = xs + (int64_t)t * W;
+        float *v = dbc + (int64_t)t * xd;
+        for (int o = 0; o < xd; o++) {
+            const float *row = x_proj + (int64_t)o * W;
+            float acc = 0.0f;
+            for (int i = 0; i < W; i++) acc += row[i] * x[i];
+            v[o] = acc;
+        }
+        rms_weighted(v, R, dt_norm, eps);
+        rms_weighted(v + R, N, b_norm, eps);
+        rms_weighted(v + R + N, N, c_norm, eps);
+        float *dtt = dt + (int64_t)t * W;
+        for (int c = 0; c < W; c++) {
+            const float *row = dt_proj + (int64_t)c * R;
+            float acc = dt_bias[c];
+            for (int j = 0; j < R; j++) acc += row[j] * v[j];
+            dtt[c] = softplus(acc);
+        }
+    }
+    #pragma omp parallel for schedule(static) if ((int64_t)T * W * N > 65536)
+    for (int c = 0; c < W; c++) { /* each channel's state through the tokens */
+        float *s = state + (int64_t)c * N;
+        const float *a = decay + (int64_t)c * N;
+        for (int t = 0; t < T; t++) {
+            const float step = dt[(int64_t)t * W + c], x = xs[(int64_t)t * W + c];
+            const float *B = dbc + (int64_t)t * xd + R, *C = B + N;
+            float acc = 0.0f;
+            for (int n = 0; n < N; n++) {
+                s[n] = s[n] * expf(step * a[n]) + step * x * B[n];
+                acc += s[n] * C[n];
+            }
+            out[(int64_t)t * W + c] = (acc + d[c] * x) * silu(proj[t * ld + W + c]);
+        }
+    }
+    free(xs);
+    return 0;
+}
