@@ -110,28 +110,31 @@ int llmp_mamba1(const float *proj, int64_t ld, const float *conv, const float *c
             xs[(int64_t)t * W + c] = silu(y);
         }
     }
-    #pragma omp parallel for schedule(static) if ((int64_t)T * W * xd > 65536)
-    for (int t = 0; t < T; t++) { /* x_proj, its three norms, dt_proj */
-        const float *x = xs + (int64_t)t * W;
-        float *v = dbc + (int64_t)t * xd;
+    /* x_proj, its three norms, dt_proj: each product over (token, output) pairs, so that
+     * a decode step's one row spreads over the threads too */
+    #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)T * W * xd > 32768)
+    for (int t = 0; t < T; t++)
         for (int o = 0; o < xd; o++) {
-            const float *row = x_proj + (int64_t)o * W;
+            const float *row = x_proj + (int64_t)o * W, *x = xs + (int64_t)t * W;
             float acc = 0.0f;
             for (int i = 0; i < W; i++) acc += row[i] * x[i];
-            v[o] = acc;
+            dbc[(int64_t)t * xd + o] = acc;
         }
+    for (int t = 0; t < T; t++) {
+        float *v = dbc + (int64_t)t * xd;
         rms_weighted(v, R, dt_norm, eps);
         rms_weighted(v + R, N, b_norm, eps);
         rms_weighted(v + R + N, N, c_norm, eps);
-        float *dtt = dt + (int64_t)t * W;
+    }
+    #pragma omp parallel for collapse(2) schedule(static) if ((int64_t)T * W * R > 32768)
+    for (int t = 0; t < T; t++)
         for (int c = 0; c < W; c++) {
-            const float *row = dt_proj + (int64_t)c * R;
+            const float *row = dt_proj + (int64_t)c * R, *v = dbc + (int64_t)t * xd;
             float acc = dt_bias[c];
             for (int j = 0; j < R; j++) acc += row[j] * v[j];
-            dtt[c] = softplus(acc);
+            dt[(int64_t)t * W + c] = softplus(acc);
         }
-    }
-    #pragma omp parallel for schedule(static) if ((int64_t)T * W * N > 65536)
+    #pragma omp parallel for schedule(static) if ((int64_t)T * W * N > 8192)
     for (int c = 0; c < W; c++) { /* each channel's state through the tokens */
         float *s = state + (int64_t)c * N;
         const float *a = decay + (int64_t)c * N;
