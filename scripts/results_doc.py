@@ -3163,6 +3163,13 @@ SECTIONS: list[tuple[str, str, str, Callable[[dict], list[str]]]] = [
         families,
     ),
     (
+        "families_jamba.json",
+        "jamba (Mamba) beside llama3 at a realistic width, AMX Xeon",
+        "benchmarks/families.py --families jamba,llama3 --skip-anchors --rounds 5 "
+        "--name families_jamba",
+        families,
+    ),
+    (
         "families_qwen3_5_moe_text.json",
         "qwen3_5_moe_text (Gated DeltaNet) beside qwen3_moe at a realistic width, AMX Xeon",
         "benchmarks/families.py --families qwen3_5_moe_text,qwen3_moe --skip-anchors --rounds 5 "
