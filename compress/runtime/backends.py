@@ -163,6 +163,7 @@ def _fused_decoder(w: ModelWeights, ropes):
     rows = []
     if any(isinstance(x.mixer, DeltaNet) and x.mixer.ba_weight is None for x in w.layers):
         return None
+    kv_layers = w.spec.kv_layers  # each layer's place in the KV cache
     mla_rows = 0  # floats a row of the latent's scratch: a norm's input, every head's product
     for i, layer in enumerate(w.layers):
         lins = (layer.qkv, layer.o, *(() if layer.moe else (layer.gate_up, layer.down)))
@@ -216,7 +217,7 @@ def _fused_decoder(w: ModelWeights, ropes):
                 mamba=FusedMamba(layer.mixer, i) if isinstance(layer.mixer, Mamba2) else None,
                 conv=FusedConv(layer.mixer, i) if isinstance(layer.mixer, ShortConv) else None,
                 mamba1=FusedMamba1(layer.mixer, i) if isinstance(layer.mixer, Mamba1) else None,
-                kv_layer=max(w.spec.kv_layers[i], 0),
+                kv_layer=max(kv_layers[i], 0),
             )
         )
     s, spec = w.shape, w.spec

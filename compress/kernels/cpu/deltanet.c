@@ -9,9 +9,6 @@
  * tokens (norms and gates), value heads (the state carries each head's [K, V]). */
 #include "internal.h"
 
-INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
-INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's */
-
 /* `scratch`: H * V floats, a head's V each. */
 static void delta_heads(float *state, const float *q, const float *k, const float *v,
                         const float *g, const float *beta, float *out, int T, int H, int K,
@@ -66,11 +63,7 @@ int llmp_deltanet(const float *mixed, int64_t ld_mixed, const float *z, int64_t 
         const float *w = conv + (int64_t)c * kernel;
         float *past = tail + (int64_t)c * (kernel - 1);
         for (int t = 0; t < T; t++) {
-            const float now = mixed[t * ld_mixed + c];
-            float y = w[kernel - 1] * now;
-            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
-            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
-            if (kernel > 1) past[kernel - 2] = now;
+            const float y = conv_step(w, past, kernel, mixed[t * ld_mixed + c], 0.0f);
             rows[(int64_t)t * channels + c] = silu(y);
         }
     }

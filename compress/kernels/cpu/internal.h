@@ -22,6 +22,20 @@
 
 #define TW 8 /* output columns of a panel tile (llmpress.h's weight layout) */
 
+INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
+INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's */
+
+/* One step of a channel of a causal depthwise convolution (the recurrent layers': DeltaNet,
+ * Mamba, short convolution): bias + w · [past, now], then `now` joins the last kernel - 1
+ * inputs `past`, shifted in place. */
+INLINE float conv_step(const float *w, float *past, int kernel, float now, float bias) {
+    float y = bias + w[kernel - 1] * now;
+    for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
+    for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
+    if (kernel > 1) past[kernel - 2] = now;
+    return y;
+}
+
 /* Rows of a step's elementwise work from which it is spread over the threads: a prefill
  * step's hundreds of rows, not a decode step's few (a fork costs more than they do). Each
  * row is computed the same either way. */

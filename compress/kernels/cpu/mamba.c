@@ -9,9 +9,6 @@
  * tokens (the gated norm). */
 #include "internal.h"
 
-INLINE float silu(float x) { return x / (1.0f + expf(-x)); }
-INLINE float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's */
-
 int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *conv_bias,
                 int kernel, float *tail, float *state, const float *decay, const float *dt_bias,
                 const float *d, const float *norm, float eps, int T, int H, int P, int N, int G,
@@ -25,11 +22,7 @@ int llmp_mamba2(const float *proj, int64_t ld, const float *conv, const float *c
         const float *w = conv + (int64_t)c * kernel;
         float *past = tail + (int64_t)c * (kernel - 1);
         for (int t = 0; t < T; t++) {
-            const float now = proj[t * ld + width + c];
-            float y = conv_bias[c] + w[kernel - 1] * now;
-            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
-            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
-            if (kernel > 1) past[kernel - 2] = now;
+            const float y = conv_step(w, past, kernel, proj[t * ld + width + c], conv_bias[c]);
             rows[(int64_t)t * channels + c] = silu(y);
         }
     }
@@ -102,12 +95,7 @@ int llmp_mamba1(const float *proj, int64_t ld, const float *conv, const float *c
         const float *w = conv + (int64_t)c * kernel;
         float *past = tail + (int64_t)c * (kernel - 1);
         for (int t = 0; t < T; t++) {
-            const float now = proj[t * ld + c];
-            float y = conv_bias[c] + w[kernel - 1] * now;
-            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
-            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
-            if (kernel > 1) past[kernel - 2] = now;
-            xs[(int64_t)t * W + c] = silu(y);
+            xs[(int64_t)t * W + c] = silu(conv_step(w, past, kernel, proj[t * ld + c], conv_bias[c]));
         }
     }
     /* x_proj, its three norms, dt_proj: each product over (token, output) pairs, so that

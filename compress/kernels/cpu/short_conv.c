@@ -12,12 +12,7 @@ void llmp_short_conv(const float *proj, int64_t ld, const float *conv, int kerne
         float *past = tail + (int64_t)c * (kernel - 1);
         for (int t = 0; t < T; t++) {
             const float *r = proj + t * ld;
-            const float now = r[c] * r[2 * W + c];
-            float y = w[kernel - 1] * now;
-            for (int j = 0; j < kernel - 1; j++) y += w[j] * past[j];
-            for (int j = 0; j + 1 < kernel - 1; j++) past[j] = past[j + 1];
-            if (kernel > 1) past[kernel - 2] = now;
-            out[(int64_t)t * W + c] = r[W + c] * y;
+            out[(int64_t)t * W + c] = r[W + c] * conv_step(w, past, kernel, r[c] * r[2 * W + c], 0.0f);
         }
     }
 }
